@@ -1,0 +1,206 @@
+/// \file compressor.hpp
+/// The facade: one selector, one corrector and one encoder composed on one backend.
+#pragma once
+
+#include <gradcomp/backend/host.hpp>
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/config.hpp>
+#include <gradcomp/correct/none.hpp>
+#include <gradcomp/detail/state_io.hpp>
+#include <gradcomp/encode/index_value.hpp>
+#include <gradcomp/error.hpp>
+#include <gradcomp/message.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <istream>
+#include <ostream>
+#include <span>
+#include <string>
+#include <vector>
+
+GRADCOMP_NAMESPACE_BEGIN
+
+/// Compresses successive gradients of one tensor of n elements.
+///
+/// All state and workspace is allocated here, once; compress() allocates nothing. Every
+/// member that throws gradcomp::error leaves the compressor as it was.
+template <backend_type Backend, selector Selector, corrector Corrector = correct::none,
+          encoder Encoder = encode::index_value>
+class compressor {
+  static_assert(detail::check_policies<Backend, Selector, Corrector, Encoder>());
+
+ public:
+  using backend_type = Backend;
+  using selector_type = Selector;
+  using corrector_type = Corrector;
+  using encoder_type = Encoder;
+
+  /// \throws gradcomp::error if n is 0 or above 2^32 - 1, or a policy's parameters are invalid.
+  compressor(Backend backend, std::size_t n, Selector selector, Corrector corrector = {}, Encoder encoder = {})
+      : backend_(checked(backend, n, selector, corrector, encoder)),
+        n_(n),
+        selector_(selector),
+        corrector_(corrector),
+        encoder_(encoder),
+        capacity_(selector.max_selected(n)),
+        select_(backend_, selector_, n),
+        correct_(backend_, corrector_, n),
+        encode_(backend_, encoder_, n, capacity_),
+        index_(backend_.template allocate<std::uint32_t>(capacity_)),
+        sent_(backend_.template allocate<float>(capacity_)) {}
+
+  /// Elements of the tensor.
+  [[nodiscard]] std::size_t size() const noexcept { return n_; }
+  /// Successful compress() calls so far; seeds the sampled policies.
+  [[nodiscard]] std::uint64_t step() const noexcept { return step_; }
+  /// Size of the largest message compress() can write with the current parameters.
+  [[nodiscard]] std::size_t max_message_bytes() const { return encoder_.max_bytes(n_, selector_.max_selected(n_)); }
+
+  [[nodiscard]] const Backend& backend() const noexcept { return backend_; }
+  [[nodiscard]] const Selector& selector() const noexcept { return selector_; }
+  [[nodiscard]] const Corrector& corrector() const noexcept { return corrector_; }
+  [[nodiscard]] const Encoder& encoder() const noexcept { return encoder_; }
+
+  /// Runs one step: updates the corrector's memory with `grad`, selects, encodes into
+  /// `out` and commits what was sent.
+  /// \param grad the gradient, n elements in the backend's memory
+  /// \param out  at least max_message_bytes() bytes in the backend's memory
+  /// \returns a view of the message written at the front of `out`
+  /// \throws gradcomp::error if grad.size() != n, `out` is too small, or grad (or the
+  ///         accumulated value) holds a NaN or infinity; state and `out` are then unchanged.
+  message compress(std::span<const float> grad, std::span<std::byte> out) {
+    detail::require(grad.size() == n_, errc::invalid_argument, "compress: grad.size() = ", grad.size(),
+                    " does not match the compressor's n = ", n_);
+    const std::size_t need = max_message_bytes();
+    detail::require(out.size() >= need, errc::buffer_too_small, "compress: out.size() = ", out.size(),
+                    " bytes is smaller than max_message_bytes() = ", need);
+
+    select_.begin_observe();
+    const bool finite = correct_.update(corrector_, grad, [this](int thread, std::size_t begin, auto acc_chunk) {
+      select_.observe(thread, begin, acc_chunk);
+    });
+    const std::span<const float> acc = correct_.acc(grad);
+    if (!finite) report_non_finite(grad, acc);
+
+    const std::size_t count = select_.select(selector_, {acc, grad, step_}, std::span(index_));
+    const std::span<const std::uint32_t> index(index_.data(), count);
+    const std::size_t bytes = encode_.encode(encoder_, {acc, index, step_}, out, std::span(sent_));
+    correct_.commit(corrector_, index, std::span<const float>(sent_.data(), count));
+    correct_.accept();
+    select_.accept();
+    ++step_;
+    return message(out.first(bytes), n_, count);
+  }
+
+  /// Changes the selector's density from the next step on (warm-up schedules).
+  /// \throws gradcomp::error if d is outside (0, 1].
+  void set_density(double d)
+    requires requires(Selector s) { s.density = d; }
+  {
+    Selector next = selector_;
+    next.density = d;
+    if constexpr (requires { next.count = 0; }) next.count = 0;
+    next.validate(n_);
+    reserve(next.max_selected(n_));
+    selector_ = next;
+  }
+
+  /// Writes the step counter, the selector's density and the corrector's memory.
+  /// \throws gradcomp::error (io) if the stream fails.
+  void save_state(std::ostream& out) const {
+    detail::state_writer w;
+    w.header(signature(), n_, step_, density());
+    for (std::size_t a = 0; a < Corrector::state_arrays; ++a) w.array(correct_.committed(a));
+    w.finish(out);
+  }
+
+  /// Restores what save_state wrote, for a compressor of the same policies and n. The
+  /// whole record is read and checked before anything changes.
+  /// \throws gradcomp::error if the stream fails or the record does not match.
+  void load_state(std::istream& in) {
+    detail::state_reader r(in, signature(), n_, Corrector::state_arrays);
+    Selector next = selector_;
+    if constexpr (requires { next.density = 1.0; }) {
+      if (r.density() > 0.0) {
+        next.density = r.density();
+        if constexpr (requires { next.count = 0; }) next.count = 0;
+      }
+      next.validate(n_);
+      reserve(next.max_selected(n_));
+    }
+    for (std::size_t a = 0; a < Corrector::state_arrays; ++a) r.copy_array(a, correct_.committed(a));
+    selector_ = next;
+    step_ = r.step();
+  }
+
+ private:
+  static const Backend& checked(const Backend& backend, std::size_t n, const Selector& s, const Corrector& c,
+                                const Encoder& e) {
+    detail::require(n >= 1 && n <= message_header::max_n, errc::invalid_argument, "compressor: n must be in [1, ",
+                    message_header::max_n, "], got ", n);
+    s.validate(n);
+    c.validate();
+    e.validate();
+    return backend;
+  }
+
+  [[nodiscard]] std::string signature() const {
+    return selector_.name() + ";" + corrector_.name() + ";" + encoder_.name();
+  }
+
+  [[nodiscard]] double density() const {
+    if constexpr (requires { selector_.density; }) {
+      return static_cast<double>(selector_.density);
+    } else {
+      return 0.0;
+    }
+  }
+
+  // Grows the index and value workspace (strong guarantee: allocate, then swap).
+  void reserve(std::size_t capacity) {
+    if (capacity <= capacity_) return;
+    auto encode = detail::engine<Encoder, Backend>(backend_, encoder_, n_, capacity);
+    auto index = backend_.template allocate<std::uint32_t>(capacity);
+    auto sent = backend_.template allocate<float>(capacity);
+    encode_ = std::move(encode);
+    index_ = std::move(index);
+    sent_ = std::move(sent);
+    capacity_ = capacity;
+  }
+
+  [[noreturn]] void report_non_finite(std::span<const float> grad, std::span<const float> acc) const {
+    for (std::size_t i = 0; i < grad.size(); ++i) {
+      detail::require(std::isfinite(grad[i]), errc::non_finite, "compress: grad[", i, "] = ", grad[i],
+                      " is not finite");
+    }
+    for (std::size_t i = 0; i < acc.size(); ++i) {
+      detail::require(std::isfinite(acc[i]), errc::non_finite, "compress: the corrector's value at index ", i,
+                      " overflowed to ", acc[i], " (grad[", i, "] = ", grad[i], ")");
+    }
+    detail::fail(errc::non_finite, "compress: non-finite value detected");
+  }
+
+  Backend backend_;
+  std::size_t n_;
+  Selector selector_;
+  Corrector corrector_;
+  Encoder encoder_;
+  std::size_t capacity_;
+  detail::engine<Selector, Backend> select_;
+  detail::engine<Corrector, Backend> correct_;
+  detail::engine<Encoder, Backend> encode_;
+  typename Backend::template buffer<std::uint32_t> index_;
+  typename Backend::template buffer<float> sent_;
+  std::uint64_t step_ = 0;
+};
+
+template <class Backend, class Selector>
+compressor(Backend, std::size_t, Selector) -> compressor<Backend, Selector>;
+template <class Backend, class Selector, class Corrector>
+compressor(Backend, std::size_t, Selector, Corrector) -> compressor<Backend, Selector, Corrector>;
+template <class Backend, class Selector, class Corrector, class Encoder>
+compressor(Backend, std::size_t, Selector, Corrector, Encoder) -> compressor<Backend, Selector, Corrector, Encoder>;
+
+GRADCOMP_NAMESPACE_END

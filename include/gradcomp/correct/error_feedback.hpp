@@ -1,0 +1,39 @@
+/// \file correct/error_feedback.hpp
+/// Error feedback (residual memory): what is not sent now is sent later.
+#pragma once
+
+#include <gradcomp/config.hpp>
+#include <gradcomp/error.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <string>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace correct {
+
+/// `e <- beta * e + gamma * g`, acc = e; after sending, `e_i <- e_i - sent_i` for each
+/// sent i (exactly zero with lossless values), so residual + everything sent equals the
+/// (scaled) sum of all gradients.
+struct error_feedback {
+  float beta = 1.0f;   ///< decay of the residual, finite
+  float gamma = 1.0f;  ///< weight of the new gradient, finite
+
+  static constexpr std::size_t state_arrays = 1;
+  [[nodiscard]] std::string name() const { return "error_feedback"; }
+
+  /// \throws gradcomp::error if beta or gamma is not finite.
+  void validate() const {
+    detail::require(std::isfinite(beta), errc::invalid_argument, "error_feedback: beta must be finite, got ", beta);
+    detail::require(std::isfinite(gamma), errc::invalid_argument, "error_feedback: gamma must be finite, got ",
+                    gamma);
+  }
+
+  /// The update for one element.
+  GRADCOMP_HOST_DEVICE float update(float e, float g) const noexcept { return beta * e + gamma * g; }
+};
+
+}  // namespace correct
+GRADCOMP_NAMESPACE_END
+
+#include <gradcomp/detail/host/error_feedback.hpp>

@@ -1,0 +1,23 @@
+/// \file correct/none.hpp
+/// No memory: the selector ranks the gradient itself.
+#pragma once
+
+#include <gradcomp/config.hpp>
+
+#include <cstddef>
+#include <string>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace correct {
+
+/// acc = g; nothing is remembered, so what is not sent is lost.
+struct none {
+  static constexpr std::size_t state_arrays = 0;
+  [[nodiscard]] std::string name() const { return "none"; }
+  void validate() const noexcept {}
+};
+
+}  // namespace correct
+GRADCOMP_NAMESPACE_END
+
+#include <gradcomp/detail/host/none.hpp>

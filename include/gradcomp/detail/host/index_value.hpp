@@ -1,0 +1,58 @@
+/// \file detail/host/index_value.hpp
+/// The index_value encoder on backend::host.
+#pragma once
+
+#include <gradcomp/backend/host.hpp>
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/detail/codecs.hpp>
+#include <gradcomp/detail/step_input.hpp>
+#include <gradcomp/encode/index_value.hpp>
+#include <gradcomp/message.hpp>
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace detail {
+
+template <>
+class engine<encode::index_value, backend::host> {
+ public:
+  engine(const backend::host&, const encode::index_value&, std::size_t /*n*/, std::size_t capacity)
+      : values_(capacity) {}
+
+  /// Writes the message to `out` (at least max_bytes long) and the decoded value of
+  /// each entry to `sent`. Returns the message size.
+  std::size_t encode(const encode::index_value& policy, const encode_input& in, std::span<std::byte> out,
+                     std::span<float> sent) {
+    const std::size_t n = in.acc.size();
+    const std::size_t count = in.index.size();
+    for (std::size_t j = 0; j < count; ++j) values_[j] = in.acc[in.index[j]];
+
+    message_header h;
+    h.index = policy.index_for(n, count);
+    h.value = policy.value;
+    h.n = n;
+    h.count = count;
+    std::byte* sections = out.data() + message_header::size;
+    h.index_bytes = write_index_section(h.index, in.index, sections);
+    const value_section_info info =
+        write_value_section(h.value, std::span<const float>(values_).first(count), sections + h.index_bytes, sent);
+    h.value_bytes = info.bytes;
+    h.value_param = info.value_param;
+    h.codec_param = info.codec_param;
+    if (policy.checksum) {
+      h.flags |= message_header::flag_checksum;
+      h.checksum = crc32c(sections, static_cast<std::size_t>(h.index_bytes + h.value_bytes));
+    }
+    write_header(out.data(), h);
+    return message_header::size + static_cast<std::size_t>(h.index_bytes + h.value_bytes);
+  }
+
+ private:
+  std::vector<float> values_;  // gathered acc values of the selected entries
+};
+
+}  // namespace detail
+GRADCOMP_NAMESPACE_END

@@ -1,0 +1,44 @@
+/// \file detail/host/none.hpp
+/// correct::none on backend::host.
+#pragma once
+
+#include <gradcomp/correct/none.hpp>
+#include <gradcomp/detail/host/corrector_state.hpp>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace detail {
+
+template <>
+class engine<correct::none, backend::host> {
+ public:
+  engine(const backend::host& be, const correct::none&, std::size_t) : threads_(be.concurrency()) {}
+
+  /// Checks g and hands each chunk to `visit(thread, begin, acc_chunk)`. Returns false
+  /// if g holds a NaN or infinity.
+  template <class Visit>
+  bool update(const correct::none&, std::span<const float> g, Visit&& visit) {
+    int bad = 0;
+    for_each_chunk(threads_, g.size(), [&](int thread, std::size_t, std::size_t begin, std::size_t end) {
+      const auto chunk = g.subspan(begin, end - begin);
+      if (!all_finite(chunk)) {
+#if GRADCOMP_HAS_OPENMP
+#pragma omp atomic write
+#endif
+        bad = 1;
+      }
+      visit(thread, begin, chunk);
+    });
+    return bad == 0;
+  }
+  std::span<const float> acc(std::span<const float> g) const noexcept { return g; }
+  void commit(const correct::none&, std::span<const std::uint32_t>, std::span<const float>) noexcept {}
+  void accept() noexcept {}
+  std::span<float> committed(std::size_t) noexcept { return {}; }
+  std::span<const float> committed(std::size_t) const noexcept { return {}; }
+
+ private:
+  int threads_;
+};
+
+}  // namespace detail
+GRADCOMP_NAMESPACE_END

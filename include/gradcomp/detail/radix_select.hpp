@@ -1,0 +1,92 @@
+/// \file detail/radix_select.hpp
+/// Radix selection over the bit patterns of |x|. For finite floats, |a| < |b| exactly
+/// when (bits(a) & 0x7fffffff) < (bits(b) & 0x7fffffff), so ranking magnitudes is
+/// ranking 31-bit unsigned keys, digit by digit, without comparisons or sorting. Not API.
+#pragma once
+
+#include <gradcomp/config.hpp>
+
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace detail {
+
+/// 31-bit magnitude key of a float: order of keys = order of |x| for finite x; +0 and
+/// -0 share key 0.
+GRADCOMP_HOST_DEVICE inline std::uint32_t magnitude_key(float x) noexcept {
+  return std::bit_cast<std::uint32_t>(x) & 0x7FFFFFFFu;
+}
+
+/// Keys >= this belong to infinities and NaNs.
+inline constexpr std::uint32_t non_finite_key = 0x7F800000u;
+
+/// The three digits of a key, most significant first: 11 + 10 + 10 = 31 bits.
+struct radix_digit {
+  int shift;
+  int bits;
+};
+inline constexpr std::array<radix_digit, 3> magnitude_digits{{{20, 11}, {10, 10}, {0, 10}}};
+inline constexpr std::size_t top_digit_bins = std::size_t{1} << 11;
+
+/// Where the k-th largest key sits.
+struct kth_key {
+  std::uint32_t key;      ///< the k-th largest key
+  std::size_t ties_left;  ///< how many entries with exactly this key are among the k
+};
+
+/// Scans histogram `bins` from the top and returns the bin holding the r-th largest
+/// entry (r >= 1) and r minus the entries in higher bins.
+inline std::pair<std::uint32_t, std::size_t> find_bin_from_top(std::span<const std::uint32_t> bins, std::size_t r) {
+  for (std::size_t b = bins.size(); b-- > 0;) {
+    if (bins[b] >= r) return {static_cast<std::uint32_t>(b), r};
+    r -= bins[b];
+  }
+  return {0, r};  // unreachable when r <= total count
+}
+
+/// Finds the r-th largest magnitude key (1 <= r <= |list|) among `acc[list[j]]`, all of
+/// which share the digits above `first_digit` with `prefix`.
+inline kth_key kth_largest_in_list(std::span<const float> acc, std::span<const std::uint32_t> list, std::size_t r,
+                                   std::size_t first_digit, std::uint32_t prefix) {
+  std::array<std::uint32_t, top_digit_bins> bins{};
+  std::uint32_t known_mask = 0;
+  for (std::size_t d = 0; d < first_digit; ++d) {
+    known_mask |= ((1u << magnitude_digits[d].bits) - 1u) << magnitude_digits[d].shift;
+  }
+  for (std::size_t d = first_digit; d < magnitude_digits.size(); ++d) {
+    const auto [shift, bits] = magnitude_digits[d];
+    const std::uint32_t digit_mask = (1u << bits) - 1u;
+    std::fill(bins.begin(), bins.begin() + (std::size_t{1} << bits), 0u);
+    for (const std::uint32_t i : list) {
+      const std::uint32_t key = magnitude_key(acc[i]);
+      if ((key & known_mask) == prefix) ++bins[(key >> shift) & digit_mask];
+    }
+    const auto [digit, remaining] = find_bin_from_top(std::span(bins).first(std::size_t{1} << bits), r);
+    prefix |= digit << shift;
+    known_mask |= digit_mask << shift;
+    r = remaining;
+  }
+  return {prefix, r};
+}
+
+/// Keeps, in order, the entries of `list` whose key is above `kth.key`, and the first
+/// `kth.ties_left` whose key equals it (ties go to the lower index). Returns the new size.
+inline std::size_t keep_top_in_list(std::span<const float> acc, std::span<std::uint32_t> list, kth_key kth) {
+  std::size_t kept = 0;
+  std::size_t ties = kth.ties_left;
+  for (const std::uint32_t i : list) {
+    const std::uint32_t key = magnitude_key(acc[i]);
+    const bool take = key > kth.key || (key == kth.key && ties > 0);
+    ties -= (key == kth.key && ties > 0) ? 1 : 0;
+    list[kept] = i;
+    kept += take ? 1 : 0;
+  }
+  return kept;
+}
+
+}  // namespace detail
+GRADCOMP_NAMESPACE_END

@@ -1,0 +1,29 @@
+/// \file detail/step_input.hpp
+/// What the compressor hands its selector and encoder engines each step, whatever the
+/// backend. Spans point into the backend's memory. Not API.
+#pragma once
+
+#include <gradcomp/config.hpp>
+
+#include <cstdint>
+#include <span>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace detail {
+
+/// Everything a selector engine sees of the step it runs in.
+struct select_input {
+  std::span<const float> acc;   ///< the values ranked (the corrector's output)
+  std::span<const float> grad;  ///< this step's gradient
+  std::uint64_t step;           ///< steps completed before this one
+};
+
+/// Everything an encoder engine needs to write one message.
+struct encode_input {
+  std::span<const float> acc;            ///< values ranked by the selector
+  std::span<const std::uint32_t> index;  ///< ascending selected indices
+  std::uint64_t step;                    ///< steps completed before this one (seeds stochastic codings)
+};
+
+}  // namespace detail
+GRADCOMP_NAMESPACE_END

@@ -1,0 +1,15 @@
+/// \file gradcomp.hpp
+/// Everything gradcomp offers on the host, in one include.
+#pragma once
+
+#include <gradcomp/backend/host.hpp>
+#include <gradcomp/compressor.hpp>
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/config.hpp>
+#include <gradcomp/correct/error_feedback.hpp>
+#include <gradcomp/correct/none.hpp>
+#include <gradcomp/encode/codings.hpp>
+#include <gradcomp/encode/index_value.hpp>
+#include <gradcomp/error.hpp>
+#include <gradcomp/message.hpp>
+#include <gradcomp/select/exact_topk.hpp>

@@ -1,0 +1,240 @@
+/// \file message.hpp
+/// The wire format: a fixed little-endian header followed by an index section and a
+/// value section; decoding and accumulation that trust nothing in the bytes.
+///
+/// Header layout (56 bytes, all fields little-endian):
+///
+/// | offset | size | field                                                  |
+/// |-------:|-----:|--------------------------------------------------------|
+/// |      0 |    4 | magic "GCMP"                                           |
+/// |      4 |    2 | format version (1)                                     |
+/// |      6 |    1 | index coding (gradcomp::index_coding)                  |
+/// |      7 |    1 | value coding (gradcomp::value_coding)                  |
+/// |      8 |    4 | flags (bit 0: checksum present)                        |
+/// |     12 |    4 | CRC-32C of both sections, 0 without the flag           |
+/// |     16 |    8 | n, elements of the dense tensor                        |
+/// |     24 |    8 | count, entries in the message                          |
+/// |     32 |    8 | bytes of the index section                             |
+/// |     40 |    8 | bytes of the value section                             |
+/// |     48 |    4 | value parameter (f32: scale or norm, coding-specific)  |
+/// |     52 |    4 | codec parameter (u32: levels, coding-specific)         |
+#pragma once
+
+#include <gradcomp/backend/host.hpp>
+#include <gradcomp/config.hpp>
+#include <gradcomp/detail/codecs.hpp>
+#include <gradcomp/detail/wire.hpp>
+#include <gradcomp/error.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <vector>
+
+GRADCOMP_NAMESPACE_BEGIN
+
+/// The fixed part of every message.
+struct message_header {
+  static constexpr std::uint32_t magic = 0x504D4347u;  // "GCMP" read as little-endian u32
+  static constexpr std::uint16_t version = 1;
+  static constexpr std::size_t size = 56;
+  static constexpr std::uint32_t flag_checksum = 1u;
+  /// Largest dense length a message can describe: indices are 32-bit.
+  static constexpr std::uint64_t max_n = std::numeric_limits<std::uint32_t>::max();
+
+  index_coding index = index_coding::raw32;
+  value_coding value = value_coding::f32;
+  std::uint32_t flags = 0;
+  std::uint32_t checksum = 0;
+  std::uint64_t n = 0;
+  std::uint64_t count = 0;
+  std::uint64_t index_bytes = 0;
+  std::uint64_t value_bytes = 0;
+  float value_param = 0.0f;
+  std::uint32_t codec_param = 0;
+};
+
+/// A compressed tensor as produced by compressor::compress: a view of the caller's
+/// buffer, valid while that buffer is.
+class message {
+ public:
+  message() = default;
+  message(std::span<const std::byte> bytes, std::size_t n, std::size_t count) noexcept
+      : bytes_(bytes), n_(n), count_(count) {}
+
+  /// The bytes to send (header and sections).
+  [[nodiscard]] std::span<const std::byte> bytes() const noexcept { return bytes_; }
+  /// Entries sent.
+  [[nodiscard]] std::size_t count() const noexcept { return count_; }
+  /// Elements of the dense tensor.
+  [[nodiscard]] std::size_t size() const noexcept { return n_; }
+  /// Dense float32 size over message size.
+  [[nodiscard]] double ratio() const noexcept {
+    return bytes_.empty() ? 0.0 : static_cast<double>(n_) * sizeof(float) / static_cast<double>(bytes_.size());
+  }
+
+ private:
+  std::span<const std::byte> bytes_;
+  std::size_t n_ = 0;
+  std::size_t count_ = 0;
+};
+
+/// A decoded message on the host.
+struct sparse_vector {
+  std::uint64_t n = 0;                 ///< elements of the dense tensor
+  std::vector<std::uint32_t> indices;  ///< ascending, each < n
+  std::vector<float> values;           ///< as the receiver sees them (after quantisation)
+};
+
+namespace detail {
+
+inline void write_header(std::byte* p, const message_header& h) noexcept {
+  store_le<std::uint32_t>(p + 0, message_header::magic);
+  store_le<std::uint16_t>(p + 4, message_header::version);
+  store_le<std::uint8_t>(p + 6, static_cast<std::uint8_t>(h.index));
+  store_le<std::uint8_t>(p + 7, static_cast<std::uint8_t>(h.value));
+  store_le<std::uint32_t>(p + 8, h.flags);
+  store_le<std::uint32_t>(p + 12, h.checksum);
+  store_le<std::uint64_t>(p + 16, h.n);
+  store_le<std::uint64_t>(p + 24, h.count);
+  store_le<std::uint64_t>(p + 32, h.index_bytes);
+  store_le<std::uint64_t>(p + 40, h.value_bytes);
+  store_le<float>(p + 48, h.value_param);
+  store_le<std::uint32_t>(p + 52, h.codec_param);
+}
+
+/// Parses and checks a whole message before anyone writes a byte of output: header
+/// fields, section lengths against the buffer, the checksum, and (validate_entries)
+/// every index and value.
+class message_reader {
+ public:
+  explicit message_reader(std::span<const std::byte> bytes) : bytes_(bytes) {
+    require(bytes.size() >= message_header::size, errc::corrupt_message, "message is ", bytes.size(),
+            " bytes, shorter than the ", message_header::size, "-byte header");
+    const std::byte* p = bytes.data();
+    const auto magic = load_le<std::uint32_t>(p);
+    require(magic == message_header::magic, errc::corrupt_message, "message magic is 0x", std::hex, magic,
+            ", expected 0x", message_header::magic, " (\"GCMP\")");
+    const auto version = load_le<std::uint16_t>(p + 4);
+    require(version == message_header::version, errc::corrupt_message, "message format version is ", version,
+            ", this build reads version ", message_header::version);
+    h_.index = static_cast<index_coding>(load_le<std::uint8_t>(p + 6));
+    h_.value = static_cast<value_coding>(load_le<std::uint8_t>(p + 7));
+    h_.flags = load_le<std::uint32_t>(p + 8);
+    h_.checksum = load_le<std::uint32_t>(p + 12);
+    h_.n = load_le<std::uint64_t>(p + 16);
+    h_.count = load_le<std::uint64_t>(p + 24);
+    h_.index_bytes = load_le<std::uint64_t>(p + 32);
+    h_.value_bytes = load_le<std::uint64_t>(p + 40);
+    h_.value_param = load_le<float>(p + 48);
+    h_.codec_param = load_le<std::uint32_t>(p + 52);
+
+    require(is_wire_index_coding(h_.index), errc::corrupt_message, "message index coding ",
+            static_cast<unsigned>(h_.index), " is unknown");
+    require(is_wire_value_coding(h_.value), errc::corrupt_message, "message value coding ",
+            static_cast<unsigned>(h_.value), " is unknown");
+    require((h_.flags & ~message_header::flag_checksum) == 0, errc::corrupt_message, "message flags 0x", std::hex,
+            h_.flags, " contain unknown bits");
+    require(h_.n >= 1 && h_.n <= message_header::max_n, errc::corrupt_message, "message n = ", h_.n,
+            " is outside [1, ", message_header::max_n, "]");
+    require(h_.count <= h_.n, errc::corrupt_message, "message count = ", h_.count, " exceeds n = ", h_.n);
+    const std::uint64_t room = bytes.size() - message_header::size;
+    require(h_.index_bytes <= room && h_.value_bytes <= room - h_.index_bytes, errc::corrupt_message,
+            "message sections (", h_.index_bytes, " + ", h_.value_bytes, " bytes) overrun the ", room,
+            " bytes after the header");
+    require(h_.index_bytes + h_.value_bytes == room, errc::corrupt_message, "message has ",
+            room - h_.index_bytes - h_.value_bytes, " trailing bytes after its sections");
+    check_section_sizes(h_);
+    if (h_.flags & message_header::flag_checksum) {
+      const auto crc = crc32c(p + message_header::size, static_cast<std::size_t>(room));
+      require(crc == h_.checksum, errc::corrupt_message, "message checksum 0x", std::hex, h_.checksum,
+              " does not match its payload (0x", crc, ")");
+    }
+  }
+
+  [[nodiscard]] const message_header& header() const noexcept { return h_; }
+
+  /// Calls `f(index, value)` for every entry in order. Call validate_entries() first.
+  template <class F>
+  void visit(F&& f) const {
+    const std::byte* sections = bytes_.data() + message_header::size;
+    const value_decoder values(h_, sections + h_.index_bytes);
+    std::size_t j = 0;
+    for_each_index(h_, sections, [&](std::uint32_t index) {
+      f(index, values(j));
+      ++j;
+    });
+  }
+
+  /// Checks that indices are strictly ascending and below n, that the index section
+  /// holds exactly `count` of them, and that every value is finite.
+  void validate_entries() const {
+    std::uint64_t seen = 0;
+    std::uint64_t next_allowed = 0;  // strictly ascending: each index >= previous + 1
+    bool ordered = true;
+    bool finite = true;
+    std::uint64_t bad_position = 0;
+    std::uint64_t bad_index = 0;
+    const std::byte* sections = bytes_.data() + message_header::size;
+    validate_index_section(h_, sections, [&](std::uint32_t index) {
+      if (ordered && (index < next_allowed || index >= h_.n)) {
+        ordered = false;
+        bad_position = seen;
+        bad_index = index;
+      }
+      next_allowed = std::uint64_t{index} + 1;
+      ++seen;
+    });
+    require(seen == h_.count, errc::corrupt_message, "message index section holds ", seen, " indices, header says ",
+            h_.count);
+    require(ordered, errc::corrupt_message, "message index ", bad_index, " at position ", bad_position,
+            " is out of range or not ascending (n = ", h_.n, ")");
+    const value_decoder values(h_, sections + h_.index_bytes);
+    for (std::uint64_t j = 0; j < h_.count && finite; ++j) {
+      if (!std::isfinite(values(static_cast<std::size_t>(j)))) {
+        finite = false;
+        bad_position = j;
+      }
+    }
+    require(finite, errc::corrupt_message, "message value at position ", bad_position, " is not finite");
+  }
+
+ private:
+  std::span<const std::byte> bytes_;
+  message_header h_;
+};
+
+}  // namespace detail
+
+/// Reads a message into host vectors. Throws gradcomp::error (corrupt_message) if
+/// anything in `bytes` is inconsistent; nothing is returned then.
+inline sparse_vector decode(std::span<const std::byte> bytes) {
+  const detail::message_reader reader(bytes);
+  reader.validate_entries();
+  sparse_vector out;
+  out.n = reader.header().n;
+  out.indices.reserve(static_cast<std::size_t>(reader.header().count));
+  out.values.reserve(static_cast<std::size_t>(reader.header().count));
+  reader.visit([&](std::uint32_t index, float value) {
+    out.indices.push_back(index);
+    out.values.push_back(value);
+  });
+  return out;
+}
+
+/// `dense[i] += scale * value` for every entry of the message. The whole message is
+/// validated first; on error `dense` is unchanged.
+/// \throws gradcomp::error if the message is corrupt, `dense.size()` differs from the
+///         message's n, or `scale` is not finite.
+inline void accumulate(const backend::host&, std::span<const std::byte> bytes, std::span<float> dense, float scale) {
+  detail::require(std::isfinite(scale), errc::invalid_argument, "accumulate: scale must be finite, got ", scale);
+  const detail::message_reader reader(bytes);
+  detail::require(reader.header().n == dense.size(), errc::invalid_argument, "accumulate: dense.size() = ",
+                  dense.size(), " does not match the message's n = ", reader.header().n);
+  reader.validate_entries();
+  reader.visit([&](std::uint32_t index, float value) { dense[index] += scale * value; });
+}
+
+GRADCOMP_NAMESPACE_END

@@ -1,0 +1,52 @@
+/// \file select/exact_topk.hpp
+/// Exact top-k by magnitude.
+#pragma once
+
+#include <gradcomp/config.hpp>
+#include <gradcomp/error.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <string>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace select {
+
+/// Sends the k entries of largest |acc|, k = clamp(ceil(density * n), 1, n) or `count`.
+/// Ties at the boundary go to the lower index, so exactly k are chosen; indices ascend.
+/// Set exactly one of `density` and `count`.
+struct exact_topk {
+  double density = 0.0;   ///< fraction of entries to send, in (0, 1]
+  std::size_t count = 0;  ///< number of entries to send, in [1, n]
+
+  [[nodiscard]] std::string name() const { return "exact_topk"; }
+
+  /// \throws gradcomp::error unless exactly one of density (in (0, 1]) and count
+  ///         (in [1, n]) is set.
+  void validate(std::size_t n) const {
+    detail::require(!(density != 0.0 && count != 0), errc::invalid_argument,
+                    "exact_topk: set density or count, not both (density = ", density, ", count = ", count, ")");
+    if (count != 0) {
+      detail::require(count <= n, errc::invalid_argument, "exact_topk: count must be in [1, n = ", n, "], got ",
+                      count);
+    } else {
+      detail::require(density > 0.0 && density <= 1.0, errc::invalid_argument,
+                      "exact_topk: density must be in (0, 1], got ", density);
+    }
+  }
+
+  /// Entries selected for a tensor of n elements.
+  [[nodiscard]] std::size_t k(std::size_t n) const {
+    if (count != 0) return count;
+    const double want = std::ceil(density * static_cast<double>(n));
+    return std::clamp<std::size_t>(static_cast<std::size_t>(want), 1, n);
+  }
+
+  [[nodiscard]] std::size_t max_selected(std::size_t n) const { return k(n); }
+};
+
+}  // namespace select
+GRADCOMP_NAMESPACE_END
+
+#include <gradcomp/detail/host/exact_topk.hpp>
