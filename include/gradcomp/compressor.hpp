@@ -58,6 +58,14 @@ class compressor {
   /// Size of the largest message compress() can write with the current parameters.
   [[nodiscard]] std::size_t max_message_bytes() const { return encoder_.max_bytes(n_, selector_.max_selected(n_)); }
 
+  /// The corrector's committed memory array `a` (< Corrector::state_arrays), e.g. the
+  /// error-feedback residual; in the backend's memory.
+  [[nodiscard]] std::span<const float> corrector_state(std::size_t a) const {
+    detail::require(a < Corrector::state_arrays, errc::invalid_argument, "corrector_state: array ", a,
+                    " does not exist, ", corrector_.name(), " keeps ", Corrector::state_arrays);
+    return correct_.committed(a);
+  }
+
   [[nodiscard]] const Backend& backend() const noexcept { return backend_; }
   [[nodiscard]] const Selector& selector() const noexcept { return selector_; }
   [[nodiscard]] const Corrector& corrector() const noexcept { return corrector_; }

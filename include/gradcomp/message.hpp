@@ -11,7 +11,8 @@
 /// |      6 |    1 | index coding (gradcomp::index_coding)                  |
 /// |      7 |    1 | value coding (gradcomp::value_coding)                  |
 /// |      8 |    4 | flags (bit 0: checksum present)                        |
-/// |     12 |    4 | CRC-32C of both sections, 0 without the flag           |
+/// |     12 |    4 | CRC-32C of the message with this field read as 0; 0    |
+/// |        |      | without the flag                                       |
 /// |     16 |    8 | n, elements of the dense tensor                        |
 /// |     24 |    8 | count, entries in the message                          |
 /// |     32 |    8 | bytes of the index section                             |
@@ -105,6 +106,16 @@ inline void write_header(std::byte* p, const message_header& h) noexcept {
   store_le<std::uint32_t>(p + 52, h.codec_param);
 }
 
+/// CRC-32C of a whole message with its checksum field read as zero, so that a flipped
+/// header bit (a scale, a count) is caught as well as a flipped payload bit.
+inline std::uint32_t message_checksum(std::span<const std::byte> bytes) noexcept {
+  constexpr std::byte zeros[4] = {};
+  std::uint32_t c = crc32c_update(crc32c_init, bytes.data(), 12);
+  c = crc32c_update(c, zeros, 4);
+  c = crc32c_update(c, bytes.data() + 16, bytes.size() - 16);
+  return crc32c_final(c);
+}
+
 /// Parses and checks a whole message before anyone writes a byte of output: header
 /// fields, section lengths against the buffer, the checksum, and (validate_entries)
 /// every index and value.
@@ -148,9 +159,12 @@ class message_reader {
             room - h_.index_bytes - h_.value_bytes, " trailing bytes after its sections");
     check_section_sizes(h_);
     if (h_.flags & message_header::flag_checksum) {
-      const auto crc = crc32c(p + message_header::size, static_cast<std::size_t>(room));
+      const auto crc = message_checksum(bytes);
       require(crc == h_.checksum, errc::corrupt_message, "message checksum 0x", std::hex, h_.checksum,
-              " does not match its payload (0x", crc, ")");
+              " does not match its content (0x", crc, ")");
+    } else {
+      require(h_.checksum == 0, errc::corrupt_message, "message has checksum 0x", std::hex, h_.checksum,
+              " but no checksum flag");
     }
   }
 

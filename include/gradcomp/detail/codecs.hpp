@@ -8,6 +8,7 @@
 #include <gradcomp/encode/codings.hpp>
 #include <gradcomp/error.hpp>
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -44,6 +45,10 @@ void check_section_sizes(const Header& h) {
   const auto want_value = value_section_bytes(h.value, h.count);
   require(h.value_bytes == want_value, errc::corrupt_message, "message value section is ", h.value_bytes,
           " bytes, ", to_string(h.value), " with count = ", h.count, " needs ", want_value);
+  const bool params_used = false;  // no implemented value coding carries parameters yet
+  require(params_used || (std::bit_cast<std::uint32_t>(h.value_param) == 0 && h.codec_param == 0),
+          errc::corrupt_message, "message value coding ", to_string(h.value),
+          " takes no parameters, but the header carries ", h.value_param, " and ", h.codec_param);
 }
 
 /// Decodes the index section, calling `f(index)` per entry; the caller checks range

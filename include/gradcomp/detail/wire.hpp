@@ -56,10 +56,16 @@ inline constexpr std::array<std::uint32_t, 256> crc32c_table = [] {
 
 /// CRC-32C (Castagnoli), the checksum iSCSI and ext4 use; detects burst errors that a
 /// corrupted transport would introduce in message payloads.
-inline std::uint32_t crc32c(const std::byte* data, std::size_t size) noexcept {
-  std::uint32_t c = 0xFFFFFFFFu;
+/// Feeds `size` bytes into a running CRC-32C; start from crc32c_init, end with crc32c_final.
+inline std::uint32_t crc32c_update(std::uint32_t c, const std::byte* data, std::size_t size) noexcept {
   for (std::size_t i = 0; i < size; ++i) c = crc32c_table[(c ^ static_cast<std::uint32_t>(data[i])) & 0xFFu] ^ (c >> 8);
-  return c ^ 0xFFFFFFFFu;
+  return c;
+}
+inline constexpr std::uint32_t crc32c_init = 0xFFFFFFFFu;
+inline constexpr std::uint32_t crc32c_final(std::uint32_t c) noexcept { return c ^ 0xFFFFFFFFu; }
+
+inline std::uint32_t crc32c(const std::byte* data, std::size_t size) noexcept {
+  return crc32c_final(crc32c_update(crc32c_init, data, size));
 }
 
 }  // namespace detail

@@ -42,12 +42,11 @@ class engine<encode::index_value, backend::host> {
     h.value_bytes = info.bytes;
     h.value_param = info.value_param;
     h.codec_param = info.codec_param;
-    if (policy.checksum) {
-      h.flags |= message_header::flag_checksum;
-      h.checksum = crc32c(sections, static_cast<std::size_t>(h.index_bytes + h.value_bytes));
-    }
+    const std::size_t bytes = message_header::size + static_cast<std::size_t>(h.index_bytes + h.value_bytes);
+    if (policy.checksum) h.flags |= message_header::flag_checksum;
     write_header(out.data(), h);
-    return message_header::size + static_cast<std::size_t>(h.index_bytes + h.value_bytes);
+    if (policy.checksum) store_le<std::uint32_t>(out.data() + 12, message_checksum(out.first(bytes)));
+    return bytes;
   }
 
  private:

@@ -1,0 +1,170 @@
+// The decoder trusts nothing: every corruption raises gradcomp::error and leaves the
+// destination untouched.
+#include <doctest/doctest.h>
+#include <gradcomp/gradcomp.hpp>
+
+#include <cstring>
+#include <random>
+
+#include "support/inputs.hpp"
+
+namespace gc = gradcomp;
+
+namespace {
+
+std::vector<std::byte> sample_message(std::size_t n, std::size_t k, bool checksum = false) {
+  gc::compressor c{gc::backend::host{}, n, gc::select::exact_topk{.count = k}, gc::correct::none{},
+                   gc::encode::index_value{.checksum = checksum}};
+  std::vector<std::byte> buf(c.max_message_bytes());
+  const auto m = c.compress(inputs::make(inputs::shape::normal, n, 11), buf);
+  return {m.bytes().begin(), m.bytes().end()};
+}
+
+template <class T>
+void poke(std::vector<std::byte>& b, std::size_t at, T v) {
+  std::memcpy(b.data() + at, &v, sizeof(T));
+}
+
+// Runs decode and accumulate on `bytes`; both must throw corrupt_message and leave a
+// sentinel-filled destination untouched.
+void require_rejected(const std::vector<std::byte>& bytes, std::size_t n, const char* what) {
+  CAPTURE(what);
+  CHECK_THROWS_AS(gc::decode(bytes), gc::error);
+  std::vector<float> dense(n, 3.25f);
+  try {
+    gc::accumulate(gc::backend::host{}, bytes, dense, 1.0f);
+    FAIL("accumulate accepted a corrupt message");
+  } catch (const gc::error& e) {
+    CHECK(e.code() == gc::errc::corrupt_message);
+  }
+  CHECK(std::all_of(dense.begin(), dense.end(), [](float v) { return v == 3.25f; }));
+}
+
+}  // namespace
+
+TEST_CASE("a message round-trips through decode and accumulate") {
+  const auto bytes = sample_message(1000, 17);
+  const auto s = gc::decode(bytes);
+  CHECK(s.n == 1000);
+  REQUIRE(s.indices.size() == 17);
+  std::vector<float> dense(1000, 1.0f);
+  gc::accumulate(gc::backend::host{}, bytes, dense, 0.5f);
+  for (std::size_t j = 0; j < s.indices.size(); ++j) CHECK(dense[s.indices[j]] == 1.0f + 0.5f * s.values[j]);
+}
+
+TEST_CASE("truncated messages are rejected at every length") {
+  const auto bytes = sample_message(300, 9);
+  for (std::size_t len = 0; len < bytes.size(); ++len) {
+    require_rejected(std::vector<std::byte>(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(len)), 300,
+                     "truncated");
+  }
+  auto longer = bytes;
+  longer.push_back(std::byte{0});
+  require_rejected(longer, 300, "trailing byte");
+}
+
+TEST_CASE("hostile header fields are rejected") {
+  const std::size_t n = 300;
+  const auto good = sample_message(n, 9);
+  auto b = good;
+  poke<std::uint32_t>(b, 0, 0x12345678u);
+  require_rejected(b, n, "wrong magic");
+  b = good;
+  poke<std::uint16_t>(b, 4, 2);
+  require_rejected(b, n, "future version");
+  b = good;
+  poke<std::uint8_t>(b, 6, 200);
+  require_rejected(b, n, "unknown index coding");
+  b = good;
+  poke<std::uint8_t>(b, 7, 0);
+  require_rejected(b, n, "unknown value coding");
+  b = good;
+  poke<std::uint32_t>(b, 8, 0x80u);
+  require_rejected(b, n, "unknown flag");
+  b = good;
+  poke<std::uint64_t>(b, 16, 0);
+  require_rejected(b, n, "n = 0");
+  b = good;
+  poke<std::uint64_t>(b, 16, std::uint64_t{1} << 40);
+  require_rejected(b, n, "n beyond 32-bit indices");
+  b = good;
+  poke<std::uint64_t>(b, 16, 5);
+  require_rejected(b, n, "count > n");
+  b = good;
+  poke<std::uint64_t>(b, 24, 10);
+  require_rejected(b, n, "count disagrees with sections");
+  b = good;
+  poke<std::uint64_t>(b, 32, ~std::uint64_t{0});
+  require_rejected(b, n, "huge index section");
+  b = good;
+  poke<std::uint64_t>(b, 40, ~std::uint64_t{0} - 10);
+  require_rejected(b, n, "huge value section");
+  b = good;
+  poke<std::uint64_t>(b, 24, ~std::uint64_t{0} / 4 + 1);  // 4 * count wraps to a small number
+  require_rejected(b, n, "count that overflows a size computation");
+}
+
+TEST_CASE("hostile entries are rejected") {
+  const std::size_t n = 300;
+  const auto good = sample_message(n, 9);
+  const auto s = gc::decode(good);
+  auto b = good;
+  poke<std::uint32_t>(b, 56 + 4 * 3, 300);
+  require_rejected(b, n, "index == n");
+  b = good;
+  poke<std::uint32_t>(b, 56 + 4 * 3, 0xFFFFFFFFu);
+  require_rejected(b, n, "index far out of range");
+  b = good;
+  poke<std::uint32_t>(b, 56 + 4 * 4, s.indices[3]);
+  require_rejected(b, n, "repeated index");
+  b = good;
+  poke<std::uint32_t>(b, 56 + 4 * 0, s.indices[1] + 1);
+  require_rejected(b, n, "descending indices");
+  b = good;
+  poke<float>(b, 56 + 4 * 9 + 4 * 2, std::numeric_limits<float>::quiet_NaN());
+  require_rejected(b, n, "NaN value");
+  b = good;
+  poke<float>(b, 56 + 4 * 9 + 4 * 2, -std::numeric_limits<float>::infinity());
+  require_rejected(b, n, "infinite value");
+}
+
+TEST_CASE("every single bit flip of a checksummed message is caught") {
+  const std::size_t n = 200;
+  const auto good = sample_message(n, 5, true);
+  CHECK_NOTHROW(gc::decode(good));
+  for (std::size_t bit = 0; bit < 8 * good.size(); ++bit) {
+    auto b = good;
+    b[bit / 8] ^= std::byte{static_cast<unsigned char>(1u << (bit % 8))};
+    CAPTURE(bit);
+    require_rejected(b, n, "bit flip");
+  }
+}
+
+TEST_CASE("random garbage never crashes the decoder") {
+  std::mt19937_64 rng(99);
+  const auto good = sample_message(500, 20);
+  for (int trial = 0; trial < 20000; ++trial) {
+    auto b = good;
+    const int flips = 1 + static_cast<int>(rng() % 6);
+    for (int f = 0; f < flips; ++f) b[rng() % b.size()] = static_cast<std::byte>(rng());
+    b.resize(rng() % 4 == 0 ? rng() % (b.size() + 1) : b.size());
+    std::vector<float> dense(500, 0.0f);
+    const auto before = dense;
+    try {
+      gc::accumulate(gc::backend::host{}, b, dense, 1.0f);
+    } catch (const gc::error&) {
+      REQUIRE(dense == before);
+    }
+  }
+}
+
+TEST_CASE("accumulate checks its own arguments") {
+  const auto bytes = sample_message(100, 3);
+  std::vector<float> dense(99, 0.0f);
+  CHECK_THROWS_WITH_AS(gc::accumulate(gc::backend::host{}, bytes, dense, 1.0f),
+                       doctest::Contains("dense.size() = 99"), gc::error);
+  std::vector<float> right(100, 0.0f);
+  CHECK_THROWS_WITH_AS(gc::accumulate(gc::backend::host{}, bytes, right, std::numeric_limits<float>::infinity()),
+                       doctest::Contains("scale must be finite"), gc::error);
+  CHECK(std::all_of(right.begin(), right.end(), [](float v) { return v == 0.0f; }));
+}
