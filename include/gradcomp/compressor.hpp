@@ -26,8 +26,10 @@ GRADCOMP_NAMESPACE_BEGIN
 ///
 /// All state and workspace is allocated here, once; compress() allocates nothing. Every
 /// member that throws gradcomp::error leaves the compressor as it was.
-template <backend_type Backend, selector Selector, corrector Corrector = correct::none,
-          encoder Encoder = encode::index_value>
+///
+/// The parameters are checked against the concepts of concepts.hpp by static assertions
+/// rather than constraints, so misuse reports the missing member by name.
+template <class Backend, class Selector, class Corrector = correct::none, class Encoder = encode::index_value>
 class compressor {
   static_assert(detail::check_policies<Backend, Selector, Corrector, Encoder>());
 

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Sets everything up, builds everything, and runs the whole test suite under ctest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release
+cmake --build build/release -j"$(nproc)"
+ctest --test-dir build/release --output-on-failure -j"$(nproc)"
