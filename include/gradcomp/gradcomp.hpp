@@ -6,7 +6,11 @@
 #include <gradcomp/compressor.hpp>
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/config.hpp>
+#include <gradcomp/correct/chain.hpp>
+#include <gradcomp/correct/clip_norm.hpp>
 #include <gradcomp/correct/error_feedback.hpp>
+#include <gradcomp/correct/low_pass.hpp>
+#include <gradcomp/correct/momentum.hpp>
 #include <gradcomp/correct/none.hpp>
 #include <gradcomp/encode/codings.hpp>
 #include <gradcomp/encode/index_value.hpp>

@@ -19,7 +19,9 @@ struct error_feedback {
   float beta = 1.0f;   ///< decay of the residual, finite
   float gamma = 1.0f;  ///< weight of the new gradient, finite
 
-  static constexpr std::size_t state_arrays = 1;
+  static constexpr std::size_t state_arrays = 1;  ///< e
+  static constexpr int acc_state = 0;             ///< acc is the updated e
+
   [[nodiscard]] std::string name() const { return "error_feedback"; }
 
   /// \throws gradcomp::error if beta or gamma is not finite.
@@ -29,11 +31,18 @@ struct error_feedback {
                     gamma);
   }
 
-  /// The update for one element.
-  GRADCOMP_HOST_DEVICE float update(float e, float g) const noexcept { return beta * e + gamma * g; }
+  /// One element: `s` holds e (old in, new out); returns acc.
+  GRADCOMP_HOST_DEVICE float update(float* s, float g) const noexcept {
+    s[0] = beta * s[0] + gamma * g;
+    return s[0];
+  }
+  /// One sent element: `s` holds the updated e, `old` the e before the step.
+  GRADCOMP_HOST_DEVICE void commit(float* s, const float* /*old*/, float /*acc*/, float sent) const noexcept {
+    s[0] -= sent;
+  }
 };
 
 }  // namespace correct
 GRADCOMP_NAMESPACE_END
 
-#include <gradcomp/detail/host/error_feedback.hpp>
+#include <gradcomp/detail/host/elementwise_corrector.hpp>

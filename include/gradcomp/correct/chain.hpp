@@ -1,0 +1,84 @@
+/// \file correct/chain.hpp
+/// Composition of gradient transforms and one stateful corrector.
+#pragma once
+
+#include <gradcomp/config.hpp>
+#include <gradcomp/error.hpp>
+
+#include <cstddef>
+#include <string>
+#include <tuple>
+#include <type_traits>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace correct {
+
+/// A corrector that scales the gradient? (clip_norm is one.)
+template <class C>
+concept gradient_transform = C::state_arrays == 0 && requires(const C& c, double s) {
+  { c.gradient_scale(s) } -> std::same_as<float>;
+};
+
+/// `chain{clip_norm{...}, momentum{...}}`: applies the transforms in order, then the
+/// last corrector, which owns all the state.
+template <class... Parts>
+struct chain {
+  static_assert(sizeof...(Parts) >= 1, "gradcomp: chain needs at least one corrector");
+  using last_type = std::tuple_element_t<sizeof...(Parts) - 1, std::tuple<Parts...>>;
+
+  std::tuple<Parts...> parts;
+
+  chain(Parts... p) : parts(p...) {  // NOLINT: implicit so that chain{a, b} deduces
+    static_assert(all_but_last_are_transforms(std::index_sequence_for<Parts...>{}),
+                  "gradcomp: every corrector of a chain but the last must be a gradient transform (clip_norm)");
+  }
+
+  static constexpr std::size_t state_arrays = last_type::state_arrays;
+  static constexpr int acc_state = last_type::acc_state;
+  /// Whether any part scales the gradient (the engine then computes ||g|| first).
+  static constexpr bool scales_gradient = (gradient_transform<Parts> || ...);
+
+  [[nodiscard]] std::string name() const {
+    std::string out = "chain(";
+    std::apply([&](const auto&... p) { ((out += p.name() + ","), ...); }, parts);
+    out.back() = ')';
+    return out;
+  }
+  void validate() const {
+    std::apply([](const auto&... p) { (p.validate(), ...); }, parts);
+  }
+  /// Product of the transforms' factors, each seeing the gradient as scaled before it.
+  [[nodiscard]] float gradient_scale(double sum_of_squares) const noexcept {
+    float factor = 1.0f;
+    scale_through(sum_of_squares, factor, std::index_sequence_for<Parts...>{});
+    return factor;
+  }
+  GRADCOMP_HOST_DEVICE float update(float* s, float g) const noexcept { return last().update(s, g); }
+  GRADCOMP_HOST_DEVICE void commit(float* s, const float* old, float acc, float sent) const noexcept {
+    last().commit(s, old, acc, sent);
+  }
+  GRADCOMP_HOST_DEVICE const last_type& last() const noexcept { return std::get<sizeof...(Parts) - 1>(parts); }
+
+ private:
+  template <std::size_t... I>
+  static constexpr bool all_but_last_are_transforms(std::index_sequence<I...>) {
+    return ((I + 1 == sizeof...(Parts) || gradient_transform<std::tuple_element_t<I, std::tuple<Parts...>>>) && ...);
+  }
+  template <std::size_t... I>
+  void scale_through(double sum_of_squares, float& factor, std::index_sequence<I...>) const noexcept {
+    (
+        [&] {
+          using part = std::tuple_element_t<I, std::tuple<Parts...>>;
+          if constexpr (gradient_transform<part>) {
+            const double f = factor;
+            factor *= std::get<I>(parts).gradient_scale(sum_of_squares * f * f);
+          }
+        }(),
+        ...);
+  }
+};
+
+}  // namespace correct
+GRADCOMP_NAMESPACE_END
+
+#include <gradcomp/detail/host/elementwise_corrector.hpp>

@@ -1,0 +1,44 @@
+/// \file correct/low_pass.hpp
+/// ScaleCom's low-pass filtered error feedback.
+#pragma once
+
+#include <gradcomp/config.hpp>
+#include <gradcomp/error.hpp>
+
+#include <cstddef>
+#include <string>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace correct {
+
+/// acc = m + g; after sending, `m <- (1 - beta) * m + beta * (acc - sent)` with sent = 0
+/// where nothing was sent. beta = 1 is plain error feedback; smaller beta smooths the
+/// memory, which keeps workers' residuals similar under shared-index selection.
+struct low_pass {
+  float beta = 1.0f;  ///< filter weight, in (0, 1]
+
+  static constexpr std::size_t state_arrays = 1;  ///< m
+  static constexpr int acc_state = -1;            ///< acc = m + g differs from m: own array
+
+  [[nodiscard]] std::string name() const { return "low_pass"; }
+
+  /// \throws gradcomp::error if beta is outside (0, 1].
+  void validate() const {
+    detail::require(beta > 0.0f && beta <= 1.0f, errc::invalid_argument, "low_pass: beta must be in (0, 1], got ",
+                    beta);
+  }
+
+  GRADCOMP_HOST_DEVICE float update(float* s, float g) const noexcept {
+    const float acc = s[0] + g;
+    s[0] = (1.0f - beta) * s[0] + beta * acc;  // the unsent case, sent = 0
+    return acc;
+  }
+  GRADCOMP_HOST_DEVICE void commit(float* s, const float* old, float acc, float sent) const noexcept {
+    s[0] = (1.0f - beta) * old[0] + beta * (acc - sent);
+  }
+};
+
+}  // namespace correct
+GRADCOMP_NAMESPACE_END
+
+#include <gradcomp/detail/host/elementwise_corrector.hpp>

@@ -1,0 +1,55 @@
+/// \file correct/momentum.hpp
+/// DGC's momentum correction with momentum factor masking.
+#pragma once
+
+#include <gradcomp/config.hpp>
+#include <gradcomp/error.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <string>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace correct {
+
+/// Accumulates velocity instead of gradient so that sparse updates keep momentum's
+/// effect (Lin et al., ICLR 2018):
+/// - plain:    `u <- beta*u + g`,     `v <- v + u`;
+/// - Nesterov: `u <- beta*(u + g)`,  `v <- v + u + g`;
+/// acc = v. After sending, `v_i <- v_i - sent_i`, and with masking `u_i <- 0`, for each
+/// sent i. The aggregate is the update direction already: do not apply momentum again.
+struct momentum {
+  float beta = 0.9f;      ///< momentum, finite
+  bool nesterov = false;  ///< Nesterov momentum
+  bool masking = true;    ///< zero the momentum of sent entries (momentum factor masking)
+
+  static constexpr std::size_t state_arrays = 2;  ///< u, v
+  static constexpr int acc_state = 1;             ///< acc is the updated v
+
+  [[nodiscard]] std::string name() const { return nesterov ? "momentum(nesterov)" : "momentum"; }
+
+  /// \throws gradcomp::error if beta is not finite.
+  void validate() const {
+    detail::require(std::isfinite(beta), errc::invalid_argument, "momentum: beta must be finite, got ", beta);
+  }
+
+  GRADCOMP_HOST_DEVICE float update(float* s, float g) const noexcept {
+    if (nesterov) {
+      s[0] = beta * (s[0] + g);
+      s[1] = s[1] + s[0] + g;
+    } else {
+      s[0] = beta * s[0] + g;
+      s[1] = s[1] + s[0];
+    }
+    return s[1];
+  }
+  GRADCOMP_HOST_DEVICE void commit(float* s, const float* /*old*/, float /*acc*/, float sent) const noexcept {
+    s[1] -= sent;
+    if (masking) s[0] = 0.0f;
+  }
+};
+
+}  // namespace correct
+GRADCOMP_NAMESPACE_END
+
+#include <gradcomp/detail/host/elementwise_corrector.hpp>
