@@ -12,9 +12,14 @@ namespace gc = gradcomp;
 
 namespace {
 
+// The conformance messages are checked byte for byte against the raw32/f32 layout.
+const gc::encode::index_value raw32_f32{.index = gc::index_coding::raw32, .value = gc::value_coding::f32};
+
 // Each configuration pairs a library compressor with its reference model.
 struct topk_plain {
-  static auto make(std::size_t n, double d) { return gc::compressor{gc::backend::host{}, n, gc::select::exact_topk{.density = d}}; }
+  static auto make(std::size_t n, double d) {
+    return gc::compressor{gc::backend::host{}, n, gc::select::exact_topk{.density = d}, gc::correct::none{}, raw32_f32};
+  }
   struct model {
     std::pair<std::vector<std::uint32_t>, std::vector<float>> step(const std::vector<float>& g, std::size_t k) {
       auto idx = reference::top_k(g, k);
@@ -27,7 +32,8 @@ struct topk_plain {
 
 struct topk_error_feedback {
   static auto make(std::size_t n, double d) {
-    return gc::compressor{gc::backend::host{}, n, gc::select::exact_topk{.density = d}, gc::correct::error_feedback{}};
+    return gc::compressor{gc::backend::host{}, n, gc::select::exact_topk{.density = d}, gc::correct::error_feedback{},
+                          raw32_f32};
   }
   struct model : reference::topk_error_feedback {};
 };
@@ -35,7 +41,7 @@ struct topk_error_feedback {
 struct topk_decayed_feedback {
   static auto make(std::size_t n, double d) {
     return gc::compressor{gc::backend::host{}, n, gc::select::exact_topk{.density = d},
-                          gc::correct::error_feedback{.beta = 0.5f, .gamma = 2.0f}};
+                          gc::correct::error_feedback{.beta = 0.5f, .gamma = 2.0f}, raw32_f32};
   }
   struct model : reference::topk_error_feedback {
     model() {

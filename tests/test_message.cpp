@@ -14,7 +14,7 @@ namespace {
 
 std::vector<std::byte> sample_message(std::size_t n, std::size_t k, bool checksum = false) {
   gc::compressor c{gc::backend::host{}, n, gc::select::exact_topk{.count = k}, gc::correct::none{},
-                   gc::encode::index_value{.checksum = checksum}};
+                   gc::encode::index_value{.index = gc::index_coding::raw32, .checksum = checksum}};
   std::vector<std::byte> buf(c.max_message_bytes());
   const auto m = c.compress(inputs::make(inputs::shape::normal, n, 11), buf);
   return {m.bytes().begin(), m.bytes().end()};

@@ -17,8 +17,10 @@
 /// |     24 |    8 | count, entries in the message                          |
 /// |     32 |    8 | bytes of the index section                             |
 /// |     40 |    8 | bytes of the value section                             |
-/// |     48 |    4 | value parameter (f32: scale or norm, coding-specific)  |
-/// |     52 |    4 | codec parameter (u32: levels, coding-specific)         |
+/// |     48 |    4 | value parameter: f32 scale (int8, ternary), norm (qsgd) |
+/// |     52 |    4 | codec parameter: u32 levels (qsgd)                     |
+///
+/// Parameters a coding does not use must be zero. docs/wire-format.md has the sections.
 #pragma once
 
 #include <gradcomp/backend/host.hpp>
@@ -192,13 +194,13 @@ class message_reader {
     std::uint64_t bad_position = 0;
     std::uint64_t bad_index = 0;
     const std::byte* sections = bytes_.data() + message_header::size;
-    validate_index_section(h_, sections, [&](std::uint32_t index) {
+    validate_index_section(h_, sections, [&](std::uint64_t index) {
       if (ordered && (index < next_allowed || index >= h_.n)) {
         ordered = false;
         bad_position = seen;
         bad_index = index;
       }
-      next_allowed = std::uint64_t{index} + 1;
+      next_allowed = index + 1;
       ++seen;
     });
     require(seen == h_.count, errc::corrupt_message, "message index section holds ", seen, " indices, header says ",

@@ -1,84 +1,262 @@
 /// \file detail/codecs.hpp
 /// Reading and writing the index and value sections of a message, one place per
 /// coding so that the decoder's checks and the encoder's layout cannot drift. Not API.
+///
+/// Bit-packed data (delta_bitpack, bitmap, ternary, qsgd) is little-endian and
+/// LSB-first: bit b of the section is bit (b % 8) of byte b / 8.
 #pragma once
 
 #include <gradcomp/config.hpp>
+#include <gradcomp/detail/float_formats.hpp>
+#include <gradcomp/detail/random.hpp>
 #include <gradcomp/detail/wire.hpp>
 #include <gradcomp/encode/codings.hpp>
 #include <gradcomp/error.hpp>
 
+#include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <span>
 
 GRADCOMP_NAMESPACE_BEGIN
-struct message_header;
 namespace detail {
 
-constexpr bool is_wire_index_coding(index_coding c) noexcept { return c == index_coding::raw32; }
-constexpr bool is_wire_value_coding(value_coding c) noexcept { return c == value_coding::f32; }
+inline constexpr std::size_t delta_block = 128;  // gaps per delta_bitpack block
+inline constexpr std::uint32_t qsgd_max_levels = 1u << 16;
 
-/// Exact index-section size of a message with `count` of `n` entries.
-constexpr std::uint64_t index_section_bytes(index_coding c, std::uint64_t /*n*/, std::uint64_t count) noexcept {
+constexpr bool is_wire_index_coding(index_coding c) noexcept {
+  return c == index_coding::raw32 || c == index_coding::delta_bitpack || c == index_coding::bitmap;
+}
+constexpr bool is_wire_value_coding(value_coding c) noexcept {
+  return c >= value_coding::f32 && c <= value_coding::qsgd;
+}
+
+// -- bit streams ----------------------------------------------------------------------
+
+/// Appends fields of up to 32 bits to a byte array.
+class bit_writer {
+ public:
+  explicit bit_writer(std::byte* out) noexcept : out_(out) {}
+  void put(std::uint32_t value, unsigned bits) noexcept {
+    buffer_ |= static_cast<std::uint64_t>(value) << filled_;
+    filled_ += bits;
+    while (filled_ >= 8) {
+      *out_++ = static_cast<std::byte>(buffer_ & 0xFFu);
+      buffer_ >>= 8;
+      filled_ -= 8;
+    }
+  }
+  /// Writes the last partial byte (zero-padded); returns one past the last byte written.
+  std::byte* finish() noexcept {
+    if (filled_ > 0) *out_++ = static_cast<std::byte>(buffer_ & 0xFFu);
+    buffer_ = 0;
+    filled_ = 0;
+    return out_;
+  }
+
+ private:
+  std::byte* out_;
+  std::uint64_t buffer_ = 0;
+  unsigned filled_ = 0;
+};
+
+/// Reads `bits` (<= 32) bits at `bit_offset`, touching only the bytes that hold them.
+inline std::uint32_t read_bits(const std::byte* data, std::uint64_t bit_offset, unsigned bits) noexcept {
+  if (bits == 0) return 0;
+  const std::byte* p = data + bit_offset / 8;
+  const unsigned shift = static_cast<unsigned>(bit_offset % 8);
+  const unsigned bytes = (shift + bits + 7) / 8;
+  std::uint64_t v = 0;
+  for (unsigned b = 0; b < bytes; ++b) v |= static_cast<std::uint64_t>(p[b]) << (8 * b);
+  return static_cast<std::uint32_t>((v >> shift) & ((std::uint64_t{1} << bits) - 1));
+}
+
+// -- section sizes --------------------------------------------------------------------
+
+constexpr std::uint64_t bitmap_bytes(std::uint64_t n) noexcept { return (n + 7) / 8; }
+
+/// Bits per qsgd entry: a sign bit and a level in [0, levels].
+constexpr unsigned qsgd_entry_bits(std::uint32_t levels) noexcept {
+  return 1u + static_cast<unsigned>(std::bit_width(levels));
+}
+
+/// Exact delta_bitpack section size for ascending `indices`.
+inline std::size_t delta_bitpack_bytes(std::span<const std::uint32_t> indices) noexcept {
+  std::size_t bytes = 0;
+  std::uint64_t previous_plus_one = 0;
+  for (std::size_t start = 0; start < indices.size(); start += delta_block) {
+    const std::size_t len = std::min(delta_block, indices.size() - start);
+    std::uint32_t widest = 0;
+    for (std::size_t j = start; j < start + len; ++j) {
+      widest |= static_cast<std::uint32_t>(indices[j] - previous_plus_one);
+      previous_plus_one = std::uint64_t{indices[j]} + 1;
+    }
+    bytes += 1 + (len * static_cast<std::size_t>(std::bit_width(widest)) + 7) / 8;
+  }
+  return bytes;
+}
+
+/// Largest index section a coding can need for `count` of `n` entries.
+constexpr std::uint64_t max_index_section_bytes(index_coding c, std::uint64_t n, std::uint64_t count) noexcept {
   switch (c) {
     case index_coding::raw32: return 4 * count;
-    case index_coding::automatic: break;
+    case index_coding::delta_bitpack: return 4 * count + (count + delta_block - 1) / delta_block;
+    case index_coding::bitmap: return bitmap_bytes(n);
+    case index_coding::automatic: return std::min(4 * count, bitmap_bytes(n));  // auto never exceeds either
   }
   return 0;
 }
 
-/// Exact value-section size of a message with `count` entries.
-constexpr std::uint64_t value_section_bytes(value_coding c, std::uint64_t count) noexcept {
+/// Exact value-section size for `count` entries (`levels` for qsgd).
+constexpr std::uint64_t value_section_bytes(value_coding c, std::uint64_t count, std::uint32_t levels) noexcept {
   switch (c) {
     case value_coding::f32: return 4 * count;
+    case value_coding::f16:
+    case value_coding::bf16: return 2 * count;
+    case value_coding::int8: return count;
+    case value_coding::ternary: return (count + 7) / 8;
+    case value_coding::qsgd: return (count * qsgd_entry_bits(levels) + 7) / 8;
   }
   return 0;
 }
 
+// -- decoding -------------------------------------------------------------------------
+
+/// Checks the section lengths and coding parameters of a parsed header.
 template <class Header>
 void check_section_sizes(const Header& h) {
-  const auto want_index = index_section_bytes(h.index, h.n, h.count);
-  require(h.index_bytes == want_index, errc::corrupt_message, "message index section is ", h.index_bytes,
-          " bytes, ", to_string(h.index), " with count = ", h.count, " needs ", want_index);
-  const auto want_value = value_section_bytes(h.value, h.count);
-  require(h.value_bytes == want_value, errc::corrupt_message, "message value section is ", h.value_bytes,
-          " bytes, ", to_string(h.value), " with count = ", h.count, " needs ", want_value);
-  const bool params_used = false;  // no implemented value coding carries parameters yet
-  require(params_used || (std::bit_cast<std::uint32_t>(h.value_param) == 0 && h.codec_param == 0),
-          errc::corrupt_message, "message value coding ", to_string(h.value),
-          " takes no parameters, but the header carries ", h.value_param, " and ", h.codec_param);
-}
-
-/// Decodes the index section, calling `f(index)` per entry; the caller checks range
-/// and order (message_reader::validate_entries). Structural errors of variable-length
-/// codings throw here.
-template <class Header, class F>
-void validate_index_section(const Header& h, const std::byte* sections, F&& f) {
   switch (h.index) {
     case index_coding::raw32:
-      for (std::uint64_t j = 0; j < h.count; ++j) f(load_le<std::uint32_t>(sections + 4 * j));
-      return;
+    case index_coding::bitmap: {
+      const auto want = max_index_section_bytes(h.index, h.n, h.count);
+      require(h.index_bytes == want, errc::corrupt_message, "message index section is ", h.index_bytes, " bytes, ",
+              to_string(h.index), " with n = ", h.n, " and count = ", h.count, " needs ", want);
+      break;
+    }
+    case index_coding::delta_bitpack:  // exact size checked while parsing
+      require(h.index_bytes <= max_index_section_bytes(h.index, h.n, h.count), errc::corrupt_message,
+              "message index section of ", h.index_bytes, " bytes is larger than delta_bitpack allows for count = ",
+              h.count);
+      break;
     case index_coding::automatic: break;
+  }
+  const bool scaled = h.value == value_coding::int8 || h.value == value_coding::ternary;
+  const bool qsgd = h.value == value_coding::qsgd;
+  if (qsgd) {
+    require(h.codec_param >= 1 && h.codec_param <= qsgd_max_levels, errc::corrupt_message, "message qsgd levels = ",
+            h.codec_param, " is outside [1, ", qsgd_max_levels, "]");
+  } else {
+    require(h.codec_param == 0, errc::corrupt_message, "message value coding ", to_string(h.value),
+            " takes no codec parameter, the header carries ", h.codec_param);
+  }
+  if (scaled || qsgd) {
+    require(std::isfinite(h.value_param) && h.value_param >= 0.0f, errc::corrupt_message, "message ",
+            to_string(h.value), " scale = ", h.value_param, " is not a finite non-negative number");
+  } else {
+    require(std::bit_cast<std::uint32_t>(h.value_param) == 0, errc::corrupt_message, "message value coding ",
+            to_string(h.value), " takes no scale, the header carries ", h.value_param);
+  }
+  const auto want_value = value_section_bytes(h.value, h.count, h.codec_param);
+  require(h.value_bytes == want_value, errc::corrupt_message, "message value section is ", h.value_bytes, " bytes, ",
+          to_string(h.value), " with count = ", h.count, " needs ", want_value);
+}
+
+/// Decodes the index section, calling `f(index)` (a 64-bit index, so a hostile gap
+/// cannot wrap around) for each entry, at most `count` times. Range and order are the
+/// caller's to check; structural errors throw here.
+template <class Header, class F>
+void validate_index_section(const Header& h, const std::byte* section, F&& f) {
+  switch (h.index) {
+    case index_coding::raw32:
+      for (std::uint64_t j = 0; j < h.count; ++j) f(std::uint64_t{load_le<std::uint32_t>(section + 4 * j)});
+      return;
+    case index_coding::bitmap: {
+      const std::uint64_t bytes = bitmap_bytes(h.n);
+      const unsigned tail = static_cast<unsigned>(h.n % 8);
+      require(tail == 0 || (static_cast<unsigned>(section[bytes - 1]) >> tail) == 0, errc::corrupt_message,
+              "message bitmap has bits set beyond n = ", h.n);
+      std::uint64_t seen = 0;
+      for (std::uint64_t b = 0; b < bytes; ++b) {
+        unsigned byte = static_cast<unsigned>(section[b]);
+        seen += static_cast<std::uint64_t>(std::popcount(byte));
+        require(seen <= h.count, errc::corrupt_message, "message bitmap holds more than count = ", h.count, " bits");
+        while (byte != 0) {
+          f(8 * b + static_cast<unsigned>(std::countr_zero(byte)));
+          byte &= byte - 1;
+        }
+      }
+      return;
+    }
+    case index_coding::delta_bitpack: {
+      std::uint64_t at = 0;
+      std::uint64_t next = 0;  // previous index + 1
+      for (std::uint64_t start = 0; start < h.count; start += delta_block) {
+        const std::uint64_t len = std::min<std::uint64_t>(delta_block, h.count - start);
+        require(at < h.index_bytes, errc::corrupt_message, "message delta_bitpack section ends before block ",
+                start / delta_block);
+        const unsigned width = static_cast<unsigned>(section[at++]);
+        require(width <= 32, errc::corrupt_message, "message delta_bitpack block ", start / delta_block,
+                " has bit width ", width);
+        const std::uint64_t payload = (len * width + 7) / 8;
+        require(payload <= h.index_bytes - at, errc::corrupt_message, "message delta_bitpack block ",
+                start / delta_block, " overruns the index section");
+        for (std::uint64_t j = 0; j < len; ++j) {
+          const std::uint64_t index = next + read_bits(section + at, j * width, width);
+          f(index);
+          next = index + 1;
+        }
+        at += payload;
+      }
+      require(at == h.index_bytes, errc::corrupt_message, "message delta_bitpack section has ", h.index_bytes - at,
+              " bytes after its last block");
+      return;
+    }
+    case index_coding::automatic: return;
   }
 }
 
 /// Decodes an index section that validate_index_section has accepted.
 template <class Header, class F>
-void for_each_index(const Header& h, const std::byte* sections, F&& f) {
-  validate_index_section(h, sections, f);
+void for_each_index(const Header& h, const std::byte* section, F&& f) {
+  validate_index_section(h, section, [&](std::uint64_t index) { f(static_cast<std::uint32_t>(index)); });
 }
 
-/// Random access to decoded values of a validated value section.
+/// The value a qsgd entry decodes to; shared by encoder and decoder so `sent` matches.
+GRADCOMP_HOST_DEVICE inline float qsgd_value(float norm, std::uint32_t level, std::uint32_t levels,
+                                             bool negative) noexcept {
+  const float v = norm * (static_cast<float>(level) / static_cast<float>(levels));
+  return negative ? -v : v;
+}
+
+/// Random access to decoded values of a section whose header passed check_section_sizes.
 class value_decoder {
  public:
   template <class Header>
-  value_decoder(const Header& h, const std::byte* section) noexcept : coding_(h.value), section_(section) {}
+  value_decoder(const Header& h, const std::byte* section) noexcept
+      : coding_(h.value), section_(section), param_(h.value_param), levels_(h.codec_param) {}
 
   float operator()(std::size_t j) const noexcept {
     switch (coding_) {
       case value_coding::f32: return load_le<float>(section_ + 4 * j);
+      case value_coding::f16: return half_to_float(load_le<std::uint16_t>(section_ + 2 * j));
+      case value_coding::bf16: return bfloat_to_float(load_le<std::uint16_t>(section_ + 2 * j));
+      case value_coding::int8: {
+        const auto q = static_cast<std::int8_t>(section_[j]);
+        // -128 is outside the coding; make it decode to NaN so validation rejects it.
+        return q == -128 ? std::numeric_limits<float>::quiet_NaN() : static_cast<float>(q) * param_;
+      }
+      case value_coding::ternary: return read_bits(section_, j, 1) ? -param_ : param_;
+      case value_coding::qsgd: {
+        const unsigned bits = qsgd_entry_bits(levels_);
+        const std::uint32_t field = read_bits(section_, std::uint64_t{j} * bits, bits);
+        const std::uint32_t level = field >> 1;
+        if (level > levels_) return std::numeric_limits<float>::quiet_NaN();  // rejected by validation
+        return qsgd_value(param_, level, levels_, (field & 1u) != 0);
+      }
     }
     return 0.0f;
   }
@@ -86,14 +264,55 @@ class value_decoder {
  private:
   value_coding coding_;
   const std::byte* section_;
+  float param_;
+  std::uint32_t levels_;
 };
 
-/// Writes the index section for ascending `indices`; returns its size.
-inline std::size_t write_index_section(index_coding c, std::span<const std::uint32_t> indices, std::byte* out) noexcept {
+// -- encoding -------------------------------------------------------------------------
+
+/// The smallest coding for these indices (ties: delta_bitpack, raw32, bitmap).
+inline index_coding smallest_index_coding(std::uint64_t n, std::span<const std::uint32_t> indices) noexcept {
+  const std::uint64_t raw = 4 * indices.size();
+  const std::uint64_t bitmap = bitmap_bytes(n);
+  if (bitmap < raw && bitmap <= delta_bitpack_bytes(indices)) return index_coding::bitmap;
+  return delta_bitpack_bytes(indices) <= raw ? index_coding::delta_bitpack : index_coding::raw32;
+}
+
+/// Writes the index section for ascending `indices` of a tensor of n; returns its size.
+inline std::size_t write_index_section(index_coding c, std::uint64_t n, std::span<const std::uint32_t> indices,
+                                       std::byte* out) noexcept {
   switch (c) {
     case index_coding::raw32:
       for (std::size_t j = 0; j < indices.size(); ++j) store_le<std::uint32_t>(out + 4 * j, indices[j]);
       return 4 * indices.size();
+    case index_coding::bitmap: {
+      const auto bytes = static_cast<std::size_t>(bitmap_bytes(n));
+      std::memset(out, 0, bytes);
+      for (const std::uint32_t i : indices) out[i / 8] |= static_cast<std::byte>(1u << (i % 8));
+      return bytes;
+    }
+    case index_coding::delta_bitpack: {
+      std::byte* p = out;
+      std::uint64_t previous_plus_one = 0;
+      for (std::size_t start = 0; start < indices.size(); start += delta_block) {
+        const std::size_t len = std::min(delta_block, indices.size() - start);
+        std::uint32_t widest = 0;
+        std::uint64_t scan = previous_plus_one;
+        for (std::size_t j = start; j < start + len; ++j) {
+          widest |= static_cast<std::uint32_t>(indices[j] - scan);
+          scan = std::uint64_t{indices[j]} + 1;
+        }
+        const auto width = static_cast<unsigned>(std::bit_width(widest));
+        *p++ = static_cast<std::byte>(width);
+        bit_writer bits(p);
+        for (std::size_t j = start; j < start + len; ++j) {
+          bits.put(static_cast<std::uint32_t>(indices[j] - previous_plus_one), width);
+          previous_plus_one = std::uint64_t{indices[j]} + 1;
+        }
+        p = bits.finish();
+      }
+      return static_cast<std::size_t>(p - out);
+    }
     case index_coding::automatic: break;
   }
   return 0;
@@ -106,17 +325,82 @@ struct value_section_info {
   std::uint32_t codec_param = 0;
 };
 
-/// Writes `values[j]` for every entry and stores in `sent[j]` the value the receiver
-/// will decode, so correctors keep the quantisation error.
+/// Parameters of the stochastic value codings.
+struct value_coding_options {
+  std::uint32_t levels = 0;  ///< qsgd levels
+  std::uint64_t seed = 0;    ///< qsgd rounding: with the step, the only source of randomness
+  std::uint64_t step = 0;
+};
+
+/// Writes `values` (finite) and stores in `sent[j]` exactly what the receiver will
+/// decode for entry j, so correctors keep the quantisation error.
 inline value_section_info write_value_section(value_coding c, std::span<const float> values, std::byte* out,
-                                              std::span<float> sent) noexcept {
+                                              std::span<float> sent, const value_coding_options& opt) noexcept {
+  const std::size_t count = values.size();
   switch (c) {
     case value_coding::f32:
-      for (std::size_t j = 0; j < values.size(); ++j) {
+      for (std::size_t j = 0; j < count; ++j) {
         store_le<float>(out + 4 * j, values[j]);
         sent[j] = values[j];
       }
-      return {4 * values.size(), 0.0f, 0};
+      return {4 * count, 0.0f, 0};
+    case value_coding::f16:
+      for (std::size_t j = 0; j < count; ++j) {
+        const std::uint16_t h = float_to_half(values[j]);
+        store_le<std::uint16_t>(out + 2 * j, h);
+        sent[j] = half_to_float(h);
+      }
+      return {2 * count, 0.0f, 0};
+    case value_coding::bf16:
+      for (std::size_t j = 0; j < count; ++j) {
+        const std::uint16_t b = float_to_bfloat(values[j]);
+        store_le<std::uint16_t>(out + 2 * j, b);
+        sent[j] = bfloat_to_float(b);
+      }
+      return {2 * count, 0.0f, 0};
+    case value_coding::int8: {
+      float largest = 0.0f;
+      for (const float v : values) largest = std::max(largest, std::fabs(v));
+      const float scale = largest / 127.0f;
+      for (std::size_t j = 0; j < count; ++j) {
+        const float q = scale > 0.0f ? std::clamp(std::nearbyint(values[j] / scale), -127.0f, 127.0f) : 0.0f;
+        out[j] = static_cast<std::byte>(static_cast<std::int8_t>(q));
+        sent[j] = q * scale;
+      }
+      return {count, scale, 0};
+    }
+    case value_coding::ternary: {
+      double magnitude = 0.0;
+      for (const float v : values) magnitude += std::fabs(static_cast<double>(v));
+      const float scale = count > 0 ? static_cast<float>(magnitude / static_cast<double>(count)) : 0.0f;
+      bit_writer bits(out);
+      for (std::size_t j = 0; j < count; ++j) {
+        const bool negative = std::signbit(values[j]);
+        bits.put(negative ? 1u : 0u, 1);
+        sent[j] = negative ? -scale : scale;
+      }
+      return {static_cast<std::size_t>(bits.finish() - out), scale, 0};
+    }
+    case value_coding::qsgd: {
+      double squares = 0.0;
+      for (const float v : values) squares += static_cast<double>(v) * static_cast<double>(v);
+      const auto norm = static_cast<float>(std::sqrt(squares));
+      const unsigned entry_bits = qsgd_entry_bits(opt.levels);
+      bit_writer bits(out);
+      for (std::size_t j = 0; j < count; ++j) {
+        std::uint32_t level = 0;
+        if (norm > 0.0f) {
+          const double r = std::fabs(static_cast<double>(values[j])) / norm * opt.levels;
+          const double floor_r = std::floor(r);
+          level = static_cast<std::uint32_t>(floor_r) + (random_unit(opt.seed, opt.step, j) < r - floor_r ? 1u : 0u);
+          level = std::min(level, opt.levels);
+        }
+        const bool negative = std::signbit(values[j]);
+        bits.put((level << 1) | (negative ? 1u : 0u), entry_bits);
+        sent[j] = qsgd_value(norm, level, opt.levels, negative);
+      }
+      return {static_cast<std::size_t>(bits.finish() - out), norm, opt.levels};
+    }
   }
   return {};
 }

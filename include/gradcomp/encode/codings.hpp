@@ -10,13 +10,20 @@ GRADCOMP_NAMESPACE_BEGIN
 
 /// How the index section is written. The numeric values are part of the wire format.
 enum class index_coding : std::uint8_t {
-  automatic = 0,  ///< encoder only: the smallest implemented coding for each message
-  raw32 = 1,      ///< one little-endian uint32 per entry
+  automatic = 0,      ///< encoder only: the smallest of the codings below for each message
+  raw32 = 1,          ///< one little-endian uint32 per entry
+  delta_bitpack = 2,  ///< gaps between indices in blocks of 128, each at its widest gap's bit width
+  bitmap = 3,         ///< one bit per element of the dense tensor
 };
 
 /// How the value section is written. The numeric values are part of the wire format.
 enum class value_coding : std::uint8_t {
-  f32 = 1,  ///< IEEE binary32, exact
+  f32 = 1,      ///< IEEE binary32, exact
+  f16 = 2,      ///< IEEE binary16, round to nearest even, saturating at +-65504
+  bf16 = 3,     ///< bfloat16, round to nearest even, saturating at the largest finite
+  int8 = 4,     ///< round(v / scale) in [-127, 127], scale = max|v| / 127
+  ternary = 5,  ///< one sign bit per entry, one scale = mean |v| (unsent entries are the zeros)
+  qsgd = 6,     ///< stochastic rounding of |v| / ||v||_2 to `levels`, a sign bit, one f32 norm
 };
 
 /// Lower-case name of an index coding, as used in messages and the CLI.
@@ -24,6 +31,8 @@ constexpr const char* to_string(index_coding c) noexcept {
   switch (c) {
     case index_coding::automatic: return "auto";
     case index_coding::raw32: return "raw32";
+    case index_coding::delta_bitpack: return "delta_bitpack";
+    case index_coding::bitmap: return "bitmap";
   }
   return "unknown";
 }
@@ -32,6 +41,11 @@ constexpr const char* to_string(index_coding c) noexcept {
 constexpr const char* to_string(value_coding c) noexcept {
   switch (c) {
     case value_coding::f32: return "f32";
+    case value_coding::f16: return "f16";
+    case value_coding::bf16: return "bf16";
+    case value_coding::int8: return "int8";
+    case value_coding::ternary: return "ternary";
+    case value_coding::qsgd: return "qsgd";
   }
   return "unknown";
 }

@@ -9,44 +9,44 @@
 #include <gradcomp/message.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace encode {
 
-/// Writes the selected entries as a message (see message.hpp for the layout).
+/// Writes the selected entries as a message (see message.hpp and docs/wire-format.md).
+/// Quantised value codings hand the values as decoded back to the corrector, so the
+/// quantisation error stays in its memory.
 struct index_value {
-  gradcomp::index_coding index = gradcomp::index_coding::raw32;  ///< how indices are written
-  gradcomp::value_coding value = gradcomp::value_coding::f32;    ///< how values are written
-  bool checksum = false;  ///< append a CRC-32C of the payload, checked by the decoder
+  gradcomp::index_coding index = gradcomp::index_coding::automatic;  ///< how indices are written
+  gradcomp::value_coding value = gradcomp::value_coding::f32;        ///< how values are written
+  std::uint32_t levels = 16;  ///< qsgd: quantisation levels, in [1, 65536]
+  std::uint64_t seed = 0;     ///< qsgd: seed of the stochastic rounding (with the step)
+  bool checksum = false;      ///< add a CRC-32C of the message, checked by the decoder
 
   [[nodiscard]] std::string name() const {
-    return std::string("index_value(") + to_string(index) + "," + to_string(value) + ")";
+    std::string out = std::string("index_value(") + to_string(index) + "," + to_string(value);
+    if (value == gradcomp::value_coding::qsgd) out += "/" + std::to_string(levels);
+    return out + ")";
   }
 
-  /// \throws gradcomp::error for a coding this build does not implement.
+  /// \throws gradcomp::error for an unknown coding or qsgd levels outside [1, 65536].
   void validate() const {
     detail::require(index == gradcomp::index_coding::automatic || detail::is_wire_index_coding(index),
                     errc::invalid_argument, "index_value: index coding ", static_cast<unsigned>(index),
                     " is not supported");
     detail::require(detail::is_wire_value_coding(value), errc::invalid_argument, "index_value: value coding ",
                     static_cast<unsigned>(value), " is not supported");
-  }
-
-  /// The resolved index coding for a message of `count` of `n` entries: `automatic`
-  /// picks the smallest.
-  [[nodiscard]] gradcomp::index_coding index_for(std::size_t n, std::size_t count) const noexcept {
-    if (index != gradcomp::index_coding::automatic) return index;
-    (void)n;
-    (void)count;
-    return gradcomp::index_coding::raw32;
+    detail::require(value != gradcomp::value_coding::qsgd || (levels >= 1 && levels <= detail::qsgd_max_levels),
+                    errc::invalid_argument, "index_value: levels must be in [1, ", detail::qsgd_max_levels,
+                    "], got ", levels);
   }
 
   /// Largest message of `count` entries of a tensor of `n` elements.
   [[nodiscard]] std::size_t max_bytes(std::size_t n, std::size_t count) const noexcept {
-    return message_header::size +
-           static_cast<std::size_t>(detail::index_section_bytes(index_for(n, count), n, count) +
-                                    detail::value_section_bytes(value, count));
+    return message_header::size + static_cast<std::size_t>(detail::max_index_section_bytes(index, n, count) +
+                                                           detail::value_section_bytes(value, count, levels));
   }
 };
 

@@ -31,14 +31,15 @@ class engine<encode::index_value, backend::host> {
     for (std::size_t j = 0; j < count; ++j) values_[j] = in.acc[in.index[j]];
 
     message_header h;
-    h.index = policy.index_for(n, count);
+    h.index = policy.index == index_coding::automatic ? smallest_index_coding(n, in.index) : policy.index;
     h.value = policy.value;
     h.n = n;
     h.count = count;
     std::byte* sections = out.data() + message_header::size;
-    h.index_bytes = write_index_section(h.index, in.index, sections);
+    h.index_bytes = write_index_section(h.index, n, in.index, sections);
     const value_section_info info =
-        write_value_section(h.value, std::span<const float>(values_).first(count), sections + h.index_bytes, sent);
+        write_value_section(h.value, std::span<const float>(values_).first(count), sections + h.index_bytes, sent,
+                            {.levels = policy.levels, .seed = policy.seed, .step = in.step});
     h.value_bytes = info.bytes;
     h.value_param = info.value_param;
     h.codec_param = info.codec_param;
