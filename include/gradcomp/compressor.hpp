@@ -87,21 +87,23 @@ class compressor {
     detail::require(out.size() >= need, errc::buffer_too_small, "compress: out.size() = ", out.size(),
                     " bytes is smaller than max_message_bytes() = ", need);
 
-    select_.begin_observe();
-    const bool finite = correct_.update(corrector_, grad, [this](int thread, std::size_t begin, auto acc_chunk) {
-      select_.observe(thread, begin, acc_chunk);
+    // The selector's first pass rides on the corrector's: each chunk of acc is handed
+    // over while it is still in cache.
+    select_.begin_observe(selector_, step_);
+    const bool finite = correct_.update(corrector_, grad, [&](int thread, std::size_t begin, auto acc_chunk) {
+      select_.observe(thread, begin, acc_chunk, grad.subspan(begin, acc_chunk.size()));
     });
     const std::span<const float> acc = correct_.acc(grad);
     if (!finite) report_non_finite(grad, acc);
 
-    const std::size_t count = select_.select(selector_, {acc, grad, step_}, std::span(index_));
-    const std::span<const std::uint32_t> index(index_.data(), count);
-    const std::size_t bytes = encode_.encode(encoder_, {acc, index, step_}, out, std::span(sent_));
-    correct_.commit(corrector_, index, std::span<const float>(sent_.data(), count));
+    const detail::selection chosen = select_.select(selector_, {acc, grad, step_}, std::span(index_));
+    const std::span<const std::uint32_t> index(index_.data(), chosen.count);
+    const std::size_t bytes = encode_.encode(encoder_, {acc, index, step_, chosen.value_scale}, out, std::span(sent_));
+    correct_.commit(corrector_, index, std::span<const float>(sent_.data(), chosen.count));
     correct_.accept();
     select_.accept();
     ++step_;
-    return message(out.first(bytes), n_, count);
+    return message(out.first(bytes), n_, chosen.count);
   }
 
   /// Changes the selector's density from the next step on (warm-up schedules).
@@ -114,7 +116,17 @@ class compressor {
     if constexpr (requires { next.count = 0; }) next.count = 0;
     next.validate(n_);
     reserve(next.max_selected(n_));
+    if constexpr (requires { select_.reserve(next); }) select_.reserve(next);
     selector_ = next;
+  }
+
+  /// Sets the indices that a given_indices selector sends from the next step on.
+  /// \throws gradcomp::error unless they ascend strictly, are below n and number at
+  ///         most the selector's max_count; the previous set stays then.
+  void set_indices(std::span<const std::uint32_t> indices)
+    requires requires(detail::engine<Selector, Backend>& e, const Selector& s) { e.set_indices(s, indices); }
+  {
+    select_.set_indices(selector_, indices);
   }
 
   /// Writes the step counter, the selector's density and the corrector's memory.
@@ -123,7 +135,9 @@ class compressor {
     detail::state_writer w;
     w.header(signature(), n_, step_, density());
     for (std::size_t a = 0; a < Corrector::state_arrays; ++a) w.array(correct_.committed(a));
-    w.finish(out);
+    std::vector<double> selector_state;
+    if constexpr (requires { select_.saved_state(); }) selector_state = select_.saved_state();
+    w.finish(out, selector_state);
   }
 
   /// Restores what save_state wrote, for a compressor of the same policies and n. The
@@ -131,6 +145,13 @@ class compressor {
   /// \throws gradcomp::error if the stream fails or the record does not match.
   void load_state(std::istream& in) {
     detail::state_reader r(in, signature(), n_, Corrector::state_arrays);
+    const auto selector_state = r.selector_state();
+    if constexpr (requires { select_.restore_state(selector_state); }) {
+      detail::require(decltype(select_)::valid_state(selector_state), errc::corrupt_message,
+                      "load_state: the selector's saved state is invalid");
+    } else {
+      detail::require(selector_state.empty(), errc::corrupt_message, "load_state: unexpected selector state");
+    }
     Selector next = selector_;
     if constexpr (requires { next.density = 1.0; }) {
       if (r.density() > 0.0) {
@@ -139,8 +160,10 @@ class compressor {
       }
       next.validate(n_);
       reserve(next.max_selected(n_));
+      if constexpr (requires { select_.reserve(next); }) select_.reserve(next);
     }
     for (std::size_t a = 0; a < Corrector::state_arrays; ++a) r.copy_array(a, correct_.committed(a));
+    if constexpr (requires { select_.restore_state(selector_state); }) select_.restore_state(selector_state);
     selector_ = next;
     step_ = r.step();
   }

@@ -16,4 +16,12 @@
 #include <gradcomp/encode/index_value.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/message.hpp>
+#include <gradcomp/presets.hpp>
+#include <gradcomp/schedule/ratio_plan.hpp>
+#include <gradcomp/schedule/warmup.hpp>
+#include <gradcomp/select/chunk_local.hpp>
 #include <gradcomp/select/exact_topk.hpp>
+#include <gradcomp/select/given_indices.hpp>
+#include <gradcomp/select/random_k.hpp>
+#include <gradcomp/select/sampled_threshold.hpp>
+#include <gradcomp/select/threshold.hpp>

@@ -13,10 +13,11 @@
 GRADCOMP_NAMESPACE_BEGIN
 namespace correct {
 
-/// A corrector that scales the gradient? (clip_norm is one.)
+/// A stateless corrector that scales the gradient by a factor of its norm (clip_norm).
 template <class C>
 concept gradient_transform = C::state_arrays == 0 && requires(const C& c, double s) {
   { c.gradient_scale(s) } -> std::same_as<float>;
+  { c.needs_norm() } -> std::same_as<bool>;
 };
 
 /// `chain{clip_norm{...}, momentum{...}}`: applies the transforms in order, then the
@@ -47,6 +48,10 @@ struct chain {
   void validate() const {
     std::apply([](const auto&... p) { (p.validate(), ...); }, parts);
   }
+  /// Whether any transform needs the gradient's norm this step.
+  [[nodiscard]] bool needs_norm() const noexcept {
+    return std::apply([](const auto&... p) { return (needs_norm_of(p) || ...); }, parts);
+  }
   /// Product of the transforms' factors, each seeing the gradient as scaled before it.
   [[nodiscard]] float gradient_scale(double sum_of_squares) const noexcept {
     float factor = 1.0f;
@@ -60,6 +65,14 @@ struct chain {
   GRADCOMP_HOST_DEVICE const last_type& last() const noexcept { return std::get<sizeof...(Parts) - 1>(parts); }
 
  private:
+  template <class P>
+  static bool needs_norm_of(const P& p) noexcept {
+    if constexpr (gradient_transform<P>) {
+      return p.needs_norm();
+    } else {
+      return false;
+    }
+  }
   template <std::size_t... I>
   static constexpr bool all_but_last_are_transforms(std::index_sequence<I...>) {
     return ((I + 1 == sizeof...(Parts) || gradient_transform<std::tuple_element_t<I, std::tuple<Parts...>>>) && ...);

@@ -32,6 +32,9 @@ struct clip_norm {
     detail::require(workers >= 1, errc::invalid_argument, "clip_norm: workers must be >= 1, got ", workers);
   }
 
+  /// Whether the gradient's norm is needed (an infinite max_norm never clips).
+  [[nodiscard]] bool needs_norm() const noexcept { return std::isfinite(max_norm); }
+
   /// The factor applied to g, given sum(g_i^2).
   [[nodiscard]] float gradient_scale(double sum_of_squares) const noexcept {
     const double norm = std::sqrt(sum_of_squares);

@@ -48,10 +48,10 @@ inline std::pair<std::uint32_t, std::size_t> find_bin_from_top(std::span<const s
   return {0, r};  // unreachable when r <= total count
 }
 
-/// Finds the r-th largest magnitude key (1 <= r <= |list|) among `acc[list[j]]`, all of
-/// which share the digits above `first_digit` with `prefix`.
-inline kth_key kth_largest_in_list(std::span<const float> acc, std::span<const std::uint32_t> list, std::size_t r,
-                                   std::size_t first_digit, std::uint32_t prefix) {
+/// Finds the r-th largest of `size` keys (1 <= r <= size), `key_at(j)` giving key j,
+/// all of which share the digits above `first_digit` with `prefix`.
+template <class KeyAt>
+kth_key kth_largest(KeyAt&& key_at, std::size_t size, std::size_t r, std::size_t first_digit, std::uint32_t prefix) {
   std::array<std::uint32_t, top_digit_bins> bins{};
   std::uint32_t known_mask = 0;
   for (std::size_t d = 0; d < first_digit; ++d) {
@@ -61,8 +61,8 @@ inline kth_key kth_largest_in_list(std::span<const float> acc, std::span<const s
     const auto [shift, bits] = magnitude_digits[d];
     const std::uint32_t digit_mask = (1u << bits) - 1u;
     std::fill(bins.begin(), bins.begin() + (std::size_t{1} << bits), 0u);
-    for (const std::uint32_t i : list) {
-      const std::uint32_t key = magnitude_key(acc[i]);
+    for (std::size_t j = 0; j < size; ++j) {
+      const std::uint32_t key = key_at(j);
       if ((key & known_mask) == prefix) ++bins[(key >> shift) & digit_mask];
     }
     const auto [digit, remaining] = find_bin_from_top(std::span(bins).first(std::size_t{1} << bits), r);
@@ -71,6 +71,12 @@ inline kth_key kth_largest_in_list(std::span<const float> acc, std::span<const s
     r = remaining;
   }
   return {prefix, r};
+}
+
+/// kth_largest over the magnitudes `acc[list[j]]`.
+inline kth_key kth_largest_in_list(std::span<const float> acc, std::span<const std::uint32_t> list, std::size_t r,
+                                   std::size_t first_digit, std::uint32_t prefix) {
+  return kth_largest([&](std::size_t j) { return magnitude_key(acc[list[j]]); }, list.size(), r, first_digit, prefix);
 }
 
 /// Keeps, in order, the entries of `list` whose key is above `kth.key`, and the first

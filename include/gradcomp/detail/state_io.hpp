@@ -3,7 +3,8 @@
 ///
 /// Little-endian: magic "GCST", u16 version, u16 0, u32 signature length, signature
 /// (the policies' names), u64 n, u64 step, f64 density (0 when none), u32 arrays, then
-/// per array u64 length and the floats, then a CRC-32C of everything before it.
+/// per array u64 length and the floats, u32 count and the selector's f64 values (its
+/// memory between steps), then a CRC-32C of everything before it.
 #pragma once
 
 #include <gradcomp/config.hpp>
@@ -43,7 +44,9 @@ class state_writer {
     for (const float v : values) put<float>(v);
     store_le<std::uint32_t>(bytes_.data() + arrays_at_, ++arrays_);
   }
-  void finish(std::ostream& out) {
+  void finish(std::ostream& out, std::span<const double> selector_state) {
+    put<std::uint32_t>(static_cast<std::uint32_t>(selector_state.size()));
+    for (const double v : selector_state) put<double>(v);
     put<std::uint32_t>(crc32c(bytes_.data(), bytes_.size()));
     out.write(reinterpret_cast<const char*>(bytes_.data()), static_cast<std::streamsize>(bytes_.size()));
     require(static_cast<bool>(out), errc::io, "save_state: writing ", bytes_.size(), " bytes to the stream failed");
@@ -93,12 +96,18 @@ class state_reader {
       a.resize(static_cast<std::size_t>(size));
       for (auto& v : a) v = get<float>();
     }
+    const auto selector_values = get<std::uint32_t>();
+    require(selector_values <= 64, errc::corrupt_message, "load_state: ", selector_values,
+            " selector values is implausible");
+    selector_.resize(selector_values);
+    for (auto& v : selector_) v = get<double>();
     const std::uint32_t crc = crc32c(seen_.data(), seen_.size());
     require(get<std::uint32_t>() == crc, errc::corrupt_message, "load_state: the record's checksum does not match");
   }
 
   [[nodiscard]] std::uint64_t step() const noexcept { return step_; }
   [[nodiscard]] double density() const noexcept { return density_; }
+  [[nodiscard]] std::span<const double> selector_state() const noexcept { return selector_; }
   void copy_array(std::size_t a, std::span<float> to) const noexcept {
     for (std::size_t i = 0; i < to.size(); ++i) to[i] = arrays_[a][i];
   }
@@ -118,6 +127,7 @@ class state_reader {
   std::uint64_t step_ = 0;
   double density_ = 0.0;
   std::vector<std::vector<float>> arrays_;
+  std::vector<double> selector_;
 };
 
 }  // namespace detail

@@ -5,6 +5,7 @@
 
 #include <gradcomp/config.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 
@@ -18,11 +19,18 @@ struct select_input {
   std::uint64_t step;           ///< steps completed before this one
 };
 
+/// What a selector engine chose: out[0, count) holds ascending indices.
+struct selection {
+  std::size_t count = 0;
+  float value_scale = 1.0f;  ///< factor on the values sent (random_k's unbiased n/k)
+};
+
 /// Everything an encoder engine needs to write one message.
 struct encode_input {
   std::span<const float> acc;            ///< values ranked by the selector
   std::span<const std::uint32_t> index;  ///< ascending selected indices
   std::uint64_t step;                    ///< steps completed before this one (seeds stochastic codings)
+  float value_scale = 1.0f;              ///< factor on acc[index[j]] before coding
 };
 
 }  // namespace detail

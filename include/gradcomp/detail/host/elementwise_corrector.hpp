@@ -60,7 +60,9 @@ class engine<Policy, backend::host> {
   template <class Visit>
   bool update(const Policy& policy, std::span<const float> g, Visit&& visit) {
     float scale = 1.0f;
-    if constexpr (scales_gradient<Policy>()) scale = policy.gradient_scale(sum_of_squares(threads_, g, partial_));
+    if constexpr (scales_gradient<Policy>()) {
+      if (policy.needs_norm()) scale = policy.gradient_scale(sum_of_squares(threads_, g, partial_));
+    }
     int bad = 0;
     std::array<const float*, arrays + 1> old{};
     std::array<float*, arrays + 1> next{};

@@ -159,14 +159,14 @@ class engine<select::exact_topk, backend::host> {
  public:
   engine(const backend::host& be, const select::exact_topk&, std::size_t n) : topk_(be, n) {}
 
-  void begin_observe() { topk_.begin_observe(); }
-  void observe(int thread, std::size_t begin, std::span<const float> acc_chunk) noexcept {
+  void begin_observe(const select::exact_topk&, std::uint64_t /*step*/) { topk_.begin_observe(); }
+  void observe(int thread, std::size_t begin, std::span<const float> acc_chunk, std::span<const float>) noexcept {
     topk_.observe(thread, begin, acc_chunk);
   }
-  std::size_t select(const select::exact_topk& policy, const select_input& in, std::span<std::uint32_t> out) {
+  selection select(const select::exact_topk& policy, const select_input& in, std::span<std::uint32_t> out) {
     const std::size_t k = policy.k(in.acc.size());
     topk_.select(in.acc, k, out);
-    return k;
+    return {k};
   }
   void accept() noexcept {}
 

@@ -28,7 +28,7 @@ class engine<encode::index_value, backend::host> {
                      std::span<float> sent) {
     const std::size_t n = in.acc.size();
     const std::size_t count = in.index.size();
-    for (std::size_t j = 0; j < count; ++j) values_[j] = in.acc[in.index[j]];
+    for (std::size_t j = 0; j < count; ++j) values_[j] = in.acc[in.index[j]] * in.value_scale;
 
     message_header h;
     h.index = policy.index == index_coding::automatic ? smallest_index_coding(n, in.index) : policy.index;

@@ -1,0 +1,165 @@
+/// \file detail/host/sampled_threshold.hpp
+/// select::sampled_threshold on backend::host. The strided sample (and, with
+/// reuse_threshold, the candidates above last step's threshold) are taken inside the
+/// corrector's pass; a refinement pass reads acc only when the estimate misses.
+#pragma once
+
+#include <gradcomp/backend/host.hpp>
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/detail/host/exact_topk.hpp>
+#include <gradcomp/detail/host/slices.hpp>
+#include <gradcomp/detail/radix_select.hpp>
+#include <gradcomp/detail/random.hpp>
+#include <gradcomp/detail/step_input.hpp>
+#include <gradcomp/select/sampled_threshold.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <vector>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace detail {
+
+/// Where the sample of one step lies: offset + j * stride for j < size.
+struct sample_plan {
+  std::size_t size = 0;
+  std::size_t stride = 1;
+  std::size_t offset = 0;
+  bool exact = false;  ///< m >= n: fall back to exact top-k
+
+  static sample_plan make(const select::sampled_threshold& p, std::size_t n, std::uint64_t step) {
+    sample_plan plan;
+    plan.size = p.sample_size(n);
+    plan.exact = plan.size >= n;
+    if (plan.exact) return plan;
+    plan.stride = n / plan.size;
+    plan.offset = random_below(p.seed, step, 0, static_cast<std::uint32_t>(plan.stride));
+    return plan;
+  }
+};
+
+template <>
+class engine<select::sampled_threshold, backend::host> {
+ public:
+  engine(const backend::host& be, const select::sampled_threshold& policy, std::size_t n)
+      : threads_(be.concurrency()), n_(n), topk_(be, n), slices_(n) {
+    reserve(policy);
+  }
+
+  /// Grows the sample buffer for a new density (called by set_density, never by compress).
+  void reserve(const select::sampled_threshold& policy) {
+    const std::size_t m = policy.sample_size(n_);
+    if (m < n_ && m > sample_.size()) sample_.resize(m);
+  }
+
+  void begin_observe(const select::sampled_threshold& policy, std::uint64_t step) {
+    plan_ = sample_plan::make(policy, n_, step);
+    reusing_ = policy.reuse_threshold && has_threshold_;
+    if (plan_.exact) topk_.begin_observe();
+    observed_ = true;
+  }
+
+  void observe(int thread, std::size_t begin, std::span<const float> acc, std::span<const float>) noexcept {
+    if (plan_.exact) {
+      topk_.observe(thread, begin, acc);
+      return;
+    }
+    const std::size_t end = begin + acc.size();
+    std::size_t j = begin <= plan_.offset ? 0 : (begin - plan_.offset + plan_.stride - 1) / plan_.stride;
+    for (std::size_t i = plan_.offset + j * plan_.stride; j < plan_.size && i < end; ++j, i += plan_.stride) {
+      sample_[j] = acc[i - begin];
+    }
+    if (reusing_) {
+      slices_.keep_chunk(begin / host_chunk, begin, end,
+                         [&](std::size_t i) { return magnitude_key(acc[i - begin]) >= threshold_key_; });
+    }
+  }
+
+  selection select(const select::sampled_threshold& policy, const select_input& in, std::span<std::uint32_t> out) {
+    const std::size_t k = policy.k(n_);
+    if (!observed_) {
+      begin_observe(policy, in.step);
+      for_each_chunk(threads_, n_, [&](int t, std::size_t, std::size_t begin, std::size_t end) {
+        observe(t, begin, in.acc.subspan(begin, end - begin), {});
+      });
+    }
+    observed_ = false;
+    if (plan_.exact) {
+      topk_.select(in.acc, k, out);
+      next_key_ = magnitude_key(in.acc[out[0]]);  // any sent entry bounds the k-th from above
+      for (std::size_t j = 0; j < k; ++j) next_key_ = std::min(next_key_, magnitude_key(in.acc[out[j]]));
+      return {k};
+    }
+    const double low = static_cast<double>(policy.lower) * static_cast<double>(k);
+    const double high = static_cast<double>(policy.upper) * static_cast<double>(k);
+    std::uint32_t key = threshold_key_;
+    std::size_t count = reusing_ ? slices_.total() : 0;
+    if (!reusing_ || static_cast<double>(count) < low || static_cast<double>(count) > high) {
+      key = sampled_key(policy);
+      count = collect(in.acc, key);
+      for (int it = 0; it < policy.max_iters; ++it) {
+        if (static_cast<double>(count) > high || static_cast<double>(count) >= low) break;
+        key = magnitude_key(std::bit_cast<float>(key) * policy.lower);
+        count = collect(in.acc, key);
+      }
+    }
+    std::uint32_t* candidates = slices_.all_indices();
+    count = slices_.gather(candidates);
+    if (static_cast<double>(count) > high || (policy.truncate && count > k)) {
+      const std::span<std::uint32_t> list(candidates, count);
+      const kth_key kth = kth_largest_in_list(in.acc, list, k, 0, 0);
+      count = keep_top_in_list(in.acc, list, kth);
+      key = kth.key;
+    }
+    std::copy_n(candidates, count, out.begin());
+    next_key_ = key;
+    return {count};
+  }
+
+  void accept() noexcept {
+    threshold_key_ = next_key_;
+    has_threshold_ = true;
+  }
+
+  /// The threshold carried between steps (reuse_threshold), for checkpoints.
+  [[nodiscard]] std::vector<double> saved_state() const {
+    return {has_threshold_ ? 1.0 : 0.0, static_cast<double>(threshold_key_)};
+  }
+  void restore_state(std::span<const double> s) noexcept {
+    has_threshold_ = s[0] != 0.0;
+    threshold_key_ = static_cast<std::uint32_t>(s[1]);
+  }
+  [[nodiscard]] static bool valid_state(std::span<const double> s) noexcept {
+    return s.size() == 2 && (s[0] == 0.0 || s[0] == 1.0) && s[1] >= 0.0 && s[1] < static_cast<double>(non_finite_key) &&
+           s[1] == static_cast<double>(static_cast<std::uint32_t>(s[1]));
+  }
+
+ private:
+  // The ceil(m * density)-th largest sampled magnitude.
+  std::uint32_t sampled_key(const select::sampled_threshold& policy) const {
+    const std::size_t m = plan_.size;
+    const std::size_t r = std::clamp<std::size_t>(
+        static_cast<std::size_t>(std::ceil(static_cast<double>(m) * policy.density)), 1, m);
+    return kth_largest([&](std::size_t j) { return magnitude_key(sample_[j]); }, m, r, 0, 0).key;
+  }
+
+  std::size_t collect(std::span<const float> acc, std::uint32_t key) {
+    slices_.keep(threads_, [&](std::size_t i) { return magnitude_key(acc[i]) >= key; });
+    return slices_.total();
+  }
+
+  int threads_;
+  std::size_t n_;
+  host_topk topk_;
+  host_slices slices_;
+  std::vector<float> sample_;
+  sample_plan plan_;
+  bool reusing_ = false;
+  bool observed_ = false;
+  bool has_threshold_ = false;
+  std::uint32_t threshold_key_ = 0;  // committed: last accepted step's final threshold
+  std::uint32_t next_key_ = 0;
+};
+
+}  // namespace detail
+GRADCOMP_NAMESPACE_END

@@ -1,0 +1,93 @@
+/// \file presets.hpp
+/// The published methods, as ready-made compressors.
+#pragma once
+
+#include <gradcomp/compressor.hpp>
+#include <gradcomp/config.hpp>
+#include <gradcomp/correct/chain.hpp>
+#include <gradcomp/correct/clip_norm.hpp>
+#include <gradcomp/correct/error_feedback.hpp>
+#include <gradcomp/correct/momentum.hpp>
+#include <gradcomp/encode/index_value.hpp>
+#include <gradcomp/select/chunk_local.hpp>
+#include <gradcomp/select/exact_topk.hpp>
+#include <gradcomp/select/random_k.hpp>
+#include <gradcomp/select/sampled_threshold.hpp>
+#include <gradcomp/select/threshold.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace presets {
+
+/// Deep Gradient Compression (Lin et al., ICLR 2018).
+struct dgc_options {
+  double density = 0.001;                                   ///< final density (see schedule::warmup)
+  float momentum = 0.9f;                                    ///< momentum correction
+  bool nesterov = false;                                    ///< Nesterov momentum
+  float max_norm = std::numeric_limits<float>::infinity();  ///< local clipping threshold (infinite: none)
+  int workers = 1;                                          ///< workers sharing max_norm
+  std::uint64_t seed = 0;                                   ///< sampling seed
+};
+
+/// DGC with a chosen selector (e.g. select::exact_topk to remove sampling noise):
+/// clipping, momentum correction with masking, f16 values, the smallest index coding.
+template <class Backend, class Selector>
+auto dgc(Backend backend, std::size_t n, const dgc_options& o, Selector selector) {
+  return compressor{backend, n, selector,
+                    correct::chain{correct::clip_norm{.max_norm = o.max_norm, .workers = o.workers},
+                                   correct::momentum{.beta = o.momentum, .nesterov = o.nesterov, .masking = true}},
+                    encode::index_value{.index = index_coding::automatic, .value = value_coding::f16}};
+}
+
+/// DGC as published: hierarchical sampled-threshold selection.
+template <class Backend>
+auto dgc(Backend backend, std::size_t n, const dgc_options& o = {}) {
+  return dgc(backend, n, o, select::sampled_threshold{.density = o.density, .seed = o.seed});
+}
+
+/// AdaComp (Chen et al., AAAI 2018): localized selection, residual, ternary values.
+struct adacomp_options {
+  std::size_t bin = 50;  ///< 50 for fully-connected/recurrent layers, 500 for convolutions
+};
+template <class Backend>
+auto adacomp(Backend backend, std::size_t n, const adacomp_options& o = {}) {
+  return compressor{backend, n, select::chunk_local{.bin = o.bin}, correct::error_feedback{},
+                    encode::index_value{.index = index_coding::automatic, .value = value_coding::ternary}};
+}
+
+/// Top-k with residual memory, as in the GRACE framework.
+struct topk_ef_options {
+  double density = 0.001;
+};
+template <class Backend>
+auto topk_ef(Backend backend, std::size_t n, const topk_ef_options& o = {}) {
+  return compressor{backend, n, select::exact_topk{.density = o.density}, correct::error_feedback{},
+                    encode::index_value{.index = index_coding::automatic, .value = value_coding::f32}};
+}
+
+/// Random-k with residual memory; workers sharing `seed` send the same indices.
+struct randomk_ef_options {
+  double density = 0.001;
+  std::uint64_t seed = 0;
+};
+template <class Backend>
+auto randomk_ef(Backend backend, std::size_t n, const randomk_ef_options& o = {}) {
+  return compressor{backend, n, select::random_k{.density = o.density, .seed = o.seed}, correct::error_feedback{},
+                    encode::index_value{.index = index_coding::automatic, .value = value_coding::f32}};
+}
+
+/// A fixed magnitude threshold with residual memory.
+struct threshold_ef_options {
+  float tau = 0.0f;
+};
+template <class Backend>
+auto threshold_ef(Backend backend, std::size_t n, const threshold_ef_options& o) {
+  return compressor{backend, n, select::threshold{.tau = o.tau}, correct::error_feedback{},
+                    encode::index_value{.index = index_coding::automatic, .value = value_coding::f32}};
+}
+
+}  // namespace presets
+GRADCOMP_NAMESPACE_END

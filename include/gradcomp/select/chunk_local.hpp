@@ -1,0 +1,33 @@
+/// \file select/chunk_local.hpp
+/// AdaComp's localized selection.
+#pragma once
+
+#include <gradcomp/config.hpp>
+#include <gradcomp/error.hpp>
+
+#include <cstddef>
+#include <string>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace select {
+
+/// AdaComp (Chen et al., AAAI 2018): with H = acc + g, and for each bin of `bin`
+/// consecutive entries gmax = max |acc_i| over the bin, sends i where |H_i| >= gmax of
+/// its bin (the last bin may be shorter). Use with error_feedback (acc = residual + g);
+/// the paper uses bin 50 for fully-connected and recurrent layers, 500 for convolutions,
+/// and pairs it with the ternary value coding.
+struct chunk_local {
+  std::size_t bin = 50;  ///< entries per bin, >= 1
+
+  [[nodiscard]] std::string name() const { return "chunk_local"; }
+  /// \throws gradcomp::error if bin is 0.
+  void validate(std::size_t /*n*/) const {
+    detail::require(bin >= 1, errc::invalid_argument, "chunk_local: bin must be >= 1, got ", bin);
+  }
+  [[nodiscard]] std::size_t max_selected(std::size_t n) const { return n; }
+};
+
+}  // namespace select
+GRADCOMP_NAMESPACE_END
+
+#include <gradcomp/detail/host/chunk_local.hpp>

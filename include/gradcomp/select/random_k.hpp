@@ -1,0 +1,41 @@
+/// \file select/random_k.hpp
+/// Uniformly random entries, the same on every worker that shares the seed.
+#pragma once
+
+#include <gradcomp/config.hpp>
+#include <gradcomp/error.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace select {
+
+/// Sends k distinct indices drawn uniformly at random from (seed, step) alone — never
+/// from the data — so workers that share a seed pick the same set and can all-reduce
+/// the values. With `unbiased`, values are scaled by n/k so the message is an unbiased
+/// estimate of acc (use it without error feedback).
+struct random_k {
+  double density = 0.0;    ///< fraction of entries to send, in (0, 1]
+  std::uint64_t seed = 0;  ///< shared by the workers that must agree
+  bool unbiased = false;   ///< scale values by n / k
+
+  [[nodiscard]] std::string name() const { return unbiased ? "random_k(unbiased)" : "random_k"; }
+  /// \throws gradcomp::error if density is outside (0, 1].
+  void validate(std::size_t /*n*/) const {
+    detail::require(density > 0.0 && density <= 1.0, errc::invalid_argument,
+                    "random_k: density must be in (0, 1], got ", density);
+  }
+  [[nodiscard]] std::size_t k(std::size_t n) const {
+    return std::clamp<std::size_t>(static_cast<std::size_t>(std::ceil(density * static_cast<double>(n))), 1, n);
+  }
+  [[nodiscard]] std::size_t max_selected(std::size_t n) const { return k(n); }
+};
+
+}  // namespace select
+GRADCOMP_NAMESPACE_END
+
+#include <gradcomp/detail/host/random_k.hpp>

@@ -1,0 +1,31 @@
+/// \file select/threshold.hpp
+/// A fixed magnitude threshold.
+#pragma once
+
+#include <gradcomp/config.hpp>
+#include <gradcomp/error.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <string>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace select {
+
+/// Sends every i with |acc_i| >= tau (possibly none, possibly all).
+struct threshold {
+  float tau = 0.0f;  ///< magnitude threshold, finite and >= 0
+
+  [[nodiscard]] std::string name() const { return "threshold"; }
+  /// \throws gradcomp::error unless tau is finite and >= 0.
+  void validate(std::size_t /*n*/) const {
+    detail::require(std::isfinite(tau) && tau >= 0.0f, errc::invalid_argument,
+                    "threshold: tau must be finite and >= 0, got ", tau);
+  }
+  [[nodiscard]] std::size_t max_selected(std::size_t n) const { return n; }
+};
+
+}  // namespace select
+GRADCOMP_NAMESPACE_END
+
+#include <gradcomp/detail/host/threshold.hpp>
