@@ -120,24 +120,32 @@ stream load(const options& o) {
 
 int eval(const options& o) {
   const stream s = load(o);
-  std::vector<double> dense_sum(s.n, 0.0);
-  for (std::size_t t = 0; t < s.steps; ++t) {
-    const auto g = s.step(t);
-    for (std::size_t i = 0; i < s.n; ++i) dense_sum[i] += g[i];
-  }
-  double dense_norm = 0.0;
-  for (const double v : dense_sum) dense_norm += v * v;
-  dense_norm = std::sqrt(dense_norm);
+  // The dense aggregate a method should approach: sum of g_t, or for methods that fold
+  // momentum into their messages, dense momentum SGD's sum of u_t.
+  auto dense_reference = [&](float momentum) {
+    std::vector<double> sum(s.n, 0.0), u(s.n, 0.0);
+    for (std::size_t t = 0; t < s.steps; ++t) {
+      const auto g = s.step(t);
+      for (std::size_t i = 0; i < s.n; ++i) {
+        u[i] = momentum * u[i] + g[i];
+        sum[i] += u[i];
+      }
+    }
+    double norm = 0.0;
+    for (const double v : sum) norm += v * v;
+    return std::pair{sum, std::sqrt(norm)};
+  };
 
   std::printf("gradcomp %d.%d.%d eval: %zu steps x %zu elements, target density %g\n", GRADCOMP_VERSION_MAJOR,
               GRADCOMP_VERSION_MINOR, GRADCOMP_VERSION_PATCH, s.steps, s.n, o.density);
   std::printf("input: %s\n\n", s.source.c_str());
-  std::printf("%-12s %10s %14s %10s %12s %14s\n", "method", "density", "bytes/step", "ratio", "rel.error",
+  std::printf("%-13s %10s %14s %10s %12s %14s\n", "method", "density", "bytes/step", "ratio", "rel.error",
               "Melem/s");
 
   for (const auto& m : cli::methods()) {
     if (!o.methods.empty() && std::find(o.methods.begin(), o.methods.end(), m.name) == o.methods.end()) continue;
-    auto r = m.make(s.n, o.density);
+    const auto [dense_sum, dense_norm] = dense_reference(m.momentum);
+    auto r = m.make(s.n, o.density, s.step(0));
     std::vector<std::byte> buf(r->max_message_bytes());
     std::vector<float> aggregate(s.n, 0.0f);
     std::size_t total_count = 0;
@@ -167,12 +175,13 @@ int eval(const options& o) {
     }
     const double steps = static_cast<double>(s.steps);
     const double bytes_per_step = static_cast<double>(total_bytes) / steps;
-    std::printf("%-12s %10.6f %14.0f %10.1f %12.4f %14.1f\n", m.name.c_str(),
+    std::printf("%-13s %10.6f %14.0f %10.1f %12.4f %14.1f\n", m.name.c_str(),
                 static_cast<double>(total_count) / (steps * static_cast<double>(s.n)), bytes_per_step,
                 4.0 * static_cast<double>(s.n) / bytes_per_step, dense_norm > 0 ? std::sqrt(err) / dense_norm : 0.0,
                 steps * static_cast<double>(s.n) / seconds / 1e6);
   }
-  std::printf("\nrel.error = |sum of decoded messages - sum of gradients| / |sum of gradients| after all steps\n");
+  std::printf("\nrel.error = |sum of decoded messages - dense aggregate| / |dense aggregate| after all steps;\n"
+              "the dense aggregate is the sum of gradients, or of momentum SGD's updates for dgc.\n");
   return 0;
 }
 
@@ -184,7 +193,7 @@ int main(int argc, char** argv) {
   try {
     if (command == "eval") return eval(parse(argc, argv));
     if (command == "methods") {
-      for (const auto& m : cli::methods()) std::printf("%-12s %s\n", m.name.c_str(), m.description.c_str());
+      for (const auto& m : cli::methods()) std::printf("%-13s %s\n", m.name.c_str(), m.description.c_str());
       return 0;
     }
     if (command == "--version") {

@@ -1,0 +1,232 @@
+// The selectors beyond exact_topk, each against the rule ALGORITHMS.md states,
+// re-implemented here.
+#include <doctest/doctest.h>
+#include <gradcomp/gradcomp.hpp>
+
+#include <set>
+#include <sstream>
+
+#include "support/inputs.hpp"
+#include "support/reference.hpp"
+
+namespace gc = gradcomp;
+
+namespace {
+
+template <class C>
+gc::sparse_vector step(C& c, const std::vector<float>& g) {
+  std::vector<std::byte> buf(c.max_message_bytes());
+  return gc::decode(c.compress(g, buf).bytes());
+}
+
+// True when `sel` is exactly { i : |x_i| >= t } for t = the smallest selected magnitude.
+bool is_threshold_set(const std::vector<float>& x, const std::vector<std::uint32_t>& sel) {
+  if (sel.empty()) return false;
+  float t = std::fabs(x[sel[0]]);
+  for (const auto i : sel) t = std::min(t, std::fabs(x[i]));
+  std::vector<std::uint32_t> want;
+  for (std::uint32_t i = 0; i < x.size(); ++i) {
+    if (std::fabs(x[i]) >= t) want.push_back(i);
+  }
+  return want == sel;
+}
+
+}  // namespace
+
+TEST_CASE("sampled_threshold keeps the count in [0.8k, 1.3k] on gradient-like data") {
+  std::size_t calls = 0, in_bounds = 0, wrong_set = 0;
+  for (const auto shape : {inputs::shape::normal, inputs::shape::student_t3, inputs::shape::log_normal}) {
+    for (const std::size_t n : {std::size_t{10000}, std::size_t{100000}, std::size_t{1000000}, std::size_t{10000000}}) {
+      const auto g = inputs::make(shape, n, 77);
+      for (const double d : {1e-4, 1e-3, 1e-2, 1e-1}) {
+        gc::compressor c{gc::backend::host{}, n, gc::select::sampled_threshold{.density = d, .seed = 5}};
+        const std::size_t k = reference::k_for(d, n);
+        for (int t = 0; t < (n >= 10000000 ? 2 : 5); ++t) {  // the step moves the sample's offset
+          const auto s = step(c, g);
+          ++calls;
+          const double count = static_cast<double>(s.indices.size());
+          in_bounds += (count >= 0.8 * static_cast<double>(k) && count <= 1.3 * static_cast<double>(k)) ? 1 : 0;
+          // The set is {i : |g_i| >= t} for its final threshold, or the exact top-k.
+          const bool ok = is_threshold_set(g, s.indices) || (s.indices.size() == k && n <= 1000000 &&
+                                                             s.indices == reference::top_k(g, k));
+          wrong_set += ok || (n > 1000000 && is_threshold_set(g, s.indices)) ? 0 : 1;
+        }
+      }
+    }
+  }
+  MESSAGE(in_bounds, " of ", calls, " calls in bounds");
+  CHECK(static_cast<double>(in_bounds) >= 0.99 * static_cast<double>(calls));
+  CHECK(wrong_set == 0);
+}
+
+TEST_CASE("sampled_threshold: same seed and step give the same result; tiny n is exact") {
+  const auto g = inputs::make(inputs::shape::student_t3, 200000, 8);
+  const gc::select::sampled_threshold policy{.density = 0.001, .seed = 42};
+  gc::compressor a{gc::backend::host{.threads = 1}, g.size(), policy};
+  gc::compressor b{gc::backend::host{.threads = 2}, g.size(), policy};
+  std::set<std::size_t> counts;
+  for (int t = 0; t < 6; ++t) {
+    const auto sa = step(a, g);
+    CHECK(sa.indices == step(b, g).indices);
+    counts.insert(sa.indices.size());
+  }
+  CHECK(counts.size() > 1);  // the offset moves with the step, so estimates differ
+
+  for (const std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{150}}) {
+    const auto x = inputs::make(inputs::shape::normal, n, 3);
+    gc::compressor c{gc::backend::host{}, n, gc::select::sampled_threshold{.density = 0.01}};
+    CHECK(step(c, x).indices == reference::top_k(x, reference::k_for(0.01, n)));
+  }
+}
+
+TEST_CASE("sampled_threshold with truncate sends the top of C, at most k") {
+  const auto g = inputs::make(inputs::shape::log_normal, 300000, 4);
+  gc::compressor c{gc::backend::host{}, g.size(), gc::select::sampled_threshold{.density = 0.002, .truncate = true}};
+  const std::size_t k = reference::k_for(0.002, g.size());
+  for (int t = 0; t < 5; ++t) {
+    const auto s = step(c, g);
+    CHECK(s.indices.size() <= k);
+    CHECK(s.indices.size() >= k * 8 / 10);
+    CHECK(s.indices == reference::top_k(g, s.indices.size()));
+  }
+}
+
+TEST_CASE("sampled_threshold reuses its threshold, and checkpoints carry it") {
+  const std::size_t n = 500000;
+  const gc::select::sampled_threshold policy{.density = 0.001, .reuse_threshold = true};
+  gc::compressor c{gc::backend::host{}, n, policy, gc::correct::error_feedback{}};
+  for (int t = 0; t < 4; ++t) (void)step(c, inputs::make(inputs::shape::student_t3, n, 10 + t));
+  std::stringstream saved;
+  c.save_state(saved);
+  gc::compressor restored{gc::backend::host{}, n, policy, gc::correct::error_feedback{}};
+  restored.load_state(saved);
+  const std::size_t k = reference::k_for(0.001, n);
+  for (int t = 4; t < 12; ++t) {
+    const auto g = inputs::make(inputs::shape::student_t3, n, 10 + t);
+    const auto s = step(c, g);
+    CHECK(s.indices == step(restored, g).indices);
+    CHECK(s.indices.size() >= k * 8 / 10);
+    CHECK(s.indices.size() <= k * 13 / 10);
+  }
+}
+
+TEST_CASE("chunk_local follows AdaComp's rule, short last bin and straddling bins included") {
+  for (const std::size_t bin : {std::size_t{1}, std::size_t{7}, std::size_t{50}, std::size_t{500}, std::size_t{70001}}) {
+    for (const std::size_t n : {std::size_t{1}, std::size_t{49}, std::size_t{1003}, std::size_t{200003}}) {
+      CAPTURE(bin);
+      CAPTURE(n);
+      gc::compressor c{gc::backend::host{}, n, gc::select::chunk_local{.bin = bin}, gc::correct::error_feedback{}};
+      std::vector<float> residual(n, 0.0f);
+      for (int t = 0; t < 3; ++t) {
+        const auto g = inputs::make(inputs::shape::student_t3, n, 20 + static_cast<std::uint64_t>(t));
+        std::vector<float> acc(n);
+        for (std::size_t i = 0; i < n; ++i) acc[i] = residual[i] + g[i];
+        std::vector<std::uint32_t> want;
+        for (std::size_t b = 0; b < n; b += bin) {
+          float gmax = 0.0f;
+          for (std::size_t i = b; i < std::min(n, b + bin); ++i) gmax = std::max(gmax, std::fabs(acc[i]));
+          for (std::size_t i = b; i < std::min(n, b + bin); ++i) {
+            if (std::fabs(acc[i] + g[i]) >= gmax) want.push_back(static_cast<std::uint32_t>(i));
+          }
+        }
+        const auto s = step(c, g);
+        REQUIRE(s.indices == want);
+        for (std::size_t j = 0; j < want.size(); ++j) {
+          REQUIRE(s.values[j] == acc[want[j]]);
+          acc[want[j]] = 0.0f;
+        }
+        residual = acc;
+      }
+    }
+  }
+}
+
+TEST_CASE("random_k picks k distinct indices from the seed and step alone") {
+  const std::size_t n = 100003;
+  const gc::select::random_k policy{.density = 0.01, .seed = 9};
+  gc::compressor a{gc::backend::host{}, n, policy};
+  gc::compressor b{gc::backend::host{}, n, policy, gc::correct::error_feedback{}};  // other data, other memory
+  gc::compressor other_seed{gc::backend::host{}, n, gc::select::random_k{.density = 0.01, .seed = 10}};
+  std::vector<std::uint32_t> previous;
+  for (int t = 0; t < 5; ++t) {
+    const auto sa = step(a, inputs::make(inputs::shape::normal, n, static_cast<std::uint64_t>(t)));
+    const auto sb = step(b, inputs::make(inputs::shape::ties, n, 99 + static_cast<std::uint64_t>(t)));
+    REQUIRE(sa.indices.size() == reference::k_for(0.01, n));
+    CHECK(std::adjacent_find(sa.indices.begin(), sa.indices.end(), std::greater_equal<>()) == sa.indices.end());
+    CHECK(sa.indices == sb.indices);
+    CHECK(sa.indices != step(other_seed, inputs::make(inputs::shape::normal, n, 0)).indices);
+    CHECK(sa.indices != previous);
+    previous = sa.indices;
+  }
+}
+
+TEST_CASE("random_k is uniform (chi-square, fixed seed)") {
+  const std::size_t n = 100, k = 10, steps = 20000;
+  gc::compressor c{gc::backend::host{}, n, gc::select::random_k{.density = 0.1, .seed = 1234}};
+  std::vector<double> hits(n, 0.0);
+  const std::vector<float> g(n, 1.0f);
+  std::vector<std::byte> buf(c.max_message_bytes());
+  for (std::size_t t = 0; t < steps; ++t) {
+    for (const auto i : gc::decode(c.compress(g, buf).bytes()).indices) hits[i] += 1.0;
+  }
+  const double expected = static_cast<double>(steps * k) / static_cast<double>(n);
+  double chi2 = 0.0;
+  for (const double h : hits) chi2 += (h - expected) * (h - expected) / expected;
+  MESSAGE("chi-square with 99 degrees of freedom: ", chi2);
+  CHECK(chi2 < 148.2);  // p = 0.001 critical value
+  CHECK(chi2 > 59.0);   // p = 0.999: suspiciously even would be a bug too
+}
+
+TEST_CASE("random_k unbiased scales values by n/k") {
+  const std::size_t n = 1000;
+  const auto g = inputs::make(inputs::shape::normal, n, 1);
+  gc::compressor c{gc::backend::host{}, n, gc::select::random_k{.density = 0.05, .unbiased = true}};
+  const auto s = step(c, g);
+  for (std::size_t j = 0; j < s.indices.size(); ++j) CHECK(s.values[j] == g[s.indices[j]] * 20.0f);
+}
+
+TEST_CASE("threshold sends exactly |acc| >= tau, possibly nothing") {
+  const auto g = inputs::make(inputs::shape::student_t3, 100003, 2);
+  for (const float tau : {0.0f, 0.5f, 3.0f, 1e30f}) {
+    gc::compressor c{gc::backend::host{}, g.size(), gc::select::threshold{.tau = tau}};
+    std::vector<std::uint32_t> want;
+    for (std::uint32_t i = 0; i < g.size(); ++i) {
+      if (std::fabs(g[i]) >= tau) want.push_back(i);
+    }
+    CAPTURE(tau);
+    CHECK(step(c, g).indices == want);
+  }
+  CHECK_THROWS_WITH_AS(gc::compressor(gc::backend::host{}, 10, gc::select::threshold{.tau = -1.0f}),
+                       doctest::Contains("tau must be finite and >= 0, got -1"), gc::error);
+}
+
+TEST_CASE("given_indices sends the caller's set and rejects bad ones whole") {
+  const std::size_t n = 1000;
+  const auto g = inputs::make(inputs::shape::normal, n, 3);
+  gc::compressor c{gc::backend::host{}, n, gc::select::given_indices{.max_count = 4}, gc::correct::error_feedback{}};
+  CHECK(step(c, g).indices.empty());
+  const std::vector<std::uint32_t> set{3, 10, 999};
+  c.set_indices(set);
+  const auto s = step(c, g);
+  CHECK(s.indices == set);
+  CHECK(s.values[1] == 2.0f * g[10]);  // residual of step 1 plus step 2
+  const std::vector<std::uint32_t> too_many{1, 2, 3, 4, 5}, unsorted{5, 4}, repeated{5, 5}, out_of_range{1, 1000};
+  CHECK_THROWS_WITH_AS(c.set_indices(too_many), doctest::Contains("5 indices exceed max_count = 4"), gc::error);
+  CHECK_THROWS_WITH_AS(c.set_indices(unsorted), doctest::Contains("indices[1] = 4 does not exceed indices[0] = 5"), gc::error);
+  CHECK_THROWS_AS(c.set_indices(repeated), gc::error);
+  CHECK_THROWS_WITH_AS(c.set_indices(out_of_range), doctest::Contains("indices[1] = 1000 is not below n = 1000"), gc::error);
+  CHECK(step(c, g).indices == set);
+}
+
+TEST_CASE("selector parameters are validated by name") {
+  const gc::backend::host h{};
+  using gc::select::sampled_threshold;
+  CHECK_THROWS_WITH_AS(gc::compressor(h, 10, sampled_threshold{.density = 0}), doctest::Contains("density must be in (0, 1], got 0"), gc::error);
+  CHECK_THROWS_WITH_AS(gc::compressor(h, 10, sampled_threshold{.density = 0.1, .sample_ratio = 2}), doctest::Contains("sample_ratio"), gc::error);
+  CHECK_THROWS_WITH_AS(gc::compressor(h, 10, sampled_threshold{.density = 0.1, .lower = 1.0f}), doctest::Contains("lower must be in (0, 1), got 1"), gc::error);
+  CHECK_THROWS_WITH_AS(gc::compressor(h, 10, sampled_threshold{.density = 0.1, .upper = 0.5f}), doctest::Contains("upper must be finite and >= 1, got 0.5"), gc::error);
+  CHECK_THROWS_WITH_AS(gc::compressor(h, 10, sampled_threshold{.density = 0.1, .max_iters = 0}), doctest::Contains("max_iters must be >= 1, got 0"), gc::error);
+  CHECK_THROWS_WITH_AS(gc::compressor(h, 10, gc::select::chunk_local{.bin = 0}), doctest::Contains("bin must be >= 1, got 0"), gc::error);
+  CHECK_THROWS_WITH_AS(gc::compressor(h, 10, gc::select::random_k{.density = 1.5}), doctest::Contains("random_k: density must be in (0, 1], got 1.5"), gc::error);
+  CHECK_THROWS_WITH_AS(gc::compressor(h, 10, gc::select::given_indices{.max_count = 11}), doctest::Contains("max_count must be in [1, n = 10], got 11"), gc::error);
+}
