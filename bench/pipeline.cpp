@@ -1,0 +1,122 @@
+// Whole compression steps and codecs: the DGC step and top-k with error feedback,
+// fused (the compressor: the selector's first pass rides on the corrector's) and
+// unfused (the same engines run one after the other), against the streaming read; and
+// delta_bitpack index coding throughput on one core.
+#include <gradcomp/gradcomp.hpp>
+
+#include "bench_common.hpp"
+
+namespace gc = gradcomp;
+
+namespace {
+
+constexpr std::int64_t step_n = 25'000'000;
+
+void account(benchmark::State& state, std::size_t n) {
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * n));
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * n * 4));
+}
+
+template <class Compressor>
+void run_fused(benchmark::State& state, Compressor c) {
+  const auto& g = bench::gradient(c.size());
+  std::vector<std::byte> buf(c.max_message_bytes());
+  std::size_t bytes = 0;
+  for (auto _ : state) bytes = c.compress(g, buf).bytes().size();
+  account(state, c.size());
+  state.counters["msg_bytes"] = static_cast<double>(bytes);
+}
+
+// The same step with each engine doing its own passes, as without fusion.
+template <class Selector, class Corrector, class Encoder>
+void run_unfused(benchmark::State& state, std::size_t n, Selector s, Corrector c, Encoder e) {
+  const auto& g = bench::gradient(n);
+  const gc::backend::host host{};
+  gc::detail::engine<Selector, gc::backend::host> select(host, s, n);
+  gc::detail::engine<Corrector, gc::backend::host> correct(host, c, n);
+  gc::detail::engine<Encoder, gc::backend::host> encode(host, e, n, s.max_selected(n));
+  std::vector<std::uint32_t> index(s.max_selected(n));
+  std::vector<float> sent(index.size());
+  std::vector<std::byte> buf(e.max_bytes(n, index.size()));
+  std::uint64_t step = 0;
+  for (auto _ : state) {
+    const bool finite = correct.update(c, g, [](int, std::size_t, std::span<const float>) {});
+    benchmark::DoNotOptimize(finite);
+    const auto acc = correct.acc(g);
+    const auto chosen = select.select(s, {acc, g, step}, index);
+    const std::span<const std::uint32_t> idx(index.data(), chosen.count);
+    encode.encode(e, {acc, idx, step, chosen.value_scale}, buf, sent);
+    correct.commit(c, idx, std::span<const float>(sent.data(), chosen.count));
+    correct.accept();
+    select.accept();
+    ++step;
+  }
+  account(state, n);
+}
+
+const gc::presets::dgc_options dgc_opts{.density = 0.001, .max_norm = 1.0f};
+
+void BM_dgc_step(benchmark::State& s) { run_fused(s, gc::presets::dgc(gc::backend::host{}, step_n, dgc_opts)); }
+void BM_dgc_step_unfused(benchmark::State& s) {
+  const auto c = gc::presets::dgc(gc::backend::host{}, step_n, dgc_opts);
+  run_unfused(s, step_n, c.selector(), c.corrector(), c.encoder());
+}
+void BM_topk_ef_step(benchmark::State& s) {
+  run_fused(s, gc::presets::topk_ef(gc::backend::host{}, step_n, {.density = 0.001}));
+}
+void BM_topk_ef_step_unfused(benchmark::State& s) {
+  const auto c = gc::presets::topk_ef(gc::backend::host{}, step_n, {.density = 0.001});
+  run_unfused(s, step_n, c.selector(), c.corrector(), c.encoder());
+}
+
+// delta_bitpack on the indices exact top-k selects; bytes processed = 4 bytes of index
+// data per entry, one thread.
+std::vector<std::uint32_t> topk_indices(double density) {
+  const auto& g = bench::gradient(step_n);
+  gc::compressor c{gc::backend::host{}, g.size(), gc::select::exact_topk{.density = density}, gc::correct::none{},
+                   gc::encode::index_value{.index = gc::index_coding::raw32}};
+  std::vector<std::byte> buf(c.max_message_bytes());
+  return gc::decode(c.compress(g, buf).bytes()).indices;
+}
+
+void BM_delta_encode(benchmark::State& state) {
+  const auto idx = topk_indices(static_cast<double>(state.range(0)) * 1e-4);
+  std::vector<std::byte> out(gc::detail::max_index_section_bytes(gc::index_coding::delta_bitpack, step_n, idx.size()));
+  std::size_t bytes = 0;
+  for (auto _ : state) {
+    bytes = gc::detail::write_index_section(gc::index_coding::delta_bitpack, step_n, idx, out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * idx.size() * 4));
+  state.counters["bits_per_index"] = 8.0 * static_cast<double>(bytes) / static_cast<double>(idx.size());
+}
+
+void BM_delta_decode(benchmark::State& state) {
+  const auto idx = topk_indices(static_cast<double>(state.range(0)) * 1e-4);
+  std::vector<std::byte> section(gc::detail::max_index_section_bytes(gc::index_coding::delta_bitpack, step_n, idx.size()));
+  gc::message_header h;
+  h.index = gc::index_coding::delta_bitpack;
+  h.n = step_n;
+  h.count = idx.size();
+  h.index_bytes = gc::detail::write_index_section(h.index, step_n, idx, section.data());
+  std::vector<std::uint32_t> back(idx.size());
+  for (auto _ : state) {
+    std::size_t j = 0;
+    gc::detail::validate_index_section(h, section.data(), [&](std::uint64_t i) { back[j++] = static_cast<std::uint32_t>(i); });
+    benchmark::DoNotOptimize(back.data());
+  }
+  if (back != idx) state.SkipWithError("delta_bitpack round trip failed");
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * idx.size() * 4));
+}
+
+}  // namespace
+
+BENCHMARK(bench::BM_read)->Name("read")->Arg(step_n)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_topk_ef_step_unfused)->Name("topk_ef_step_unfused/25000000")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_topk_ef_step)->Name("topk_ef_step/25000000")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_dgc_step_unfused)->Name("dgc_step_unfused/25000000")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_dgc_step)->Name("dgc_step/25000000")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_delta_encode)->Name("delta_encode")->Arg(10)->Arg(100)->ArgName("d_1e4")->Threads(1);
+BENCHMARK(BM_delta_decode)->Name("delta_decode")->Arg(10)->Arg(100)->ArgName("d_1e4")->Threads(1);
+
+int main(int argc, char** argv) { return bench::run_main(argc, argv, "none"); }
