@@ -18,6 +18,7 @@
 #include <ostream>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 GRADCOMP_NAMESPACE_BEGIN
@@ -88,15 +89,20 @@ class compressor {
                     " bytes is smaller than max_message_bytes() = ", need);
 
     // The selector's first pass rides on the corrector's: each chunk of acc is handed
-    // over while it is still in cache.
-    select_.begin_observe(selector_, step_);
-    const bool finite = correct_.update(corrector_, grad, [&](int thread, std::size_t begin, auto acc_chunk) {
-      select_.observe(thread, begin, acc_chunk, grad.subspan(begin, acc_chunk.size()));
-    });
-    const std::span<const float> acc = correct_.acc(grad);
-    if (!finite) report_non_finite(grad, acc);
+    // over while it is still in cache. Without a corrector (acc = g), a selector that
+    // reads every entry checks finiteness itself and g is read once.
+    std::span<const float> acc = grad;
+    if constexpr (!skips_update) {
+      select_.begin_observe(selector_, step_);
+      const bool finite = correct_.update(corrector_, grad, [&](int thread, std::size_t begin, auto acc_chunk) {
+        select_.observe(thread, begin, acc_chunk, grad.subspan(begin, acc_chunk.size()));
+      });
+      acc = correct_.acc(grad);
+      if (!finite) report_non_finite(grad, acc);
+    }
 
     const detail::selection chosen = select_.select(selector_, {acc, grad, step_}, std::span(index_));
+    if (!chosen.finite) report_non_finite(grad, acc);
     const std::span<const std::uint32_t> index(index_.data(), chosen.count);
     const std::size_t bytes = encode_.encode(encoder_, {acc, index, step_, chosen.value_scale}, out, std::span(sent_));
     correct_.commit(corrector_, index, std::span<const float>(sent_.data(), chosen.count));
@@ -169,6 +175,14 @@ class compressor {
   }
 
  private:
+  static constexpr bool skips_update = [] {
+    if constexpr (requires { detail::engine<Selector, Backend>::checks_finite; }) {
+      return std::is_same_v<Corrector, correct::none> && detail::engine<Selector, Backend>::checks_finite;
+    } else {
+      return false;
+    }
+  }();
+
   static const Backend& checked(const Backend& backend, std::size_t n, const Selector& s, const Corrector& c,
                                 const Encoder& e) {
     detail::require(n >= 1 && n <= message_header::max_n, errc::invalid_argument, "compressor: n must be in [1, ",

@@ -23,6 +23,7 @@ struct select_input {
 struct selection {
   std::size_t count = 0;
   float value_scale = 1.0f;  ///< factor on the values sent (random_k's unbiased n/k)
+  bool finite = true;        ///< false if the selector's pass met a NaN or infinity in acc
 };
 
 /// Everything an encoder engine needs to write one message.

@@ -1,23 +1,28 @@
 /// \file detail/host/exact_topk.hpp
-/// exact_topk on backend::host: a radix select in the style of AIR top-k.
+/// exact_topk on backend::host: one pass over acc in the common case.
 ///
-/// 1. (fused into the corrector's pass, see observe) histogram of the top 11 key bits;
-///    the bin holding the k-th largest key is b.
-/// 2. One pass over acc: entries in bins above b are certainly sent and go to the output
-///    directly; entries in bin b are candidates. Each chunk writes both lists into its
-///    own slice of a scratch array, so threads never coordinate.
-/// 3. The candidates (typically well under 1% of n) are ranked on the remaining 20 bits.
-/// 4. The certain entries and the chosen candidates, both ascending, are merged.
-/// So the gradient is read twice, once from cache, whatever k is.
+/// 1. A strided sample (every 512th entry; gathered during the corrector's pass when
+///    there is one) brackets the k-th largest key between two sample order statistics
+///    lo and hi, with a margin of several standard deviations.
+/// 2. One pass: entries with key > hi are certainly sent, entries in [lo, hi] are
+///    candidates; groups of 16 below lo are skipped with one SIMD compare. Each chunk
+///    writes both lists into its own slice of a scratch array.
+/// 3. If the bracket holds the k-th key (certain < k <= certain + candidates), the
+///    candidates are ranked by radix select on their keys and merged with the certain
+///    entries. Otherwise (rare: a bad sample, heavy ties) a radix histogram of the top
+///    11 key bits gives an exact bracket and step 2 runs once more.
+/// The result is exact and identical either way; only the work differs.
 #pragma once
 
 #include <gradcomp/backend/host.hpp>
 #include <gradcomp/concepts.hpp>
+#include <gradcomp/detail/host/simd.hpp>
 #include <gradcomp/detail/radix_select.hpp>
 #include <gradcomp/detail/step_input.hpp>
 #include <gradcomp/select/exact_topk.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <span>
@@ -27,97 +32,145 @@ GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 
 /// Ranks entries of `acc` by magnitude and writes the ascending indices of the k
-/// largest. Reusable by selectors that end with an exact top-k over the whole tensor.
+/// largest. Shared by the selectors that end in an exact top-k over the whole tensor.
 class host_topk {
  public:
+  static constexpr std::size_t sample_stride = 512;
+  static constexpr std::size_t min_sampled_n = std::size_t{1} << 16;  // below: histogram directly
+
   host_topk(const backend::host& be, std::size_t n)
       : threads_(be.concurrency()),
         n_(n),
         bins_(static_cast<std::size_t>(threads_) * top_digit_bins),
         scratch_(n),
-        chunk_counts_(2 * chunk_count(n)) {}
+        chunk_counts_(2 * chunk_count(n)),
+        sample_(n >= min_sampled_n ? n / sample_stride : 0) {}
 
-  /// Starts a new first pass; observe() may then be called for every chunk.
-  void begin_observe() {
-    std::fill(bins_.begin(), bins_.end(), 0u);
-    observed_ = true;
-  }
+  /// Starts a pass in which observe() sees every chunk of acc.
+  void begin_observe() noexcept { observed_ = !sample_.empty(); }
 
-  /// First pass over one chunk of acc (starting at element `begin`), from thread `thread`.
-  void observe(int thread, std::size_t /*begin*/, std::span<const float> acc_chunk) noexcept {
-    std::uint32_t* bins = bins_.data() + static_cast<std::size_t>(thread) * top_digit_bins;
-    for (const float x : acc_chunk) ++bins[magnitude_key(x) >> magnitude_digits[0].shift];
+  /// Gathers the sample entries of one chunk of acc (starting at element `begin`).
+  void observe(int /*thread*/, std::size_t begin, std::span<const float> acc_chunk) noexcept {
+    const std::size_t end = std::min(begin + acc_chunk.size(), sample_.size() * sample_stride);
+    for (std::size_t i = (begin + sample_stride - 1) / sample_stride * sample_stride; i < end; i += sample_stride) {
+      sample_[i / sample_stride] = acc_chunk[i - begin];
+    }
   }
 
   /// Writes the ascending indices of the k entries of largest |acc| to out[0, k).
-  void select(std::span<const float> acc, std::size_t k, std::span<std::uint32_t> out) {
+  /// Returns false, leaving `out` unspecified, if acc holds a NaN or infinity.
+  bool select(std::span<const float> acc, std::size_t k, std::span<std::uint32_t> out) {
+    const bool observed = std::exchange(observed_, false);
     if (k == n_) {
       std::iota(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(n_), 0u);
-      observed_ = false;
-      return;
+      return all_finite_keys(acc);
     }
-    if (!observed_) {
-      begin_observe();
-      for_each_chunk(threads_, n_, [&](int thread, std::size_t, std::size_t begin, std::size_t end) {
-        observe(thread, begin, acc.subspan(begin, end - begin));
-      });
+    if (!sample_.empty()) {
+      if (!observed) {
+        for (std::size_t j = 0; j < sample_.size(); ++j) sample_[j] = acc[j * sample_stride];
+      }
+      const auto [lo, hi] = sample_bracket(k);
+      bool bad = false;
+      const auto [certain, candidates] = split(acc, lo, hi, bad);
+      if (bad) return false;
+      if (certain < k && k <= certain + candidates) {
+        finish(acc, k, certain, candidates, 0, 0, out);
+        return true;
+      }
     }
-    observed_ = false;
+    // Exact bracket from a histogram of the top 11 key bits.
+    std::fill(bins_.begin(), bins_.end(), 0u);
+    for_each_chunk(threads_, n_, [&](int thread, std::size_t, std::size_t begin, std::size_t end) {
+      std::uint32_t* bins = bins_.data() + static_cast<std::size_t>(thread) * top_digit_bins;
+      for (std::size_t i = begin; i < end; ++i) ++bins[magnitude_key(acc[i]) >> magnitude_digits[0].shift];
+    });
     for (int t = 1; t < threads_; ++t) {
       const std::uint32_t* bins = bins_.data() + static_cast<std::size_t>(t) * top_digit_bins;
       for (std::size_t b = 0; b < top_digit_bins; ++b) bins_[b] += bins[b];
     }
-    const auto [bin, r] = find_bin_from_top(std::span(bins_).first(top_digit_bins), k);
-    const std::size_t above = k - r;
-    const std::size_t candidates = split_by_bin(acc, bin);
-    gather(out.data(), above, candidates);
-
-    std::span<std::uint32_t> list(scratch_.data(), candidates);
-    std::size_t chosen = candidates;
-    if (r < candidates) {
-      const kth_key kth = kth_largest_in_list(acc, list, r, 1, bin << magnitude_digits[0].shift);
-      chosen = keep_top_in_list(acc, list, kth);
+    for (std::size_t b = non_finite_key >> magnitude_digits[0].shift; b < top_digit_bins; ++b) {
+      if (bins_[b] != 0) return false;
     }
-    merge_backwards(out.data(), above, list.data(), chosen);
+    const std::uint32_t bin = find_bin_from_top(std::span(bins_).first(top_digit_bins), k).first;
+    const std::uint32_t lo = bin << magnitude_digits[0].shift;
+    bool bad = false;
+    const auto [certain, candidates] = split(acc, lo, lo | ((1u << magnitude_digits[0].shift) - 1u), bad);
+    finish(acc, k, certain, candidates, 1, lo, out);
+    return true;
   }
 
  private:
-  // Pass 2: per chunk, indices in bins above `bin` go to the front of the chunk's slice
-  // of scratch_, candidates (bin == `bin`) to its back. Returns the number of candidates.
-  std::size_t split_by_bin(std::span<const float> acc, std::uint32_t bin) {
-    const std::uint32_t low_key = bin << magnitude_digits[0].shift;  // first key of `bin`
+  // Keys of the sample order statistics around the k-th's expected rank, r = k m / n,
+  // +- (4 sqrt(r) + 8): the k-th key falls outside with negligible probability.
+  std::pair<std::uint32_t, std::uint32_t> sample_bracket(std::size_t k) const {
+    const double m = static_cast<double>(sample_.size());
+    const double r = static_cast<double>(k) * m / static_cast<double>(n_);
+    const double margin = 4.0 * std::sqrt(r) + 8.0;
+    auto key_at_rank = [&](double rank) {  // rank-th largest sample key, 1-based
+      const auto at = static_cast<std::size_t>(std::clamp(rank, 1.0, m));
+      return kth_largest([&](std::size_t j) { return magnitude_key(sample_[j]); }, sample_.size(), at, 0, 0).key;
+    };
+    const std::uint32_t lo = r + margin >= m ? 0u : key_at_rank(std::ceil(r + margin));
+    const std::uint32_t hi = r - margin < 1.0 ? ~0u : key_at_rank(std::floor(r - margin));
+    return {lo, hi};
+  }
+
+  // One pass: per chunk, indices with key > hi to the front of the chunk's slice of
+  // scratch_, indices with lo <= key <= hi to its back (reversed). Returns the totals.
+  std::pair<std::size_t, std::size_t> split(std::span<const float> acc, std::uint32_t lo, std::uint32_t hi, bool& bad) {
+    int any_bad = 0;
     for_each_chunk(threads_, n_, [&](int, std::size_t c, std::size_t begin, std::size_t end) {
       std::uint32_t* front = scratch_.data() + begin;
       std::uint32_t* back = scratch_.data() + end;
-      const auto* bits = reinterpret_cast<const std::int32_t*>(acc.data());
+      bool chunk_bad = false;
+      auto classify = [&](std::size_t i) {
+        const std::uint32_t key = magnitude_key(acc[i]);
+        chunk_bad |= key >= non_finite_key;
+        if (key > hi) *front++ = static_cast<std::uint32_t>(i);
+        if (key >= lo && key <= hi) *--back = static_cast<std::uint32_t>(i);
+      };
       std::size_t i = begin;
-      // Most entries lie below `bin`: test eight at a time with a branch-free reduction
-      // the compiler vectorises, and classify only the rare groups that hit.
-      for (; i + 8 <= end; i += 8) {
-        int hit = 0;
-        for (std::size_t j = 0; j < 8; ++j) hit |= (bits[i + j] & 0x7FFFFFFF) >= static_cast<std::int32_t>(low_key);
-        if (!hit) continue;
-        for (std::size_t j = i; j < i + 8; ++j) classify(acc[j], j, bin, front, back);
+      for (; i + mask_group <= end; i += mask_group) {
+        for (std::uint32_t mask = at_least_mask16(acc.data() + i, lo); mask != 0; mask &= mask - 1) {
+          classify(i + static_cast<std::size_t>(std::countr_zero(mask)));
+        }
       }
-      for (; i < end; ++i) classify(acc[i], i, bin, front, back);
+      for (; i < end; ++i) classify(i);
       chunk_counts_[2 * c] = static_cast<std::uint32_t>(front - (scratch_.data() + begin));
       chunk_counts_[2 * c + 1] = static_cast<std::uint32_t>((scratch_.data() + end) - back);
+      if (chunk_bad) {
+#if GRADCOMP_HAS_OPENMP
+#pragma omp atomic write
+#endif
+        any_bad = 1;
+      }
     });
+    bad = any_bad != 0;
+    std::size_t certain = 0;
     std::size_t candidates = 0;
-    for (std::size_t c = 0; c < chunk_count(n_); ++c) candidates += chunk_counts_[2 * c + 1];
-    return candidates;
+    for (std::size_t c = 0; c < chunk_count(n_); ++c) {
+      certain += chunk_counts_[2 * c];
+      candidates += chunk_counts_[2 * c + 1];
+    }
+    return {certain, candidates};
   }
 
-  static void classify(float x, std::size_t i, std::uint32_t bin, std::uint32_t*& front, std::uint32_t*& back) {
-    const std::uint32_t b = magnitude_key(x) >> magnitude_digits[0].shift;
-    if (b > bin) *front++ = static_cast<std::uint32_t>(i);
-    if (b == bin) *--back = static_cast<std::uint32_t>(i);
+  // Certain entries to out, candidates ranked (digits from `first_digit` on, below
+  // `prefix`), the k - certain best kept, and the two ascending lists merged.
+  void finish(std::span<const float> acc, std::size_t k, std::size_t certain, std::size_t candidates,
+              std::size_t first_digit, std::uint32_t prefix, std::span<std::uint32_t> out) {
+    gather(out.data());
+    const std::span<std::uint32_t> list(scratch_.data(), candidates);
+    std::size_t chosen = candidates;
+    const std::size_t r = k - certain;
+    if (r < candidates) chosen = keep_top_in_list(acc, list, kth_largest_in_list(acc, list, r, first_digit, prefix));
+    merge_backwards(out.data(), certain, list.data(), chosen);
   }
 
-  // Concatenates the per-chunk lists: certain entries to out[0, above), candidates
-  // (stored reversed at each slice's back) to scratch_[0, candidates). Each destination
-  // lies at or before its source slice, so copying left in chunk order is safe.
-  void gather(std::uint32_t* out, [[maybe_unused]] std::size_t above, [[maybe_unused]] std::size_t candidates) {
+  // Concatenates the per-chunk lists: certain entries to out, candidates (stored
+  // reversed at each slice's back) to the front of scratch_. Each destination lies at
+  // or before its source slice, so moving left in chunk order is safe.
+  void gather(std::uint32_t* out) {
     std::size_t certain = 0;
     std::size_t cand = 0;
     for (std::size_t c = 0; c < chunk_count(n_); ++c) {
@@ -135,7 +188,7 @@ class host_topk {
 
   // Merges ascending a[0, na) (already in out) with ascending b[0, nb) into out[0, na + nb),
   // from the back so no extra buffer is needed.
-  static void merge_backwards(std::uint32_t* out, std::size_t na, const std::uint32_t* b, std::size_t nb) {
+  static void merge_backwards(std::uint32_t* out, std::size_t na, const std::uint32_t* b, std::size_t nb) noexcept {
     std::size_t w = na + nb;
     while (nb > 0) {
       if (na > 0 && out[na - 1] > b[nb - 1]) {
@@ -146,27 +199,47 @@ class host_topk {
     }
   }
 
+  bool all_finite_keys(std::span<const float> acc) const {
+    int bad = 0;
+    for_each_chunk(threads_, n_, [&](int, std::size_t, std::size_t begin, std::size_t end) {
+      std::size_t i = begin;
+      bool chunk_bad = false;
+      for (; i + mask_group <= end; i += mask_group) chunk_bad |= at_least_mask16(acc.data() + i, non_finite_key) != 0;
+      for (; i < end; ++i) chunk_bad |= magnitude_key(acc[i]) >= non_finite_key;
+      if (chunk_bad) {
+#if GRADCOMP_HAS_OPENMP
+#pragma omp atomic write
+#endif
+        bad = 1;
+      }
+    });
+    return bad == 0;
+  }
+
   int threads_;
   std::size_t n_;
-  std::vector<std::uint32_t> bins_;          // per thread, top-digit histogram
+  std::vector<std::uint32_t> bins_;          // per thread, top-digit histogram (fallback)
   std::vector<std::uint32_t> scratch_;       // n: per-chunk lists, then candidates
   std::vector<std::uint32_t> chunk_counts_;  // per chunk: certain, candidates
+  std::vector<float> sample_;                // acc[j * sample_stride]
   bool observed_ = false;
 };
 
 template <>
 class engine<select::exact_topk, backend::host> {
  public:
+  static constexpr bool checks_finite = true;  // select() reads every entry
+
   engine(const backend::host& be, const select::exact_topk&, std::size_t n) : topk_(be, n) {}
 
-  void begin_observe(const select::exact_topk&, std::uint64_t /*step*/) { topk_.begin_observe(); }
+  void begin_observe(const select::exact_topk&, std::uint64_t /*step*/) noexcept { topk_.begin_observe(); }
   void observe(int thread, std::size_t begin, std::span<const float> acc_chunk, std::span<const float>) noexcept {
     topk_.observe(thread, begin, acc_chunk);
   }
   selection select(const select::exact_topk& policy, const select_input& in, std::span<std::uint32_t> out) {
     const std::size_t k = policy.k(in.acc.size());
-    topk_.select(in.acc, k, out);
-    return {k};
+    const bool finite = topk_.select(in.acc, k, out);
+    return {k, 1.0f, finite};
   }
   void accept() noexcept {}
 
