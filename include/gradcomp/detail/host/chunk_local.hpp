@@ -6,6 +6,7 @@
 
 #include <gradcomp/backend/host.hpp>
 #include <gradcomp/concepts.hpp>
+#include <gradcomp/detail/host/simd.hpp>
 #include <gradcomp/detail/host/slices.hpp>
 #include <gradcomp/detail/radix_select.hpp>
 #include <gradcomp/detail/step_input.hpp>
@@ -13,21 +14,57 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 
 /// For one bin of `len` entries starting at tensor index `first` (acc and g point at
 /// the bin), appends to `out` the indices with |acc_i + g_i| >= max |acc| of the bin;
-/// returns the new end of `out`.
+/// returns the new end of `out`. Sets `non_finite` if the bin's acc holds a NaN or
+/// infinity. Float compares equal key compares here: NaN is reported, never ranked.
 inline std::uint32_t* select_bin(const float* acc, const float* g, std::size_t len, std::size_t first,
-                                 std::uint32_t* out) noexcept {
-  std::uint32_t largest = 0;
-  for (std::size_t j = 0; j < len; ++j) largest = std::max(largest, magnitude_key(acc[j]));
-  for (std::size_t j = 0; j < len; ++j) {
+                                 std::uint32_t* out, bool& non_finite) noexcept {
+  std::size_t j = 0;
+  float largest = 0.0f;
+  bool nan = false;
+#if defined(__SSE2__)
+  const __m128 magnitude = _mm_castsi128_ps(_mm_set1_epi32(0x7FFFFFFF));
+  __m128 top = _mm_setzero_ps();
+  __m128 unordered = _mm_setzero_ps();
+  for (; j + 4 <= len; j += 4) {
+    const __m128 a = _mm_and_ps(_mm_loadu_ps(acc + j), magnitude);
+    top = _mm_max_ps(top, a);
+    unordered = _mm_or_ps(unordered, _mm_cmpunord_ps(a, a));
+  }
+  top = _mm_max_ps(top, _mm_shuffle_ps(top, top, _MM_SHUFFLE(1, 0, 3, 2)));
+  top = _mm_max_ps(top, _mm_shuffle_ps(top, top, _MM_SHUFFLE(2, 3, 0, 1)));
+  largest = _mm_cvtss_f32(top);
+  nan = _mm_movemask_ps(unordered) != 0;
+#endif
+  for (; j < len; ++j) {
+    const float a = std::fabs(acc[j]);
+    nan |= std::isnan(a);
+    largest = std::max(largest, a);
+  }
+  non_finite |= nan || std::isinf(largest);
+
+  j = 0;
+#if defined(__SSE2__)
+  const __m128 bound = _mm_set1_ps(largest);
+  for (; j + 4 <= len; j += 4) {
+    const __m128 h = _mm_and_ps(_mm_add_ps(_mm_loadu_ps(acc + j), _mm_loadu_ps(g + j)), magnitude);
+    const auto mask = static_cast<unsigned>(_mm_movemask_ps(_mm_cmpge_ps(h, bound)));
+    if (mask == 0) continue;
+    for (unsigned lane = 0; lane < 4; ++lane) {  // branch-free: hits are too frequent to predict
+      *out = static_cast<std::uint32_t>(first + j + lane);
+      out += (mask >> lane) & 1u;
+    }
+  }
+#endif
+  for (; j < len; ++j) {
     *out = static_cast<std::uint32_t>(first + j);
-    // |H| may overflow to infinity, which still compares correctly as a key.
-    out += magnitude_key(acc[j] + g[j]) >= largest ? 1 : 0;
+    out += std::fabs(acc[j] + g[j]) >= largest ? 1 : 0;
   }
   return out;
 }
@@ -35,6 +72,8 @@ inline std::uint32_t* select_bin(const float* acc, const float* g, std::size_t l
 template <>
 class engine<select::chunk_local, backend::host> {
  public:
+  static constexpr bool checks_finite = true;  // every bin's maximum is computed
+
   engine(const backend::host& be, const select::chunk_local&, std::size_t n) : threads_(be.concurrency()), n_(n), slices_(n) {}
 
   void begin_observe(const select::chunk_local& policy, std::uint64_t) noexcept {
@@ -43,41 +82,55 @@ class engine<select::chunk_local, backend::host> {
   }
   // acc and g are the chunk's; bins are aligned to multiples of bin_ in the tensor.
   void observe(int, std::size_t begin, std::span<const float> acc, std::span<const float> g) noexcept {
+    bool chunk_bad = false;
+    observe_chunk(begin, acc, g, chunk_bad);
+  }
+
+  selection select(const select::chunk_local& policy, const select_input& in, std::span<std::uint32_t> out) {
+    int bad = 0;
+    if (!std::exchange(observed_, false)) {
+      bin_ = policy.bin;
+      for_each_chunk(threads_, n_, [&](int, std::size_t, std::size_t begin, std::size_t end) {
+        bool chunk_bad = false;
+        observe_chunk(begin, in.acc.subspan(begin, end - begin), in.grad.subspan(begin, end - begin), chunk_bad);
+        if (chunk_bad) {
+#if GRADCOMP_HAS_OPENMP
+#pragma omp atomic write
+#endif
+          bad = 1;
+        }
+      });
+    }
+    bool straddle_bad = false;
+    std::uint32_t* w = out.data();
+    for (std::size_t c = 0; c < slices_.chunks(); ++c) {
+      std::copy_n(slices_.slice(c), slices_.count(c), w);
+      w += slices_.count(c);
+      // The bin that starts in this chunk and ends in a later one.
+      const std::size_t chunk_end = std::min(n_, (c + 1) * host_chunk);
+      const std::size_t b = (chunk_end - 1) / bin_ * bin_;
+      if (b >= c * host_chunk && std::min(b + bin_, n_) > chunk_end) {
+        w = select_bin(in.acc.data() + b, in.grad.data() + b, std::min(b + bin_, n_) - b, b, w, straddle_bad);
+      }
+    }
+    return {static_cast<std::size_t>(w - out.data()), 1.0f, bad == 0 && !straddle_bad};
+  }
+  void accept() noexcept {}
+
+ private:
+  // The bins that lie wholly inside the chunk starting at `begin`.
+  void observe_chunk(std::size_t begin, std::span<const float> acc, std::span<const float> g, bool& bad) noexcept {
     const std::size_t end = begin + acc.size();
     std::uint32_t* out = slices_.slice(begin / host_chunk);
     std::uint32_t* const first = out;
     for (std::size_t b = (begin + bin_ - 1) / bin_ * bin_; b < end; b += bin_) {
       const std::size_t stop = std::min(b + bin_, n_);
       if (stop > end) break;  // straddles into the next chunk: select() does it
-      out = select_bin(acc.data() + (b - begin), g.data() + (b - begin), stop - b, b, out);
+      out = select_bin(acc.data() + (b - begin), g.data() + (b - begin), stop - b, b, out, bad);
     }
     slices_.set_count(begin / host_chunk, static_cast<std::size_t>(out - first));
   }
 
-  selection select(const select::chunk_local& policy, const select_input& in, std::span<std::uint32_t> out) {
-    if (!observed_) {
-      begin_observe(policy, in.step);
-      for_each_chunk(threads_, n_, [&](int t, std::size_t, std::size_t begin, std::size_t end) {
-        observe(t, begin, in.acc.subspan(begin, end - begin), in.grad.subspan(begin, end - begin));
-      });
-    }
-    observed_ = false;
-    std::uint32_t* w = out.data();
-    for (std::size_t c = 0; c < slices_.chunks(); ++c) {
-      std::copy_n(slices_.slice(c), slices_.count(c), w);
-      w += slices_.count(c);
-      // The bin that starts in this chunk and ends in the next one.
-      const std::size_t chunk_end = std::min(n_, (c + 1) * host_chunk);
-      const std::size_t b = (chunk_end - 1) / bin_ * bin_;
-      if (b >= c * host_chunk && std::min(b + bin_, n_) > chunk_end) {
-        w = select_bin(in.acc.data() + b, in.grad.data() + b, std::min(b + bin_, n_) - b, b, w);
-      }
-    }
-    return {static_cast<std::size_t>(w - out.data())};
-  }
-  void accept() noexcept {}
-
- private:
   int threads_;
   std::size_t n_;
   host_slices slices_;

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <utility>
 #include <vector>
 
 GRADCOMP_NAMESPACE_BEGIN
@@ -41,6 +42,8 @@ struct sample_plan {
 template <>
 class engine<select::sampled_threshold, backend::host> {
  public:
+  static constexpr bool checks_finite = true;  // its collect pass reads every entry
+
   engine(const backend::host& be, const select::sampled_threshold& policy, std::size_t n)
       : threads_(be.concurrency()), n_(n), topk_(be, n), slices_(n) {
     reserve(policy);
@@ -70,23 +73,29 @@ class engine<select::sampled_threshold, backend::host> {
       sample_[j] = acc[i - begin];
     }
     if (reusing_) {
-      slices_.keep_chunk(begin / host_chunk, begin, end,
-                         [&](std::size_t i) { return magnitude_key(acc[i - begin]) >= threshold_key_; });
+      bool corrector_checks_this = false;
+      slices_.collect_chunk(begin / host_chunk, begin, acc, threshold_key_, corrector_checks_this);
     }
   }
 
   selection select(const select::sampled_threshold& policy, const select_input& in, std::span<std::uint32_t> out) {
     const std::size_t k = policy.k(n_);
-    if (!observed_) {
-      begin_observe(policy, in.step);
-      for_each_chunk(threads_, n_, [&](int t, std::size_t, std::size_t begin, std::size_t end) {
-        observe(t, begin, in.acc.subspan(begin, end - begin), {});
-      });
+    bool finite = true;
+    const bool observed = std::exchange(observed_, false);
+    if (!observed) {
+      // Standalone (no corrector pass): sample directly; the reuse candidates are
+      // collected by the full pass below, which also checks finiteness.
+      plan_ = sample_plan::make(policy, n_, in.step);
+      reusing_ = policy.reuse_threshold && has_threshold_;
+      if (!plan_.exact) {
+        for (std::size_t j = 0; j < plan_.size; ++j) sample_[j] = in.acc[plan_.offset + j * plan_.stride];
+        if (reusing_) finite = slices_.collect(threads_, in.acc, threshold_key_);
+      }
     }
-    observed_ = false;
     if (plan_.exact) {
-      topk_.select(in.acc, k, out);
-      next_key_ = magnitude_key(in.acc[out[0]]);  // any sent entry bounds the k-th from above
+      finite = topk_.select(in.acc, k, out);
+      if (!finite) return {0, 1.0f, false};
+      next_key_ = magnitude_key(in.acc[out[0]]);
       for (std::size_t j = 0; j < k; ++j) next_key_ = std::min(next_key_, magnitude_key(in.acc[out[j]]));
       return {k};
     }
@@ -96,13 +105,17 @@ class engine<select::sampled_threshold, backend::host> {
     std::size_t count = reusing_ ? slices_.total() : 0;
     if (!reusing_ || static_cast<double>(count) < low || static_cast<double>(count) > high) {
       key = sampled_key(policy);
-      count = collect(in.acc, key);
-      for (int it = 0; it < policy.max_iters; ++it) {
+      if (key >= non_finite_key) return {0, 1.0f, false};  // the sample met a NaN or infinity
+      finite = slices_.collect(threads_, in.acc, key) && finite;
+      count = slices_.total();
+      for (int it = 0; it < policy.max_iters && finite; ++it) {
         if (static_cast<double>(count) > high || static_cast<double>(count) >= low) break;
         key = magnitude_key(std::bit_cast<float>(key) * policy.lower);
-        count = collect(in.acc, key);
+        finite = slices_.collect(threads_, in.acc, key);
+        count = slices_.total();
       }
     }
+    if (!finite) return {0, 1.0f, false};
     std::uint32_t* candidates = slices_.all_indices();
     count = slices_.gather(candidates);
     if (static_cast<double>(count) > high || (policy.truncate && count > k)) {
@@ -141,11 +154,6 @@ class engine<select::sampled_threshold, backend::host> {
     const std::size_t r = std::clamp<std::size_t>(
         static_cast<std::size_t>(std::ceil(static_cast<double>(m) * policy.density)), 1, m);
     return kth_largest([&](std::size_t j) { return magnitude_key(sample_[j]); }, m, r, 0, 0).key;
-  }
-
-  std::size_t collect(std::span<const float> acc, std::uint32_t key) {
-    slices_.keep(threads_, [&](std::size_t i) { return magnitude_key(acc[i]) >= key; });
-    return slices_.total();
   }
 
   int threads_;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <gradcomp/backend/host.hpp>
+#include <gradcomp/detail/host/simd.hpp>
 
 #include <cstdint>
 #include <cstring>
@@ -25,22 +26,30 @@ class host_slices {
   [[nodiscard]] std::uint32_t count(std::size_t c) const noexcept { return counts_[c]; }
   [[nodiscard]] std::size_t chunks() const noexcept { return counts_.size(); }
 
-  /// Keeps, for chunk `c` = [begin, end), the indices i with keep(i), in order.
-  template <class Keep>
-  void keep_chunk(std::size_t c, std::size_t begin, std::size_t end, Keep&& keep) noexcept {
+  /// Keeps, for chunk `c` whose values `x` start at tensor index `begin`, the indices
+  /// whose magnitude key is >= low, in order; ORs into `non_finite` whether one of them
+  /// is NaN or infinite.
+  void collect_chunk(std::size_t c, std::size_t begin, std::span<const float> x, std::uint32_t low,
+                     bool& non_finite) noexcept {
     std::uint32_t* out = slice(c);
-    std::size_t kept = 0;
-    for (std::size_t i = begin; i < end; ++i) {
-      out[kept] = static_cast<std::uint32_t>(i);
-      kept += keep(i) ? 1 : 0;
-    }
-    set_count(c, kept);
+    set_count(c, static_cast<std::size_t>(collect_at_least(x.data(), x.size(), begin, low, out, non_finite) - out));
   }
 
-  /// Runs keep_chunk over every chunk in parallel.
-  template <class Keep>
-  void keep(int threads, Keep&& keep) {
-    for_each_chunk(threads, n_, [&](int, std::size_t c, std::size_t begin, std::size_t end) { keep_chunk(c, begin, end, keep); });
+  /// Runs collect_chunk over every chunk of x in parallel; returns false if x holds a
+  /// NaN or infinity at or above `low`.
+  bool collect(int threads, std::span<const float> x, std::uint32_t low) {
+    int bad = 0;
+    for_each_chunk(threads, n_, [&](int, std::size_t c, std::size_t begin, std::size_t end) {
+      bool chunk_bad = false;
+      collect_chunk(c, begin, x.subspan(begin, end - begin), low, chunk_bad);
+      if (chunk_bad) {
+#if GRADCOMP_HAS_OPENMP
+#pragma omp atomic write
+#endif
+        bad = 1;
+      }
+    });
+    return bad == 0;
   }
 
   [[nodiscard]] std::size_t total() const noexcept {

@@ -10,12 +10,16 @@
 #include <gradcomp/detail/step_input.hpp>
 #include <gradcomp/select/threshold.hpp>
 
+#include <utility>
+
 GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 
 template <>
 class engine<select::threshold, backend::host> {
  public:
+  static constexpr bool checks_finite = true;  // non-finite keys are above every tau
+
   engine(const backend::host& be, const select::threshold&, std::size_t n) : threads_(be.concurrency()), slices_(n) {}
 
   void begin_observe(const select::threshold& policy, std::uint64_t) noexcept {
@@ -23,16 +27,17 @@ class engine<select::threshold, backend::host> {
     observed_ = true;
   }
   void observe(int, std::size_t begin, std::span<const float> acc, std::span<const float>) noexcept {
-    slices_.keep_chunk(begin / host_chunk, begin, begin + acc.size(),
-                       [&](std::size_t i) { return magnitude_key(acc[i - begin]) >= key_; });
+    bool chunk_bad = false;  // the corrector reports non-finite acc itself
+    slices_.collect_chunk(begin / host_chunk, begin, acc, key_, chunk_bad);
   }
   selection select(const select::threshold& policy, const select_input& in, std::span<std::uint32_t> out) {
-    if (!observed_) {
+    bool finite = true;
+    if (!std::exchange(observed_, false)) {
       begin_observe(policy, in.step);
-      slices_.keep(threads_, [&](std::size_t i) { return magnitude_key(in.acc[i]) >= key_; });
+      observed_ = false;
+      finite = slices_.collect(threads_, in.acc, key_);
     }
-    observed_ = false;
-    return {slices_.gather(out.data())};
+    return {slices_.gather(out.data()), 1.0f, finite};
   }
   void accept() noexcept {}
 
