@@ -22,47 +22,43 @@ namespace detail {
 /// For one bin of `len` entries starting at tensor index `first` (acc and g point at
 /// the bin), appends to `out` the indices with |acc_i + g_i| >= max |acc| of the bin;
 /// returns the new end of `out`. Sets `non_finite` if the bin's acc holds a NaN or
-/// infinity. Float compares equal key compares here: NaN is reported, never ranked.
+/// infinity (a NaN acc makes H NaN, which the not-less-than compare lets through to
+/// the check on hits; an infinity becomes the maximum).
 inline std::uint32_t* select_bin(const float* acc, const float* g, std::size_t len, std::size_t first,
                                  std::uint32_t* out, bool& non_finite) noexcept {
-  std::size_t j = 0;
+#if defined(__SSE2__)
+  if (len >= 4) {
+    const __m128 magnitude = _mm_castsi128_ps(_mm_set1_epi32(0x7FFFFFFF));
+    // Maximum: the last load overlaps the previous ones, which max does not mind.
+    __m128 top = _mm_and_ps(_mm_loadu_ps(acc + len - 4), magnitude);
+    for (std::size_t j = 0; j + 4 <= len; j += 4) top = _mm_max_ps(top, _mm_and_ps(_mm_loadu_ps(acc + j), magnitude));
+    top = _mm_max_ps(top, _mm_shuffle_ps(top, top, _MM_SHUFFLE(1, 0, 3, 2)));
+    top = _mm_max_ps(top, _mm_shuffle_ps(top, top, _MM_SHUFFLE(2, 3, 0, 1)));
+    const float largest = _mm_cvtss_f32(top);
+    non_finite |= std::isinf(largest);
+    const __m128 bound = _mm_set1_ps(largest);
+    auto visit = [&](std::size_t j, unsigned lanes) {
+      const __m128 h = _mm_and_ps(_mm_add_ps(_mm_loadu_ps(acc + j), _mm_loadu_ps(g + j)), magnitude);
+      const unsigned mask = static_cast<unsigned>(_mm_movemask_ps(_mm_cmpnlt_ps(h, bound))) & lanes;
+      if (mask == 0) return;
+      non_finite |= (static_cast<unsigned>(_mm_movemask_ps(_mm_cmpunord_ps(h, h))) & mask) != 0;
+      for (unsigned lane = 0; lane < 4; ++lane) {  // branch-free: hits are too frequent to predict
+        *out = static_cast<std::uint32_t>(first + j + lane);
+        out += (mask >> lane) & 1u;
+      }
+    };
+    std::size_t j = 0;
+    for (; j + 4 <= len; j += 4) visit(j, 0xFu);
+    if (j < len) visit(len - 4, (0xFu << (4 - (len - j))) & 0xFu);  // only the lanes not yet seen
+    return out;
+  }
+#endif
   float largest = 0.0f;
-  bool nan = false;
-#if defined(__SSE2__)
-  const __m128 magnitude = _mm_castsi128_ps(_mm_set1_epi32(0x7FFFFFFF));
-  __m128 top = _mm_setzero_ps();
-  __m128 unordered = _mm_setzero_ps();
-  for (; j + 4 <= len; j += 4) {
-    const __m128 a = _mm_and_ps(_mm_loadu_ps(acc + j), magnitude);
-    top = _mm_max_ps(top, a);
-    unordered = _mm_or_ps(unordered, _mm_cmpunord_ps(a, a));
+  for (std::size_t j = 0; j < len; ++j) {
+    non_finite |= !std::isfinite(acc[j]);
+    largest = std::max(largest, std::fabs(acc[j]));
   }
-  top = _mm_max_ps(top, _mm_shuffle_ps(top, top, _MM_SHUFFLE(1, 0, 3, 2)));
-  top = _mm_max_ps(top, _mm_shuffle_ps(top, top, _MM_SHUFFLE(2, 3, 0, 1)));
-  largest = _mm_cvtss_f32(top);
-  nan = _mm_movemask_ps(unordered) != 0;
-#endif
-  for (; j < len; ++j) {
-    const float a = std::fabs(acc[j]);
-    nan |= std::isnan(a);
-    largest = std::max(largest, a);
-  }
-  non_finite |= nan || std::isinf(largest);
-
-  j = 0;
-#if defined(__SSE2__)
-  const __m128 bound = _mm_set1_ps(largest);
-  for (; j + 4 <= len; j += 4) {
-    const __m128 h = _mm_and_ps(_mm_add_ps(_mm_loadu_ps(acc + j), _mm_loadu_ps(g + j)), magnitude);
-    const auto mask = static_cast<unsigned>(_mm_movemask_ps(_mm_cmpge_ps(h, bound)));
-    if (mask == 0) continue;
-    for (unsigned lane = 0; lane < 4; ++lane) {  // branch-free: hits are too frequent to predict
-      *out = static_cast<std::uint32_t>(first + j + lane);
-      out += (mask >> lane) & 1u;
-    }
-  }
-#endif
-  for (; j < len; ++j) {
+  for (std::size_t j = 0; j < len; ++j) {
     *out = static_cast<std::uint32_t>(first + j);
     out += std::fabs(acc[j] + g[j]) >= largest ? 1 : 0;
   }
