@@ -30,6 +30,7 @@ struct dgc_options {
   float max_norm = std::numeric_limits<float>::infinity();  ///< local clipping threshold (infinite: none)
   int workers = 1;                                          ///< workers sharing max_norm
   std::uint64_t seed = 0;                                   ///< sampling seed
+  bool reuse_threshold = false;  ///< start from last step's threshold (one pass fewer when it holds)
 };
 
 /// DGC with a chosen selector (e.g. select::exact_topk to remove sampling noise):
@@ -45,7 +46,8 @@ auto dgc(Backend backend, std::size_t n, const dgc_options& o, Selector selector
 /// DGC as published: hierarchical sampled-threshold selection.
 template <class Backend>
 auto dgc(Backend backend, std::size_t n, const dgc_options& o = {}) {
-  return dgc(backend, n, o, select::sampled_threshold{.density = o.density, .seed = o.seed});
+  return dgc(backend, n, o,
+             select::sampled_threshold{.density = o.density, .seed = o.seed, .reuse_threshold = o.reuse_threshold});
 }
 
 /// AdaComp (Chen et al., AAAI 2018): localized selection, residual, ternary values.

@@ -34,16 +34,16 @@ constexpr bool scales_gradient() {
   }
 }
 
-/// Sum of g_i^2 in double, per chunk then in chunk order: identical for any thread count.
-inline double sum_of_squares(int threads, std::span<const float> g, std::vector<double>& partial) {
-  for_each_chunk(threads, g.size(), [&](int, std::size_t c, std::size_t begin, std::size_t end) {
-    double s = 0.0;
-    for (std::size_t i = begin; i < end; ++i) s += static_cast<double>(g[i]) * static_cast<double>(g[i]);
-    partial[c] = s;
-  });
-  double total = 0.0;
-  for (const double s : partial) total += s;
-  return total;
+/// Sum of x_i^2 in double with eight independent partial sums (so the loop vectorises
+/// and is not bound by the latency of one accumulator), combined in a fixed order.
+inline double sum_of_squares(std::span<const float> x) noexcept {
+  double part[8] = {};
+  std::size_t i = 0;
+  for (; i + 8 <= x.size(); i += 8) {
+    for (std::size_t l = 0; l < 8; ++l) part[l] += static_cast<double>(x[i + l]) * static_cast<double>(x[i + l]);
+  }
+  for (std::size_t l = 0; i < x.size(); ++i, ++l) part[l] += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
 }
 
 template <elementwise_corrector Policy>
@@ -57,38 +57,32 @@ class engine<Policy, backend::host> {
 
   /// Computes the new state and acc for every element, handing each finished chunk of
   /// acc to `visit(thread, begin, acc_chunk)`. Returns false if acc is not all finite.
+  ///
+  /// A clipping corrector needs ||g|| before it can scale g. When the last step did not
+  /// clip, the pass runs optimistically unscaled and sums g_i^2 chunk by chunk on the
+  /// side (from cache); only if the norm then calls for clipping does it run again,
+  /// scaled, from the committed state, which the first run left untouched. When the
+  /// last step clipped, the norm is taken first. Either way the result is the same and
+  /// g is read once or twice, never three times.
   template <class Visit>
   bool update(const Policy& policy, std::span<const float> g, Visit&& visit) {
-    float scale = 1.0f;
     if constexpr (scales_gradient<Policy>()) {
-      if (policy.needs_norm()) scale = policy.gradient_scale(sum_of_squares(threads_, g, partial_));
-    }
-    int bad = 0;
-    std::array<const float*, arrays + 1> old{};
-    std::array<float*, arrays + 1> next{};
-    for (std::size_t a = 0; a < arrays; ++a) {
-      old[a] = state_.committed(a).data();
-      next[a] = state_.next(a).data();
-    }
-    float* acc = own_acc ? acc_.data() : next[static_cast<std::size_t>(Policy::acc_state)];
-    for_each_chunk(threads_, g.size(), [&](int thread, std::size_t, std::size_t begin, std::size_t end) {
-      for (std::size_t i = begin; i < end; ++i) {
-        std::array<float, arrays + 1> s;
-        for (std::size_t a = 0; a < arrays; ++a) s[a] = old[a][i];
-        const float value = policy.update(s.data(), g[i] * scale);
-        for (std::size_t a = 0; a < arrays; ++a) next[a][i] = s[a];
-        if constexpr (own_acc) acc[i] = value;
+      if (policy.needs_norm()) {
+        if (last_clipped_) {
+          for_each_chunk(threads_, g.size(), [&](int, std::size_t c, std::size_t begin, std::size_t end) {
+            partial_[c] = sum_of_squares(g.subspan(begin, end - begin));
+          });
+          const float scale = policy.gradient_scale(total_of_partials());
+          last_clipped_ = scale != 1.0f;
+          return run(policy, g, scale, false, visit);
+        }
+        const bool finite = run(policy, g, 1.0f, true, visit);
+        const float scale = policy.gradient_scale(total_of_partials());
+        last_clipped_ = scale != 1.0f;
+        return scale == 1.0f ? finite : run(policy, g, scale, false, visit);
       }
-      const std::span<const float> chunk(acc + begin, end - begin);
-      if (!all_finite(chunk)) {
-#if GRADCOMP_HAS_OPENMP
-#pragma omp atomic write
-#endif
-        bad = 1;
-      }
-      visit(thread, begin, chunk);
-    });
-    return bad == 0;
+    }
+    return run(policy, g, 1.0f, false, visit);
   }
 
   /// acc of the step in progress.
@@ -121,10 +115,48 @@ class engine<Policy, backend::host> {
   std::span<const float> committed(std::size_t a) const noexcept { return state_.committed(a); }
 
  private:
+  double total_of_partials() const noexcept {
+    double total = 0.0;
+    for (const double s : partial_) total += s;  // chunk order: the same for any thread count
+    return total;
+  }
+
+  template <class Visit>
+  bool run(const Policy& policy, std::span<const float> g, float scale, bool sum_squares, Visit&& visit) {
+    int bad = 0;
+    std::array<const float*, arrays + 1> old{};
+    std::array<float*, arrays + 1> next{};
+    for (std::size_t a = 0; a < arrays; ++a) {
+      old[a] = state_.committed(a).data();
+      next[a] = state_.next(a).data();
+    }
+    float* acc = own_acc ? acc_.data() : next[static_cast<std::size_t>(Policy::acc_state)];
+    for_each_chunk(threads_, g.size(), [&](int thread, std::size_t c, std::size_t begin, std::size_t end) {
+      for (std::size_t i = begin; i < end; ++i) {
+        std::array<float, arrays + 1> s;
+        for (std::size_t a = 0; a < arrays; ++a) s[a] = old[a][i];
+        const float value = policy.update(s.data(), g[i] * scale);
+        for (std::size_t a = 0; a < arrays; ++a) next[a][i] = s[a];
+        if constexpr (own_acc) acc[i] = value;
+      }
+      if (sum_squares) partial_[c] = sum_of_squares(g.subspan(begin, end - begin));
+      const std::span<const float> chunk(acc + begin, end - begin);
+      if (!all_finite(chunk)) {
+#if GRADCOMP_HAS_OPENMP
+#pragma omp atomic write
+#endif
+        bad = 1;
+      }
+      visit(thread, begin, chunk);
+    });
+    return bad == 0;
+  }
+
   int threads_;
   host_state<arrays> state_;
   std::vector<float> acc_;
   std::vector<double> partial_;
+  bool last_clipped_ = false;  // a guess of which order of passes is cheaper; never changes results
 };
 
 }  // namespace detail
