@@ -3,11 +3,14 @@
 # Idempotent: installs only what is missing. Needs root (or sudo).
 set -euo pipefail
 
+# Extra packages can be named on the command line (scripts/bench.sh adds libtorch-dev).
 packages=(
   build-essential cmake          # compiler and build system
   doctest-dev                    # unit tests
+  clang libclang-rt-14-dev       # libFuzzer and sanitizers for the decoder fuzz test
   libbenchmark-dev               # Google Benchmark suites
   python3 python3-numpy python3-matplotlib   # benchmark tables and plots
+ "$@"
 )
 
 missing=()

@@ -4,6 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DGRADCOMP_BUILD_TESTS=ON -DGRADCOMP_BUILD_TOOLS=ON \
-  -DGRADCOMP_BUILD_EXAMPLES=ON -DGRADCOMP_BUILD_BENCHMARKS=ON
+  -DGRADCOMP_BUILD_EXAMPLES=ON -DGRADCOMP_BUILD_BENCHMARKS=ON -DGRADCOMP_FUZZ=ON
 cmake --build build/release -j"$(nproc)"
 ctest --test-dir build/release --output-on-failure --no-tests=error -j"$(nproc)"

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Sets everything up (with libtorch for the torch.topk baseline), builds the benchmark
+# suites, runs them and writes build/bench/report.md and build/bench/selection.png.
+# Extra arguments go to bench_select (e.g. --benchmark_filter=N:25000000).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh libtorch-dev
+cmake -S . -B build/bench -DCMAKE_BUILD_TYPE=Release -DGRADCOMP_BUILD_TESTS=OFF -DGRADCOMP_BUILD_BENCHMARKS=ON \
+  -DGRADCOMP_BUILD_TOOLS=OFF -DGRADCOMP_BUILD_EXAMPLES=OFF
+cmake --build build/bench --target bench_select bench_pipeline -j"$(nproc)"
+build/bench/bench/bench_select --benchmark_out=build/bench/select.json --benchmark_out_format=json "$@"
+build/bench/bench/bench_pipeline --benchmark_out=build/bench/pipeline.json --benchmark_out_format=json
+/usr/bin/python3 bench/report.py build/bench/selection.png build/bench/select.json build/bench/pipeline.json \
+  > build/bench/report.md
+echo "wrote build/bench/report.md and build/bench/selection.png"
