@@ -32,6 +32,7 @@ def load(paths):
                 continue
             family, args = parse(b["name"])
             scale = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[b["time_unit"]]
+            b["_file"] = path  # ratios compare with the read measured in the same run
             rows.append((family, args.get("N"), args.get("d_1e4"), b["real_time"] * scale, b))
     return rows, context
 
@@ -39,7 +40,7 @@ def load(paths):
 def main():
     png, paths = sys.argv[1], sys.argv[2:]
     rows, context = load(paths)
-    read = {n: t for family, n, d, t, _ in rows if family == "read"}
+    read = {(b["_file"], n): t for family, n, d, t, b in rows if family == "read"}
     nth = {(n, d): t for family, n, d, t, _ in rows if family == "nth_element"}
     print(f"Machine: {context.get('host_name', '?')}, {context.get('num_cpus')} CPUs at "
           f"{context.get('mhz_per_cpu')} MHz; run {context.get('date', '?')}\n")
@@ -50,7 +51,7 @@ def main():
         if family == "read":
             print(f"| read (bound) | {n} | | {t:.2f} | 1.00 | |")
             continue
-        x_read = t / read[n] if n in read else float("nan")
+        x_read = t / read[(b["_file"], n)] if (b["_file"], n) in read else float("nan")
         speedup = nth[(n, d)] / t if (n, d) in nth else float("nan")
         density = f"{d * 1e-4:g}" if d is not None else ""
         extra = ""

@@ -146,3 +146,41 @@ TEST_CASE("corrector parameters are validated by name") {
                                       gc::correct::chain{gc::correct::clip_norm{.max_norm = -1}, gc::correct::momentum{}}),
                        doctest::Contains("max_norm must be > 0, got -1"), gc::error);
 }
+
+TEST_CASE("the dgc preset with exact selection reproduces a plain DGC for 50 steps") {
+  const float max_norm = 0.02f;  // small enough that clipping happens on some steps
+  const double density = 0.01;
+  auto c = gc::presets::dgc(gc::backend::host{}, n, {.momentum = 0.9f, .max_norm = max_norm},
+                            gc::select::exact_topk{.density = density});
+  std::vector<float> u(n, 0.0f), v(n, 0.0f);
+  const std::size_t k = reference::k_for(density, n);
+  int clipped = 0;
+  for (int t = 0; t < 50; ++t) {
+    auto g = gradient(t);
+    for (auto& x : g) x *= 1.0f + 0.05f * static_cast<float>(t % 7);  // vary the norm
+    double sq = 0.0;
+    for (const float x : g) sq += static_cast<double>(x) * x;
+    const double norm = std::sqrt(sq);
+    const float factor = norm > max_norm ? static_cast<float>(max_norm / norm) : 1.0f;
+    clipped += factor < 1.0f ? 1 : 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      u[i] = 0.9f * u[i] + g[i] * factor;
+      v[i] = v[i] + u[i];
+    }
+    const auto idx = reference::top_k(v, k);
+    const auto got = run_step(c, g);
+    REQUIRE(got.indices == idx);
+    for (std::size_t j = 0; j < idx.size(); ++j) {
+      const float sent = static_cast<float>(static_cast<_Float16>(v[idx[j]]));  // f16 values, round to nearest even
+      REQUIRE(got.values[j] == sent);
+      v[idx[j]] -= sent;
+      u[idx[j]] = 0.0f;
+    }
+  }
+  CHECK(clipped > 0);
+  CHECK(clipped < 50);
+  for (std::size_t i = 0; i < n; ++i) {
+    REQUIRE(c.corrector_state(0)[i] == u[i]);
+    REQUIRE(c.corrector_state(1)[i] == v[i]);
+  }
+}

@@ -108,3 +108,36 @@ TEST_CASE("set_density validates and applies from the next step") {
   c.set_density(0.01);
   CHECK(c.compress(inputs::make(inputs::shape::normal, n, 4), buf).count() == 100);
 }
+
+TEST_CASE("every selector rejects non-finite gradients without a corrector too") {
+  // With correct::none, full-scan selectors check finiteness in their own pass; the
+  // others rely on the corrector's. Either way: an error, untouched buffer and state.
+  const std::size_t n = 200003;
+  auto check = [&](auto c, const char* name) {
+    CAPTURE(name);
+    std::vector<std::byte> buf(c.max_message_bytes(), std::byte{0x5A});
+    const auto before = buf;
+    for (const std::size_t at : {std::size_t{0}, std::size_t{512}, std::size_t{777}, n - 1}) {
+      for (const float bad : {nan_value, inf_value, -inf_value}) {
+        auto g = inputs::make(inputs::shape::normal, n, at);
+        g[at] = bad;
+        try {
+          (void)c.compress(g, buf);
+          FAIL("accepted a non-finite gradient");
+        } catch (const gc::error& e) {
+          CHECK(e.code() == gc::errc::non_finite);
+        }
+        CHECK(buf == before);
+        CHECK(c.step() == 0);
+      }
+    }
+  };
+  const gc::backend::host h{};
+  check(gc::compressor{h, n, gc::select::exact_topk{.density = 0.001}}, "exact_topk");
+  check(gc::compressor{h, n, gc::select::exact_topk{.density = 1.0}}, "exact_topk k = n");
+  check(gc::compressor{h, n, gc::select::sampled_threshold{.density = 0.001}}, "sampled_threshold");
+  check(gc::compressor{h, n, gc::select::threshold{.tau = 1.0f}}, "threshold");
+  check(gc::compressor{h, n, gc::select::chunk_local{}}, "chunk_local");
+  check(gc::compressor{h, n, gc::select::random_k{.density = 0.001}}, "random_k");
+  check(gc::compressor{h, n, gc::select::exact_topk{.density = 0.001}, gc::correct::momentum{}}, "momentum");
+}

@@ -13,19 +13,27 @@
 #include <gradcomp/select/chunk_local.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <utility>
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 
+#if defined(__SSE2__)
+/// For each 4-bit mask, the positions of its set bits, packed to the front.
+alignas(16) inline constexpr std::int32_t packed_lanes[16][4] = {
+    {0, 0, 0, 0}, {0, 0, 0, 0}, {1, 0, 0, 0}, {0, 1, 0, 0}, {2, 0, 0, 0}, {0, 2, 0, 0}, {1, 2, 0, 0}, {0, 1, 2, 0},
+    {3, 0, 0, 0}, {0, 3, 0, 0}, {1, 3, 0, 0}, {0, 1, 3, 0}, {2, 3, 0, 0}, {0, 2, 3, 0}, {1, 2, 3, 0}, {0, 1, 2, 3}};
+inline constexpr std::uint8_t packed_count[16] = {0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4};
+#endif
+
 /// For one bin of `len` entries starting at tensor index `first` (acc and g point at
 /// the bin), appends to `out` the indices with |acc_i + g_i| >= max |acc| of the bin;
-/// returns the new end of `out`. Sets `non_finite` if the bin's acc holds a NaN or
-/// infinity (a NaN acc makes H NaN, which the not-less-than compare lets through to
-/// the check on hits; an infinity becomes the maximum).
+/// returns the new end of `out`; nothing is written at or after `out_end`. Sets
+/// `non_finite` if the bin's acc holds a NaN or infinity.
 inline std::uint32_t* select_bin(const float* acc, const float* g, std::size_t len, std::size_t first,
-                                 std::uint32_t* out, bool& non_finite) noexcept {
+                                 std::uint32_t* out, std::uint32_t* out_end, bool& non_finite) noexcept {
 #if defined(__SSE2__)
   if (len >= 4) {
     const __m128 magnitude = _mm_castsi128_ps(_mm_set1_epi32(0x7FFFFFFF));
@@ -37,19 +45,28 @@ inline std::uint32_t* select_bin(const float* acc, const float* g, std::size_t l
     const float largest = _mm_cvtss_f32(top);
     non_finite |= std::isinf(largest);
     const __m128 bound = _mm_set1_ps(largest);
+    // A vector with hits stores its hit lanes' indices in one go, packed by a 16-entry
+    // table, and advances by their count; near the end of `out`, scalar stores.
+    __m128 unordered = _mm_setzero_ps();  // a NaN H means a NaN acc in the bin
     auto visit = [&](std::size_t j, unsigned lanes) {
       const __m128 h = _mm_and_ps(_mm_add_ps(_mm_loadu_ps(acc + j), _mm_loadu_ps(g + j)), magnitude);
-      const unsigned mask = static_cast<unsigned>(_mm_movemask_ps(_mm_cmpnlt_ps(h, bound))) & lanes;
-      if (mask == 0) return;
-      non_finite |= (static_cast<unsigned>(_mm_movemask_ps(_mm_cmpunord_ps(h, h))) & mask) != 0;
-      for (unsigned lane = 0; lane < 4; ++lane) {  // branch-free: hits are too frequent to predict
-        *out = static_cast<std::uint32_t>(first + j + lane);
-        out += (mask >> lane) & 1u;
+      const unsigned mask = static_cast<unsigned>(_mm_movemask_ps(_mm_cmpge_ps(h, bound))) & lanes;
+      unordered = _mm_or_ps(unordered, _mm_cmpunord_ps(h, h));
+      if (out + 4 <= out_end) {
+        const __m128i offsets = _mm_load_si128(reinterpret_cast<const __m128i*>(packed_lanes[mask]));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out),
+                         _mm_add_epi32(offsets, _mm_set1_epi32(static_cast<std::int32_t>(first + j))));
+        out += packed_count[mask];  // not std::popcount: baseline x86-64 has no popcnt instruction
+      } else {
+        for (unsigned lane = 0; lane < 4; ++lane) {
+          if ((mask >> lane) & 1u) *out++ = static_cast<std::uint32_t>(first + j + lane);
+        }
       }
     };
     std::size_t j = 0;
     for (; j + 4 <= len; j += 4) visit(j, 0xFu);
     if (j < len) visit(len - 4, (0xFu << (4 - (len - j))) & 0xFu);  // only the lanes not yet seen
+    non_finite |= _mm_movemask_ps(unordered) != 0;  // an infinite acc is the maximum, caught above
     return out;
   }
 #endif
@@ -106,7 +123,8 @@ class engine<select::chunk_local, backend::host> {
       const std::size_t chunk_end = std::min(n_, (c + 1) * host_chunk);
       const std::size_t b = (chunk_end - 1) / bin_ * bin_;
       if (b >= c * host_chunk && std::min(b + bin_, n_) > chunk_end) {
-        w = select_bin(in.acc.data() + b, in.grad.data() + b, std::min(b + bin_, n_) - b, b, w, straddle_bad);
+        w = select_bin(in.acc.data() + b, in.grad.data() + b, std::min(b + bin_, n_) - b, b, w, out.data() + out.size(),
+                       straddle_bad);
       }
     }
     return {static_cast<std::size_t>(w - out.data()), 1.0f, bad == 0 && !straddle_bad};
@@ -122,7 +140,7 @@ class engine<select::chunk_local, backend::host> {
     for (std::size_t b = (begin + bin_ - 1) / bin_ * bin_; b < end; b += bin_) {
       const std::size_t stop = std::min(b + bin_, n_);
       if (stop > end) break;  // straddles into the next chunk: select() does it
-      out = select_bin(acc.data() + (b - begin), g.data() + (b - begin), stop - b, b, out, bad);
+      out = select_bin(acc.data() + (b - begin), g.data() + (b - begin), stop - b, b, out, first + acc.size(), bad);
     }
     slices_.set_count(begin / host_chunk, static_cast<std::size_t>(out - first));
   }
