@@ -148,7 +148,7 @@ TEST_CASE("corrector parameters are validated by name") {
 }
 
 TEST_CASE("the dgc preset with exact selection reproduces a plain DGC for 50 steps") {
-  const float max_norm = 0.02f;  // small enough that clipping happens on some steps
+  const float max_norm = 85.0f;  // the base gradient's norm is about 78: the scaled steps clip
   const double density = 0.01;
   auto c = gc::presets::dgc(gc::backend::host{}, n, {.momentum = 0.9f, .max_norm = max_norm},
                             gc::select::exact_topk{.density = density});

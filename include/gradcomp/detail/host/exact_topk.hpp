@@ -12,6 +12,11 @@
 ///    entries. Otherwise (rare: a bad sample, heavy ties) a radix histogram of the top
 ///    11 key bits gives an exact bracket and step 2 runs once more.
 /// The result is exact and identical either way; only the work differs.
+///
+/// Inside a compressor with a stateful corrector, the bracket of the previous step's
+/// k-th key (x0.9 .. x1.1) is tried first, and step 2 runs on each chunk as the
+/// corrector finishes it (observe), from cache: when the bracket still holds, which is
+/// the common case for slowly changing residuals, acc is never read again.
 #pragma once
 
 #include <gradcomp/backend/host.hpp>
@@ -22,10 +27,12 @@
 #include <gradcomp/select/exact_topk.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <numeric>
 #include <span>
+#include <utility>
 #include <vector>
 
 GRADCOMP_NAMESPACE_BEGIN
@@ -44,26 +51,45 @@ class host_topk {
         bins_(static_cast<std::size_t>(threads_) * top_digit_bins),
         scratch_(n),
         chunk_counts_(2 * chunk_count(n)),
-        sample_(n >= min_sampled_n ? n / sample_stride : 0) {}
+        sample_(n >= min_sampled_n ? n / sample_stride : 0),
+        keys_(n / 8 + 4096) {}
 
   /// Starts a pass in which observe() sees every chunk of acc.
-  void begin_observe() noexcept { observed_ = !sample_.empty(); }
+  void begin_observe() noexcept {
+    observed_ = true;
+    hinted_ = hint_key_ != 0;
+    if (hinted_) {
+      const float t = std::bit_cast<float>(hint_key_);
+      hint_lo_ = magnitude_key(t * 0.9f);
+      hint_hi_ = magnitude_key(t * 1.1f);
+    }
+  }
 
-  /// Gathers the sample entries of one chunk of acc (starting at element `begin`).
+  /// Gathers the sample entries of one chunk of acc (starting at element `begin`) and,
+  /// with a hint, splits the chunk around it.
   void observe(int /*thread*/, std::size_t begin, std::span<const float> acc_chunk) noexcept {
     const std::size_t end = std::min(begin + acc_chunk.size(), sample_.size() * sample_stride);
     for (std::size_t i = (begin + sample_stride - 1) / sample_stride * sample_stride; i < end; i += sample_stride) {
       sample_[i / sample_stride] = acc_chunk[i - begin];
     }
+    if (hinted_) (void)split_chunk(begin / host_chunk, begin, acc_chunk, hint_lo_, hint_hi_);
   }
 
   /// Writes the ascending indices of the k entries of largest |acc| to out[0, k).
   /// Returns false, leaving `out` unspecified, if acc holds a NaN or infinity.
   bool select(std::span<const float> acc, std::size_t k, std::span<std::uint32_t> out) {
     const bool observed = std::exchange(observed_, false);
+    const bool hinted = observed && std::exchange(hinted_, false);
     if (k == n_) {
       std::iota(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(n_), 0u);
       return all_finite_keys(acc);
+    }
+    if (hinted) {  // observe() split every chunk around last step's k-th key
+      const auto [certain, candidates] = totals();
+      if (certain < k && k <= certain + candidates) {
+        finish(acc, k, certain, candidates, 0, 0, out);
+        return true;
+      }
     }
     if (!sample_.empty()) {
       if (!observed) {
@@ -115,30 +141,38 @@ class host_topk {
     return {lo, hi};
   }
 
-  // One pass: per chunk, indices with key > hi to the front of the chunk's slice of
-  // scratch_, indices with lo <= key <= hi to its back (reversed). Returns the totals.
+  // For chunk c (values x, starting at tensor index begin): indices with key > hi to
+  // the front of the chunk's slice of scratch_, indices with lo <= key <= hi to its
+  // back (reversed). Returns whether a NaN or infinity was met.
+  bool split_chunk(std::size_t c, std::size_t begin, std::span<const float> x, std::uint32_t lo,
+                   std::uint32_t hi) noexcept {
+    std::uint32_t* const slice = scratch_.data() + begin;
+    std::uint32_t* front = slice;
+    std::uint32_t* back = slice + x.size();
+    bool bad = false;
+    auto classify = [&](std::size_t j) {
+      const std::uint32_t key = magnitude_key(x[j]);
+      bad |= key >= non_finite_key;
+      if (key > hi) *front++ = static_cast<std::uint32_t>(begin + j);
+      if (key >= lo && key <= hi) *--back = static_cast<std::uint32_t>(begin + j);
+    };
+    std::size_t j = 0;
+    for (; j + mask_group <= x.size(); j += mask_group) {
+      for (std::uint32_t mask = at_least_mask16(x.data() + j, lo); mask != 0; mask &= mask - 1) {
+        classify(j + static_cast<std::size_t>(std::countr_zero(mask)));
+      }
+    }
+    for (; j < x.size(); ++j) classify(j);
+    chunk_counts_[2 * c] = static_cast<std::uint32_t>(front - slice);
+    chunk_counts_[2 * c + 1] = static_cast<std::uint32_t>(slice + x.size() - back);
+    return bad;
+  }
+
+  // split_chunk over every chunk. Returns the totals of certain entries and candidates.
   std::pair<std::size_t, std::size_t> split(std::span<const float> acc, std::uint32_t lo, std::uint32_t hi, bool& bad) {
     int any_bad = 0;
     for_each_chunk(threads_, n_, [&](int, std::size_t c, std::size_t begin, std::size_t end) {
-      std::uint32_t* front = scratch_.data() + begin;
-      std::uint32_t* back = scratch_.data() + end;
-      bool chunk_bad = false;
-      auto classify = [&](std::size_t i) {
-        const std::uint32_t key = magnitude_key(acc[i]);
-        chunk_bad |= key >= non_finite_key;
-        if (key > hi) *front++ = static_cast<std::uint32_t>(i);
-        if (key >= lo && key <= hi) *--back = static_cast<std::uint32_t>(i);
-      };
-      std::size_t i = begin;
-      for (; i + mask_group <= end; i += mask_group) {
-        for (std::uint32_t mask = at_least_mask16(acc.data() + i, lo); mask != 0; mask &= mask - 1) {
-          classify(i + static_cast<std::size_t>(std::countr_zero(mask)));
-        }
-      }
-      for (; i < end; ++i) classify(i);
-      chunk_counts_[2 * c] = static_cast<std::uint32_t>(front - (scratch_.data() + begin));
-      chunk_counts_[2 * c + 1] = static_cast<std::uint32_t>((scratch_.data() + end) - back);
-      if (chunk_bad) {
+      if (split_chunk(c, begin, acc.subspan(begin, end - begin), lo, hi)) {
 #if GRADCOMP_HAS_OPENMP
 #pragma omp atomic write
 #endif
@@ -146,6 +180,10 @@ class host_topk {
       }
     });
     bad = any_bad != 0;
+    return totals();
+  }
+
+  std::pair<std::size_t, std::size_t> totals() const noexcept {
     std::size_t certain = 0;
     std::size_t candidates = 0;
     for (std::size_t c = 0; c < chunk_count(n_); ++c) {
@@ -163,7 +201,28 @@ class host_topk {
     const std::span<std::uint32_t> list(scratch_.data(), candidates);
     std::size_t chosen = candidates;
     const std::size_t r = k - certain;
-    if (r < candidates) chosen = keep_top_in_list(acc, list, kth_largest_in_list(acc, list, r, first_digit, prefix));
+    if (r < candidates && candidates <= keys_.size()) {
+      // Gather the candidates' keys once: the radix passes then read a dense array
+      // instead of gathering from acc (in DRAM) on every pass.
+      for (std::size_t j = 0; j < candidates; ++j) keys_[j] = magnitude_key(acc[list[j]]);
+      const kth_key kth = kth_largest([&](std::size_t j) { return keys_[j]; }, candidates, r, first_digit, prefix);
+      std::size_t ties = kth.ties_left;
+      chosen = 0;
+      for (std::size_t j = 0; j < candidates; ++j) {
+        const bool take = keys_[j] > kth.key || (keys_[j] == kth.key && ties > 0);
+        ties -= (keys_[j] == kth.key && ties > 0) ? 1 : 0;
+        list[chosen] = list[j];
+        chosen += take ? 1 : 0;
+      }
+      hint_key_ = kth.key;
+    } else if (r < candidates) {
+      const kth_key kth = kth_largest_in_list(acc, list, r, first_digit, prefix);
+      chosen = keep_top_in_list(acc, list, kth);
+      hint_key_ = kth.key;
+    } else {
+      hint_key_ = ~0u;
+      for (const std::uint32_t i : list) hint_key_ = std::min(hint_key_, magnitude_key(acc[i]));
+    }
     merge_backwards(out.data(), certain, list.data(), chosen);
   }
 
@@ -222,7 +281,13 @@ class host_topk {
   std::vector<std::uint32_t> scratch_;       // n: per-chunk lists, then candidates
   std::vector<std::uint32_t> chunk_counts_;  // per chunk: certain, candidates
   std::vector<float> sample_;                // acc[j * sample_stride]
+  std::vector<std::uint32_t> keys_;          // candidates' keys, when they fit
   bool observed_ = false;
+  // The last k-th key: a guess of where this step's lies. Changes work, never results.
+  std::uint32_t hint_key_ = 0;
+  bool hinted_ = false;
+  std::uint32_t hint_lo_ = 0;
+  std::uint32_t hint_hi_ = 0;
 };
 
 template <>
