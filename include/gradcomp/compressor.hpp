@@ -101,10 +101,10 @@ class compressor {
       if (!finite) report_non_finite(grad, acc);
     }
 
-    const detail::selection chosen = select_.select(selector_, {acc, grad, step_}, std::span(index_));
+    const detail::selection chosen = select_.select(selector_, {acc, grad, step_}, index_span());
     if (!chosen.finite) report_non_finite(grad, acc);
     const std::span<const std::uint32_t> index(index_.data(), chosen.count);
-    const std::size_t bytes = encode_.encode(encoder_, {acc, index, step_, chosen.value_scale}, out, std::span(sent_));
+    const std::size_t bytes = encode_.encode(encoder_, {acc, index, step_, chosen.value_scale}, out, sent_span());
     correct_.commit(corrector_, index, std::span<const float>(sent_.data(), chosen.count));
     correct_.accept();
     select_.accept();
@@ -168,7 +168,7 @@ class compressor {
       reserve(next.max_selected(n_));
       if constexpr (requires { select_.reserve(next); }) select_.reserve(next);
     }
-    for (std::size_t a = 0; a < Corrector::state_arrays; ++a) r.copy_array(a, correct_.committed(a));
+    for (std::size_t a = 0; a < Corrector::state_arrays; ++a) correct_.load_committed(a, r.array(a));
     if constexpr (requires { select_.restore_state(selector_state); }) select_.restore_state(selector_state);
     selector_ = next;
     step_ = r.step();
@@ -192,6 +192,10 @@ class compressor {
     e.validate();
     return backend;
   }
+
+  // Spans over the workspace buffers (std::vector or Kokkos::View: data() and size()).
+  std::span<std::uint32_t> index_span() noexcept { return {index_.data(), static_cast<std::size_t>(index_.size())}; }
+  std::span<float> sent_span() noexcept { return {sent_.data(), static_cast<std::size_t>(sent_.size())}; }
 
   [[nodiscard]] std::string signature() const {
     return selector_.name() + ";" + corrector_.name() + ";" + encoder_.name();

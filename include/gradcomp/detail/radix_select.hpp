@@ -6,11 +6,14 @@
 
 #include <gradcomp/config.hpp>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <utility>
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
@@ -92,6 +95,54 @@ inline std::size_t keep_top_in_list(std::span<const float> acc, std::span<std::u
     kept += take ? 1 : 0;
   }
   return kept;
+}
+
+/// Keeps, in order, the entries of `list` (with keys `keys[j]`) that are among the r
+/// largest keys, ties to the lower position; keys share the digits above `first_digit`
+/// with `prefix`. Returns {entries kept, the r-th largest key}.
+inline std::pair<std::size_t, std::uint32_t> keep_top_keys(std::span<std::uint32_t> list,
+                                                          std::span<const std::uint32_t> keys, std::size_t r,
+                                                          std::size_t first_digit, std::uint32_t prefix) {
+  const kth_key kth = kth_largest([&](std::size_t j) { return keys[j]; }, keys.size(), r, first_digit, prefix);
+  std::size_t ties = kth.ties_left;
+  std::size_t kept = 0;
+  for (std::size_t j = 0; j < list.size(); ++j) {
+    const bool take = keys[j] > kth.key || (keys[j] == kth.key && ties > 0);
+    ties -= (keys[j] == kth.key && ties > 0) ? 1 : 0;
+    list[kept] = list[j];
+    kept += take ? 1 : 0;
+  }
+  return {kept, kth.key};
+}
+
+/// Merges ascending a[0, na) (stored at the front of `out`) with ascending b[0, nb) into
+/// out[0, na + nb), from the back so no extra buffer is needed.
+inline void merge_backwards(std::uint32_t* out, std::size_t na, const std::uint32_t* b, std::size_t nb) noexcept {
+  std::size_t w = na + nb;
+  while (nb > 0) {
+    if (na > 0 && out[na - 1] > b[nb - 1]) {
+      out[--w] = out[--na];
+    } else {
+      out[--w] = b[--nb];
+    }
+  }
+}
+
+/// Keys of two sample order statistics around the expected rank r = k m / n of the k-th
+/// largest of n keys, +- (4 sqrt(r) + 8) ranks: {lo, hi}, hi = ~0 when no rank is above.
+/// The k-th largest key falls outside [lo, hi] with negligible probability.
+inline std::pair<std::uint32_t, std::uint32_t> sample_bracket(std::span<const float> sample, std::size_t n,
+                                                              std::size_t k) {
+  const double m = static_cast<double>(sample.size());
+  const double r = static_cast<double>(k) * m / static_cast<double>(n);
+  const double margin = 4.0 * std::sqrt(r) + 8.0;
+  auto key_at_rank = [&](double rank) {  // rank-th largest sample key, 1-based
+    const auto at = static_cast<std::size_t>(std::clamp(rank, 1.0, m));
+    return kth_largest([&](std::size_t j) { return magnitude_key(sample[j]); }, sample.size(), at, 0, 0).key;
+  };
+  const std::uint32_t lo = r + margin >= m ? 0u : key_at_rank(std::ceil(r + margin));
+  const std::uint32_t hi = r - margin < 1.0 ? ~0u : key_at_rank(std::floor(r - margin));
+  return {lo, hi};
 }
 
 }  // namespace detail

@@ -108,9 +108,7 @@ class state_reader {
   [[nodiscard]] std::uint64_t step() const noexcept { return step_; }
   [[nodiscard]] double density() const noexcept { return density_; }
   [[nodiscard]] std::span<const double> selector_state() const noexcept { return selector_; }
-  void copy_array(std::size_t a, std::span<float> to) const noexcept {
-    for (std::size_t i = 0; i < to.size(); ++i) to[i] = arrays_[a][i];
-  }
+  [[nodiscard]] std::span<const float> array(std::size_t a) const noexcept { return arrays_[a]; }
 
  private:
   template <class T>

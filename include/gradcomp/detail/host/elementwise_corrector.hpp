@@ -9,6 +9,7 @@
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/detail/host/corrector_state.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <span>
@@ -34,15 +35,16 @@ constexpr bool scales_gradient() {
   }
 }
 
-/// Sum of x_i^2 in double with eight independent partial sums (so the loop vectorises
-/// and is not bound by the latency of one accumulator), combined in a fixed order.
-inline double sum_of_squares(std::span<const float> x) noexcept {
+/// Sum of x_i^2 over len values in double with eight independent partial sums (so the
+/// loop vectorises and is not bound by the latency of one accumulator), combined in a
+/// fixed order. Every backend sums each chunk with this function.
+GRADCOMP_HOST_DEVICE inline double sum_of_squares(const float* x, std::size_t len) noexcept {
   double part[8] = {};
   std::size_t i = 0;
-  for (; i + 8 <= x.size(); i += 8) {
+  for (; i + 8 <= len; i += 8) {
     for (std::size_t l = 0; l < 8; ++l) part[l] += static_cast<double>(x[i + l]) * static_cast<double>(x[i + l]);
   }
-  for (std::size_t l = 0; i < x.size(); ++i, ++l) part[l] += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  for (std::size_t l = 0; i < len; ++i, ++l) part[l] += static_cast<double>(x[i]) * static_cast<double>(x[i]);
   return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
 }
 
@@ -70,7 +72,7 @@ class engine<Policy, backend::host> {
       if (policy.needs_norm()) {
         if (last_clipped_) {
           for_each_chunk(threads_, g.size(), [&](int, std::size_t c, std::size_t begin, std::size_t end) {
-            partial_[c] = sum_of_squares(g.subspan(begin, end - begin));
+            partial_[c] = sum_of_squares(g.data() + begin, end - begin);
           });
           const float scale = policy.gradient_scale(total_of_partials());
           last_clipped_ = scale != 1.0f;
@@ -113,6 +115,9 @@ class engine<Policy, backend::host> {
   void accept() noexcept { state_.accept(); }
   std::span<float> committed(std::size_t a) noexcept { return state_.committed(a); }
   std::span<const float> committed(std::size_t a) const noexcept { return state_.committed(a); }
+  void load_committed(std::size_t a, std::span<const float> values) noexcept {
+    std::copy(values.begin(), values.end(), state_.committed(a).begin());
+  }
 
  private:
   double total_of_partials() const noexcept {
@@ -139,7 +144,7 @@ class engine<Policy, backend::host> {
         for (std::size_t a = 0; a < arrays; ++a) next[a][i] = s[a];
         if constexpr (own_acc) acc[i] = value;
       }
-      if (sum_squares) partial_[c] = sum_of_squares(g.subspan(begin, end - begin));
+      if (sum_squares) partial_[c] = sum_of_squares(g.data() + begin, end - begin);
       const std::span<const float> chunk(acc + begin, end - begin);
       if (!all_finite(chunk)) {
 #if GRADCOMP_HAS_OPENMP

@@ -32,6 +32,7 @@
 #include <cstring>
 #include <numeric>
 #include <span>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -95,7 +96,7 @@ class host_topk {
       if (!observed) {
         for (std::size_t j = 0; j < sample_.size(); ++j) sample_[j] = acc[j * sample_stride];
       }
-      const auto [lo, hi] = sample_bracket(k);
+      const auto [lo, hi] = sample_bracket(sample_, n_, k);
       bool bad = false;
       const auto [certain, candidates] = split(acc, lo, hi, bad);
       if (bad) return false;
@@ -126,21 +127,6 @@ class host_topk {
   }
 
  private:
-  // Keys of the sample order statistics around the k-th's expected rank, r = k m / n,
-  // +- (4 sqrt(r) + 8): the k-th key falls outside with negligible probability.
-  std::pair<std::uint32_t, std::uint32_t> sample_bracket(std::size_t k) const {
-    const double m = static_cast<double>(sample_.size());
-    const double r = static_cast<double>(k) * m / static_cast<double>(n_);
-    const double margin = 4.0 * std::sqrt(r) + 8.0;
-    auto key_at_rank = [&](double rank) {  // rank-th largest sample key, 1-based
-      const auto at = static_cast<std::size_t>(std::clamp(rank, 1.0, m));
-      return kth_largest([&](std::size_t j) { return magnitude_key(sample_[j]); }, sample_.size(), at, 0, 0).key;
-    };
-    const std::uint32_t lo = r + margin >= m ? 0u : key_at_rank(std::ceil(r + margin));
-    const std::uint32_t hi = r - margin < 1.0 ? ~0u : key_at_rank(std::floor(r - margin));
-    return {lo, hi};
-  }
-
   // For chunk c (values x, starting at tensor index begin): indices with key > hi to
   // the front of the chunk's slice of scratch_, indices with lo <= key <= hi to its
   // back (reversed). Returns whether a NaN or infinity was met.
@@ -205,16 +191,8 @@ class host_topk {
       // Gather the candidates' keys once: the radix passes then read a dense array
       // instead of gathering from acc (in DRAM) on every pass.
       for (std::size_t j = 0; j < candidates; ++j) keys_[j] = magnitude_key(acc[list[j]]);
-      const kth_key kth = kth_largest([&](std::size_t j) { return keys_[j]; }, candidates, r, first_digit, prefix);
-      std::size_t ties = kth.ties_left;
-      chosen = 0;
-      for (std::size_t j = 0; j < candidates; ++j) {
-        const bool take = keys_[j] > kth.key || (keys_[j] == kth.key && ties > 0);
-        ties -= (keys_[j] == kth.key && ties > 0) ? 1 : 0;
-        list[chosen] = list[j];
-        chosen += take ? 1 : 0;
-      }
-      hint_key_ = kth.key;
+      std::tie(chosen, hint_key_) =
+          keep_top_keys(list, std::span<const std::uint32_t>(keys_).first(candidates), r, first_digit, prefix);
     } else if (r < candidates) {
       const kth_key kth = kth_largest_in_list(acc, list, r, first_digit, prefix);
       chosen = keep_top_in_list(acc, list, kth);
@@ -242,19 +220,6 @@ class host_topk {
       std::reverse(scratch_.data() + end - b, scratch_.data() + end);
       std::memmove(scratch_.data() + cand, scratch_.data() + end - b, b * sizeof(std::uint32_t));
       cand += b;
-    }
-  }
-
-  // Merges ascending a[0, na) (already in out) with ascending b[0, nb) into out[0, na + nb),
-  // from the back so no extra buffer is needed.
-  static void merge_backwards(std::uint32_t* out, std::size_t na, const std::uint32_t* b, std::size_t nb) noexcept {
-    std::size_t w = na + nb;
-    while (nb > 0) {
-      if (na > 0 && out[na - 1] > b[nb - 1]) {
-        out[--w] = out[--na];
-      } else {
-        out[--w] = b[--nb];
-      }
     }
   }
 

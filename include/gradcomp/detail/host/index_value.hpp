@@ -4,10 +4,9 @@
 
 #include <gradcomp/backend/host.hpp>
 #include <gradcomp/concepts.hpp>
-#include <gradcomp/detail/codecs.hpp>
+#include <gradcomp/detail/encode_message.hpp>
 #include <gradcomp/detail/step_input.hpp>
 #include <gradcomp/encode/index_value.hpp>
-#include <gradcomp/message.hpp>
 
 #include <cstdint>
 #include <span>
@@ -26,28 +25,10 @@ class engine<encode::index_value, backend::host> {
   /// each entry to `sent`. Returns the message size.
   std::size_t encode(const encode::index_value& policy, const encode_input& in, std::span<std::byte> out,
                      std::span<float> sent) {
-    const std::size_t n = in.acc.size();
     const std::size_t count = in.index.size();
     for (std::size_t j = 0; j < count; ++j) values_[j] = in.acc[in.index[j]] * in.value_scale;
-
-    message_header h;
-    h.index = policy.index == index_coding::automatic ? smallest_index_coding(n, in.index) : policy.index;
-    h.value = policy.value;
-    h.n = n;
-    h.count = count;
-    std::byte* sections = out.data() + message_header::size;
-    h.index_bytes = write_index_section(h.index, n, in.index, sections);
-    const value_section_info info =
-        write_value_section(h.value, std::span<const float>(values_).first(count), sections + h.index_bytes, sent,
-                            {.levels = policy.levels, .seed = policy.seed, .step = in.step});
-    h.value_bytes = info.bytes;
-    h.value_param = info.value_param;
-    h.codec_param = info.codec_param;
-    const std::size_t bytes = message_header::size + static_cast<std::size_t>(h.index_bytes + h.value_bytes);
-    if (policy.checksum) h.flags |= message_header::flag_checksum;
-    write_header(out.data(), h);
-    if (policy.checksum) store_le<std::uint32_t>(out.data() + 12, message_checksum(out.first(bytes)));
-    return bytes;
+    return encode_message(policy, in.acc.size(), in.index, std::span<const float>(values_).first(count), out, sent,
+                          in.step);
   }
 
  private:

@@ -35,6 +35,7 @@ class engine<correct::none, backend::host> {
   void accept() noexcept {}
   std::span<float> committed(std::size_t) noexcept { return {}; }
   std::span<const float> committed(std::size_t) const noexcept { return {}; }
+  void load_committed(std::size_t, std::span<const float>) noexcept {}
 
  private:
   int threads_;

@@ -10,6 +10,8 @@
 #include <gradcomp/select/random_k.hpp>
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <vector>
 
 GRADCOMP_NAMESPACE_BEGIN
@@ -17,8 +19,9 @@ namespace detail {
 
 /// The k distinct indices of [0, n) that random_k picks for (seed, step), ascending.
 /// Draw j (for j = n-k .. n-1) is t = random_below(seed, step, j, j + 1); j is taken
-/// instead when t already was (Floyd, CACM 1987). `taken` must be n/64 words of zeros
-/// and is left so.
+/// instead when t already was (Floyd, CACM 1987). `taken` must be ceil(n/64) words of
+/// zeros and is left so. The result is read off the bitmap in order when that is
+/// cheaper than sorting the k draws.
 inline void random_k_indices(std::uint64_t seed, std::uint64_t step, std::size_t n, std::size_t k,
                              std::uint64_t* taken, std::uint32_t* out) {
   for (std::size_t j = n - k, at = 0; j < n; ++j, ++at) {
@@ -27,8 +30,19 @@ inline void random_k_indices(std::uint64_t seed, std::uint64_t step, std::size_t
     taken[t / 64] |= std::uint64_t{1} << (t % 64);
     out[at] = t;
   }
-  std::sort(out, out + k);
-  for (std::size_t j = 0; j < k; ++j) taken[out[j] / 64] = 0;
+  const std::size_t words = (n + 63) / 64;
+  if (static_cast<double>(k) * std::log2(static_cast<double>(k) + 1.0) < static_cast<double>(words)) {
+    std::sort(out, out + k);
+    for (std::size_t j = 0; j < k; ++j) taken[out[j] / 64] = 0;
+    return;
+  }
+  std::size_t at = 0;
+  for (std::size_t w = 0; w < words; ++w) {
+    for (std::uint64_t bits = taken[w]; bits != 0; bits &= bits - 1) {
+      out[at++] = static_cast<std::uint32_t>(64 * w + static_cast<std::size_t>(std::countr_zero(bits)));
+    }
+    taken[w] = 0;
+  }
 }
 
 template <>

@@ -1,0 +1,95 @@
+/// \file detail/kokkos/primitives.hpp
+/// The data-parallel pieces the Kokkos engines share: unmanaged views of spans, ordered
+/// compaction by parallel_scan, finiteness by parallel_reduce, host staging. Not API.
+#pragma once
+
+#include <gradcomp/backend/kokkos.hpp>
+#include <gradcomp/detail/radix_select.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace detail::kk {
+
+template <class Space>
+using memory = typename Space::memory_space;
+
+/// A span in the space's memory as an unmanaged View.
+template <class T, class Space>
+using view = Kokkos::View<T*, memory<Space>, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
+template <class Space, class T>
+view<T, Space> wrap(std::span<T> s) {
+  return view<T, Space>(s.data(), s.size());
+}
+
+template <class Space>
+inline constexpr bool host_accessible = Kokkos::SpaceAccessibility<Kokkos::HostSpace, memory<Space>>::accessible;
+
+template <class Space>
+Kokkos::RangePolicy<Space> range(const Space& space, std::size_t n) {
+  return Kokkos::RangePolicy<Space>(space, 0, n);
+}
+
+/// Writes, ascending, every i < n with keep(i) to out (up to its extent); returns how
+/// many there are (possibly more than out holds).
+template <class Space, class Keep>
+std::size_t compact(const Space& space, std::size_t n, const Keep& keep, const view<std::uint32_t, Space>& out) {
+  std::size_t total = 0;
+  const std::size_t capacity = out.extent(0);
+  Kokkos::parallel_scan(
+      "gradcomp::compact", range(space, n),
+      KOKKOS_LAMBDA(const std::size_t i, std::size_t& at, const bool final) {
+        if (keep(i)) {
+          if (final && at < capacity) out(at) = static_cast<std::uint32_t>(i);
+          at += 1;
+        }
+      },
+      total);
+  space.fence();
+  return total;
+}
+
+/// True when every x(i) is finite.
+template <class Space>
+bool all_finite(const Space& space, const view<const float, Space>& x) {
+  int bad = 0;
+  Kokkos::parallel_reduce(
+      "gradcomp::all_finite", range(space, x.extent(0)),
+      KOKKOS_LAMBDA(const std::size_t i, int& b) { b |= magnitude_key(x(i)) >= non_finite_key ? 1 : 0; },
+      Kokkos::BOr<int>(bad));
+  return bad == 0;
+}
+
+/// Copies between a span in the space's memory and host memory; nothing to do when
+/// the space's memory is host memory and both spans are the same.
+template <class Space, class T>
+void to_host(std::span<const T> device, T* host) {
+  if (static_cast<const void*>(device.data()) == static_cast<const void*>(host) || device.empty()) return;
+  Kokkos::deep_copy(Kokkos::View<T*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(host, device.size()),
+                    view<const T, Space>(device.data(), device.size()));
+}
+template <class Space, class T>
+void from_host(const T* host, std::span<T> device) {
+  if (static_cast<const void*>(device.data()) == static_cast<const void*>(host) || device.empty()) return;
+  Kokkos::deep_copy(view<T, Space>(device.data(), device.size()),
+                    Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(host, device.size()));
+}
+
+/// Host memory for `count` elements that mirror `device`: the device memory itself when
+/// the host can read it, else `staging` (sized at construction, never in compress).
+template <class Space, class T>
+T* host_side(std::span<T> device, std::vector<std::remove_const_t<T>>& staging) {
+  if constexpr (host_accessible<Space>) {
+    return device.data();
+  } else {
+    return staging.data();
+  }
+}
+
+}  // namespace detail::kk
+GRADCOMP_NAMESPACE_END
