@@ -1,14 +1,14 @@
 # Builds and runs a consumer project against gradcomp, as a user would.
-#   -DMODE=find_package|add_subdirectory -DSOURCE=<gradcomp source> -DBUILD=<gradcomp build>
+#   -DMODE=find_package|find_package_kokkos|add_subdirectory -DSOURCE=<gradcomp source> -DBUILD=<gradcomp build>
 #   -DWORK=<scratch dir> -DCXX=<compiler>
 file(REMOVE_RECURSE ${WORK})
 set(args -DCMAKE_CXX_COMPILER=${CXX})
-if(MODE STREQUAL "find_package")
+if(MODE MATCHES "^find_package")
   execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD} --prefix ${WORK}/prefix RESULT_VARIABLE rc)
   if(rc)
     message(FATAL_ERROR "installing gradcomp failed")
   endif()
-  list(APPEND args -DCMAKE_PREFIX_PATH=${WORK}/prefix)
+  list(APPEND args -DCMAKE_PREFIX_PATH=${WORK}/prefix -DGRADCOMP_SOURCE_DIR=${SOURCE})
 else()
   list(APPEND args -DGRADCOMP_SOURCE_DIR=${SOURCE})
 endif()

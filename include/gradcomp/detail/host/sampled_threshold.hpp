@@ -10,34 +10,18 @@
 #include <gradcomp/detail/host/slices.hpp>
 #include <gradcomp/detail/radix_select.hpp>
 #include <gradcomp/detail/random.hpp>
+#include <gradcomp/detail/sampled_threshold_steps.hpp>
 #include <gradcomp/detail/step_input.hpp>
 #include <gradcomp/select/sampled_threshold.hpp>
 
 #include <algorithm>
 #include <bit>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
-
-/// Where the sample of one step lies: offset + j * stride for j < size.
-struct sample_plan {
-  std::size_t size = 0;
-  std::size_t stride = 1;
-  std::size_t offset = 0;
-  bool exact = false;  ///< m >= n: fall back to exact top-k
-
-  static sample_plan make(const select::sampled_threshold& p, std::size_t n, std::uint64_t step) {
-    sample_plan plan;
-    plan.size = p.sample_size(n);
-    plan.exact = plan.size >= n;
-    if (plan.exact) return plan;
-    plan.stride = n / plan.size;
-    plan.offset = random_below(p.seed, step, 0, static_cast<std::uint32_t>(plan.stride));
-    return plan;
-  }
-};
 
 template <>
 class engine<select::sampled_threshold, backend::host> {
@@ -99,26 +83,20 @@ class engine<select::sampled_threshold, backend::host> {
       for (std::size_t j = 0; j < k; ++j) next_key_ = std::min(next_key_, magnitude_key(in.acc[out[j]]));
       return {k};
     }
-    const double low = static_cast<double>(policy.lower) * static_cast<double>(k);
-    const double high = static_cast<double>(policy.upper) * static_cast<double>(k);
     std::uint32_t key = threshold_key_;
     std::size_t count = reusing_ ? slices_.total() : 0;
-    if (!reusing_ || static_cast<double>(count) < low || static_cast<double>(count) > high) {
-      key = sampled_key(policy);
+    if (!reusing_ || !within_bounds(policy, k, count)) {
+      key = sampled_threshold_key(policy, std::span<const float>(sample_).first(plan_.size));
       if (key >= non_finite_key) return {0, 1.0f, false};  // the sample met a NaN or infinity
-      finite = slices_.collect(threads_, in.acc, key) && finite;
-      count = slices_.total();
-      for (int it = 0; it < policy.max_iters && finite; ++it) {
-        if (static_cast<double>(count) > high || static_cast<double>(count) >= low) break;
-        key = magnitude_key(std::bit_cast<float>(key) * policy.lower);
-        finite = slices_.collect(threads_, in.acc, key);
-        count = slices_.total();
-      }
+      std::tie(count, key) = refine_threshold(policy, k, key, [&](std::uint32_t t) -> std::size_t {
+        finite = slices_.collect(threads_, in.acc, t) && finite;
+        return finite ? slices_.total() : k;  // k stops the loop: in bounds
+      });
     }
     if (!finite) return {0, 1.0f, false};
     std::uint32_t* candidates = slices_.all_indices();
     count = slices_.gather(candidates);
-    if (static_cast<double>(count) > high || (policy.truncate && count > k)) {
+    if (needs_top_k(policy, k, count)) {
       const std::span<std::uint32_t> list(candidates, count);
       const kth_key kth = kth_largest_in_list(in.acc, list, k, 0, 0);
       count = keep_top_in_list(in.acc, list, kth);
@@ -148,14 +126,6 @@ class engine<select::sampled_threshold, backend::host> {
   }
 
  private:
-  // The ceil(m * density)-th largest sampled magnitude.
-  std::uint32_t sampled_key(const select::sampled_threshold& policy) const {
-    const std::size_t m = plan_.size;
-    const std::size_t r = std::clamp<std::size_t>(
-        static_cast<std::size_t>(std::ceil(static_cast<double>(m) * policy.density)), 1, m);
-    return kth_largest([&](std::size_t j) { return magnitude_key(sample_[j]); }, m, r, 0, 0).key;
-  }
-
   int threads_;
   std::size_t n_;
   host_topk topk_;

@@ -3,7 +3,7 @@
 /// compaction by parallel_scan, finiteness by parallel_reduce, host staging. Not API.
 #pragma once
 
-#include <gradcomp/backend/kokkos.hpp>
+#include <gradcomp/detail/kokkos/space.hpp>
 #include <gradcomp/detail/radix_select.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -80,15 +80,31 @@ void from_host(const T* host, std::span<T> device) {
                     Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(host, device.size()));
 }
 
-/// Host memory for `count` elements that mirror `device`: the device memory itself when
-/// the host can read it, else `staging` (sized at construction, never in compress).
+/// The contents of `device` readable on the host: the memory itself when the host can
+/// read the space's memory, else a copy in `staging` (sized at construction).
 template <class Space, class T>
-T* host_side(std::span<T> device, std::vector<std::remove_const_t<T>>& staging) {
+const T* read_on_host(std::span<const T> device, std::vector<T>& staging) {
+  if constexpr (host_accessible<Space>) {
+    return device.data();
+  } else {
+    to_host<Space>(device, staging.data());
+    return staging.data();
+  }
+}
+
+/// Host memory to build what goes to `device`: the memory itself when host-accessible,
+/// else `staging`; write_back then copies it over.
+template <class Space, class T>
+T* write_on_host(std::span<T> device, std::vector<T>& staging) {
   if constexpr (host_accessible<Space>) {
     return device.data();
   } else {
     return staging.data();
   }
+}
+template <class Space, class T>
+void write_back(const T* host, std::span<T> device) {
+  from_host<Space>(host, device);
 }
 
 }  // namespace detail::kk

@@ -1,0 +1,81 @@
+/// \file detail/sampled_threshold_steps.hpp
+/// The backend-independent steps of select::sampled_threshold (ALGORITHMS.md): where
+/// the sample lies, its threshold, and the refinement loop. Templates on the policy so
+/// that this header needs not include it (the policy header includes the host engine,
+/// which includes this). Not API.
+#pragma once
+
+#include <gradcomp/detail/radix_select.hpp>
+#include <gradcomp/detail/random.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <span>
+#include <utility>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace detail {
+
+/// Where the sample of one step lies: offset + j * stride for j < size.
+struct sample_plan {
+  std::size_t size = 0;
+  std::size_t stride = 1;
+  std::size_t offset = 0;
+  bool exact = false;  ///< m >= n: fall back to exact top-k
+
+  template <class Policy>
+  static sample_plan make(const Policy& p, std::size_t n, std::uint64_t step) {
+    sample_plan plan;
+    plan.size = p.sample_size(n);
+    plan.exact = plan.size >= n;
+    if (plan.exact) return plan;
+    plan.stride = n / plan.size;
+    plan.offset = random_below(p.seed, step, 0, static_cast<std::uint32_t>(plan.stride));
+    return plan;
+  }
+};
+
+/// Step 2's threshold: the key of the ceil(m * density)-th largest sampled magnitude.
+template <class Policy>
+std::uint32_t sampled_threshold_key(const Policy& p, std::span<const float> sample) {
+  const std::size_t m = sample.size();
+  const std::size_t r =
+      std::clamp<std::size_t>(static_cast<std::size_t>(std::ceil(static_cast<double>(m) * p.density)), 1, m);
+  return kth_largest([&](std::size_t j) { return magnitude_key(sample[j]); }, m, r, 0, 0).key;
+}
+
+/// Step 3 from threshold `key`: `collect(key)` gathers C = {i : key_i >= key} and
+/// returns |C| (or stops the loop by returning 0 after flagging an error). Returns the
+/// final {|C|, key}.
+template <class Policy, class Collect>
+std::pair<std::size_t, std::uint32_t> refine_threshold(const Policy& p, std::size_t k,
+                                                       std::uint32_t key, Collect&& collect) {
+  const double low = static_cast<double>(p.lower) * static_cast<double>(k);
+  const double high = static_cast<double>(p.upper) * static_cast<double>(k);
+  std::size_t count = collect(key);
+  for (int it = 0; it < p.max_iters; ++it) {
+    if (static_cast<double>(count) > high || static_cast<double>(count) >= low) break;
+    key = magnitude_key(std::bit_cast<float>(key) * p.lower);
+    count = collect(key);
+  }
+  return {count, key};
+}
+
+/// Whether a count needs cutting to the top k (step 3's first case, or truncate).
+template <class Policy>
+bool needs_top_k(const Policy& p, std::size_t k, std::size_t count) {
+  return static_cast<double>(count) > static_cast<double>(p.upper) * static_cast<double>(k) ||
+         (p.truncate && count > k);
+}
+
+/// Whether a reused threshold's count is acceptable as it is.
+template <class Policy>
+bool within_bounds(const Policy& p, std::size_t k, std::size_t count) {
+  const double c = static_cast<double>(count);
+  return c >= static_cast<double>(p.lower) * static_cast<double>(k) &&
+         c <= static_cast<double>(p.upper) * static_cast<double>(k);
+}
+
+}  // namespace detail
+GRADCOMP_NAMESPACE_END
