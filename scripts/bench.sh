@@ -7,9 +7,12 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh libtorch-dev
 cmake -S . -B build/bench -DCMAKE_BUILD_TYPE=Release -DGRADCOMP_BUILD_TESTS=OFF -DGRADCOMP_BUILD_BENCHMARKS=ON \
   -DGRADCOMP_BUILD_TOOLS=OFF -DGRADCOMP_BUILD_EXAMPLES=OFF
-cmake --build build/bench --target bench_select bench_pipeline -j"$(nproc)"
+cmake --build build/bench -j"$(nproc)"
 build/bench/bench/bench_select --benchmark_out=build/bench/select.json --benchmark_out_format=json "$@"
 build/bench/bench/bench_pipeline --benchmark_out=build/bench/pipeline.json --benchmark_out_format=json
+if [[ -x build/bench/bench/bench_kokkos ]]; then  # Kokkos<Serial> against the host backend on one thread
+  OMP_NUM_THREADS=1 build/bench/bench/bench_kokkos --benchmark_out=build/bench/kokkos.json --benchmark_out_format=json
+fi
 /usr/bin/python3 bench/report.py build/bench/selection.png build/bench/select.json build/bench/pipeline.json \
-  > build/bench/report.md
+  $(ls build/bench/kokkos.json 2>/dev/null) > build/bench/report.md
 echo "wrote build/bench/report.md and build/bench/selection.png"

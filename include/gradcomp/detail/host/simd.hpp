@@ -20,9 +20,25 @@ namespace detail {
 
 inline constexpr std::size_t mask_group = 16;
 
-/// Bit j set when magnitude_key(x[j]) >= low, for j < 16.
-inline std::uint32_t at_least_mask16(const float* x, std::uint32_t low) noexcept {
-#if defined(__SSE2__)
+/// Index of the lowest set bit of m != 0, on host and device.
+GRADCOMP_HOST_DEVICE inline unsigned lowest_bit(std::uint32_t m) noexcept {
+#if defined(__CUDA_ARCH__)
+  return static_cast<unsigned>(__ffs(static_cast<int>(m)) - 1);
+#else
+  return static_cast<unsigned>(std::countr_zero(m));
+#endif
+}
+
+/// Bits set in a 16-bit mask (baseline x86-64 has no popcnt instruction: a nibble table).
+GRADCOMP_HOST_DEVICE inline std::uint32_t popcount16(std::uint32_t m) noexcept {
+  constexpr std::uint8_t nibble[16] = {0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4};
+  return nibble[m & 15u] + nibble[(m >> 4) & 15u] + nibble[(m >> 8) & 15u] + nibble[(m >> 12) & 15u];
+}
+
+/// Bit j set when magnitude_key(x[j]) >= low, for j < 16. Callable from Kokkos device
+/// code too (the loop there).
+GRADCOMP_HOST_DEVICE inline std::uint32_t at_least_mask16(const float* x, std::uint32_t low) noexcept {
+#if defined(__SSE2__) && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
   // Keys are below 2^31, so a signed compare with low - 1 (>= -1) is exact.
   const __m128i bound = _mm_set1_epi32(static_cast<std::int32_t>(low) - 1);
   const __m128i magnitude = _mm_set1_epi32(0x7FFFFFFF);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <gradcomp/detail/kokkos/space.hpp>
+#include <gradcomp/detail/host/simd.hpp>
 #include <gradcomp/detail/radix_select.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -48,6 +49,39 @@ std::size_t compact(const Space& space, std::size_t n, const Keep& keep, const v
           if (final && at < capacity) out(at) = static_cast<std::uint32_t>(i);
           at += 1;
         }
+      },
+      total);
+  space.fence();
+  return total;
+}
+
+/// compact() for keep(i) = magnitude_key(x(i)) >= low, sixteen entries per work item
+/// with the SIMD mask of detail/host/simd.hpp: groups without a hit cost one compare.
+template <class Space>
+std::size_t compact_at_least(const Space& space, const view<const float, Space>& x, std::uint32_t low,
+                             const view<std::uint32_t, Space>& out) {
+  const std::size_t n = x.extent(0);
+  const std::size_t groups = (n + mask_group - 1) / mask_group;
+  const std::size_t capacity = out.extent(0);
+  std::size_t total = 0;
+  Kokkos::parallel_scan(
+      "gradcomp::compact_at_least", range(space, groups),
+      KOKKOS_LAMBDA(const std::size_t b, std::size_t& at, const bool final) {
+        const std::size_t first = b * mask_group;
+        std::uint32_t mask = 0;
+        if (first + mask_group <= n) {
+          mask = at_least_mask16(x.data() + first, low);
+        } else {
+          for (std::size_t j = 0; first + j < n; ++j) mask |= (magnitude_key(x(first + j)) >= low ? 1u : 0u) << j;
+        }
+        if (final) {
+          std::size_t w = at;
+          for (std::uint32_t m = mask; m != 0; m &= m - 1) {
+            if (w < capacity) out(w) = static_cast<std::uint32_t>(first + static_cast<std::size_t>(lowest_bit(m)));
+            ++w;
+          }
+        }
+        at += popcount16(mask);
       },
       total);
   space.fence();

@@ -5,6 +5,7 @@
 /// with the code backend::host uses, so both give identical selections. Not API.
 #pragma once
 
+#include <gradcomp/detail/host/chunk_local.hpp>
 #include <gradcomp/detail/host/given_indices.hpp>
 #include <gradcomp/detail/host/random_k.hpp>
 #include <gradcomp/detail/kokkos/primitives.hpp>
@@ -18,6 +19,7 @@
 #include <gradcomp/select/threshold.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <tuple>
 #include <vector>
 
@@ -95,17 +97,29 @@ class kokkos_topk {
   std::pair<std::size_t, std::size_t> split(const kk::view<const float, Space>& acc, const kk::view<std::uint32_t, Space>& out,
                                             std::size_t k, std::uint32_t lo, std::uint32_t hi) {
     const auto candidates = candidates_;
+    const std::size_t n = n_;
+    const std::size_t groups = (n + mask_group - 1) / mask_group;
     std::uint64_t total = 0;
     Kokkos::parallel_scan(
-        "gradcomp::split", kk::range(space_, n_),
-        KOKKOS_LAMBDA(const std::size_t i, std::uint64_t& at, const bool final) {
-          const std::uint32_t key = magnitude_key(acc(i));
-          if (key > hi) {
-            if (final && (at >> 32) < k) out(at >> 32) = static_cast<std::uint32_t>(i);
-            at += std::uint64_t{1} << 32;
-          } else if (key >= lo) {
-            if (final) candidates(at & 0xFFFFFFFFu) = static_cast<std::uint32_t>(i);
-            at += 1;
+        "gradcomp::split", kk::range(space_, groups),
+        KOKKOS_LAMBDA(const std::size_t b, std::uint64_t& at, const bool final) {
+          const std::size_t first = b * mask_group;
+          std::uint32_t mask = 0;
+          if (first + mask_group <= n) {
+            mask = at_least_mask16(acc.data() + first, lo);
+          } else {
+            for (std::size_t j = 0; first + j < n; ++j) mask |= (magnitude_key(acc(first + j)) >= lo ? 1u : 0u) << j;
+          }
+          for (; mask != 0; mask &= mask - 1) {
+            const std::size_t i = first + lowest_bit(mask);
+            const std::uint32_t key = magnitude_key(acc(i));
+            if (key > hi) {
+              if (final && (at >> 32) < k) out(at >> 32) = static_cast<std::uint32_t>(i);
+              at += std::uint64_t{1} << 32;
+            } else {
+              if (final) candidates(at & 0xFFFFFFFFu) = static_cast<std::uint32_t>(i);
+              at += 1;
+            }
           }
         },
         total);
@@ -192,8 +206,7 @@ class engine<select::threshold, backend::kokkos<Space>> : public kokkos_no_obser
   selection select(const select::threshold& policy, const select_input& in, std::span<std::uint32_t> out) {
     const auto acc = kk::wrap<Space>(in.acc);
     const std::uint32_t tau = magnitude_key(policy.tau);
-    return {kk::compact(space_, in.acc.size(), KOKKOS_LAMBDA(const std::size_t i) { return magnitude_key(acc(i)) >= tau; },
-                        kk::wrap<Space>(out))};
+    return {kk::compact_at_least(space_, acc, tau, kk::wrap<Space>(out))};
   }
   void accept() noexcept {}
 
@@ -201,41 +214,59 @@ class engine<select::threshold, backend::kokkos<Space>> : public kokkos_no_obser
   Space space_;
 };
 
+/// The indices of one chunk_local bin (acc and g point at it): written from `out` on
+/// (up to out_end) and counted, or only counted when `out` is null. On the host this is
+/// backend::host's SIMD kernel.
+GRADCOMP_HOST_DEVICE inline std::size_t chunk_local_bin(const float* acc, const float* g, std::size_t len,
+                                                        std::size_t first, std::uint32_t* out,
+                                                        std::uint32_t* out_end) noexcept {
+#if !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
+  if (out != nullptr) {
+    bool non_finite = false;  // acc was checked by the corrector
+    return static_cast<std::size_t>(select_bin(acc, g, len, first, out, out_end, non_finite) - out);
+  }
+#endif
+  float largest = 0.0f;
+  for (std::size_t j = 0; j < len; ++j) largest = fabsf(acc[j]) > largest ? fabsf(acc[j]) : largest;
+  std::size_t count = 0;
+  for (std::size_t j = 0; j < len; ++j) {
+    if (fabsf(acc[j] + g[j]) >= largest) {
+      if (out != nullptr && out + count < out_end) out[count] = static_cast<std::uint32_t>(first + j);
+      ++count;
+    }
+  }
+  return count;
+}
+
 template <class Space>
 class engine<select::chunk_local, backend::kokkos<Space>> : public kokkos_no_observe {
  public:
-  engine(const backend::kokkos<Space>& be, const select::chunk_local& policy, std::size_t n)
-      : space_(be.space), largest_(be.template allocate<float>((n + policy.bin - 1) / policy.bin)) {}
+  engine(const backend::kokkos<Space>& be, const select::chunk_local&, std::size_t) : space_(be.space) {}
 
+  // One parallel_scan over the bins: each computes its maximum and its hits.
   selection select(const select::chunk_local& policy, const select_input& in, std::span<std::uint32_t> out) {
     const auto acc = kk::wrap<Space>(in.acc);
     const auto g = kk::wrap<Space>(in.grad);
-    const auto largest = largest_;
+    const auto dest = kk::wrap<Space>(out);
     const std::size_t n = in.acc.size();
     const std::size_t bin = policy.bin;
-    Kokkos::parallel_for(
-        "gradcomp::bin_max", kk::range(space_, largest_.extent(0)), KOKKOS_LAMBDA(const std::size_t b) {
-          float m = 0.0f;
-          for (std::size_t i = b * bin; i < b * bin + bin && i < n; ++i) {
-            const float a = acc(i) < 0.0f ? -acc(i) : acc(i);
-            m = a > m ? a : m;
-          }
-          largest(b) = m;
-        });
-    const std::size_t count = kk::compact(
-        space_, n,
-        KOKKOS_LAMBDA(const std::size_t i) {
-          const float h = acc(i) + g(i);
-          return (h < 0.0f ? -h : h) >= largest(i / bin);
+    std::size_t total = 0;
+    Kokkos::parallel_scan(
+        "gradcomp::chunk_local", kk::range(space_, (n + bin - 1) / bin),
+        KOKKOS_LAMBDA(const std::size_t b, std::size_t& at, const bool final) {
+          const std::size_t first = b * bin;
+          const std::size_t len = first + bin < n ? bin : n - first;
+          at += chunk_local_bin(acc.data() + first, g.data() + first, len, first,
+                                final ? dest.data() + at : nullptr, dest.data() + dest.extent(0));
         },
-        kk::wrap<Space>(out));
-    return {count};
+        total);
+    space_.fence();
+    return {total};
   }
   void accept() noexcept {}
 
  private:
   Space space_;
-  Kokkos::View<float*, kk::memory<Space>> largest_;
 };
 
 template <class Space>
@@ -311,10 +342,7 @@ class engine<select::sampled_threshold, backend::kokkos<Space>> : public kokkos_
     }
     const auto acc = kk::wrap<Space>(in.acc);
     const auto candidates = kk::wrap<Space>(std::span<std::uint32_t>(candidates_.data(), n_));
-    auto collect = [&](std::uint32_t key) {
-      return kk::compact(be_.space, n_, KOKKOS_LAMBDA(const std::size_t i) { return magnitude_key(acc(i)) >= key; },
-                         candidates);
-    };
+    auto collect = [&](std::uint32_t key) { return kk::compact_at_least(be_.space, acc, key, candidates); };
     std::uint32_t key = threshold_key_;
     const bool reusing = policy.reuse_threshold && has_threshold_;
     std::size_t count = reusing ? collect(key) : 0;
