@@ -47,7 +47,11 @@ def main():
     print("| benchmark | N | density | time (ms) | x read | speed-up vs nth_element |")
     print("|---|---:|---:|---:|---:|---:|")
     series = defaultdict(list)
+    backends = {}
     for family, n, d, t, b in rows:
+        if family in ("host", "kokkos"):  # bench_kokkos: the label names the selector
+            backends.setdefault(b.get("label", str(n)), {})[family] = t
+            continue
         if family == "read":
             print(f"| read (bound) | {n} | | {t:.2f} | 1.00 | |")
             continue
@@ -60,6 +64,12 @@ def main():
         print(f"| {family}{extra} | {n or ''} | {density} | {t:.3f} | {x_read:.2f} | {speedup:.2f} |")
         if n is not None and d is not None:
             series[(family, d)].append((n, x_read))
+    if backends:
+        print("\n| selector (N = 2.5e7, density 0.001) | host, 1 thread (ms) | Kokkos<Serial> (ms) | Kokkos / host |")
+        print("|---|---:|---:|---:|")
+        for label, times in backends.items():
+            if "host" in times and "kokkos" in times:
+                print(f"| {label} | {times['host']:.2f} | {times['kokkos']:.2f} | {times['kokkos'] / times['host']:.2f} |")
     try:
         import matplotlib
         matplotlib.use("Agg")
