@@ -10,6 +10,15 @@
 
 namespace gc = gradcomp;
 
+// The same testbed runs for every backend: built once as is, once with
+// GRADCOMP_TEST_KOKKOS for backend::kokkos<DefaultExecutionSpace>.
+#if defined(GRADCOMP_TEST_KOKKOS)
+#include <gradcomp/backend/kokkos.hpp>
+using backend_under_test = gc::backend::kokkos<Kokkos::DefaultExecutionSpace>;
+#else
+using backend_under_test = gc::backend::host;
+#endif
+
 namespace {
 
 // The conformance messages are checked byte for byte against the raw32/f32 layout.
@@ -18,7 +27,7 @@ const gc::encode::index_value raw32_f32{.index = gc::index_coding::raw32, .value
 // Each configuration pairs a library compressor with its reference model.
 struct topk_plain {
   static auto make(std::size_t n, double d) {
-    return gc::compressor{gc::backend::host{}, n, gc::select::exact_topk{.density = d}, gc::correct::none{}, raw32_f32};
+    return gc::compressor{backend_under_test{}, n, gc::select::exact_topk{.density = d}, gc::correct::none{}, raw32_f32};
   }
   struct model {
     std::pair<std::vector<std::uint32_t>, std::vector<float>> step(const std::vector<float>& g, std::size_t k) {
@@ -32,7 +41,7 @@ struct topk_plain {
 
 struct topk_error_feedback {
   static auto make(std::size_t n, double d) {
-    return gc::compressor{gc::backend::host{}, n, gc::select::exact_topk{.density = d}, gc::correct::error_feedback{},
+    return gc::compressor{backend_under_test{}, n, gc::select::exact_topk{.density = d}, gc::correct::error_feedback{},
                           raw32_f32};
   }
   struct model : reference::topk_error_feedback {};
@@ -40,7 +49,7 @@ struct topk_error_feedback {
 
 struct topk_decayed_feedback {
   static auto make(std::size_t n, double d) {
-    return gc::compressor{gc::backend::host{}, n, gc::select::exact_topk{.density = d},
+    return gc::compressor{backend_under_test{}, n, gc::select::exact_topk{.density = d},
                           gc::correct::error_feedback{.beta = 0.5f, .gamma = 2.0f}, raw32_f32};
   }
   struct model : reference::topk_error_feedback {
@@ -105,7 +114,7 @@ TEST_CASE_TEMPLATE_INVOKE(conformance, topk_plain, topk_error_feedback, topk_dec
 TEST_CASE("error feedback conserves the gradient over 100 steps") {
   for (const auto s : {inputs::shape::normal, inputs::shape::student_t3, inputs::shape::log_normal, inputs::shape::ties}) {
     const std::size_t n = 4099;
-    auto c = gc::compressor{gc::backend::host{}, n, gc::select::exact_topk{.density = 0.01}, gc::correct::error_feedback{}};
+    auto c = gc::compressor{backend_under_test{}, n, gc::select::exact_topk{.density = 0.01}, gc::correct::error_feedback{}};
     std::vector<std::byte> buf(c.max_message_bytes());
     std::vector<double> gradient_sum(n, 0.0), magnitude_sum(n, 0.0);
     std::vector<float> sent_sum(n, 0.0f);
@@ -131,7 +140,7 @@ TEST_CASE("error feedback conserves the gradient over 100 steps") {
 
 TEST_CASE("lossless values leave exactly zero residual at sent indices") {
   const std::size_t n = 1000;
-  auto c = gc::compressor{gc::backend::host{}, n, gc::select::exact_topk{.count = 10}, gc::correct::error_feedback{}};
+  auto c = gc::compressor{backend_under_test{}, n, gc::select::exact_topk{.count = 10}, gc::correct::error_feedback{}};
   std::vector<std::byte> buf(c.max_message_bytes());
   const auto g = inputs::make(inputs::shape::student_t3, n, 5);
   const auto sent = gc::decode(c.compress(g, buf).bytes());

@@ -1,6 +1,5 @@
 // backend::kokkos<DefaultExecutionSpace> against backend::host: the same messages,
 // byte for byte, for every policy, over the conformance inputs.
-#define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 #include <gradcomp/backend/kokkos.hpp>
 #include <gradcomp/gradcomp.hpp>
@@ -142,10 +141,4 @@ TEST_CASE("a rejected step on kokkos changes nothing") {
   c.save_state(after);
   CHECK(before.str() == after.str());
   CHECK(std::all_of(buf.begin(), buf.end(), [](std::byte b) { return b == std::byte{1}; }));
-}
-
-int main(int argc, char** argv) {
-  Kokkos::ScopeGuard kokkos(argc, argv);
-  doctest::Context context(argc, argv);
-  return context.run();
 }

@@ -45,17 +45,22 @@ inline std::uint32_t* select_bin(const float* acc, const float* g, std::size_t l
     const float largest = _mm_cvtss_f32(top);
     non_finite |= std::isinf(largest);
     const __m128 bound = _mm_set1_ps(largest);
-    // A vector with hits stores its hit lanes' indices in one go, packed by a 16-entry
-    // table, and advances by their count; near the end of `out`, scalar stores.
+    // Each vector stores its hit lanes' indices in one go, packed by a 16-entry table,
+    // and advances by their count (no branch on hits: they are too frequent to
+    // predict). When `out` might not hold four more, scalar stores.
     __m128 unordered = _mm_setzero_ps();  // a NaN H means a NaN acc in the bin
-    auto visit = [&](std::size_t j, unsigned lanes) {
+    __m128i index = _mm_set1_epi32(static_cast<std::int32_t>(first));
+    const __m128i four = _mm_set1_epi32(4);
+    const bool roomy = out + len + 4 <= out_end;
+    auto hits = [&](std::size_t j) {
       const __m128 h = _mm_and_ps(_mm_add_ps(_mm_loadu_ps(acc + j), _mm_loadu_ps(g + j)), magnitude);
-      const unsigned mask = static_cast<unsigned>(_mm_movemask_ps(_mm_cmpge_ps(h, bound))) & lanes;
       unordered = _mm_or_ps(unordered, _mm_cmpunord_ps(h, h));
-      if (out + 4 <= out_end) {
+      return static_cast<unsigned>(_mm_movemask_ps(_mm_cmpge_ps(h, bound)));
+    };
+    auto store = [&](std::size_t j, unsigned mask) {
+      if (roomy) {
         const __m128i offsets = _mm_load_si128(reinterpret_cast<const __m128i*>(packed_lanes[mask]));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(out),
-                         _mm_add_epi32(offsets, _mm_set1_epi32(static_cast<std::int32_t>(first + j))));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_add_epi32(offsets, index));
         out += packed_count[mask];  // not std::popcount: baseline x86-64 has no popcnt instruction
       } else {
         for (unsigned lane = 0; lane < 4; ++lane) {
@@ -64,8 +69,14 @@ inline std::uint32_t* select_bin(const float* acc, const float* g, std::size_t l
       }
     };
     std::size_t j = 0;
-    for (; j + 4 <= len; j += 4) visit(j, 0xFu);
-    if (j < len) visit(len - 4, (0xFu << (4 - (len - j))) & 0xFu);  // only the lanes not yet seen
+    for (; j + 4 <= len; j += 4) {
+      store(j, hits(j));
+      index = _mm_add_epi32(index, four);
+    }
+    if (j < len) {  // the last vector overlaps: only the lanes not yet seen
+      index = _mm_set1_epi32(static_cast<std::int32_t>(first + len - 4));
+      store(len - 4, hits(len - 4) & ((0xFu << (4 - (len - j))) & 0xFu));
+    }
     non_finite |= _mm_movemask_ps(unordered) != 0;  // an infinite acc is the maximum, caught above
     return out;
   }
