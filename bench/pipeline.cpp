@@ -69,6 +69,32 @@ void BM_topk_ef_step_unfused(benchmark::State& s) {
   run_unfused(s, step_n, c.selector(), c.corrector(), c.encoder());
 }
 
+// The memory traffic momentum correction cannot avoid: read u, v, g, write u, v, in a
+// bare fused loop; in place, and into a second pair of arrays as gradcomp's rejected-
+// step guarantee requires. Lower bounds for the dgc step, not gradcomp code.
+void BM_momentum_traffic(benchmark::State& state) {
+  const auto& g = bench::gradient(step_n);
+  const bool double_buffered = state.range(0) != 0;
+  std::vector<float> u(step_n), v(step_n), u2(step_n), v2(step_n);
+  for (auto _ : state) {
+    float* uo = double_buffered ? u2.data() : u.data();
+    float* vo = double_buffered ? v2.data() : v.data();
+    const float* ui = u.data();
+    const float* vi = v.data();
+#pragma omp parallel for simd schedule(static)
+    for (std::int64_t i = 0; i < step_n; ++i) {
+      const float un = 0.9f * ui[i] + g[i];
+      uo[i] = un;
+      vo[i] = vi[i] + un;
+    }
+    if (double_buffered) {
+      std::swap(u, u2);
+      std::swap(v, v2);
+    }
+  }
+  account(state, step_n);
+}
+
 // delta_bitpack on the indices exact top-k selects; bytes processed = 4 bytes of index
 // data per entry, one thread.
 std::vector<std::uint32_t> topk_indices(double density) {
@@ -116,6 +142,8 @@ BENCHMARK(BM_topk_ef_step_unfused)->Name("topk_ef_step_unfused/25000000")->Unit(
 BENCHMARK(BM_topk_ef_step)->Name("topk_ef_step/25000000")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
 BENCHMARK(BM_dgc_step_unfused)->Name("dgc_step_unfused/25000000")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
 BENCHMARK(BM_dgc_step)->Name("dgc_step/25000000")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_momentum_traffic)->Name("momentum_traffic_in_place/25000000")->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_momentum_traffic)->Name("momentum_traffic_double_buffered/25000000")->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
 BENCHMARK(BM_delta_encode)->Name("delta_encode")->Arg(10)->Arg(100)->ArgName("d_1e4")->Threads(1);
 BENCHMARK(BM_delta_decode)->Name("delta_decode")->Arg(10)->Arg(100)->ArgName("d_1e4")->Threads(1);
 

@@ -16,7 +16,7 @@ def parse(name):
             key, value = p.split(":", 1)
             if key in ("N", "d_1e4"):
                 args[key] = int(value)
-        elif p.isdigit():
+        elif p.isdigit() and "N" not in args:
             args["N"] = int(p)
     return parts[0], args
 
