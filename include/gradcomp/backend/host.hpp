@@ -57,6 +57,21 @@ inline constexpr std::size_t host_chunk = std::size_t{1} << 15;
 
 inline std::size_t chunk_count(std::size_t n) noexcept { return (n + host_chunk - 1) / host_chunk; }
 
+/// A flag any thread of a parallel region may raise (a NaN seen, say).
+class shared_flag {
+ public:
+  void raise() noexcept {
+#if GRADCOMP_HAS_OPENMP
+#pragma omp atomic write
+#endif
+    value_ = 1;
+  }
+  [[nodiscard]] bool raised() const noexcept { return value_ != 0; }
+
+ private:
+  int value_ = 0;
+};
+
 /// Calls `body(thread, chunk, begin, end)` for every chunk of [0, n), chunks spread
 /// statically over `threads` threads. `body` must not throw.
 template <class Body>

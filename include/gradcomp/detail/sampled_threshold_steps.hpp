@@ -13,6 +13,7 @@
 #include <cmath>
 #include <span>
 #include <utility>
+#include <vector>
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
@@ -76,6 +77,35 @@ bool within_bounds(const Policy& p, std::size_t k, std::size_t count) {
   return c >= static_cast<double>(p.lower) * static_cast<double>(k) &&
          c <= static_cast<double>(p.upper) * static_cast<double>(k);
 }
+
+/// What sampled_threshold carries from step to step (reuse_threshold): the final
+/// threshold key of the last accepted step. Every backend's engine keeps one, and
+/// checkpoints save it.
+class threshold_memory {
+ public:
+  [[nodiscard]] bool has() const noexcept { return has_; }
+  [[nodiscard]] std::uint32_t key() const noexcept { return key_; }
+  void propose(std::uint32_t key) noexcept { next_ = key; }  // this step's, if it succeeds
+  void accept() noexcept {
+    key_ = next_;
+    has_ = true;
+  }
+
+  [[nodiscard]] std::vector<double> saved_state() const { return {has_ ? 1.0 : 0.0, static_cast<double>(key_)}; }
+  void restore_state(std::span<const double> s) noexcept {
+    has_ = s[0] != 0.0;
+    key_ = static_cast<std::uint32_t>(s[1]);
+  }
+  [[nodiscard]] static bool valid_state(std::span<const double> s) noexcept {
+    return s.size() == 2 && (s[0] == 0.0 || s[0] == 1.0) && s[1] >= 0.0 && s[1] < static_cast<double>(non_finite_key) &&
+           s[1] == static_cast<double>(static_cast<std::uint32_t>(s[1]));
+  }
+
+ private:
+  bool has_ = false;
+  std::uint32_t key_ = 0;
+  std::uint32_t next_ = 0;
+};
 
 }  // namespace detail
 GRADCOMP_NAMESPACE_END

@@ -33,6 +33,10 @@ struct random_k {
     return std::clamp<std::size_t>(static_cast<std::size_t>(std::ceil(density * static_cast<double>(n))), 1, n);
   }
   [[nodiscard]] std::size_t max_selected(std::size_t n) const { return k(n); }
+  /// Factor on the values sent: n / k when unbiased, else 1.
+  [[nodiscard]] float value_scale(std::size_t n) const {
+    return unbiased ? static_cast<float>(static_cast<double>(n) / static_cast<double>(k(n))) : 1.0f;
+  }
 };
 
 }  // namespace select

@@ -111,18 +111,13 @@ class engine<select::chunk_local, backend::host> {
   }
 
   selection select(const select::chunk_local& policy, const select_input& in, std::span<std::uint32_t> out) {
-    int bad = 0;
+    shared_flag bad;
     if (!std::exchange(observed_, false)) {
       bin_ = policy.bin;
       for_each_chunk(threads_, n_, [&](int, std::size_t, std::size_t begin, std::size_t end) {
         bool chunk_bad = false;
         observe_chunk(begin, in.acc.subspan(begin, end - begin), in.grad.subspan(begin, end - begin), chunk_bad);
-        if (chunk_bad) {
-#if GRADCOMP_HAS_OPENMP
-#pragma omp atomic write
-#endif
-          bad = 1;
-        }
+        if (chunk_bad) bad.raise();
       });
     }
     bool straddle_bad = false;
@@ -138,7 +133,7 @@ class engine<select::chunk_local, backend::host> {
                        straddle_bad);
       }
     }
-    return {static_cast<std::size_t>(w - out.data()), 1.0f, bad == 0 && !straddle_bad};
+    return {static_cast<std::size_t>(w - out.data()), 1.0f, !bad.raised() && !straddle_bad};
   }
   void accept() noexcept {}
 

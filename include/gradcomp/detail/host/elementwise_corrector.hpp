@@ -128,7 +128,7 @@ class engine<Policy, backend::host> {
 
   template <class Visit>
   bool run(const Policy& policy, std::span<const float> g, float scale, bool sum_squares, Visit&& visit) {
-    int bad = 0;
+    shared_flag bad;
     std::array<const float*, arrays + 1> old{};
     std::array<float*, arrays + 1> next{};
     for (std::size_t a = 0; a < arrays; ++a) {
@@ -146,15 +146,10 @@ class engine<Policy, backend::host> {
       }
       if (sum_squares) partial_[c] = sum_of_squares(g.data() + begin, end - begin);
       const std::span<const float> chunk(acc + begin, end - begin);
-      if (!all_finite(chunk)) {
-#if GRADCOMP_HAS_OPENMP
-#pragma omp atomic write
-#endif
-        bad = 1;
-      }
+      if (!all_finite(chunk)) bad.raise();
       visit(thread, begin, chunk);
     });
-    return bad == 0;
+    return !bad.raised();
   }
 
   int threads_;

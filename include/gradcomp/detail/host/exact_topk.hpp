@@ -156,16 +156,11 @@ class host_topk {
 
   // split_chunk over every chunk. Returns the totals of certain entries and candidates.
   std::pair<std::size_t, std::size_t> split(std::span<const float> acc, std::uint32_t lo, std::uint32_t hi, bool& bad) {
-    int any_bad = 0;
+    shared_flag any_bad;
     for_each_chunk(threads_, n_, [&](int, std::size_t c, std::size_t begin, std::size_t end) {
-      if (split_chunk(c, begin, acc.subspan(begin, end - begin), lo, hi)) {
-#if GRADCOMP_HAS_OPENMP
-#pragma omp atomic write
-#endif
-        any_bad = 1;
-      }
+      if (split_chunk(c, begin, acc.subspan(begin, end - begin), lo, hi)) any_bad.raise();
     });
-    bad = any_bad != 0;
+    bad = any_bad.raised();
     return totals();
   }
 
@@ -224,20 +219,15 @@ class host_topk {
   }
 
   bool all_finite_keys(std::span<const float> acc) const {
-    int bad = 0;
+    shared_flag bad;
     for_each_chunk(threads_, n_, [&](int, std::size_t, std::size_t begin, std::size_t end) {
       std::size_t i = begin;
       bool chunk_bad = false;
       for (; i + mask_group <= end; i += mask_group) chunk_bad |= at_least_mask16(acc.data() + i, non_finite_key) != 0;
       for (; i < end; ++i) chunk_bad |= magnitude_key(acc[i]) >= non_finite_key;
-      if (chunk_bad) {
-#if GRADCOMP_HAS_OPENMP
-#pragma omp atomic write
-#endif
-        bad = 1;
-      }
+      if (chunk_bad) bad.raise();
     });
-    return bad == 0;
+    return !bad.raised();
   }
 
   int threads_;

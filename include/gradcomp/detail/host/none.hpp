@@ -17,18 +17,13 @@ class engine<correct::none, backend::host> {
   /// if g holds a NaN or infinity.
   template <class Visit>
   bool update(const correct::none&, std::span<const float> g, Visit&& visit) {
-    int bad = 0;
+    shared_flag bad;
     for_each_chunk(threads_, g.size(), [&](int thread, std::size_t, std::size_t begin, std::size_t end) {
       const auto chunk = g.subspan(begin, end - begin);
-      if (!all_finite(chunk)) {
-#if GRADCOMP_HAS_OPENMP
-#pragma omp atomic write
-#endif
-        bad = 1;
-      }
+      if (!all_finite(chunk)) bad.raise();
       visit(thread, begin, chunk);
     });
-    return bad == 0;
+    return !bad.raised();
   }
   std::span<const float> acc(std::span<const float> g) const noexcept { return g; }
   void commit(const correct::none&, std::span<const std::uint32_t>, std::span<const float>) noexcept {}

@@ -55,8 +55,7 @@ class engine<select::random_k, backend::host> {
   selection select(const select::random_k& policy, const select_input& in, std::span<std::uint32_t> out) {
     const std::size_t k = policy.k(n_);
     random_k_indices(policy.seed, in.step, n_, k, taken_.data(), out.data());
-    const float scale = policy.unbiased ? static_cast<float>(static_cast<double>(n_) / static_cast<double>(k)) : 1.0f;
-    return {k, scale};
+    return {k, policy.value_scale(n_)};
   }
   void accept() noexcept {}
 

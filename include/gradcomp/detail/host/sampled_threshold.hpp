@@ -41,7 +41,7 @@ class engine<select::sampled_threshold, backend::host> {
 
   void begin_observe(const select::sampled_threshold& policy, std::uint64_t step) {
     plan_ = sample_plan::make(policy, n_, step);
-    reusing_ = policy.reuse_threshold && has_threshold_;
+    reusing_ = policy.reuse_threshold && memory_.has();
     if (plan_.exact) topk_.begin_observe();
     observed_ = true;
   }
@@ -58,7 +58,7 @@ class engine<select::sampled_threshold, backend::host> {
     }
     if (reusing_) {
       bool corrector_checks_this = false;
-      slices_.collect_chunk(begin / host_chunk, begin, acc, threshold_key_, corrector_checks_this);
+      slices_.collect_chunk(begin / host_chunk, begin, acc, memory_.key(), corrector_checks_this);
     }
   }
 
@@ -70,20 +70,21 @@ class engine<select::sampled_threshold, backend::host> {
       // Standalone (no corrector pass): sample directly; the reuse candidates are
       // collected by the full pass below, which also checks finiteness.
       plan_ = sample_plan::make(policy, n_, in.step);
-      reusing_ = policy.reuse_threshold && has_threshold_;
+      reusing_ = policy.reuse_threshold && memory_.has();
       if (!plan_.exact) {
         for (std::size_t j = 0; j < plan_.size; ++j) sample_[j] = in.acc[plan_.offset + j * plan_.stride];
-        if (reusing_) finite = slices_.collect(threads_, in.acc, threshold_key_);
+        if (reusing_) finite = slices_.collect(threads_, in.acc, memory_.key());
       }
     }
     if (plan_.exact) {
       finite = topk_.select(in.acc, k, out);
       if (!finite) return {0, 1.0f, false};
-      next_key_ = magnitude_key(in.acc[out[0]]);
-      for (std::size_t j = 0; j < k; ++j) next_key_ = std::min(next_key_, magnitude_key(in.acc[out[j]]));
+      std::uint32_t kth = magnitude_key(in.acc[out[0]]);
+      for (std::size_t j = 0; j < k; ++j) kth = std::min(kth, magnitude_key(in.acc[out[j]]));
+      memory_.propose(kth);
       return {k};
     }
-    std::uint32_t key = threshold_key_;
+    std::uint32_t key = memory_.key();
     std::size_t count = reusing_ ? slices_.total() : 0;
     if (!reusing_ || !within_bounds(policy, k, count)) {
       key = sampled_threshold_key(policy, std::span<const float>(sample_).first(plan_.size));
@@ -103,27 +104,16 @@ class engine<select::sampled_threshold, backend::host> {
       key = kth.key;
     }
     std::copy_n(candidates, count, out.begin());
-    next_key_ = key;
+    memory_.propose(key);
     return {count};
   }
 
-  void accept() noexcept {
-    threshold_key_ = next_key_;
-    has_threshold_ = true;
-  }
+  void accept() noexcept { memory_.accept(); }
 
   /// The threshold carried between steps (reuse_threshold), for checkpoints.
-  [[nodiscard]] std::vector<double> saved_state() const {
-    return {has_threshold_ ? 1.0 : 0.0, static_cast<double>(threshold_key_)};
-  }
-  void restore_state(std::span<const double> s) noexcept {
-    has_threshold_ = s[0] != 0.0;
-    threshold_key_ = static_cast<std::uint32_t>(s[1]);
-  }
-  [[nodiscard]] static bool valid_state(std::span<const double> s) noexcept {
-    return s.size() == 2 && (s[0] == 0.0 || s[0] == 1.0) && s[1] >= 0.0 && s[1] < static_cast<double>(non_finite_key) &&
-           s[1] == static_cast<double>(static_cast<std::uint32_t>(s[1]));
-  }
+  [[nodiscard]] std::vector<double> saved_state() const { return memory_.saved_state(); }
+  void restore_state(std::span<const double> s) noexcept { memory_.restore_state(s); }
+  [[nodiscard]] static bool valid_state(std::span<const double> s) noexcept { return threshold_memory::valid_state(s); }
 
  private:
   int threads_;
@@ -134,9 +124,7 @@ class engine<select::sampled_threshold, backend::host> {
   sample_plan plan_;
   bool reusing_ = false;
   bool observed_ = false;
-  bool has_threshold_ = false;
-  std::uint32_t threshold_key_ = 0;  // committed: last accepted step's final threshold
-  std::uint32_t next_key_ = 0;
+  threshold_memory memory_;
 };
 
 }  // namespace detail

@@ -56,6 +56,14 @@ GRADCOMP_HOST_DEVICE inline std::uint32_t at_least_mask16(const float* x, std::u
 #endif
 }
 
+/// at_least_mask16 for the `count` floats at x, count <= 16 (bits from count on are 0).
+GRADCOMP_HOST_DEVICE inline std::uint32_t at_least_mask(const float* x, std::size_t count, std::uint32_t low) noexcept {
+  if (count >= mask_group) return at_least_mask16(x, low);
+  std::uint32_t mask = 0;
+  for (std::size_t j = 0; j < count; ++j) mask |= (magnitude_key(x[j]) >= low ? 1u : 0u) << j;
+  return mask;
+}
+
 /// Appends to `out` the index first + j of every x[j], j < len, with key >= low, in
 /// order; returns the new end of `out`. Sets `non_finite` if one of them is NaN or
 /// infinite (those keys are above every finite bound, so they are always visited).

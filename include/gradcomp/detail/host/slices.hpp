@@ -38,18 +38,13 @@ class host_slices {
   /// Runs collect_chunk over every chunk of x in parallel; returns false if x holds a
   /// NaN or infinity at or above `low`.
   bool collect(int threads, std::span<const float> x, std::uint32_t low) {
-    int bad = 0;
+    shared_flag bad;
     for_each_chunk(threads, n_, [&](int, std::size_t c, std::size_t begin, std::size_t end) {
       bool chunk_bad = false;
       collect_chunk(c, begin, x.subspan(begin, end - begin), low, chunk_bad);
-      if (chunk_bad) {
-#if GRADCOMP_HAS_OPENMP
-#pragma omp atomic write
-#endif
-        bad = 1;
-      }
+      if (chunk_bad) bad.raise();
     });
-    return bad == 0;
+    return !bad.raised();
   }
 
   [[nodiscard]] std::size_t total() const noexcept {

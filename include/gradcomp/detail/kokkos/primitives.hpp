@@ -68,12 +68,7 @@ std::size_t compact_at_least(const Space& space, const view<const float, Space>&
       "gradcomp::compact_at_least", range(space, groups),
       KOKKOS_LAMBDA(const std::size_t b, std::size_t& at, const bool final) {
         const std::size_t first = b * mask_group;
-        std::uint32_t mask = 0;
-        if (first + mask_group <= n) {
-          mask = at_least_mask16(x.data() + first, low);
-        } else {
-          for (std::size_t j = 0; first + j < n; ++j) mask |= (magnitude_key(x(first + j)) >= low ? 1u : 0u) << j;
-        }
+        const std::uint32_t mask = at_least_mask(x.data() + first, n - first, low);
         if (final) {
           std::size_t w = at;
           for (std::uint32_t m = mask; m != 0; m &= m - 1) {

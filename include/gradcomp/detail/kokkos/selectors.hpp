@@ -104,13 +104,7 @@ class kokkos_topk {
         "gradcomp::split", kk::range(space_, groups),
         KOKKOS_LAMBDA(const std::size_t b, std::uint64_t& at, const bool final) {
           const std::size_t first = b * mask_group;
-          std::uint32_t mask = 0;
-          if (first + mask_group <= n) {
-            mask = at_least_mask16(acc.data() + first, lo);
-          } else {
-            for (std::size_t j = 0; first + j < n; ++j) mask |= (magnitude_key(acc(first + j)) >= lo ? 1u : 0u) << j;
-          }
-          for (; mask != 0; mask &= mask - 1) {
+          for (std::uint32_t mask = at_least_mask(acc.data() + first, n - first, lo); mask != 0; mask &= mask - 1) {
             const std::size_t i = first + lowest_bit(mask);
             const std::uint32_t key = magnitude_key(acc(i));
             if (key > hi) {
@@ -284,8 +278,7 @@ class engine<select::random_k, backend::kokkos<Space>> : public kokkos_no_observ
     std::uint32_t* host = kk::write_on_host<Space>(out.first(k), staging_);
     random_k_indices(policy.seed, in.step, n_, k, taken_.data(), host);  // the draws are the host's own
     kk::write_back<Space>(host, out.first(k));
-    const float scale = policy.unbiased ? static_cast<float>(static_cast<double>(n_) / static_cast<double>(k)) : 1.0f;
-    return {k, scale};
+    return {k, policy.value_scale(n_)};
   }
   void accept() noexcept {}
 
@@ -337,14 +330,14 @@ class engine<select::sampled_threshold, backend::kokkos<Space>> : public kokkos_
     const std::size_t k = policy.k(n_);
     const sample_plan plan = sample_plan::make(policy, n_, in.step);
     if (plan.exact) {
-      next_key_ = topk_.select(in.acc, k, out);
+      memory_.propose(topk_.select(in.acc, k, out));
       return {k};
     }
     const auto acc = kk::wrap<Space>(in.acc);
     const auto candidates = kk::wrap<Space>(std::span<std::uint32_t>(candidates_.data(), n_));
     auto collect = [&](std::uint32_t key) { return kk::compact_at_least(be_.space, acc, key, candidates); };
-    std::uint32_t key = threshold_key_;
-    const bool reusing = policy.reuse_threshold && has_threshold_;
+    std::uint32_t key = memory_.key();
+    const bool reusing = policy.reuse_threshold && memory_.has();
     std::size_t count = reusing ? collect(key) : 0;
     if (!reusing || !within_bounds(policy, k, count)) {
       const auto sample = sample_;
@@ -376,24 +369,14 @@ class engine<select::sampled_threshold, backend::kokkos<Space>> : public kokkos_
     Kokkos::deep_copy(be_.space, Kokkos::subview(kk::wrap<Space>(out), std::make_pair(std::size_t{0}, count)),
                       Kokkos::subview(candidates_, std::make_pair(std::size_t{0}, count)));
     be_.space.fence();
-    next_key_ = key;
+    memory_.propose(key);
     return {count};
   }
 
-  void accept() noexcept {
-    threshold_key_ = next_key_;
-    has_threshold_ = true;
-  }
-  [[nodiscard]] std::vector<double> saved_state() const {
-    return {has_threshold_ ? 1.0 : 0.0, static_cast<double>(threshold_key_)};
-  }
-  void restore_state(std::span<const double> s) noexcept {
-    has_threshold_ = s[0] != 0.0;
-    threshold_key_ = static_cast<std::uint32_t>(s[1]);
-  }
-  [[nodiscard]] static bool valid_state(std::span<const double> s) noexcept {
-    return engine<select::sampled_threshold, backend::host>::valid_state(s);
-  }
+  void accept() noexcept { memory_.accept(); }
+  [[nodiscard]] std::vector<double> saved_state() const { return memory_.saved_state(); }
+  void restore_state(std::span<const double> s) noexcept { memory_.restore_state(s); }
+  [[nodiscard]] static bool valid_state(std::span<const double> s) noexcept { return threshold_memory::valid_state(s); }
 
  private:
   backend::kokkos<Space> be_;
@@ -403,9 +386,7 @@ class engine<select::sampled_threshold, backend::kokkos<Space>> : public kokkos_
   Kokkos::View<float*, kk::memory<Space>> sample_;
   std::vector<std::uint32_t> staging_index_, staging_keys_;
   std::vector<float> staging_sample_;
-  bool has_threshold_ = false;
-  std::uint32_t threshold_key_ = 0;
-  std::uint32_t next_key_ = 0;
+  threshold_memory memory_;
 };
 
 }  // namespace detail
