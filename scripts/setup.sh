@@ -10,6 +10,7 @@ packages=(
   clang libclang-rt-14-dev       # libFuzzer and sanitizers for the decoder fuzz test
   libbenchmark-dev               # Google Benchmark suites
   libtrilinos-kokkos-dev         # the Kokkos backend (Kokkos 3.4.1, Serial)
+  libopenmpi-dev openmpi-bin     # MPI collectives, tested under mpirun
   python3 python3-numpy python3-matplotlib   # benchmark tables and plots
  "$@"
 )

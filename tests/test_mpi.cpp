@@ -1,0 +1,128 @@
+// comm::mpi under mpirun (2 and 4 ranks): every collective equals a single-process
+// simulation of the same ranks, and every rank ends with the same aggregate.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+#include <gradcomp/comm/mpi.hpp>
+#include <gradcomp/gradcomp.hpp>
+
+#include <cstring>
+
+#include "support/inputs.hpp"
+
+namespace gc = gradcomp;
+
+namespace {
+
+std::vector<float> gradient_of(int rank, std::size_t n, int step) {
+  return inputs::make(inputs::shape::student_t3, n, 1000 * static_cast<std::uint64_t>(rank) + static_cast<std::uint64_t>(step));
+}
+
+// True on every rank iff all ranks hold bit-identical `dense`.
+bool same_on_all_ranks(const gc::comm::mpi& comm, const std::vector<float>& dense) {
+  const std::uint32_t mine = gc::detail::crc32c(reinterpret_cast<const std::byte*>(dense.data()), dense.size() * 4);
+  std::vector<std::uint32_t> all(static_cast<std::size_t>(comm.size()));
+  MPI_Allgather(&mine, 1, MPI_UINT32_T, all.data(), 1, MPI_UINT32_T, comm.communicator());
+  return std::all_of(all.begin(), all.end(), [&](std::uint32_t c) { return c == mine; });
+}
+
+// Runs `steps` steps: this rank compresses its gradient and aggregates over MPI; the
+// simulation compresses every rank's gradient locally and accumulates in rank order.
+template <class Make>
+void matches_simulation(Make make, std::size_t n, int steps, gc::comm::path expected) {
+  gc::comm::mpi comm;
+  const int ranks = comm.size();
+  auto mine = make(comm.rank(), n);
+  std::vector<decltype(make(0, n))> simulated;
+  for (int r = 0; r < ranks; ++r) simulated.push_back(make(r, n));
+  std::vector<float> dense(n, 0.0f), reference(n, 0.0f);
+  std::vector<double> magnitude(n, 0.0);  // sum of |terms|: the scale of rounding differences
+  const float scale = 1.0f / static_cast<float>(ranks);
+  for (int t = 0; t < steps; ++t) {
+    std::vector<std::byte> buf(mine.max_message_bytes());
+    const auto m = mine.compress(gradient_of(comm.rank(), n, t), buf);
+    CHECK(comm.allgather_accumulate(m.bytes(), dense, scale) == expected);
+    std::vector<double> sum(n, 0.0);
+    for (int r = 0; r < ranks; ++r) {
+      std::vector<std::byte> b(simulated[static_cast<std::size_t>(r)].max_message_bytes());
+      const auto sm = simulated[static_cast<std::size_t>(r)].compress(gradient_of(r, n, t), b);
+      if (expected == gc::comm::path::sparse) {
+        gc::accumulate(gc::backend::host{}, sm.bytes(), reference, scale);
+      } else {
+        const auto s = gc::decode(sm.bytes());
+        for (std::size_t j = 0; j < s.indices.size(); ++j) {
+          sum[s.indices[j]] += s.values[j];
+          magnitude[s.indices[j]] += scale * std::fabs(s.values[j]);
+        }
+      }
+    }
+    if (expected == gc::comm::path::dense) {
+      for (std::size_t i = 0; i < n; ++i) reference[i] += scale * static_cast<float>(sum[i]);
+    }
+  }
+  if (expected == gc::comm::path::sparse) {
+    CHECK(dense == reference);  // the same operations in the same order
+  } else {
+    std::size_t off = 0;  // MPI chooses the summation order: rounding may differ
+    for (std::size_t i = 0; i < n; ++i) off += std::fabs(dense[i] - reference[i]) > 1e-6 * magnitude[i] ? 1 : 0;
+    CHECK(off == 0);
+  }
+  CHECK(same_on_all_ranks(comm, dense));
+}
+
+}  // namespace
+
+TEST_CASE("sparse all-gather of top-k with error feedback") {
+  matches_simulation([](int, std::size_t n) { return gc::presets::topk_ef(gc::backend::host{}, n, {.density = 0.01}); },
+                     100003, 5, gc::comm::path::sparse);
+}
+
+TEST_CASE("zero-count messages on some ranks") {
+  // Rank 0's threshold is out of reach: it sends nothing, every step.
+  matches_simulation(
+      [](int rank, std::size_t n) { return gc::presets::threshold_ef(gc::backend::host{}, n, {.tau = rank == 0 ? 1e30f : 2.5f}); },
+      20011, 4, gc::comm::path::sparse);
+}
+
+TEST_CASE("unequal densities from a DAGC ratio plan") {
+  gc::comm::mpi comm;
+  std::vector<double> volumes;
+  for (int r = 0; r < comm.size(); ++r) volumes.push_back(1.0 + 3.0 * r);
+  const auto plan = gc::schedule::ratio_plan(volumes, 0.01, 0.001);
+  matches_simulation(
+      [&](int rank, std::size_t n) {
+        return gc::compressor{gc::backend::host{}, n, gc::select::exact_topk{.density = plan[static_cast<std::size_t>(rank)]},
+                              gc::correct::error_feedback{}};
+      },
+      50021, 4, gc::comm::path::sparse);
+}
+
+TEST_CASE("dense fallback when the messages together outgrow the tensor") {
+  matches_simulation([](int, std::size_t n) { return gc::presets::topk_ef(gc::backend::host{}, n, {.density = 0.6}); },
+                     30011, 3, gc::comm::path::dense);
+}
+
+TEST_CASE("a corrupt message fails on every rank and changes nothing") {
+  gc::comm::mpi comm;
+  const std::size_t n = 1000;
+  gc::compressor c{gc::backend::host{}, n, gc::select::exact_topk{.count = 10}};
+  std::vector<std::byte> buf(c.max_message_bytes());
+  const auto m = c.compress(gradient_of(comm.rank(), n, 0), buf);
+  std::vector<std::byte> bytes(m.bytes().begin(), m.bytes().end());
+  if (comm.rank() == comm.size() - 1) bytes[60] = std::byte{0xFF}, bytes[61] = std::byte{0xFF}, bytes[62] = std::byte{0xFF};
+  std::vector<float> dense(n, 1.0f);
+  CHECK_THROWS_AS(comm.allgather_accumulate(bytes, dense, 1.0f), gc::error);
+  CHECK(std::all_of(dense.begin(), dense.end(), [](float v) { return v == 1.0f; }));
+}
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  doctest::Context context(argc, argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) context.setOption("out", "/dev/null");  // one report, from rank 0
+  const int failed = context.run();
+  int any_failed = 0;
+  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return any_failed;
+}
