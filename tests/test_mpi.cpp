@@ -6,6 +6,7 @@
 #include <gradcomp/gradcomp.hpp>
 
 #include <cstring>
+#include <numeric>
 
 #include "support/inputs.hpp"
 
@@ -112,6 +113,56 @@ TEST_CASE("a corrupt message fails on every rank and changes nothing") {
   std::vector<float> dense(n, 1.0f);
   CHECK_THROWS_AS(comm.allgather_accumulate(bytes, dense, 1.0f), gc::error);
   CHECK(std::all_of(dense.begin(), dense.end(), [](float v) { return v == 1.0f; }));
+}
+
+TEST_CASE("ScaleCom cyclic local top-k equals its simulation, O(k) per rank") {
+  gc::comm::mpi comm;
+  const int ranks = comm.size();
+  const std::size_t n = 40009;
+  const double density = 0.005;
+  const gc::presets::scalecom_options options{.density = density, .beta = 0.5f};
+  auto mine = gc::presets::scalecom(gc::backend::host{}, n, options);
+  gc::comm::cyclic_topk exchange(comm, mine, gc::select::exact_topk{.density = density});
+  // The simulation: every rank's low-pass memory m, the leader's top-k of m + g.
+  std::vector<std::vector<float>> m(static_cast<std::size_t>(ranks), std::vector<float>(n, 0.0f));
+  std::vector<float> dense(n, 0.0f);
+  std::vector<double> reference(n, 0.0), magnitude(n, 0.0);
+  const float scale = 1.0f / static_cast<float>(ranks);
+  for (int t = 0; t < 6; ++t) {
+    const auto sent = exchange.step(gradient_of(comm.rank(), n, t), dense, scale);
+    const std::size_t k = gc::select::exact_topk{.density = density}.k(n);
+    CHECK(sent.count() == k);
+    const int leader = t % ranks;
+    std::vector<std::vector<float>> acc(static_cast<std::size_t>(ranks), std::vector<float>(n));
+    for (int r = 0; r < ranks; ++r) {
+      const auto g = gradient_of(r, n, t);
+      for (std::size_t i = 0; i < n; ++i) acc[r][i] = m[r][i] + g[i];
+    }
+    std::vector<std::uint32_t> order(n);
+    std::iota(order.begin(), order.end(), 0u);
+    const auto& la = acc[static_cast<std::size_t>(leader)];
+    std::sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
+      return std::fabs(la[a]) != std::fabs(la[b]) ? std::fabs(la[a]) > std::fabs(la[b]) : a < b;
+    });
+    order.resize(k);
+    std::sort(order.begin(), order.end());
+    CHECK(gc::decode(sent.bytes()).indices == order);
+    for (int r = 0; r < ranks; ++r) {
+      std::vector<float> sent_r(n, 0.0f);
+      for (const auto i : order) {
+        sent_r[i] = acc[r][i];
+        reference[i] += scale * acc[r][i];
+        magnitude[i] += scale * std::fabs(acc[r][i]);
+      }
+      for (std::size_t i = 0; i < n; ++i) m[r][i] = (1.0f - 0.5f) * m[r][i] + 0.5f * (acc[r][i] - sent_r[i]);
+    }
+  }
+  std::size_t off = 0;
+  for (std::size_t i = 0; i < n; ++i) off += std::fabs(dense[i] - reference[i]) > 1e-5 * magnitude[i] + 1e-30 ? 1 : 0;
+  CHECK(off == 0);
+  const auto own = mine.corrector_state(0);
+  CHECK(std::equal(own.begin(), own.end(), m[static_cast<std::size_t>(comm.rank())].begin()));
+  CHECK(same_on_all_ranks(comm, dense));
 }
 
 int main(int argc, char** argv) {

@@ -11,6 +11,8 @@
 #include <gradcomp/encode/index_value.hpp>
 #include <gradcomp/select/chunk_local.hpp>
 #include <gradcomp/select/exact_topk.hpp>
+#include <gradcomp/select/given_indices.hpp>
+#include <gradcomp/correct/low_pass.hpp>
 #include <gradcomp/select/random_k.hpp>
 #include <gradcomp/select/sampled_threshold.hpp>
 #include <gradcomp/select/threshold.hpp>
@@ -88,6 +90,20 @@ struct threshold_ef_options {
 template <class Backend>
 auto threshold_ef(Backend backend, std::size_t n, const threshold_ef_options& o) {
   return compressor{backend, n, select::threshold{.tau = o.tau}, correct::error_feedback{},
+                    encode::index_value{.index = index_coding::automatic, .value = value_coding::f32}};
+}
+
+/// ScaleCom (Chen et al., NeurIPS 2020): the compressor of every rank in a
+/// comm::cyclic_topk exchange — the indices come from the step's leader, the memory is
+/// low-pass filtered.
+struct scalecom_options {
+  double density = 0.001;  ///< k = density * n, the leader's selection
+  float beta = 1.0f;       ///< low_pass filter weight (1: plain error feedback)
+};
+template <class Backend>
+auto scalecom(Backend backend, std::size_t n, const scalecom_options& o = {}) {
+  return compressor{backend, n, select::given_indices{.max_count = select::exact_topk{.density = o.density}.k(n)},
+                    correct::low_pass{.beta = o.beta},
                     encode::index_value{.index = index_coding::automatic, .value = value_coding::f32}};
 }
 

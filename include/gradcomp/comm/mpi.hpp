@@ -4,6 +4,8 @@
 #pragma once
 
 #include <gradcomp/backend/host.hpp>
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/detail/step_input.hpp>
 #include <gradcomp/config.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/message.hpp>
@@ -13,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 GRADCOMP_NAMESPACE_BEGIN
@@ -126,6 +129,90 @@ class mpi {
   std::vector<int> counts_, displs_;
   std::vector<std::byte> gathered_;
   std::vector<float> mine_, sum_;
+};
+
+/// ScaleCom's cyclic local top-k (Chen et al., NeurIPS 2020) on host compressors: at
+/// step t the leader is rank t mod W. It previews its own acc (the corrector's update on
+/// its committed state, nothing committed), picks indices with `leader_selector`, and
+/// broadcasts them; every rank compresses its own acc at those indices (a given_indices
+/// compressor, usually presets::scalecom); the k values are summed (reduce to the
+/// leader, broadcast) and `dense[i] += scale * sum`. Every rank commits the same index
+/// set, and each moves O(k) values whatever the number of ranks. If any rank's step is
+/// rejected, every rank throws. (A rejected step elsewhere leaves this rank's
+/// compressor one step ahead: restore a checkpoint on all ranks to resume in step.)
+template <class LeaderSelector, class Compressor>
+class cyclic_topk {
+ public:
+  cyclic_topk(mpi& comm, Compressor& compressor, LeaderSelector leader_selector)
+      : comm_(comm),
+        compressor_(compressor),
+        policy_(leader_selector),
+        leader_(backend::host{}, leader_selector, compressor.size()),
+        acc_(compressor.size()),
+        index_(leader_selector.max_selected(compressor.size())),
+        message_(compressor.max_message_bytes()) {
+    leader_selector.validate(compressor.size());
+  }
+
+  /// One step with this rank's gradient. Returns this rank's message (its values at the
+  /// shared indices), valid until the next step.
+  message step(std::span<const float> grad, std::span<float> dense, float scale) {
+    detail::require(dense.size() == compressor_.size(), errc::invalid_argument, "cyclic_topk: dense.size() = ",
+                    dense.size(), " does not match n = ", compressor_.size());
+    const int leader = static_cast<int>(compressor_.step() % static_cast<std::uint64_t>(comm_.size()));
+    std::uint64_t count = 0;
+    if (comm_.rank() == leader) {
+      preview(grad);
+      count = leader_.select(policy_, {acc_, grad, compressor_.step()}, index_).count;
+    }
+    MPI_Bcast(&count, 1, MPI_UINT64_T, leader, comm_.communicator());
+    MPI_Bcast(index_.data(), static_cast<int>(count), MPI_UINT32_T, leader, comm_.communicator());
+    compressor_.set_indices(std::span<const std::uint32_t>(index_.data(), static_cast<std::size_t>(count)));
+    if (message_.size() < compressor_.max_message_bytes()) message_.resize(compressor_.max_message_bytes());
+    // A rank whose step is rejected (a NaN, say) must not leave the others waiting in
+    // the reduction: agree first, then every rank throws or none does.
+    message m;
+    int ok = 1;
+    try {
+      m = compressor_.compress(grad, message_);
+    } catch (const error&) {
+      ok = 0;
+    }
+    int all_ok = 0;
+    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm_.communicator());
+    if (!ok) (void)compressor_.compress(grad, message_);  // rethrows this rank's own reason, unchanged state
+    detail::require(all_ok == 1, errc::non_finite, "cyclic_topk: another rank rejected its gradient this step");
+    values_.clear();
+    detail::message_reader(m.bytes()).visit([&](std::uint32_t, float v) { values_.push_back(v); });
+    sum_.resize(values_.size());
+    MPI_Reduce(values_.data(), sum_.data(), static_cast<int>(values_.size()), MPI_FLOAT, MPI_SUM, leader,
+               comm_.communicator());
+    MPI_Bcast(sum_.data(), static_cast<int>(sum_.size()), MPI_FLOAT, leader, comm_.communicator());
+    for (std::size_t j = 0; j < sum_.size(); ++j) dense[index_[j]] += scale * sum_[j];
+    return m;
+  }
+
+ private:
+  // acc as the corrector's update would make it from the committed state.
+  void preview(std::span<const float> grad) {
+    const auto& corrector = compressor_.corrector();
+    using corrector_type = std::remove_cvref_t<decltype(corrector)>;
+    constexpr std::size_t arrays = corrector_type::state_arrays;
+    for (std::size_t i = 0; i < acc_.size(); ++i) {
+      float s[arrays + 1];
+      for (std::size_t a = 0; a < arrays; ++a) s[a] = compressor_.corrector_state(a)[i];
+      acc_[i] = corrector.update(s, grad[i]);
+    }
+  }
+
+  mpi& comm_;
+  Compressor& compressor_;
+  LeaderSelector policy_;
+  detail::engine<LeaderSelector, backend::host> leader_;
+  std::vector<float> acc_;
+  std::vector<std::uint32_t> index_;
+  std::vector<std::byte> message_;
+  std::vector<float> values_, sum_;
 };
 
 }  // namespace comm
