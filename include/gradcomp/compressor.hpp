@@ -62,7 +62,7 @@ class compressor {
   [[nodiscard]] std::size_t max_message_bytes() const { return encoder_.max_bytes(n_, selector_.max_selected(n_)); }
 
   /// The corrector's committed memory array `a` (< Corrector::state_arrays), e.g. the
-  /// error-feedback residual; in the backend's memory.
+  /// error-feedback residual, readable on the host (a copy, for device memory).
   [[nodiscard]] std::span<const float> corrector_state(std::size_t a) const {
     detail::require(a < Corrector::state_arrays, errc::invalid_argument, "corrector_state: array ", a,
                     " does not exist, ", corrector_.name(), " keeps ", Corrector::state_arrays);
@@ -77,7 +77,8 @@ class compressor {
   /// Runs one step: updates the corrector's memory with `grad`, selects, encodes into
   /// `out` and commits what was sent.
   /// \param grad the gradient, n elements in the backend's memory
-  /// \param out  at least max_message_bytes() bytes in the backend's memory
+  /// \param out  at least max_message_bytes() bytes of host memory (messages are host
+  ///             bytes on the host and Kokkos backends)
   /// \returns a view of the message written at the front of `out`
   /// \throws gradcomp::error if grad.size() != n, `out` is too small, or grad (or the
   ///         accumulated value) holds a NaN or infinity; state and `out` are then unchanged.
