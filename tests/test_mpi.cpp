@@ -115,6 +115,51 @@ TEST_CASE("a corrupt message fails on every rank and changes nothing") {
   CHECK(std::all_of(dense.begin(), dense.end(), [](float v) { return v == 1.0f; }));
 }
 
+TEST_CASE("bucketed all-gather of a model's layers equals one exchange per layer") {
+  gc::comm::mpi comm;
+  const std::vector<std::size_t> layers{784 * 256, 256, 256 * 10, 10, 1};
+  std::vector<gc::compressor<gc::backend::host, gc::select::exact_topk, gc::correct::error_feedback>> mine, separate;
+  for (const auto n : layers) {
+    mine.emplace_back(gc::backend::host{}, n, gc::select::exact_topk{.density = 0.01}, gc::correct::error_feedback{});
+    separate.emplace_back(gc::backend::host{}, n, gc::select::exact_topk{.density = 0.01}, gc::correct::error_feedback{});
+  }
+  std::vector<std::vector<float>> bucketed(layers.size()), one_by_one(layers.size());
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    bucketed[l].assign(layers[l], 0.0f);
+    one_by_one[l].assign(layers[l], 0.0f);
+  }
+  for (int t = 0; t < 3; ++t) {
+    std::vector<std::vector<std::byte>> bufs(layers.size());
+    std::vector<std::span<const std::byte>> messages;
+    std::vector<std::span<float>> dense;
+    for (std::size_t l = 0; l < layers.size(); ++l) {
+      const auto g = gradient_of(comm.rank(), layers[l], 10 * t + static_cast<int>(l));
+      bufs[l].resize(mine[l].max_message_bytes());
+      messages.push_back(mine[l].compress(g, bufs[l]).bytes());
+      dense.push_back(bucketed[l]);
+      std::vector<std::byte> b(separate[l].max_message_bytes());
+      (void)comm.allgather_accumulate(separate[l].compress(g, b).bytes(), one_by_one[l], 0.25f);
+    }
+    comm.allgather_accumulate(messages, dense, 0.25f);
+  }
+  for (std::size_t l = 0; l < layers.size(); ++l) CHECK(bucketed[l] == one_by_one[l]);
+  // A bucket with the wrong number of tensors is refused on every rank.
+  if (comm.size() > 1) {
+    std::vector<std::span<float>> dense;
+    for (auto& d : bucketed) dense.push_back(d);
+    std::vector<std::vector<std::byte>> bufs(layers.size());
+    std::vector<std::span<const std::byte>> messages;
+    for (std::size_t l = 0; l < layers.size(); ++l) {
+      bufs[l].resize(mine[l].max_message_bytes());
+      messages.push_back(mine[l].compress(gradient_of(comm.rank(), layers[l], 99), bufs[l]).bytes());
+    }
+    const auto before = bucketed;
+    if (comm.rank() == 0) messages.pop_back(), dense.pop_back();  // rank 0 sends one tensor fewer
+    CHECK_THROWS_AS(comm.allgather_accumulate(messages, dense, 1.0f), gc::error);
+    CHECK(bucketed == before);
+  }
+}
+
 TEST_CASE("ScaleCom cyclic local top-k equals its simulation, O(k) per rank") {
   gc::comm::mpi comm;
   const int ranks = comm.size();

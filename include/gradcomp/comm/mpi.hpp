@@ -66,8 +66,58 @@ class mpi {
     return path::sparse;
   }
 
+  /// Bucketed sparse all-gather for many tensors (a model's layers) in one exchange:
+  /// `messages[t]` is this rank's message for tensor t and `dense[t]` its aggregate, for
+  /// every t; then `dense[t] += scale * sum over ranks of decode(message of rank r for
+  /// tensor t)`, ranks in order. One size exchange and one MPI_Allgatherv carry all the
+  /// tensors, whatever their number. Every message of every rank is validated first.
+  void allgather_accumulate(std::span<const std::span<const std::byte>> messages, std::span<const std::span<float>> dense,
+                            float scale) {
+    detail::require(messages.size() == dense.size(), errc::invalid_argument, "allgather_accumulate: ",
+                    messages.size(), " messages for ", dense.size(), " dense tensors");
+    detail::require(std::isfinite(scale), errc::invalid_argument, "allgather_accumulate: scale must be finite, got ",
+                    scale);
+    // This rank's bucket: u64 tensor count, u64 size of each message, the messages.
+    bucket_.assign(8 * (1 + messages.size()), std::byte{0});
+    detail::store_le<std::uint64_t>(bucket_.data(), messages.size());
+    for (std::size_t t = 0; t < messages.size(); ++t) {
+      detail::store_le<std::uint64_t>(bucket_.data() + 8 * (1 + t), messages[t].size());
+      bucket_.insert(bucket_.end(), messages[t].begin(), messages[t].end());
+    }
+    const auto mine = static_cast<std::uint64_t>(bucket_.size());
+    sizes_.resize(static_cast<std::size_t>(size_));
+    MPI_Allgather(&mine, 1, MPI_UINT64_T, sizes_.data(), 1, MPI_UINT64_T, comm_);
+    std::uint64_t total = 0;
+    for (const auto s : sizes_) total += s;
+    gather(bucket_, total);
+    // Split every rank's bucket and check all of it before any accumulation.
+    parts_.clear();
+    for (int r = 0; r < size_; ++r) {
+      const auto b = received(r);
+      detail::require(b.size() >= 8 && detail::load_le<std::uint64_t>(b.data()) == messages.size() &&
+                          b.size() >= 8 * (1 + messages.size()),
+                      errc::corrupt_message, "allgather_accumulate: rank ", r, "'s bucket does not hold ",
+                      messages.size(), " tensors");
+      std::uint64_t at = 8 * (1 + messages.size());
+      for (std::size_t t = 0; t < messages.size(); ++t) {
+        const auto len = detail::load_le<std::uint64_t>(b.data() + 8 * (1 + t));
+        detail::require(len <= b.size() - at, errc::corrupt_message, "allgather_accumulate: rank ", r,
+                        "'s bucket is shorter than its directory says");
+        parts_.push_back(b.subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(len)));
+        at += len;
+      }
+      detail::require(at == b.size(), errc::corrupt_message, "allgather_accumulate: rank ", r,
+                      "'s bucket has trailing bytes");
+    }
+    for (std::size_t p = 0; p < parts_.size(); ++p) check(parts_[p], dense[p % messages.size()].size());
+    for (std::size_t p = 0; p < parts_.size(); ++p) {
+      const std::span<float> d = dense[p % messages.size()];
+      detail::message_reader(parts_[p]).visit([&](std::uint32_t index, float value) { d[index] += scale * value; });
+    }
+  }
+
  private:
-  void sparse_path(std::span<const std::byte> message, std::span<float> dense, float scale, std::uint64_t total) {
+  void gather(std::span<const std::byte> mine, std::uint64_t total) {
     detail::require(total <= static_cast<std::uint64_t>(INT32_MAX), errc::invalid_argument,
                     "allgather_accumulate: ", total, " bytes of messages exceed what one MPI_Allgatherv moves");
     counts_.resize(static_cast<std::size_t>(size_));
@@ -79,8 +129,12 @@ class mpi {
       at += counts_[static_cast<std::size_t>(r)];
     }
     if (gathered_.size() < total) gathered_.resize(static_cast<std::size_t>(total));
-    MPI_Allgatherv(message.data(), static_cast<int>(message.size()), MPI_BYTE, gathered_.data(), counts_.data(),
+    MPI_Allgatherv(mine.data(), static_cast<int>(mine.size()), MPI_BYTE, gathered_.data(), counts_.data(),
                    displs_.data(), MPI_BYTE, comm_);
+  }
+
+  void sparse_path(std::span<const std::byte> message, std::span<float> dense, float scale, std::uint64_t total) {
+    gather(message, total);
     // Validate all, then apply all: no rank writes unless every message is sound.
     for (int r = 0; r < size_; ++r) check(received(r), dense.size());
     for (int r = 0; r < size_; ++r) {
@@ -127,7 +181,8 @@ class mpi {
   int size_ = 1;
   std::vector<std::uint64_t> sizes_;
   std::vector<int> counts_, displs_;
-  std::vector<std::byte> gathered_;
+  std::vector<std::byte> gathered_, bucket_;
+  std::vector<std::span<const std::byte>> parts_;
   std::vector<float> mine_, sum_;
 };
 
