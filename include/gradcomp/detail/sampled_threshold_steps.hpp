@@ -107,5 +107,18 @@ class threshold_memory {
   std::uint32_t next_ = 0;
 };
 
+/// The part of every backend's sampled_threshold engine that the compressor sees for
+/// the carried threshold: accept() and the checkpoint hooks.
+class carries_threshold {
+ public:
+  void accept() noexcept { memory_.accept(); }
+  [[nodiscard]] std::vector<double> saved_state() const { return memory_.saved_state(); }
+  void restore_state(std::span<const double> s) noexcept { memory_.restore_state(s); }
+  [[nodiscard]] static bool valid_state(std::span<const double> s) noexcept { return threshold_memory::valid_state(s); }
+
+ protected:
+  threshold_memory memory_;
+};
+
 }  // namespace detail
 GRADCOMP_NAMESPACE_END

@@ -24,7 +24,7 @@ GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 
 template <>
-class engine<select::sampled_threshold, backend::host> {
+class engine<select::sampled_threshold, backend::host> : public carries_threshold {
  public:
   static constexpr bool checks_finite = true;  // its collect pass reads every entry
 
@@ -108,13 +108,6 @@ class engine<select::sampled_threshold, backend::host> {
     return {count};
   }
 
-  void accept() noexcept { memory_.accept(); }
-
-  /// The threshold carried between steps (reuse_threshold), for checkpoints.
-  [[nodiscard]] std::vector<double> saved_state() const { return memory_.saved_state(); }
-  void restore_state(std::span<const double> s) noexcept { memory_.restore_state(s); }
-  [[nodiscard]] static bool valid_state(std::span<const double> s) noexcept { return threshold_memory::valid_state(s); }
-
  private:
   int threads_;
   std::size_t n_;
@@ -124,7 +117,6 @@ class engine<select::sampled_threshold, backend::host> {
   sample_plan plan_;
   bool reusing_ = false;
   bool observed_ = false;
-  threshold_memory memory_;
 };
 
 }  // namespace detail

@@ -310,7 +310,7 @@ class engine<select::given_indices, backend::kokkos<Space>> : public kokkos_no_o
 };
 
 template <class Space>
-class engine<select::sampled_threshold, backend::kokkos<Space>> : public kokkos_no_observe {
+class engine<select::sampled_threshold, backend::kokkos<Space>> : public kokkos_no_observe, public carries_threshold {
  public:
   engine(const backend::kokkos<Space>& be, const select::sampled_threshold& policy, std::size_t n)
       : be_(be), n_(n), topk_(be, n), candidates_(be.template allocate<std::uint32_t>(n)),
@@ -373,11 +373,6 @@ class engine<select::sampled_threshold, backend::kokkos<Space>> : public kokkos_
     return {count};
   }
 
-  void accept() noexcept { memory_.accept(); }
-  [[nodiscard]] std::vector<double> saved_state() const { return memory_.saved_state(); }
-  void restore_state(std::span<const double> s) noexcept { memory_.restore_state(s); }
-  [[nodiscard]] static bool valid_state(std::span<const double> s) noexcept { return threshold_memory::valid_state(s); }
-
  private:
   backend::kokkos<Space> be_;
   std::size_t n_;
@@ -386,7 +381,6 @@ class engine<select::sampled_threshold, backend::kokkos<Space>> : public kokkos_
   Kokkos::View<float*, kk::memory<Space>> sample_;
   std::vector<std::uint32_t> staging_index_, staging_keys_;
   std::vector<float> staging_sample_;
-  threshold_memory memory_;
 };
 
 }  // namespace detail
