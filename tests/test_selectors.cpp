@@ -141,6 +141,32 @@ TEST_CASE("chunk_local follows AdaComp's rule, short last bin and straddling bin
   }
 }
 
+TEST_CASE("chunk_local without a corrector: threads write their runs in place, any thread count") {
+  // acc = g, so the rule keeps |2 g_i| >= max |g| of the bin.
+  for (const int threads : {1, 2, 3, 5}) {
+    for (const std::size_t bin : {std::size_t{1}, std::size_t{7}, std::size_t{50}, std::size_t{70001}}) {
+      for (const std::size_t n : {std::size_t{1}, std::size_t{4}, std::size_t{49}, std::size_t{1003}, std::size_t{200003}}) {
+        CAPTURE(threads);
+        CAPTURE(bin);
+        CAPTURE(n);
+        gc::compressor c{gc::backend::host{.threads = threads}, n, gc::select::chunk_local{.bin = bin}};
+        const auto g = inputs::make(inputs::shape::normal, n, 77);
+        std::vector<std::uint32_t> want;
+        for (std::size_t b = 0; b < n; b += bin) {
+          float gmax = 0.0f;
+          for (std::size_t i = b; i < std::min(n, b + bin); ++i) gmax = std::max(gmax, std::fabs(g[i]));
+          for (std::size_t i = b; i < std::min(n, b + bin); ++i) {
+            if (std::fabs(g[i] + g[i]) >= gmax) want.push_back(static_cast<std::uint32_t>(i));
+          }
+        }
+        const auto s = step(c, g);
+        REQUIRE(s.indices == want);
+        for (std::size_t j = 0; j < want.size(); ++j) REQUIRE(s.values[j] == g[want[j]]);
+      }
+    }
+  }
+}
+
 TEST_CASE("random_k picks k distinct indices from the seed and step alone") {
   const std::size_t n = 100003;
   const gc::select::random_k policy{.density = 0.01, .seed = 9};

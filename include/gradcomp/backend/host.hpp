@@ -92,5 +92,24 @@ void for_each_chunk(int threads, std::size_t n, Body&& body) {
   (void)threads;
 }
 
+/// The `block`-th of `blocks` contiguous, near-equal parts of [0, count).
+struct block_range {
+  std::size_t first, last;
+  block_range(int block, int blocks, std::size_t count) noexcept
+      : first(count * static_cast<std::size_t>(block) / static_cast<std::size_t>(blocks)),
+        last(count * static_cast<std::size_t>(block + 1) / static_cast<std::size_t>(blocks)) {}
+};
+
+/// Calls `body(block, range)` for `blocks` contiguous parts of [0, count), one thread
+/// each: for work whose output position depends on everything before it, so that each
+/// thread writes one contiguous run. `body` must not throw.
+template <class Body>
+void for_each_block(int blocks, std::size_t count, Body&& body) {
+#if GRADCOMP_HAS_OPENMP
+#pragma omp parallel for schedule(static, 1) num_threads(blocks) if (blocks > 1)
+#endif
+  for (int b = 0; b < blocks; ++b) body(b, block_range(b, blocks, count));
+}
+
 }  // namespace detail
 GRADCOMP_NAMESPACE_END
