@@ -11,6 +11,7 @@ packages=(
   libbenchmark-dev               # Google Benchmark suites
   libtrilinos-kokkos-dev         # the Kokkos backend (Kokkos 3.4.1, Serial)
   libopenmpi-dev openmpi-bin     # MPI collectives, tested under mpirun
+  libeigen3-dev zlib1g-dev dataset-fashion-mnist   # examples/train_fashion_mnist (model math, IDX.gz, data)
   python3 python3-numpy python3-matplotlib   # benchmark tables and plots
  "$@"
 )
