@@ -94,6 +94,49 @@ TEST_CASE("a rejected compress leaves the buffer and the state untouched") {
   CHECK(c.step() == 1);
 }
 
+TEST_CASE("while clipping, the dgc step updates in place and still rejects without loss") {
+  // Clipping every step: the norm pass runs first, and with a finite gradient and a
+  // bounded result the new state overwrites the committed one.
+  const std::size_t n = 5000;
+  auto make = [&](float beta) {
+    return gc::presets::dgc(gc::backend::host{}, n, {.momentum = beta, .max_norm = 1.0f}, gc::select::exact_topk{.density = 0.01});
+  };
+  std::vector<std::byte> buf;
+  SUBCASE("a NaN after in-place steps") {
+    auto c = make(0.9f);
+    auto twin = make(0.9f);
+    buf.resize(c.max_message_bytes());
+    for (int t = 0; t < 3; ++t) {
+      const auto g = inputs::make(inputs::shape::normal, n, 40 + static_cast<std::uint64_t>(t));
+      (void)c.compress(g, buf);
+      (void)twin.compress(g, buf);
+    }
+    std::fill(buf.begin(), buf.end(), std::byte{0xAB});
+    const auto before = snapshot(c);
+    auto g = inputs::make(inputs::shape::normal, n, 50);
+    g[777] = nan_value;
+    CHECK_THROWS_WITH_AS(c.compress(g, buf), Contains("grad[777] = nan is not finite"), gc::error);
+    CHECK(snapshot(c) == before);
+    CHECK(std::all_of(buf.begin(), buf.end(), [](std::byte b) { return b == std::byte{0xAB}; }));
+    // and the next step is the twin's, which never saw the NaN
+    const auto next = inputs::make(inputs::shape::normal, n, 51);
+    std::vector<std::byte> other(buf.size());
+    const auto a = c.compress(next, buf);
+    const auto b = twin.compress(next, other);
+    CHECK(std::equal(a.bytes().begin(), a.bytes().end(), b.bytes().begin(), b.bytes().end()));
+  }
+  SUBCASE("an overflow the bound foresees: the step runs double-buffered and is rejected") {
+    // beta = 1e30: u grows by 1e30 a step; the third update would overflow.
+    auto c = make(1e30f);
+    buf.resize(c.max_message_bytes());
+    (void)c.compress(inputs::make(inputs::shape::normal, n, 1), buf);
+    (void)c.compress(inputs::make(inputs::shape::normal, n, 2), buf);
+    const auto before = snapshot(c);
+    CHECK_THROWS_WITH_AS(c.compress(inputs::make(inputs::shape::normal, n, 3), buf), Contains("overflowed to"), gc::error);
+    CHECK(snapshot(c) == before);
+  }
+}
+
 TEST_CASE("set_density validates and applies from the next step") {
   const std::size_t n = 10000;
   gc::compressor c{gc::backend::host{}, n, gc::select::exact_topk{.density = 0.001}};

@@ -63,6 +63,12 @@ struct chain {
     last().commit(s, old, acc, sent);
   }
   GRADCOMP_HOST_DEVICE const last_type& last() const noexcept { return std::get<sizeof...(Parts) - 1>(parts); }
+  /// The stateful corrector's bound (the transforms only shrink g).
+  [[nodiscard]] double magnitude_bound(const double* state_max, double g_max) const noexcept
+    requires requires(const last_type& l, const double* m, double g) { l.magnitude_bound(m, g); }
+  {
+    return last().magnitude_bound(state_max, g_max);
+  }
 
  private:
   template <class P>

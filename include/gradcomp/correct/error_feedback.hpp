@@ -36,6 +36,11 @@ struct error_feedback {
     s[0] = beta * s[0] + gamma * g;
     return s[0];
   }
+  /// A bound of |e| after update() from |e| <= state_max[0] and |g| <= g_max (commit
+  /// then moves e by |sent|).
+  [[nodiscard]] double magnitude_bound(const double* state_max, double g_max) const noexcept {
+    return std::fabs(static_cast<double>(beta)) * state_max[0] + std::fabs(static_cast<double>(gamma)) * g_max;
+  }
   /// One sent element: `s` holds the updated e, `old` the e before the step.
   GRADCOMP_HOST_DEVICE void commit(float* s, const float* /*old*/, float /*acc*/, float sent) const noexcept {
     s[0] -= sent;

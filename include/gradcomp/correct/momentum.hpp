@@ -43,6 +43,12 @@ struct momentum {
     }
     return s[1];
   }
+  /// A bound of |u| and |v| after update() from |u| <= state_max[0], |v| <= state_max[1]
+  /// and |g| <= g_max (commit then moves v by |sent| and u towards 0).
+  [[nodiscard]] double magnitude_bound(const double* state_max, double g_max) const noexcept {
+    const double b = std::fabs(static_cast<double>(beta));
+    return nesterov ? state_max[1] + b * (state_max[0] + g_max) + g_max : state_max[1] + b * state_max[0] + g_max;
+  }
   GRADCOMP_HOST_DEVICE void commit(float* s, const float* /*old*/, float /*acc*/, float sent) const noexcept {
     s[1] -= sent;
     if (masking) s[0] = 0.0f;

@@ -11,7 +11,9 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <vector>
 
@@ -24,6 +26,14 @@ concept elementwise_corrector = requires(const P& p, float* s, const float* old,
   { P::acc_state } -> std::convertible_to<int>;
   { p.update(s, x) } -> std::same_as<float>;
   p.commit(s, old, x, x);
+};
+
+/// A corrector whose update can be bounded: `magnitude_bound(state_max, g_max)` is an
+/// upper bound of every |new state| and |acc| given bounds of |state| and |g|, and its
+/// commit moves a state entry by at most |sent|.
+template <class P>
+concept bounded_update = requires(const P& p, const double* state_max, double g_max) {
+  { p.magnitude_bound(state_max, g_max) } -> std::convertible_to<double>;
 };
 
 template <class P>
@@ -52,10 +62,17 @@ template <elementwise_corrector Policy>
 class engine<Policy, backend::host> {
   static constexpr std::size_t arrays = Policy::state_arrays;
   static constexpr bool own_acc = Policy::acc_state < 0;
+  // In place only where the gradient is read before the update anyway (the clipping
+  // norm), so checking it there is free: DGC's step.
+  static constexpr bool in_place_capable = arrays > 0 && bounded_update<Policy> && scales_gradient<Policy>();
 
  public:
   engine(const backend::host& be, const Policy&, std::size_t n)
-      : threads_(be.concurrency()), state_(n), acc_(own_acc ? n : 0), partial_(chunk_count(n)) {}
+      : threads_(be.concurrency()),
+        state_(n),
+        acc_(own_acc ? n : 0),
+        partial_(chunk_count(n)),
+        chunk_max_(in_place_capable ? chunk_count(n) : 0) {}
 
   /// Computes the new state and acc for every element, handing each finished chunk of
   /// acc to `visit(thread, begin, acc_chunk)`. Returns false if acc is not all finite.
@@ -66,16 +83,28 @@ class engine<Policy, backend::host> {
   /// scaled, from the committed state, which the first run left untouched. When the
   /// last step clipped, the norm is taken first. Either way the result is the same and
   /// g is read once or twice, never three times.
+  ///
+  /// When the norm is taken first, the same pass finds max |g|; if g is finite and the
+  /// policy's bound shows that the update cannot overflow from the committed state
+  /// (whose bound is tracked step by step), the step cannot be rejected, and the new
+  /// state overwrites the committed one: no second copy to write.
   template <class Visit>
   bool update(const Policy& policy, std::span<const float> g, Visit&& visit) {
+    state_.begin_step(false);
     if constexpr (scales_gradient<Policy>()) {
       if (policy.needs_norm()) {
         if (last_clipped_) {
           for_each_chunk(threads_, g.size(), [&](int, std::size_t c, std::size_t begin, std::size_t end) {
             partial_[c] = sum_of_squares(g.data() + begin, end - begin);
+            if constexpr (in_place_capable) {  // a NaN must not slip through: all_finite is exact
+              const std::span<const float> chunk = g.subspan(begin, end - begin);
+              chunk_max_[c][arrays] = all_finite(chunk) ? max_magnitude(chunk.data(), chunk.size())
+                                                        : std::numeric_limits<float>::infinity();
+            }
           });
           const float scale = policy.gradient_scale(total_of_partials());
           last_clipped_ = scale != 1.0f;
+          if constexpr (in_place_capable) state_.begin_step(cannot_overflow(policy, scale));
           return run(policy, g, scale, false, visit);
         }
         const bool finite = run(policy, g, 1.0f, true, visit);
@@ -99,6 +128,10 @@ class engine<Policy, backend::host> {
   /// Applies the policy's commit to every sent element.
   void commit(const Policy& policy, std::span<const std::uint32_t> index, std::span<const float> sent) {
     const std::span<const float> values = acc({});
+    if constexpr (in_place_capable) {
+      const float largest = max_magnitude(sent.data(), sent.size());
+      for (std::size_t a = 0; a < arrays; ++a) next_max_[a] += largest;
+    }
     for (std::size_t j = 0; j < index.size(); ++j) {
       const std::uint32_t i = index[j];
       std::array<float, arrays + 1> s;
@@ -112,11 +145,14 @@ class engine<Policy, backend::host> {
     }
   }
 
-  void accept() noexcept { state_.accept(); }
-  std::span<float> committed(std::size_t a) noexcept { return state_.committed(a); }
+  void accept() noexcept {
+    state_.accept();
+    committed_max_ = next_max_;
+  }
   std::span<const float> committed(std::size_t a) const noexcept { return state_.committed(a); }
   void load_committed(std::size_t a, std::span<const float> values) noexcept {
     std::copy(values.begin(), values.end(), state_.committed(a).begin());
+    if constexpr (in_place_capable) committed_max_[a] = max_magnitude(values.data(), values.size());
   }
 
  private:
@@ -124,6 +160,18 @@ class engine<Policy, backend::host> {
     double total = 0.0;
     for (const double s : partial_) total += s;  // chunk order: the same for any thread count
     return total;
+  }
+
+  // Whether an update from the committed state with g (max |g| from the norm pass)
+  // times scale stays far below overflow.
+  bool cannot_overflow(const Policy& policy, float scale) const noexcept {
+    float g_max = 0.0f;
+    for (const auto& m : chunk_max_) g_max = std::max(g_max, m[arrays]);
+    if (!std::isfinite(g_max)) return false;  // a NaN or infinity: the checked, double-buffered run rejects it
+    std::array<double, arrays> state_max{};
+    for (std::size_t a = 0; a < arrays; ++a) state_max[a] = committed_max_[a];
+    const double bound = policy.magnitude_bound(state_max.data(), static_cast<double>(g_max) * scale);
+    return bound < static_cast<double>(std::numeric_limits<float>::max()) / 16;  // margin for rounding
   }
 
   template <class Visit>
@@ -136,19 +184,38 @@ class engine<Policy, backend::host> {
       next[a] = state_.next(a).data();
     }
     float* acc = own_acc ? acc_.data() : next[static_cast<std::size_t>(Policy::acc_state)];
+    const bool in_place = arrays > 0 && old[0] == next[0];
     for_each_chunk(threads_, g.size(), [&](int thread, std::size_t c, std::size_t begin, std::size_t end) {
-      for (std::size_t i = begin; i < end; ++i) {
-        std::array<float, arrays + 1> s;
-        for (std::size_t a = 0; a < arrays; ++a) s[a] = old[a][i];
-        const float value = policy.update(s.data(), g[i] * scale);
-        for (std::size_t a = 0; a < arrays; ++a) next[a][i] = s[a];
-        if constexpr (own_acc) acc[i] = value;
+      // In place, each array is read and written through the one pointer, so the
+      // compiler need not prove that two pointers do not overlap before it vectorises.
+      auto elements = [&]<bool InPlace>() {
+        for (std::size_t i = begin; i < end; ++i) {
+          std::array<float, arrays + 1> s;
+          for (std::size_t a = 0; a < arrays; ++a) s[a] = InPlace ? next[a][i] : old[a][i];
+          const float value = policy.update(s.data(), g[i] * scale);
+          for (std::size_t a = 0; a < arrays; ++a) next[a][i] = s[a];
+          if constexpr (own_acc) acc[i] = value;
+        }
+      };
+      if (in_place) {
+        elements.template operator()<true>();
+      } else {
+        elements.template operator()<false>();
       }
       if (sum_squares) partial_[c] = sum_of_squares(g.data() + begin, end - begin);
+      if constexpr (in_place_capable) {
+        for (std::size_t a = 0; a < arrays; ++a) chunk_max_[c][a] = max_magnitude(next[a] + begin, end - begin);
+      }
       const std::span<const float> chunk(acc + begin, end - begin);
       if (!all_finite(chunk)) bad.raise();
       visit(thread, begin, chunk);
     });
+    if constexpr (in_place_capable) {  // a bound of the new state, for the next step's check
+      next_max_ = {};
+      for (const auto& m : chunk_max_) {
+        for (std::size_t a = 0; a < arrays; ++a) next_max_[a] = std::max(next_max_[a], m[a]);
+      }
+    }
     return !bad.raised();
   }
 
@@ -156,6 +223,10 @@ class engine<Policy, backend::host> {
   host_state<arrays> state_;
   std::vector<float> acc_;
   std::vector<double> partial_;
+  // Per chunk: max |new state| of each array, and max |g| (last entry) from the norm pass.
+  std::vector<std::array<float, arrays + 1>> chunk_max_;
+  std::array<float, arrays> committed_max_{};  // bounds of |committed state|: 0 at the start
+  std::array<float, arrays> next_max_{};       // the same for the step in progress
   bool last_clipped_ = false;  // a guess of which order of passes is cheaper; never changes results
 };
 
