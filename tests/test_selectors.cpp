@@ -13,6 +13,20 @@ namespace gc = gradcomp;
 
 namespace {
 
+// AdaComp's rule, written plainly: in each bin, i with |acc_i + g_i| >= max |acc| of the bin.
+std::vector<std::uint32_t> adacomp_reference(const std::vector<float>& acc, const std::vector<float>& g, std::size_t bin) {
+  const std::size_t n = acc.size();
+  std::vector<std::uint32_t> want;
+  for (std::size_t b = 0; b < n; b += bin) {
+    float gmax = 0.0f;
+    for (std::size_t i = b; i < std::min(n, b + bin); ++i) gmax = std::max(gmax, std::fabs(acc[i]));
+    for (std::size_t i = b; i < std::min(n, b + bin); ++i) {
+      if (std::fabs(acc[i] + g[i]) >= gmax) want.push_back(static_cast<std::uint32_t>(i));
+    }
+  }
+  return want;
+}
+
 template <class C>
 gc::sparse_vector step(C& c, const std::vector<float>& g) {
   std::vector<std::byte> buf(c.max_message_bytes());
@@ -121,14 +135,7 @@ TEST_CASE("chunk_local follows AdaComp's rule, short last bin and straddling bin
         const auto g = inputs::make(inputs::shape::student_t3, n, 20 + static_cast<std::uint64_t>(t));
         std::vector<float> acc(n);
         for (std::size_t i = 0; i < n; ++i) acc[i] = residual[i] + g[i];
-        std::vector<std::uint32_t> want;
-        for (std::size_t b = 0; b < n; b += bin) {
-          float gmax = 0.0f;
-          for (std::size_t i = b; i < std::min(n, b + bin); ++i) gmax = std::max(gmax, std::fabs(acc[i]));
-          for (std::size_t i = b; i < std::min(n, b + bin); ++i) {
-            if (std::fabs(acc[i] + g[i]) >= gmax) want.push_back(static_cast<std::uint32_t>(i));
-          }
-        }
+        const auto want = adacomp_reference(acc, g, bin);
         const auto s = step(c, g);
         REQUIRE(s.indices == want);
         for (std::size_t j = 0; j < want.size(); ++j) {
@@ -151,14 +158,7 @@ TEST_CASE("chunk_local without a corrector: threads write their runs in place, a
         CAPTURE(n);
         gc::compressor c{gc::backend::host{.threads = threads}, n, gc::select::chunk_local{.bin = bin}};
         const auto g = inputs::make(inputs::shape::normal, n, 77);
-        std::vector<std::uint32_t> want;
-        for (std::size_t b = 0; b < n; b += bin) {
-          float gmax = 0.0f;
-          for (std::size_t i = b; i < std::min(n, b + bin); ++i) gmax = std::max(gmax, std::fabs(g[i]));
-          for (std::size_t i = b; i < std::min(n, b + bin); ++i) {
-            if (std::fabs(g[i] + g[i]) >= gmax) want.push_back(static_cast<std::uint32_t>(i));
-          }
-        }
+        const auto want = adacomp_reference(g, g, bin);
         const auto s = step(c, g);
         REQUIRE(s.indices == want);
         for (std::size_t j = 0; j < want.size(); ++j) REQUIRE(s.values[j] == g[want[j]]);
