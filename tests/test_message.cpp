@@ -66,42 +66,24 @@ TEST_CASE("truncated messages are rejected at every length") {
 TEST_CASE("hostile header fields are rejected") {
   const std::size_t n = 300;
   const auto good = sample_message(n, 9);
-  auto b = good;
-  poke<std::uint32_t>(b, 0, 0x12345678u);
-  require_rejected(b, n, "wrong magic");
-  b = good;
-  poke<std::uint16_t>(b, 4, 2);
-  require_rejected(b, n, "future version");
-  b = good;
-  poke<std::uint8_t>(b, 6, 200);
-  require_rejected(b, n, "unknown index coding");
-  b = good;
-  poke<std::uint8_t>(b, 7, 0);
-  require_rejected(b, n, "unknown value coding");
-  b = good;
-  poke<std::uint32_t>(b, 8, 0x80u);
-  require_rejected(b, n, "unknown flag");
-  b = good;
-  poke<std::uint64_t>(b, 16, 0);
-  require_rejected(b, n, "n = 0");
-  b = good;
-  poke<std::uint64_t>(b, 16, std::uint64_t{1} << 40);
-  require_rejected(b, n, "n beyond 32-bit indices");
-  b = good;
-  poke<std::uint64_t>(b, 16, 5);
-  require_rejected(b, n, "count > n");
-  b = good;
-  poke<std::uint64_t>(b, 24, 10);
-  require_rejected(b, n, "count disagrees with sections");
-  b = good;
-  poke<std::uint64_t>(b, 32, ~std::uint64_t{0});
-  require_rejected(b, n, "huge index section");
-  b = good;
-  poke<std::uint64_t>(b, 40, ~std::uint64_t{0} - 10);
-  require_rejected(b, n, "huge value section");
-  b = good;
-  poke<std::uint64_t>(b, 24, ~std::uint64_t{0} / 4 + 1);  // 4 * count wraps to a small number
-  require_rejected(b, n, "count that overflows a size computation");
+  // The good message with the header field at byte `at` overwritten.
+  auto rejected_with = [&]<class T>(std::size_t at, T value, const char* why) {
+    auto b = good;
+    poke<T>(b, at, value);
+    require_rejected(b, n, why);
+  };
+  rejected_with(0, std::uint32_t(0x12345678u), "wrong magic");
+  rejected_with(4, std::uint16_t(2), "future version");
+  rejected_with(6, std::uint8_t(200), "unknown index coding");
+  rejected_with(7, std::uint8_t(0), "unknown value coding");
+  rejected_with(8, std::uint32_t(0x80u), "unknown flag");
+  rejected_with(16, std::uint64_t(0), "n = 0");
+  rejected_with(16, std::uint64_t{1} << 40, "n beyond 32-bit indices");
+  rejected_with(16, std::uint64_t(5), "count > n");
+  rejected_with(24, std::uint64_t(10), "count disagrees with sections");
+  rejected_with(32, ~std::uint64_t{0}, "huge index section");
+  rejected_with(40, ~std::uint64_t{0} - 10, "huge value section");
+  rejected_with(24, ~std::uint64_t{0} / 4 + 1, "count that overflows a size computation");  // 4 * count wraps to a small number
 }
 
 TEST_CASE("hostile entries are rejected") {
