@@ -124,6 +124,76 @@ TEST_CASE("sampled_threshold reuses its threshold, and checkpoints carry it") {
   }
 }
 
+namespace {
+
+// The steps of a compressor run one after the other, as without fusion: the corrector's
+// pass, then the selector on the finished acc (sampling it directly, collecting in a
+// pass of its own), the encoder and the commit. Returns the indices of each step.
+template <class Selector, class Corrector>
+std::vector<std::vector<std::uint32_t>> unfused_steps(std::size_t n, Selector s, Corrector c,
+                                                      const std::vector<std::vector<float>>& grads) {
+  const gc::backend::host host{};
+  const gc::encode::index_value e{};
+  gc::detail::engine<Selector, gc::backend::host> select(host, s, n);
+  gc::detail::engine<Corrector, gc::backend::host> correct(host, c, n);
+  gc::detail::engine<gc::encode::index_value, gc::backend::host> encode(host, e, n, s.max_selected(n));
+  std::vector<std::uint32_t> index(s.max_selected(n));
+  std::vector<float> sent(index.size());
+  std::vector<std::byte> buf(e.max_bytes(n, index.size()));
+  std::vector<std::vector<std::uint32_t>> out;
+  for (std::uint64_t step = 0; step < grads.size(); ++step) {
+    const auto& g = grads[step];
+    REQUIRE(correct.update(c, g, [](int, std::size_t, std::span<const float>) {}));
+    const auto acc = correct.acc(g);
+    const auto chosen = select.select(s, {acc, g, step}, index);
+    REQUIRE(chosen.finite);
+    const std::span<const std::uint32_t> idx(index.data(), chosen.count);
+    encode.encode(e, {acc, idx, step, chosen.value_scale}, buf, sent);
+    correct.commit(c, idx, std::span<const float>(sent.data(), chosen.count));
+    correct.accept();
+    select.accept();
+    out.emplace_back(idx.begin(), idx.end());
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("sampled_threshold behind a corrector: sampling ahead and collecting in its pass select as the plain steps do") {
+  using gc::correct::chain;
+  using gc::correct::clip_norm;
+  using gc::correct::momentum;
+  for (const auto shape : {inputs::shape::normal, inputs::shape::log_normal}) {
+    for (const std::size_t n : {std::size_t{10000}, std::size_t{300007}}) {
+      // Gradients whose norm jumps: clip_norm clips some steps and not others, so the
+      // corrector runs its norm-first (in place) and its optimistic passes, and re-runs.
+      std::vector<std::vector<float>> grads;
+      for (int t = 0; t < 8; ++t) {
+        auto g = inputs::make(shape, n, 40 + static_cast<std::uint64_t>(t));
+        const float scale = (t % 3 == 1) ? 100.0f : 0.01f;
+        for (auto& x : g) x *= scale;
+        grads.push_back(std::move(g));
+      }
+      for (const double d : {0.001, 0.01}) {
+        for (const bool truncate : {false, true}) {
+          CAPTURE(n);
+          CAPTURE(d);
+          CAPTURE(truncate);
+          const gc::select::sampled_threshold s{.density = d, .seed = 9, .truncate = truncate};
+          auto check = [&](auto corrector) {
+            gc::compressor c{gc::backend::host{}, n, s, corrector};
+            const auto want = unfused_steps(n, s, corrector, grads);
+            for (std::size_t t = 0; t < grads.size(); ++t) CHECK(step(c, grads[t]).indices == want[t]);
+          };
+          check(gc::correct::error_feedback{});
+          check(momentum{.beta = 0.9f});
+          check(chain{clip_norm{.max_norm = 5.0f}, momentum{.beta = 0.9f}});
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("chunk_local follows AdaComp's rule, short last bin and straddling bins included") {
   for (const std::size_t bin : {std::size_t{1}, std::size_t{7}, std::size_t{50}, std::size_t{500}, std::size_t{70001}}) {
     for (const std::size_t n : {std::size_t{1}, std::size_t{49}, std::size_t{1003}, std::size_t{200003}}) {

@@ -90,14 +90,19 @@ class compressor {
                     " bytes is smaller than max_message_bytes() = ", need);
 
     // The selector's first pass rides on the corrector's: each chunk of acc is handed
-    // over while it is still in cache. Without a corrector (acc = g), a selector that
+    // over while it is still in cache, and a selector may look ahead at acc before the
+    // pass (sampled_threshold samples it, then collects in the pass). Without a corrector (acc = g), a selector that
     // reads every entry checks finiteness itself and g is read once.
     std::span<const float> acc = grad;
     if constexpr (!skips_update) {
       select_.begin_observe(selector_, step_);
-      const bool finite = correct_.update(corrector_, grad, [&](int thread, std::size_t begin, auto acc_chunk) {
+      const auto observe = [&](int thread, std::size_t begin, auto acc_chunk) {
         select_.observe(thread, begin, acc_chunk, grad.subspan(begin, acc_chunk.size()));
-      });
+      };
+      const auto before_pass = [&](auto&& acc_at) {
+        if constexpr (requires { select_.before_pass(selector_, acc_at); }) select_.before_pass(selector_, acc_at);
+      };
+      const bool finite = correct_.update(corrector_, grad, observe, before_pass);
       acc = correct_.acc(grad);
       if (!finite) report_non_finite(grad, acc);
     }

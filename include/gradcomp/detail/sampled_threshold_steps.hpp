@@ -46,15 +46,15 @@ std::uint32_t sampled_threshold_key(const Policy& p, std::span<const float> samp
   return kth_largest([&](std::size_t j) { return magnitude_key(sample[j]); }, m, r, 0, 0).key;
 }
 
-/// Step 3 from threshold `key`: `collect(key)` gathers C = {i : key_i >= key} and
-/// returns |C| (or stops the loop by returning 0 after flagging an error). Returns the
-/// final {|C|, key}.
+/// Step 3 from threshold `key`, whose C = {i : key_i >= key} is gathered already and
+/// has `count` members: `collect(t)` gathers C for a lowered threshold t and returns |C|
+/// (or stops the loop by returning k after flagging an error). Returns the final
+/// {|C|, key}.
 template <class Policy, class Collect>
-std::pair<std::size_t, std::uint32_t> refine_threshold(const Policy& p, std::size_t k,
-                                                       std::uint32_t key, Collect&& collect) {
+std::pair<std::size_t, std::uint32_t> refine_threshold(const Policy& p, std::size_t k, std::uint32_t key,
+                                                       std::size_t count, Collect&& collect) {
   const double low = static_cast<double>(p.lower) * static_cast<double>(k);
   const double high = static_cast<double>(p.upper) * static_cast<double>(k);
-  std::size_t count = collect(key);
   for (int it = 0; it < p.max_iters; ++it) {
     if (static_cast<double>(count) > high || static_cast<double>(count) >= low) break;
     key = magnitude_key(std::bit_cast<float>(key) * p.lower);

@@ -26,6 +26,13 @@ struct selection {
   bool finite = true;        ///< false if the selector's pass met a NaN or infinity in acc
 };
 
+/// The default of a corrector engine's `before_pass(acc_at)` hook, which a selector
+/// may use to look at acc before the corrector's pass: no look-ahead.
+struct ignore_before_pass {
+  template <class AccAt>
+  void operator()(AccAt&&) const noexcept {}
+};
+
 /// Everything an encoder engine needs to write one message.
 struct encode_input {
   std::span<const float> acc;            ///< values ranked by the selector

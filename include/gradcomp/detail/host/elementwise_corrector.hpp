@@ -8,9 +8,11 @@
 #include <gradcomp/backend/host.hpp>
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/detail/host/corrector_state.hpp>
+#include <gradcomp/detail/step_input.hpp>
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -76,6 +78,9 @@ class engine<Policy, backend::host> {
 
   /// Computes the new state and acc for every element, handing each finished chunk of
   /// acc to `visit(thread, begin, acc_chunk)`. Returns false if acc is not all finite.
+  /// Before each pass, `before_pass(acc_at)` may look ahead: `acc_at(i)` is the value
+  /// that pass is about to produce at i (a selector samples acc with it, so that it
+  /// can collect candidates during the pass instead of reading acc again after it).
   ///
   /// A clipping corrector needs ||g|| before it can scale g. When the last step did not
   /// clip, the pass runs optimistically unscaled and sums g_i^2 chunk by chunk on the
@@ -84,36 +89,32 @@ class engine<Policy, backend::host> {
   /// last step clipped, the norm is taken first. Either way the result is the same and
   /// g is read once or twice, never three times.
   ///
-  /// When the norm is taken first, the same pass finds max |g|; if g is finite and the
-  /// policy's bound shows that the update cannot overflow from the committed state
-  /// (whose bound is tracked step by step), the step cannot be rejected, and the new
-  /// state overwrites the committed one: no second copy to write.
-  template <class Visit>
-  bool update(const Policy& policy, std::span<const float> g, Visit&& visit) {
+  /// When the norm is taken first, it also tells whether g is finite (a float squared
+  /// cannot overflow a double, so the sum is finite exactly when g is) and bounds every
+  /// |g_i|. If the policy's bound then shows that the update cannot overflow from the
+  /// committed state (whose bound is tracked step by step), the step cannot be
+  /// rejected, and the new state overwrites the committed one: no second copy to write.
+  template <class Visit, class BeforePass = ignore_before_pass>
+  bool update(const Policy& policy, std::span<const float> g, Visit&& visit, BeforePass&& before_pass = {}) {
     state_.begin_step(false);
     if constexpr (scales_gradient<Policy>()) {
       if (policy.needs_norm()) {
         if (last_clipped_) {
           for_each_chunk(threads_, g.size(), [&](int, std::size_t c, std::size_t begin, std::size_t end) {
             partial_[c] = sum_of_squares(g.data() + begin, end - begin);
-            if constexpr (in_place_capable) {  // a NaN must not slip through: all_finite is exact
-              const std::span<const float> chunk = g.subspan(begin, end - begin);
-              chunk_max_[c][arrays] = all_finite(chunk) ? max_magnitude(chunk.data(), chunk.size())
-                                                        : std::numeric_limits<float>::infinity();
-            }
           });
           const float scale = policy.gradient_scale(total_of_partials());
           last_clipped_ = scale != 1.0f;
-          if constexpr (in_place_capable) state_.begin_step(cannot_overflow(policy, scale));
-          return run(policy, g, scale, false, visit);
+          if constexpr (in_place_capable) state_.begin_step(cannot_overflow(policy, scale, total_of_partials()));
+          return run(policy, g, scale, false, visit, before_pass);
         }
-        const bool finite = run(policy, g, 1.0f, true, visit);
+        const bool finite = run(policy, g, 1.0f, true, visit, before_pass);
         const float scale = policy.gradient_scale(total_of_partials());
         last_clipped_ = scale != 1.0f;
-        return scale == 1.0f ? finite : run(policy, g, scale, false, visit);
+        return scale == 1.0f ? finite : run(policy, g, scale, false, visit, before_pass);
       }
     }
-    return run(policy, g, 1.0f, false, visit);
+    return run(policy, g, 1.0f, false, visit, before_pass);
   }
 
   /// acc of the step in progress.
@@ -162,20 +163,19 @@ class engine<Policy, backend::host> {
     return total;
   }
 
-  // Whether an update from the committed state with g (max |g| from the norm pass)
-  // times scale stays far below overflow.
-  bool cannot_overflow(const Policy& policy, float scale) const noexcept {
-    float g_max = 0.0f;
-    for (const auto& m : chunk_max_) g_max = std::max(g_max, m[arrays]);
-    if (!std::isfinite(g_max)) return false;  // a NaN or infinity: the checked, double-buffered run rejects it
+  // Whether an update from the committed state with g * scale stays far below
+  // overflow, given sum of g_i^2 (which bounds every |g_i| by its root).
+  bool cannot_overflow(const Policy& policy, float scale, double sum_squares) const noexcept {
+    if (!std::isfinite(sum_squares)) return false;  // a NaN or infinity: the checked, double-buffered run rejects it
     std::array<double, arrays> state_max{};
     for (std::size_t a = 0; a < arrays; ++a) state_max[a] = committed_max_[a];
-    const double bound = policy.magnitude_bound(state_max.data(), static_cast<double>(g_max) * scale);
+    const double bound = policy.magnitude_bound(state_max.data(), std::sqrt(sum_squares) * scale);
     return bound < static_cast<double>(std::numeric_limits<float>::max()) / 16;  // margin for rounding
   }
 
-  template <class Visit>
-  bool run(const Policy& policy, std::span<const float> g, float scale, bool sum_squares, Visit&& visit) {
+  template <class Visit, class BeforePass>
+  bool run(const Policy& policy, std::span<const float> g, float scale, bool sum_squares, Visit&& visit,
+           BeforePass&& before_pass) {
     shared_flag bad;
     std::array<const float*, arrays + 1> old{};
     std::array<float*, arrays + 1> next{};
@@ -185,16 +185,39 @@ class engine<Policy, backend::host> {
     }
     float* acc = own_acc ? acc_.data() : next[static_cast<std::size_t>(Policy::acc_state)];
     const bool in_place = arrays > 0 && old[0] == next[0];
+    // Nothing is written yet, so old holds the committed state even in place.
+    before_pass([&](std::size_t i) {
+      std::array<float, arrays + 1> s;
+      for (std::size_t a = 0; a < arrays; ++a) s[a] = old[a][i];
+      const float value = policy.update(s.data(), g[i] * scale);
+      if constexpr (own_acc) {
+        return value;
+      } else {
+        return s[static_cast<std::size_t>(Policy::acc_state)];
+      }
+    });
     for_each_chunk(threads_, g.size(), [&](int thread, std::size_t c, std::size_t begin, std::size_t end) {
+      // The largest magnitude key of each state array and of acc, kept in the loop (an
+      // integer maximum vectorises; a float one does not without -ffast-math): bounds
+      // for the next step's in-place check, and a key at or above non_finite_key flags
+      // a NaN or infinity. The policy is copied so that no store can alias it.
+      const Policy p = policy;
+      std::array<std::int32_t, arrays + 1> top{};
       // In place, each array is read and written through the one pointer, so the
       // compiler need not prove that two pointers do not overlap before it vectorises.
       auto elements = [&]<bool InPlace>() {
         for (std::size_t i = begin; i < end; ++i) {
           std::array<float, arrays + 1> s;
           for (std::size_t a = 0; a < arrays; ++a) s[a] = InPlace ? next[a][i] : old[a][i];
-          const float value = policy.update(s.data(), g[i] * scale);
-          for (std::size_t a = 0; a < arrays; ++a) next[a][i] = s[a];
-          if constexpr (own_acc) acc[i] = value;
+          const float value = p.update(s.data(), g[i] * scale);
+          for (std::size_t a = 0; a < arrays; ++a) {
+            next[a][i] = s[a];
+            top[a] = std::max(top[a], static_cast<std::int32_t>(magnitude_key(s[a])));
+          }
+          if constexpr (own_acc) {
+            acc[i] = value;
+            top[arrays] = std::max(top[arrays], static_cast<std::int32_t>(magnitude_key(value)));
+          }
         }
       };
       if (in_place) {
@@ -204,11 +227,11 @@ class engine<Policy, backend::host> {
       }
       if (sum_squares) partial_[c] = sum_of_squares(g.data() + begin, end - begin);
       if constexpr (in_place_capable) {
-        for (std::size_t a = 0; a < arrays; ++a) chunk_max_[c][a] = max_magnitude(next[a] + begin, end - begin);
+        for (std::size_t a = 0; a < arrays; ++a) chunk_max_[c][a] = std::bit_cast<float>(top[a]);
       }
-      const std::span<const float> chunk(acc + begin, end - begin);
-      if (!all_finite(chunk)) bad.raise();
-      visit(thread, begin, chunk);
+      const std::size_t acc_top = own_acc ? arrays : static_cast<std::size_t>(Policy::acc_state);
+      if (static_cast<std::uint32_t>(top[acc_top]) >= non_finite_key) bad.raise();
+      visit(thread, begin, std::span<const float>(acc + begin, end - begin));
     });
     if constexpr (in_place_capable) {  // a bound of the new state, for the next step's check
       next_max_ = {};
@@ -223,8 +246,8 @@ class engine<Policy, backend::host> {
   host_state<arrays> state_;
   std::vector<float> acc_;
   std::vector<double> partial_;
-  // Per chunk: max |new state| of each array, and max |g| (last entry) from the norm pass.
-  std::vector<std::array<float, arrays + 1>> chunk_max_;
+  // Per chunk: max |new state| of each array.
+  std::vector<std::array<float, arrays>> chunk_max_;
   std::array<float, arrays> committed_max_{};  // bounds of |committed state|: 0 at the start
   std::array<float, arrays> next_max_{};       // the same for the step in progress
   bool last_clipped_ = false;  // a guess of which order of passes is cheaper; never changes results

@@ -4,6 +4,7 @@
 
 #include <gradcomp/correct/none.hpp>
 #include <gradcomp/detail/host/corrector_state.hpp>
+#include <gradcomp/detail/step_input.hpp>
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
@@ -15,8 +16,8 @@ class engine<correct::none, backend::host> {
 
   /// Checks g and hands each chunk to `visit(thread, begin, acc_chunk)`. Returns false
   /// if g holds a NaN or infinity.
-  template <class Visit>
-  bool update(const correct::none&, std::span<const float> g, Visit&& visit) {
+  template <class Visit, class BeforePass = ignore_before_pass>
+  bool update(const correct::none&, std::span<const float> g, Visit&& visit, BeforePass&& = {}) {
     shared_flag bad;
     for_each_chunk(threads_, g.size(), [&](int thread, std::size_t, std::size_t begin, std::size_t end) {
       const auto chunk = g.subspan(begin, end - begin);

@@ -1,7 +1,9 @@
 /// \file detail/host/sampled_threshold.hpp
-/// select::sampled_threshold on backend::host. The strided sample (and, with
-/// reuse_threshold, the candidates above last step's threshold) are taken inside the
-/// corrector's pass; a refinement pass reads acc only when the estimate misses.
+/// select::sampled_threshold on backend::host. Behind a corrector, the strided sample is
+/// taken before the corrector's pass (its values computed ahead from the state and g),
+/// so that the pass itself collects the candidates above the sampled threshold (or,
+/// with reuse_threshold, above last step's); a refinement pass reads acc only when that
+/// count misses the bounds.
 #pragma once
 
 #include <gradcomp/backend/host.hpp>
@@ -42,8 +44,28 @@ class engine<select::sampled_threshold, backend::host> : public carries_threshol
   void begin_observe(const select::sampled_threshold& policy, std::uint64_t step) {
     plan_ = sample_plan::make(policy, n_, step);
     reusing_ = policy.reuse_threshold && memory_.has();
+    presampled_ = false;
+    collecting_ = reusing_;
+    collect_key_ = memory_.key();
     if (plan_.exact) topk_.begin_observe();
     observed_ = true;
+  }
+
+  /// Before the corrector's pass: samples acc ahead through `acc_at(i)` (the value the
+  /// pass will produce at i) and collects, during the pass, the candidates at or above
+  /// the sampled threshold: the count refine_threshold would start from. With a reused
+  /// threshold the sample is taken in the pass as usual: it is needed only on a miss.
+  template <class AccAt>
+  void before_pass(const select::sampled_threshold& policy, AccAt&& acc_at) {
+    if (plan_.exact || reusing_) return;
+    // The sample lies scattered over the state arrays: two threads keep twice the
+    // cache misses in flight.
+    for_each_block(threads_, plan_.size, [&](int, block_range r) {
+      for (std::size_t j = r.first; j < r.last; ++j) sample_[j] = acc_at(plan_.offset + j * plan_.stride);
+    });
+    collect_key_ = sampled_threshold_key(policy, std::span<const float>(sample_).first(plan_.size));
+    presampled_ = true;
+    collecting_ = collect_key_ < non_finite_key;  // else the pass finds the NaN or infinity
   }
 
   void observe(int thread, std::size_t begin, std::span<const float> acc, std::span<const float>) noexcept {
@@ -51,14 +73,16 @@ class engine<select::sampled_threshold, backend::host> : public carries_threshol
       topk_.observe(thread, begin, acc);
       return;
     }
-    const std::size_t end = begin + acc.size();
-    std::size_t j = begin <= plan_.offset ? 0 : (begin - plan_.offset + plan_.stride - 1) / plan_.stride;
-    for (std::size_t i = plan_.offset + j * plan_.stride; j < plan_.size && i < end; ++j, i += plan_.stride) {
-      sample_[j] = acc[i - begin];
+    if (!presampled_) {
+      const std::size_t end = begin + acc.size();
+      std::size_t j = begin <= plan_.offset ? 0 : (begin - plan_.offset + plan_.stride - 1) / plan_.stride;
+      for (std::size_t i = plan_.offset + j * plan_.stride; j < plan_.size && i < end; ++j, i += plan_.stride) {
+        sample_[j] = acc[i - begin];
+      }
     }
-    if (reusing_) {
+    if (collecting_) {
       bool corrector_checks_this = false;
-      slices_.collect_chunk(begin / host_chunk, begin, acc, memory_.key(), corrector_checks_this);
+      slices_.collect_chunk(begin / host_chunk, begin, acc, collect_key_, corrector_checks_this);
     }
   }
 
@@ -67,6 +91,7 @@ class engine<select::sampled_threshold, backend::host> : public carries_threshol
     bool finite = true;
     const bool observed = std::exchange(observed_, false);
     if (!observed) {
+      presampled_ = false;
       // Standalone (no corrector pass): sample directly; the reuse candidates are
       // collected by the full pass below, which also checks finiteness.
       plan_ = sample_plan::make(policy, n_, in.step);
@@ -87,12 +112,17 @@ class engine<select::sampled_threshold, backend::host> : public carries_threshol
     std::uint32_t key = memory_.key();
     std::size_t count = reusing_ ? slices_.total() : 0;
     if (!reusing_ || !within_bounds(policy, k, count)) {
-      key = sampled_threshold_key(policy, std::span<const float>(sample_).first(plan_.size));
-      if (key >= non_finite_key) return {0, 1.0f, false};  // the sample met a NaN or infinity
-      std::tie(count, key) = refine_threshold(policy, k, key, [&](std::uint32_t t) -> std::size_t {
+      const auto collect = [&](std::uint32_t t) -> std::size_t {
         finite = slices_.collect(threads_, in.acc, t) && finite;
         return finite ? slices_.total() : k;  // k stops the loop: in bounds
-      });
+      };
+      key = presampled_ ? collect_key_ : sampled_threshold_key(policy, std::span<const float>(sample_).first(plan_.size));
+      if (key >= non_finite_key) return {0, 1.0f, false};  // the sample met a NaN or infinity
+      if (presampled_) {  // the pass collected at the sampled threshold already
+        std::tie(count, key) = refine_threshold(policy, k, key, slices_.total(), collect);
+      } else {
+        std::tie(count, key) = refine_threshold(policy, k, key, collect(key), collect);
+      }
     }
     if (!finite) return {0, 1.0f, false};
     std::uint32_t* candidates = slices_.all_indices();
@@ -117,6 +147,9 @@ class engine<select::sampled_threshold, backend::host> : public carries_threshol
   sample_plan plan_;
   bool reusing_ = false;
   bool observed_ = false;
+  bool presampled_ = false;          // this step's sample was taken by before_pass
+  bool collecting_ = false;          // observe() collects the candidates at or above:
+  std::uint32_t collect_key_ = 0;    // last step's threshold, or the sampled one
 };
 
 }  // namespace detail

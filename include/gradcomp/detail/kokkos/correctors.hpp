@@ -7,6 +7,7 @@
 #include <gradcomp/correct/none.hpp>
 #include <gradcomp/detail/host/elementwise_corrector.hpp>
 #include <gradcomp/detail/kokkos/primitives.hpp>
+#include <gradcomp/detail/step_input.hpp>
 
 #include <array>
 #include <utility>
@@ -20,8 +21,8 @@ class engine<correct::none, backend::kokkos<Space>> {
  public:
   engine(const backend::kokkos<Space>& be, const correct::none&, std::size_t) : space_(be.space) {}
 
-  template <class Visit>
-  bool update(const correct::none&, std::span<const float> g, Visit&&) {
+  template <class Visit, class BeforePass = ignore_before_pass>
+  bool update(const correct::none&, std::span<const float> g, Visit&&, BeforePass&& = {}) {
     return kk::all_finite(space_, kk::wrap<Space>(g));
   }
   std::span<const float> acc(std::span<const float> g) const noexcept { return g; }
@@ -54,8 +55,8 @@ class engine<Policy, backend::kokkos<Space>> {
   /// The new state and acc for every element; false if acc is not all finite. The
   /// gradient's norm, when a clip needs it, is summed per host chunk with eight lanes,
   /// then in chunk order, exactly as backend::host does, so the scale is identical.
-  template <class Visit>
-  bool update(const Policy& policy, std::span<const float> grad, Visit&&) {
+  template <class Visit, class BeforePass = ignore_before_pass>
+  bool update(const Policy& policy, std::span<const float> grad, Visit&&, BeforePass&& = {}) {
     const auto g = kk::wrap<Space>(grad);
     float scale = 1.0f;
     if constexpr (scales_gradient<Policy>()) {

@@ -348,7 +348,7 @@ class engine<select::sampled_threshold, backend::kokkos<Space>> : public kokkos_
       be_.space.fence();
       const float* s = kk::read_on_host<Space>(std::span<const float>(sample_.data(), plan.size), staging_sample_);
       key = sampled_threshold_key(policy, {s, plan.size});
-      std::tie(count, key) = refine_threshold(policy, k, key, collect);
+      std::tie(count, key) = refine_threshold(policy, k, key, collect(key), collect);
     }
     if (needs_top_k(policy, k, count)) {
       const auto list = candidates_;
