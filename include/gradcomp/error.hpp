@@ -18,6 +18,7 @@ enum class errc {
   non_finite,        ///< a gradient (or accumulated value) is NaN or infinite
   corrupt_message,   ///< a message or saved state failed validation
   io,                ///< a stream could not be read or written
+  device,            ///< the GPU runtime reported an error (backend::cuda)
 };
 
 /// Short, stable name of an error code ("invalid_argument", ...).
@@ -28,6 +29,7 @@ constexpr const char* to_string(errc code) noexcept {
     case errc::non_finite: return "non_finite";
     case errc::corrupt_message: return "corrupt_message";
     case errc::io: return "io";
+    case errc::device: return "device";
   }
   return "unknown";
 }

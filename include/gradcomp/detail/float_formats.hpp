@@ -4,6 +4,7 @@
 #pragma once
 
 #include <gradcomp/config.hpp>
+#include <gradcomp/detail/bits.hpp>
 
 #include <bit>
 #include <cstdint>
@@ -21,7 +22,7 @@ GRADCOMP_HOST_DEVICE constexpr std::uint32_t shift_round_even(std::uint32_t m, u
 
 /// float -> binary16 bits. Finite inputs only (the compressor rejects the others).
 GRADCOMP_HOST_DEVICE constexpr std::uint16_t float_to_half(float f) noexcept {
-  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+  const std::uint32_t x = bits_of(f);
   const auto sign = static_cast<std::uint16_t>((x >> 16) & 0x8000u);
   const std::uint32_t a = x & 0x7FFFFFFFu;
   if (a >= 0x477FF000u) return static_cast<std::uint16_t>(sign | 0x7BFFu);  // rounds past 65504: saturate
@@ -43,20 +44,20 @@ GRADCOMP_HOST_DEVICE constexpr float half_to_float(std::uint16_t h) noexcept {
     const float v = static_cast<float>(m) * 0x1.0p-24f;
     return sign ? -v : v;
   }
-  if (e == 31) return std::bit_cast<float>(sign | 0x7F800000u | (m << 13));
-  return std::bit_cast<float>(sign | ((e + 112u) << 23) | (m << 13));
+  if (e == 31) return float_of(sign | 0x7F800000u | (m << 13));
+  return float_of(sign | ((e + 112u) << 23) | (m << 13));
 }
 
 /// float -> bfloat16 bits, round to nearest even, saturating. Finite inputs only.
 GRADCOMP_HOST_DEVICE constexpr std::uint16_t float_to_bfloat(float f) noexcept {
-  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+  const std::uint32_t x = bits_of(f);
   const std::uint32_t a = x & 0x7FFFFFFFu;
   if (a >= 0x7F7F8000u) return static_cast<std::uint16_t>(((x >> 16) & 0x8000u) | 0x7F7Fu);
   return static_cast<std::uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
 }
 
 GRADCOMP_HOST_DEVICE constexpr float bfloat_to_float(std::uint16_t b) noexcept {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
+  return float_of(static_cast<std::uint32_t>(b) << 16);
 }
 
 }  // namespace detail

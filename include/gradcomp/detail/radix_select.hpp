@@ -5,6 +5,7 @@
 #pragma once
 
 #include <gradcomp/config.hpp>
+#include <gradcomp/detail/bits.hpp>
 
 #include <algorithm>
 #include <array>
@@ -21,7 +22,7 @@ namespace detail {
 /// 31-bit magnitude key of a float: order of keys = order of |x| for finite x; +0 and
 /// -0 share key 0.
 GRADCOMP_HOST_DEVICE inline std::uint32_t magnitude_key(float x) noexcept {
-  return std::bit_cast<std::uint32_t>(x) & 0x7FFFFFFFu;
+  return bits_of(x) & 0x7FFFFFFFu;
 }
 
 /// Keys >= this belong to infinities and NaNs.

@@ -1,0 +1,153 @@
+/// \file detail/cuda/exact_topk.cuh
+/// select::exact_topk on backend::cuda: a radix select of the k-th largest magnitude
+/// (detail/cuda/radix_topk.cuh), a second radix select among the entries equal to it
+/// that keeps the lowest indices, then a CUB radix sort of the k chosen indices so that
+/// they ascend. The same indices as backend::host. Not API.
+#pragma once
+
+#include <gradcomp/backend/cuda.cuh>
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/detail/cuda/device_buffer.cuh>
+#include <gradcomp/detail/cuda/radix_topk.cuh>
+#include <gradcomp/detail/radix_select.hpp>
+#include <gradcomp/detail/step_input.hpp>
+#include <gradcomp/select/exact_topk.hpp>
+
+#include <cub/device/device_radix_sort.cuh>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace detail {
+
+template <>
+class engine<select::exact_topk, backend::cuda> {
+ public:
+  engine(const backend::cuda& be, const select::exact_topk& policy, std::size_t n)
+      : stream_(be.stream),
+        n_(static_cast<std::uint32_t>(n)),
+        grid_(grid_for(n)),
+        histogram_(cuda_radix::top_bins),
+        states_(2),
+        list_a_(n),
+        list_b_(n) {
+    reserve(policy);
+  }
+
+  /// Sizes the chosen list and the sort's scratch for the policy's k (constructor and
+  /// set_density only: select never allocates).
+  void reserve(const select::exact_topk& policy) {
+    const std::size_t k = policy.k(n_);
+    if (k <= chosen_.size()) return;
+    std::size_t bytes = 0;
+    cuda_check(cub::DeviceRadixSort::SortKeys(nullptr, bytes, static_cast<const std::uint32_t*>(nullptr),
+                                              static_cast<std::uint32_t*>(nullptr), static_cast<int>(k)),
+               "cub::DeviceRadixSort::SortKeys (scratch size)");
+    device_buffer<std::uint32_t> chosen(k);
+    device_buffer<std::byte> sort_scratch(std::max<std::size_t>(bytes, 1));
+    chosen_ = std::move(chosen);
+    sort_scratch_ = std::move(sort_scratch);
+  }
+
+  /// Queues the selection of the k entries of largest |acc| on the stream: their
+  /// indices, ascending, in out[0, k) (device memory), and in device memory a flag that
+  /// acc held a NaN or infinity (non_finite_flag()). Waits for nothing.
+  void select_async(const select::exact_topk& policy, std::span<const float> acc, std::span<std::uint32_t> out) {
+    using namespace cuda_radix;
+    const auto k = static_cast<std::uint32_t>(policy.k(n_));
+    select_state* magnitude = states_.data();
+    select_state* ties = states_.data() + 1;
+    std::uint32_t* chosen_count = counts_of(magnitude) + 3;
+    // The k-th largest magnitude K: the entries above it go to chosen_, those equal to
+    // it to list_a_. Bins from 0x7F800000 >> 21 up hold NaN and infinity keys.
+    begin_select<<<1, 1, 0, stream_>>>(magnitude, k, nullptr);
+    radix_select(all_of{n_}, magnitude_key_of{acc.data()}, magnitude, non_finite_key >> 21, list_a_.data(),
+                 list_b_.data(), chosen_count, k, false);
+    // Of the entries equal to K, the `rank` lowest indices: the same select on ~index
+    // (unique keys), appending to chosen_, which then holds exactly k.
+    begin_select<<<1, 1, 0, stream_>>>(ties, 0, magnitude);
+    radix_select(list_of{list_a_.data(), counts_of(magnitude) + 2}, lower_index_first{}, ties, ~0u, list_b_.data(),
+                 list_a_.data(), chosen_count, k, true);
+    cuda_check(cudaGetLastError(), "exact_topk kernels (launch)");
+
+    // The k chosen indices, in the order they were appended: sort them ascending.
+    std::size_t bytes = sort_scratch_.size();
+    cuda_check(cub::DeviceRadixSort::SortKeys(sort_scratch_.data(), bytes, chosen_.data(), out.data(),
+                                              static_cast<int>(k), 0, 32, stream_),
+               "cub::DeviceRadixSort::SortKeys");
+  }
+
+  /// Device address of the flag select_async sets when acc held a NaN or infinity.
+  [[nodiscard]] const std::uint32_t* non_finite_flag() const noexcept {
+    return cuda_radix::non_finite_of(states_.data());
+  }
+
+  /// select_async, then one device-to-host read of the flag (the stream is waited for).
+  selection select(const select::exact_topk& policy, const select_input& in, std::span<std::uint32_t> out) {
+    select_async(policy, in.acc, out);
+    std::uint32_t non_finite = 0;
+    cuda_check(cudaMemcpyAsync(&non_finite, non_finite_flag(), sizeof non_finite, cudaMemcpyDeviceToHost, stream_),
+               "cudaMemcpyAsync (exact_topk status)");
+    cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (exact_topk)");
+    if (non_finite != 0) return {0, 1.0f, false};
+    return {policy.k(n_)};
+  }
+
+  void accept() noexcept {}
+
+ private:
+  // The three levels of a radix select begun on `state`, over the items of `first` by
+  // `key`: items above the r-th key are appended to chosen_; the candidates of level 1
+  // go to `level1`, of level 2 to `level2`, and those equal to the r-th key to `level1`
+  // again (counts[2] of the state), or to chosen_ with `equal_is_sure`.
+  template <class Source, class Key>
+  void radix_select(Source first, Key key, cuda_radix::select_state* state, std::uint32_t non_finite_bin,
+                    std::uint32_t* level1, std::uint32_t* level2, std::uint32_t* chosen_count, std::uint32_t k,
+                    bool equal_is_sure) {
+    using namespace cuda_radix;
+    std::uint32_t* histogram = histogram_.data();
+    std::uint32_t* counts = counts_of(state);
+    auto to = [&](std::uint32_t* next, std::uint32_t* next_count, bool last, int next_shift, std::uint32_t mask) {
+      return split_target{next,         next_count, last ? nullptr : histogram, next_shift, mask, chosen(),
+                          chosen_count, n_,         k,                          last && equal_is_sure};
+    };
+    count_top_digit<<<grid_, block_threads, 0, stream_>>>(first, key, histogram);
+    find_digit<11><<<1, find_threads, 0, stream_>>>(histogram, state, non_finite_bin);
+    split<<<grid_, block_threads, 0, stream_>>>(first, key, state, 21, to(level1, counts + 0, false, 10, 0x7FFu));
+    find_digit<11><<<1, find_threads, 0, stream_>>>(histogram, state, ~0u);
+    split<<<grid_, block_threads, 0, stream_>>>(list_of{level1, counts + 0}, key, state, 10,
+                                                to(level2, counts + 1, false, 0, 0x3FFu));
+    find_digit<10><<<1, find_threads, 0, stream_>>>(histogram, state, ~0u);
+    split<<<grid_, block_threads, 0, stream_>>>(list_of{level2, counts + 1}, key, state, 0,
+                                                to(level1, counts + 2, true, 0, 0u));
+  }
+
+  // Enough blocks of the grid-stride passes to fill the device several times over.
+  static unsigned grid_for(std::size_t n) {
+    int device = 0;
+    int sms = 0;
+    cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+    cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+    const std::size_t blocks = (n + cuda_radix::block_threads - 1) / cuda_radix::block_threads;
+    return static_cast<unsigned>(std::clamp<std::size_t>(blocks, 1, static_cast<std::size_t>(sms) * 8));
+  }
+
+  std::uint32_t* chosen() noexcept { return chosen_.data(); }
+
+  cudaStream_t stream_;
+  std::uint32_t n_;
+  unsigned grid_;
+  device_buffer<std::uint32_t> histogram_;
+  device_buffer<cuda_radix::select_state> states_;
+  device_buffer<std::uint32_t> list_a_;
+  device_buffer<std::uint32_t> list_b_;
+  device_buffer<std::uint32_t> chosen_;
+  device_buffer<std::byte> sort_scratch_;
+};
+
+}  // namespace detail
+GRADCOMP_NAMESPACE_END

@@ -1,0 +1,211 @@
+/// \file detail/cuda/radix_topk.cuh
+/// Top-r by a 32-bit key on the GPU: a radix select in the style of AIR top-k, never a
+/// sort of the input. Not API.
+///
+/// The key is cut into three digits (bits 31..21, 20..10, 9..0). Level 0 counts the top
+/// digit of every candidate in a histogram; one block finds the bin holding the r-th
+/// largest key. Each further level reads only the candidates: those whose digits so far
+/// are above the r-th key's are certainly in the top r and go to `sure`; those equal to
+/// them go to the next candidate list, and their next digit to the next histogram.
+/// After three levels the r-th key K is exact, with `rank` = how many entries equal to
+/// K belong to the top r. The input is read twice (level 0 and the first split); the
+/// lists after that hold only entries that share the r-th key's top digit.
+///
+/// Everything is stream-ordered: counts, ranks and list sizes stay in device memory,
+/// so no step waits for the host.
+#pragma once
+
+#include <gradcomp/config.hpp>
+#include <gradcomp/detail/cuda/device_buffer.cuh>
+
+#include <cooperative_groups.h>
+#include <cub/block/block_scan.cuh>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace detail::cuda_radix {
+
+inline constexpr int block_threads = 256;
+inline constexpr int find_threads = 1024;
+inline constexpr int top_bins = 2048;  // the widest digit: 11 bits
+
+/// Where a radix select stands; lives in device memory.
+struct select_state {
+  std::uint32_t prefix;      ///< the r-th largest key's digits found so far
+  std::uint32_t rank;        ///< its rank among the current candidates (1 = largest)
+  std::uint32_t non_finite;  ///< set when a magnitude key of a NaN or infinity was counted
+  std::uint32_t counts[4];   ///< sizes of the candidate lists, one counter per list written
+};
+
+/// Addresses of a device-resident state's fields, computed on the host without
+/// dereferencing the device pointer.
+inline std::uint32_t* counts_of(select_state* state) noexcept {
+  return reinterpret_cast<std::uint32_t*>(reinterpret_cast<char*>(state) + offsetof(select_state, counts));
+}
+inline const std::uint32_t* non_finite_of(const select_state* state) noexcept {
+  return reinterpret_cast<const std::uint32_t*>(reinterpret_cast<const char*>(state) +
+                                                offsetof(select_state, non_finite));
+}
+
+/// Every index of [0, n).
+struct all_of {
+  std::uint32_t n;
+  __device__ std::uint32_t size() const { return n; }
+  __device__ std::uint32_t at(std::uint32_t j) const { return j; }
+};
+
+/// The indices a previous pass appended to `items`; their number is in device memory.
+struct list_of {
+  const std::uint32_t* items;
+  const std::uint32_t* count;
+  __device__ std::uint32_t size() const { return *count; }
+  __device__ std::uint32_t at(std::uint32_t j) const { return items[j]; }
+};
+
+/// The 31-bit magnitude key of acc[i] (detail::magnitude_key on the host).
+struct magnitude_key_of {
+  const float* acc;
+  __device__ std::uint32_t operator()(std::uint32_t i) const { return __float_as_uint(acc[i]) & 0x7FFFFFFFu; }
+};
+
+/// Larger for lower indices: the top r by this key are the r lowest indices (ties at
+/// the r-th magnitude go to the lower index).
+struct lower_index_first {
+  __device__ std::uint32_t operator()(std::uint32_t i) const { return ~i; }
+};
+
+/// Appends `value` to `list` for every thread of the warp that takes it, with one
+/// atomic per warp (warp-aggregated); entries at or beyond `capacity` are dropped.
+__device__ inline void append(std::uint32_t value, std::uint32_t* list, std::uint32_t* count,
+                              std::uint32_t capacity) {
+  namespace cg = cooperative_groups;
+  const cg::coalesced_group group = cg::coalesced_threads();
+  std::uint32_t base = 0;
+  if (group.thread_rank() == 0) base = atomicAdd(count, group.size());
+  base = group.shfl(base, 0);
+  const std::uint32_t at = base + group.thread_rank();
+  if (at < capacity) list[at] = value;
+}
+
+/// Grid-stride loop over a source whose every warp runs the same number of rounds, so
+/// that the warp-aggregated appends see whole warps.
+template <class Source, class Body>
+__device__ void for_each_item(const Source& source, Body&& body) {
+  const std::uint64_t size = source.size();
+  const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
+  const std::uint64_t rounds = (size + stride - 1) / stride;
+  std::uint64_t j = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (std::uint64_t round = 0; round < rounds; ++round, j += stride) {
+    if (j < size) body(source.at(static_cast<std::uint32_t>(j)));
+  }
+}
+
+/// Level 0: histogram of the top digit (bits 31..21) of every item's key.
+template <class Source, class Key>
+__global__ void count_top_digit(Source source, Key key, std::uint32_t* histogram) {
+  __shared__ std::uint32_t local[top_bins];
+  for (int b = threadIdx.x; b < top_bins; b += blockDim.x) local[b] = 0;
+  __syncthreads();
+  for_each_item(source, [&](std::uint32_t i) { atomicAdd(&local[key(i) >> 21], 1u); });
+  __syncthreads();
+  for (int b = threadIdx.x; b < top_bins; b += blockDim.x) {
+    if (local[b] != 0) atomicAdd(&histogram[b], local[b]);
+  }
+}
+
+/// One block: finds the bin of the histogram (2^Bits bins, highest first) that holds
+/// the rank-th largest key, appends its digit to the prefix, makes the rank relative
+/// to that bin, and zeroes the histogram for the next level. Bins at or above
+/// `non_finite_bin` hold NaN and infinity keys: any count there is flagged.
+template <int Bits>
+__global__ void __launch_bounds__(find_threads)
+    find_digit(std::uint32_t* histogram, select_state* state, std::uint32_t non_finite_bin) {
+  constexpr int bins = 1 << Bits;
+  constexpr int per_thread = bins / find_threads;
+  static_assert(per_thread >= 1 && bins % find_threads == 0);
+  using scan = cub::BlockScan<std::uint32_t, find_threads>;
+  __shared__ typename scan::TempStorage scratch;
+
+  const std::uint32_t rank = state->rank;
+  std::uint32_t count[per_thread];
+  std::uint32_t sum = 0;
+  bool non_finite = false;
+  for (int q = 0; q < per_thread; ++q) {
+    const int bin = bins - 1 - (static_cast<int>(threadIdx.x) * per_thread + q);  // thread 0: the top bins
+    count[q] = histogram[bin];
+    sum += count[q];
+    non_finite |= static_cast<std::uint32_t>(bin) >= non_finite_bin && count[q] != 0;
+  }
+  std::uint32_t above = 0;  // entries in higher bins than this thread's
+  scan(scratch).ExclusiveSum(sum, above);
+  __syncthreads();  // every thread has read the rank before it changes
+  for (int q = 0; q < per_thread; ++q) {
+    const int bin = bins - 1 - (static_cast<int>(threadIdx.x) * per_thread + q);
+    if (above < rank && rank <= above + count[q]) {
+      state->prefix = (state->prefix << Bits) | static_cast<std::uint32_t>(bin);
+      state->rank = rank - above;
+    }
+    above += count[q];
+    histogram[bin] = 0;
+  }
+  if (non_finite) state->non_finite = 1;
+}
+
+/// Levels 1 and 2, and the last split: an item whose key, shifted right by `shift`,
+/// is above the prefix is in the top r (appended to `sure`); one equal to it goes to
+/// `next`, and the digit of its key at `next_shift` (masked by `next_mask`) to the
+/// histogram. With `equal_is_sure` equal items go to `sure` too (the last split of a
+/// select whose keys are unique).
+struct split_target {
+  std::uint32_t* next;
+  std::uint32_t* next_count;
+  std::uint32_t* histogram;  // null: no next level
+  int next_shift;
+  std::uint32_t next_mask;
+  std::uint32_t* sure;
+  std::uint32_t* sure_count;
+  std::uint32_t capacity;  // of `next` (n) and of `sure` (r)
+  std::uint32_t sure_capacity;
+  bool equal_is_sure;
+};
+
+template <class Source, class Key>
+__global__ void split(Source source, Key key, const select_state* state, int shift, split_target to) {
+  __shared__ std::uint32_t local[top_bins];
+  if (to.histogram != nullptr) {
+    for (int b = threadIdx.x; b < top_bins; b += blockDim.x) local[b] = 0;
+  }
+  __syncthreads();
+  const std::uint32_t prefix = state->prefix;
+  for_each_item(source, [&](std::uint32_t i) {
+    const std::uint32_t k = key(i);
+    const std::uint32_t high = k >> shift;
+    if (high > prefix || (to.equal_is_sure && high == prefix)) {
+      append(i, to.sure, to.sure_count, to.sure_capacity);
+    } else if (high == prefix) {
+      append(i, to.next, to.next_count, to.capacity);
+      if (to.histogram != nullptr) atomicAdd(&local[(k >> to.next_shift) & to.next_mask], 1u);
+    }
+  });
+  __syncthreads();
+  if (to.histogram != nullptr) {
+    for (int b = threadIdx.x; b < top_bins; b += blockDim.x) {
+      if (local[b] != 0) atomicAdd(&to.histogram[b], local[b]);
+    }
+  }
+}
+
+/// Starts a select of the top `rank` (from host) or of as many as another select's
+/// rank says (its ties: `from` not null).
+__global__ void begin_select(select_state* state, std::uint32_t rank, const select_state* from) {
+  state->prefix = 0;
+  state->rank = from != nullptr ? from->rank : rank;
+  state->non_finite = 0;
+  for (auto& c : state->counts) c = 0;
+}
+
+}  // namespace detail::cuda_radix
+GRADCOMP_NAMESPACE_END
