@@ -91,8 +91,9 @@ class compressor {
 
     // The selector's first pass rides on the corrector's: each chunk of acc is handed
     // over while it is still in cache, and a selector may look ahead at acc before the
-    // pass (sampled_threshold samples it, then collects in the pass). Without a corrector (acc = g), a selector that
-    // reads every entry checks finiteness itself and g is read once.
+    // pass (sampled_threshold samples it, then collects in the pass). Without a
+    // corrector (acc = g), a selector that reads every entry checks finiteness itself
+    // and g is read once.
     std::span<const float> acc = grad;
     if constexpr (!skips_update) {
       select_.begin_observe(selector_, step_);
