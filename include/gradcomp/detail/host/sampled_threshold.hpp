@@ -116,7 +116,8 @@ class engine<select::sampled_threshold, backend::host> : public carries_threshol
         finite = slices_.collect(threads_, in.acc, t) && finite;
         return finite ? slices_.total() : k;  // k stops the loop: in bounds
       };
-      key = presampled_ ? collect_key_ : sampled_threshold_key(policy, std::span<const float>(sample_).first(plan_.size));
+      key = presampled_ ? collect_key_
+                        : sampled_threshold_key(policy, std::span<const float>(sample_).first(plan_.size));
       if (key >= non_finite_key) return {0, 1.0f, false};  // the sample met a NaN or infinity
       if (presampled_) {  // the pass collected at the sampled threshold already
         std::tie(count, key) = refine_threshold(policy, k, key, slices_.total(), collect);
