@@ -7,6 +7,7 @@
 #include <gradcomp/config.hpp>
 #include <gradcomp/correct/none.hpp>
 #include <gradcomp/detail/state_io.hpp>
+#include <gradcomp/detail/step_input.hpp>
 #include <gradcomp/encode/index_value.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/message.hpp>
@@ -19,6 +20,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 GRADCOMP_NAMESPACE_BEGIN
@@ -33,6 +35,10 @@ GRADCOMP_NAMESPACE_BEGIN
 template <class Backend, class Selector, class Corrector = correct::none, class Encoder = encode::index_value>
 class compressor {
   static_assert(detail::check_policies<Backend, Selector, Corrector, Encoder>());
+
+  // Backends whose memory the host cannot read (backend::cuda): compress queues the
+  // step on the device and reads back one detail::step_status.
+  static constexpr bool on_device = requires { Backend::device_memory; };
 
  public:
   using backend_type = Backend;
@@ -52,7 +58,8 @@ class compressor {
         correct_(backend_, corrector_, n),
         encode_(backend_, encoder_, n, capacity_),
         index_(backend_.template allocate<std::uint32_t>(capacity_)),
-        sent_(backend_.template allocate<float>(capacity_)) {}
+        sent_(backend_.template allocate<float>(capacity_)),
+        status_(make_status(backend_)) {}
 
   /// Elements of the tensor.
   [[nodiscard]] std::size_t size() const noexcept { return n_; }
@@ -64,7 +71,7 @@ class compressor {
   /// The corrector's committed memory array `a` (< Corrector::state_arrays), e.g. the
   /// error-feedback residual, readable on the host (a copy, for device memory).
   [[nodiscard]] std::span<const float> corrector_state(std::size_t a) const {
-    detail::require(a < Corrector::state_arrays, errc::invalid_argument, "corrector_state: array ", a,
+    detail::require(std::cmp_less(a, Corrector::state_arrays), errc::invalid_argument, "corrector_state: array ", a,
                     " does not exist, ", corrector_.name(), " keeps ", Corrector::state_arrays);
     return correct_.committed(a);
   }
@@ -77,46 +84,79 @@ class compressor {
   /// Runs one step: updates the corrector's memory with `grad`, selects, encodes into
   /// `out` and commits what was sent.
   /// \param grad the gradient, n elements in the backend's memory
-  /// \param out  at least max_message_bytes() bytes of host memory (messages are host
-  ///             bytes on the host and Kokkos backends)
+  /// \param out  at least max_message_bytes() bytes: host memory on the host and Kokkos
+  ///             backends, device memory on backend::cuda (where the step's work is
+  ///             queued on the stream and one status record is read back)
   /// \returns a view of the message written at the front of `out`
   /// \throws gradcomp::error if grad.size() != n, `out` is too small, or grad (or the
   ///         accumulated value) holds a NaN or infinity; state and `out` are then unchanged.
   message compress(std::span<const float> grad, std::span<std::byte> out) {
-    detail::require(grad.size() == n_, errc::invalid_argument, "compress: grad.size() = ", grad.size(),
-                    " does not match the compressor's n = ", n_);
-    const std::size_t need = max_message_bytes();
-    detail::require(out.size() >= need, errc::buffer_too_small, "compress: out.size() = ", out.size(),
-                    " bytes is smaller than max_message_bytes() = ", need);
+    check_step(grad, out);
+    if constexpr (on_device) {
+      queue_step(grad, out);
+      const detail::step_status status = backend_.read(status_.data());
+      if (status.non_finite != 0) {
+        report_non_finite(backend_.to_host(grad), backend_.to_host(correct_.acc(grad)));
+      }
+      finish_step();
+      return message(out.first(static_cast<std::size_t>(status.bytes)), n_, status.count);
+    } else {
+      // The selector's first pass rides on the corrector's: each chunk of acc is handed
+      // over while it is still in cache, and a selector may look ahead at acc before the
+      // pass (sampled_threshold samples it, then collects in the pass). Without a
+      // corrector (acc = g), a selector that reads every entry checks finiteness itself
+      // and g is read once.
+      std::span<const float> acc = grad;
+      if constexpr (!skips_update) {
+        select_.begin_observe(selector_, step_);
+        const auto observe = [&](int thread, std::size_t begin, auto acc_chunk) {
+          select_.observe(thread, begin, acc_chunk, grad.subspan(begin, acc_chunk.size()));
+        };
+        const auto before_pass = [&](auto&& acc_at) { detail::look_ahead(select_, selector_, acc_at); };
+        const bool finite = correct_.update(corrector_, grad, observe, before_pass);
+        acc = correct_.acc(grad);
+        if (!finite) report_non_finite(grad, acc);
+      }
 
-    // The selector's first pass rides on the corrector's: each chunk of acc is handed
-    // over while it is still in cache, and a selector may look ahead at acc before the
-    // pass (sampled_threshold samples it, then collects in the pass). Without a
-    // corrector (acc = g), a selector that reads every entry checks finiteness itself
-    // and g is read once.
-    std::span<const float> acc = grad;
-    if constexpr (!skips_update) {
-      select_.begin_observe(selector_, step_);
-      const auto observe = [&](int thread, std::size_t begin, auto acc_chunk) {
-        select_.observe(thread, begin, acc_chunk, grad.subspan(begin, acc_chunk.size()));
-      };
-      const auto before_pass = [&](auto&& acc_at) {
-        if constexpr (requires { select_.before_pass(selector_, acc_at); }) select_.before_pass(selector_, acc_at);
-      };
-      const bool finite = correct_.update(corrector_, grad, observe, before_pass);
-      acc = correct_.acc(grad);
-      if (!finite) report_non_finite(grad, acc);
+      const detail::selection chosen = select_.select(selector_, {acc, grad, step_}, index_span());
+      if (!chosen.finite) report_non_finite(grad, acc);
+      const std::span<const std::uint32_t> index(index_.data(), chosen.count);
+      const std::size_t bytes = encode_.encode(encoder_, {acc, index, step_, chosen.value_scale}, out, sent_span());
+      correct_.commit(corrector_, index, std::span<const float>(sent_.data(), chosen.count));
+      finish_step();
+      return message(out.first(bytes), n_, chosen.count);
     }
+  }
 
-    const detail::selection chosen = select_.select(selector_, {acc, grad, step_}, index_span());
-    if (!chosen.finite) report_non_finite(grad, acc);
-    const std::span<const std::uint32_t> index(index_.data(), chosen.count);
-    const std::size_t bytes = encode_.encode(encoder_, {acc, index, step_, chosen.value_scale}, out, sent_span());
-    correct_.commit(corrector_, index, std::span<const float>(sent_.data(), chosen.count));
-    correct_.accept();
-    select_.accept();
-    ++step_;
-    return message(out.first(bytes), n_, chosen.count);
+  /// Queues one step on backend::cuda's stream and returns at once, reading nothing
+  /// back, so that the step can be captured in a CUDA graph and replayed. For
+  /// configurations whose message size is known in advance: a selector with a fixed
+  /// count (exact_topk), an encoder written on the device (raw32 indices; f32, f16 or
+  /// bf16 values; no checksum) and a corrector without state. Whether the step met a
+  /// NaN or infinity (and so wrote nothing to `out`) is last_step_finite()'s answer.
+  /// \throws gradcomp::error if grad.size() != n, `out` is too small, or the encoder's
+  ///         message size depends on the data.
+  message compress_async(std::span<const float> grad, std::span<std::byte> out)
+    requires(on_device && Corrector::state_arrays == 0 &&
+             requires(const detail::engine<Selector, Backend>& e, const Selector& s) { e.fixed_count(s); })
+  {
+    check_step(grad, out);
+    const std::size_t count = select_.fixed_count(selector_);
+    const auto bytes = encode_.fixed_bytes(encoder_, count);
+    detail::require(bytes.has_value(), errc::invalid_argument, "compress_async: the size of ", encoder_.name(),
+                    " messages depends on the data; use compress (raw32 indices with f32, f16 or bf16 values have"
+                    " a fixed size)");
+    queue_step(grad, out);
+    finish_step();
+    return message(out.first(*bytes), n_, count);
+  }
+
+  /// Whether the last step queued by compress_async met no NaN or infinity (a read
+  /// from the device that waits for the stream).
+  [[nodiscard]] bool last_step_finite() const
+    requires on_device
+  {
+    return backend_.read(status_.data()).non_finite == 0;
   }
 
   /// Changes the selector's density from the next step on (warm-up schedules).
@@ -147,7 +187,7 @@ class compressor {
   void save_state(std::ostream& out) const {
     detail::state_writer w;
     w.header(signature(), n_, step_, density());
-    for (std::size_t a = 0; a < Corrector::state_arrays; ++a) w.array(correct_.committed(a));
+    for (std::size_t a = 0; a != Corrector::state_arrays; ++a) w.array(correct_.committed(a));
     std::vector<double> selector_state;
     if constexpr (requires { select_.saved_state(); }) selector_state = select_.saved_state();
     w.finish(out, selector_state);
@@ -175,7 +215,7 @@ class compressor {
       reserve(next.max_selected(n_));
       if constexpr (requires { select_.reserve(next); }) select_.reserve(next);
     }
-    for (std::size_t a = 0; a < Corrector::state_arrays; ++a) correct_.load_committed(a, r.array(a));
+    for (std::size_t a = 0; a != Corrector::state_arrays; ++a) correct_.load_committed(a, r.array(a));
     if constexpr (requires { select_.restore_state(selector_state); }) select_.restore_state(selector_state);
     selector_ = next;
     step_ = r.step();
@@ -189,6 +229,49 @@ class compressor {
       return false;
     }
   }();
+
+  struct no_status {
+    static constexpr std::nullptr_t data() noexcept { return nullptr; }
+  };
+  using status_buffer =
+      std::conditional_t<on_device, typename Backend::template buffer<detail::step_status>, no_status>;
+  static status_buffer make_status(const Backend& backend) {
+    if constexpr (on_device) {
+      return backend.template allocate<detail::step_status>(1);
+    } else {
+      return {};
+    }
+  }
+
+  void check_step(std::span<const float> grad, std::span<std::byte> out) const {
+    detail::require(grad.size() == n_, errc::invalid_argument, "compress: grad.size() = ", grad.size(),
+                    " does not match the compressor's n = ", n_);
+    const std::size_t need = max_message_bytes();
+    detail::require(out.size() >= need, errc::buffer_too_small, "compress: out.size() = ", out.size(),
+                    " bytes is smaller than max_message_bytes() = ", need);
+  }
+
+  // The whole step on a device backend, queued: every stage after the first NaN writes
+  // nothing (the engines read the status), so a rejected step changes neither `out` nor
+  // the committed state, and only finish_step() makes the new state current.
+  void queue_step(std::span<const float> grad, std::span<std::byte> out) {
+    detail::step_status* status = status_.data();
+    backend_.clear(status, 1);
+    std::span<const float> acc = grad;
+    if constexpr (!skips_update) {
+      correct_.update(corrector_, grad, status);
+      acc = correct_.acc(grad);
+    }
+    const detail::queued_selection chosen = select_.select(selector_, {acc, grad, step_}, index_span(), status);
+    encode_.encode(encoder_, {acc, index_span(), step_, chosen.value_scale}, out, sent_span(), status);
+    correct_.commit(corrector_, index_span(), sent_span(), status);
+  }
+
+  void finish_step() {
+    correct_.accept();
+    select_.accept();
+    ++step_;
+  }
 
   static const Backend& checked(const Backend& backend, std::size_t n, const Selector& s, const Corrector& c,
                                 const Encoder& e) {
@@ -251,6 +334,7 @@ class compressor {
   detail::engine<Encoder, Backend> encode_;
   typename Backend::template buffer<std::uint32_t> index_;
   typename Backend::template buffer<float> sent_;
+  status_buffer status_;
   std::uint64_t step_ = 0;
 };
 

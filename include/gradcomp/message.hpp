@@ -93,7 +93,7 @@ struct sparse_vector {
 
 namespace detail {
 
-inline void write_header(std::byte* p, const message_header& h) noexcept {
+GRADCOMP_HOST_DEVICE inline void write_header(std::byte* p, const message_header& h) noexcept {
   store_le<std::uint32_t>(p + 0, message_header::magic);
   store_le<std::uint16_t>(p + 4, message_header::version);
   store_le<std::uint8_t>(p + 6, static_cast<std::uint8_t>(h.index));
@@ -118,55 +118,67 @@ inline std::uint32_t message_checksum(std::span<const std::byte> bytes) noexcept
   return crc32c_final(c);
 }
 
+/// Reads and checks the fixed header of a message of `total` bytes, of which `head`
+/// holds the first min(total, 56): every field, and the section lengths against
+/// `total`. The checksum and the entries are not checked here.
+inline message_header read_header(std::span<const std::byte> head, std::uint64_t total) {
+  require(total >= message_header::size && head.size() >= message_header::size, errc::corrupt_message,
+          "message is ", total, " bytes, shorter than the ", message_header::size, "-byte header");
+  const std::byte* p = head.data();
+  message_header h;
+  const auto magic = load_le<std::uint32_t>(p);
+  require(magic == message_header::magic, errc::corrupt_message, "message magic is 0x", std::hex, magic,
+          ", expected 0x", message_header::magic, " (\"GCMP\")");
+  const auto version = load_le<std::uint16_t>(p + 4);
+  require(version == message_header::version, errc::corrupt_message, "message format version is ", version,
+          ", this build reads version ", message_header::version);
+  h.index = static_cast<index_coding>(load_le<std::uint8_t>(p + 6));
+  h.value = static_cast<value_coding>(load_le<std::uint8_t>(p + 7));
+  h.flags = load_le<std::uint32_t>(p + 8);
+  h.checksum = load_le<std::uint32_t>(p + 12);
+  h.n = load_le<std::uint64_t>(p + 16);
+  h.count = load_le<std::uint64_t>(p + 24);
+  h.index_bytes = load_le<std::uint64_t>(p + 32);
+  h.value_bytes = load_le<std::uint64_t>(p + 40);
+  h.value_param = load_le<float>(p + 48);
+  h.codec_param = load_le<std::uint32_t>(p + 52);
+
+  require(is_wire_index_coding(h.index), errc::corrupt_message, "message index coding ",
+          static_cast<unsigned>(h.index), " is unknown");
+  require(is_wire_value_coding(h.value), errc::corrupt_message, "message value coding ",
+          static_cast<unsigned>(h.value), " is unknown");
+  require((h.flags & ~message_header::flag_checksum) == 0, errc::corrupt_message, "message flags 0x", std::hex,
+          h.flags, " contain unknown bits");
+  require(h.n >= 1 && h.n <= message_header::max_n, errc::corrupt_message, "message n = ", h.n, " is outside [1, ",
+          message_header::max_n, "]");
+  require(h.count <= h.n, errc::corrupt_message, "message count = ", h.count, " exceeds n = ", h.n);
+  const std::uint64_t room = total - message_header::size;
+  require(h.index_bytes <= room && h.value_bytes <= room - h.index_bytes, errc::corrupt_message, "message sections (",
+          h.index_bytes, " + ", h.value_bytes, " bytes) overrun the ", room, " bytes after the header");
+  require(h.index_bytes + h.value_bytes == room, errc::corrupt_message, "message has ",
+          room - h.index_bytes - h.value_bytes, " trailing bytes after its sections");
+  check_section_sizes(h);
+  require((h.flags & message_header::flag_checksum) != 0 || h.checksum == 0, errc::corrupt_message,
+          "message has checksum 0x", std::hex, h.checksum, " but no checksum flag");
+  return h;
+}
+
+/// The index of the first entry that breaks the order rules (ascending, below n).
+inline void report_bad_index(std::uint64_t index, std::uint64_t position, std::uint64_t n) {
+  fail(errc::corrupt_message, "message index ", index, " at position ", position,
+       " is out of range or not ascending (n = ", n, ")");
+}
+
 /// Parses and checks a whole message before anyone writes a byte of output: header
 /// fields, section lengths against the buffer, the checksum, and (validate_entries)
 /// every index and value.
 class message_reader {
  public:
-  explicit message_reader(std::span<const std::byte> bytes) : bytes_(bytes) {
-    require(bytes.size() >= message_header::size, errc::corrupt_message, "message is ", bytes.size(),
-            " bytes, shorter than the ", message_header::size, "-byte header");
-    const std::byte* p = bytes.data();
-    const auto magic = load_le<std::uint32_t>(p);
-    require(magic == message_header::magic, errc::corrupt_message, "message magic is 0x", std::hex, magic,
-            ", expected 0x", message_header::magic, " (\"GCMP\")");
-    const auto version = load_le<std::uint16_t>(p + 4);
-    require(version == message_header::version, errc::corrupt_message, "message format version is ", version,
-            ", this build reads version ", message_header::version);
-    h_.index = static_cast<index_coding>(load_le<std::uint8_t>(p + 6));
-    h_.value = static_cast<value_coding>(load_le<std::uint8_t>(p + 7));
-    h_.flags = load_le<std::uint32_t>(p + 8);
-    h_.checksum = load_le<std::uint32_t>(p + 12);
-    h_.n = load_le<std::uint64_t>(p + 16);
-    h_.count = load_le<std::uint64_t>(p + 24);
-    h_.index_bytes = load_le<std::uint64_t>(p + 32);
-    h_.value_bytes = load_le<std::uint64_t>(p + 40);
-    h_.value_param = load_le<float>(p + 48);
-    h_.codec_param = load_le<std::uint32_t>(p + 52);
-
-    require(is_wire_index_coding(h_.index), errc::corrupt_message, "message index coding ",
-            static_cast<unsigned>(h_.index), " is unknown");
-    require(is_wire_value_coding(h_.value), errc::corrupt_message, "message value coding ",
-            static_cast<unsigned>(h_.value), " is unknown");
-    require((h_.flags & ~message_header::flag_checksum) == 0, errc::corrupt_message, "message flags 0x", std::hex,
-            h_.flags, " contain unknown bits");
-    require(h_.n >= 1 && h_.n <= message_header::max_n, errc::corrupt_message, "message n = ", h_.n,
-            " is outside [1, ", message_header::max_n, "]");
-    require(h_.count <= h_.n, errc::corrupt_message, "message count = ", h_.count, " exceeds n = ", h_.n);
-    const std::uint64_t room = bytes.size() - message_header::size;
-    require(h_.index_bytes <= room && h_.value_bytes <= room - h_.index_bytes, errc::corrupt_message,
-            "message sections (", h_.index_bytes, " + ", h_.value_bytes, " bytes) overrun the ", room,
-            " bytes after the header");
-    require(h_.index_bytes + h_.value_bytes == room, errc::corrupt_message, "message has ",
-            room - h_.index_bytes - h_.value_bytes, " trailing bytes after its sections");
-    check_section_sizes(h_);
+  explicit message_reader(std::span<const std::byte> bytes) : bytes_(bytes), h_(read_header(bytes, bytes.size())) {
     if (h_.flags & message_header::flag_checksum) {
       const auto crc = message_checksum(bytes);
       require(crc == h_.checksum, errc::corrupt_message, "message checksum 0x", std::hex, h_.checksum,
               " does not match its content (0x", crc, ")");
-    } else {
-      require(h_.checksum == 0, errc::corrupt_message, "message has checksum 0x", std::hex, h_.checksum,
-              " but no checksum flag");
     }
   }
 
@@ -205,8 +217,7 @@ class message_reader {
     });
     require(seen == h_.count, errc::corrupt_message, "message index section holds ", seen, " indices, header says ",
             h_.count);
-    require(ordered, errc::corrupt_message, "message index ", bad_index, " at position ", bad_position,
-            " is out of range or not ascending (n = ", h_.n, ")");
+    if (!ordered) report_bad_index(bad_index, bad_position, h_.n);
     const value_decoder values(h_, sections + h_.index_bytes);
     for (std::uint64_t j = 0; j < h_.count && finite; ++j) {
       if (!std::isfinite(values(static_cast<std::size_t>(j)))) {

@@ -1,14 +1,23 @@
 /// \file backend/cuda.cuh
-/// Runs gradcomp on an NVIDIA GPU with CUB from the CUDA toolkit (CCCL 3.0 or later).
+/// Runs gradcomp on an NVIDIA GPU with CUB/Thrust from the CUDA toolkit (CCCL 3.0 or
+/// later).
 ///
-/// Needs nvcc (CMake: link gradcomp::gradcomp from a CUDA target). Every operation is
-/// queued on `stream`, in order; state and workspace are device memory allocated once,
-/// by the compressor's constructor. Gradients and outputs are raw device pointers
-/// (std::span over device memory): a thrust::device_vector's data or a PyTorch CUDA
-/// tensor's data_ptr work without copies.
+/// Needs nvcc (CMake: link gradcomp::gradcomp from a CUDA target, with
+/// `--expt-relaxed-constexpr`). Every operation is queued on `stream`, in order; state
+/// and workspace are device memory allocated once, by the compressor's constructor.
+/// Gradients, messages and dense tensors are raw device memory (std::span over device
+/// pointers): a thrust::device_vector's data or a PyTorch CUDA tensor's data_ptr work
+/// without copies. compress() reads one status record back to the host per step.
 ///
-/// Status: the exact_topk engine (multi-pass radix select) is implemented; the other
-/// policies and the compressor's device pipeline are not yet (docs/design.md).
+/// Results equal backend::host's bit for bit when the policies' arithmetic is not
+/// contracted into fused multiply-adds: compile with `--fmad=false` (nvcc) as the tests
+/// do; gradcomp's own kernels round every product and sum explicitly.
+///
+/// Policies: exact_topk, threshold and given_indices select; correct::none and every
+/// element-wise corrector (error_feedback, momentum, clip_norm, low_pass, chain); the
+/// index_value encoder (raw32 indices with f32, f16 or bf16 values are written by the
+/// device; other codings are written by the host code from the selected entries, which
+/// costs a second read). The sampled selectors are not yet on this backend.
 #pragma once
 
 #include <gradcomp/config.hpp>
@@ -17,6 +26,8 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <span>
+#include <vector>
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace backend {
@@ -25,6 +36,10 @@ namespace backend {
 struct cuda {
   /// The stream every kernel and copy is queued on (0: the legacy default stream).
   cudaStream_t stream = nullptr;
+
+  /// Gradients, state and messages live in device memory: compress() queues its work
+  /// and reads a step_status back (see compressor).
+  static constexpr bool device_memory = true;
 
   /// Owning device storage for compressor state and workspace.
   template <class T>
@@ -36,9 +51,53 @@ struct cuda {
   [[nodiscard]] buffer<T> allocate(std::size_t count) const {
     return buffer<T>(count);
   }
+
+  /// Queues the zeroing of `count` elements at device address `p`.
+  template <class T>
+  void clear(T* p, std::size_t count) const {
+    detail::cuda_check(cudaMemsetAsync(p, 0, count * sizeof(T), stream), "cudaMemsetAsync");
+  }
+
+  /// Waits for the stream and returns the value at device address `p`.
+  template <class T>
+  [[nodiscard]] T read(const T* p) const {
+    T value{};
+    detail::cuda_check(cudaMemcpyAsync(&value, p, sizeof(T), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+    detail::cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    return value;
+  }
+
+  /// Waits for the stream and copies `count` elements at device address `from` to `to`.
+  template <class T>
+  void to_host(const T* from, std::size_t count, T* to) const {
+    detail::cuda_check(cudaMemcpyAsync(to, from, count * sizeof(T), cudaMemcpyDeviceToHost, stream),
+                       "cudaMemcpyAsync (to host)");
+    detail::cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  }
+
+  /// A host copy of device memory (waits for the stream).
+  template <class T>
+  [[nodiscard]] std::vector<T> to_host(std::span<const T> device) const {
+    std::vector<T> host(device.size());
+    to_host(device.data(), device.size(), host.data());
+    return host;
+  }
+
+  /// Copies `count` host elements to device address `to`; returns when `from` may be
+  /// reused.
+  template <class T>
+  void to_device(const T* from, std::size_t count, T* to) const {
+    detail::cuda_check(cudaMemcpyAsync(to, from, count * sizeof(T), cudaMemcpyHostToDevice, stream),
+                       "cudaMemcpyAsync (to device)");
+    detail::cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  }
 };
 
 }  // namespace backend
 GRADCOMP_NAMESPACE_END
 
+#include <gradcomp/detail/cuda/correctors.cuh>
 #include <gradcomp/detail/cuda/exact_topk.cuh>
+#include <gradcomp/detail/cuda/given_indices.cuh>
+#include <gradcomp/detail/cuda/index_value.cuh>
+#include <gradcomp/detail/cuda/threshold.cuh>

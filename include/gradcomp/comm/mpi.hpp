@@ -4,6 +4,7 @@
 #pragma once
 
 #include <gradcomp/backend/host.hpp>
+#include <gradcomp/comm/path.hpp>
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/detail/step_input.hpp>
 #include <gradcomp/config.hpp>
@@ -20,12 +21,6 @@
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace comm {
-
-/// How a collective moved the data.
-enum class path {
-  sparse,  ///< every message to every rank (all-gather), decoded and accumulated locally
-  dense,   ///< each rank's message decoded, dense tensors summed (reduce + broadcast)
-};
 
 /// The aggregation collectives over one MPI communicator. Receive buffers grow to the
 /// largest exchange seen and are reused, so steady-state steps allocate nothing.

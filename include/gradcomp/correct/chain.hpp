@@ -53,7 +53,7 @@ struct chain {
     return std::apply([](const auto&... p) { return (needs_norm_of(p) || ...); }, parts);
   }
   /// Product of the transforms' factors, each seeing the gradient as scaled before it.
-  [[nodiscard]] float gradient_scale(double sum_of_squares) const noexcept {
+  [[nodiscard]] GRADCOMP_HOST_DEVICE float gradient_scale(double sum_of_squares) const noexcept {
     float factor = 1.0f;
     scale_through(sum_of_squares, factor, std::index_sequence_for<Parts...>{});
     return factor;
@@ -84,7 +84,7 @@ struct chain {
     return ((I + 1 == sizeof...(Parts) || gradient_transform<std::tuple_element_t<I, std::tuple<Parts...>>>) && ...);
   }
   template <std::size_t... I>
-  void scale_through(double sum_of_squares, float& factor, std::index_sequence<I...>) const noexcept {
+  GRADCOMP_HOST_DEVICE void scale_through(double sum_of_squares, float& factor, std::index_sequence<I...>) const noexcept {
     (
         [&] {
           using part = std::tuple_element_t<I, std::tuple<Parts...>>;

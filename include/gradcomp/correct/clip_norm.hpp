@@ -36,7 +36,7 @@ struct clip_norm {
   [[nodiscard]] bool needs_norm() const noexcept { return std::isfinite(max_norm); }
 
   /// The factor applied to g, given sum(g_i^2).
-  [[nodiscard]] float gradient_scale(double sum_of_squares) const noexcept {
+  [[nodiscard]] GRADCOMP_HOST_DEVICE float gradient_scale(double sum_of_squares) const noexcept {
     const double norm = std::sqrt(sum_of_squares);
     const double limit = static_cast<double>(max_norm) / std::sqrt(static_cast<double>(workers));
     return norm > limit ? static_cast<float>(limit / norm) : 1.0f;

@@ -33,10 +33,34 @@ struct ignore_before_pass {
   void operator()(AccAt&&) const noexcept {}
 };
 
+/// What a step on a device backend (backend::cuda) leaves in device memory, so that the
+/// host learns its outcome with one read. Engines set `non_finite` as they find a NaN or
+/// infinity; every later stage of the step then writes nothing.
+struct step_status {
+  std::uint32_t non_finite = 0;  ///< nonzero: grad or acc held a NaN or infinity
+  std::uint32_t count = 0;       ///< entries the selector chose
+  std::uint64_t bytes = 0;       ///< size of the message written
+};
+
+/// What a device selector engine queued: the indices and their count (in the
+/// step_status) stay in device memory.
+struct queued_selection {
+  float value_scale = 1.0f;  ///< factor on the values sent
+};
+
+/// Lets a selector engine that has a `before_pass(policy, acc_at)` look at acc before
+/// the corrector's pass; nothing for the others. (A function rather than a
+/// requires-expression inside the compressor's lambda, which nvcc misjudges.)
+template <class Engine, class Policy, class AccAt>
+void look_ahead(Engine& engine, const Policy& policy, AccAt& acc_at) {
+  if constexpr (requires { engine.before_pass(policy, acc_at); }) engine.before_pass(policy, acc_at);
+}
+
 /// Everything an encoder engine needs to write one message.
 struct encode_input {
   std::span<const float> acc;            ///< values ranked by the selector
-  std::span<const std::uint32_t> index;  ///< ascending selected indices
+  std::span<const std::uint32_t> index;  ///< ascending selected indices (on a device backend:
+                                         ///< the whole workspace; the count is in the step_status)
   std::uint64_t step;                    ///< steps completed before this one (seeds stochastic codings)
   float value_scale = 1.0f;              ///< factor on acc[index[j]] before coding
 };

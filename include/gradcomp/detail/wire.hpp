@@ -15,7 +15,7 @@ GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 
 template <class T>
-constexpr T byteswap_if_big(T v) noexcept {
+GRADCOMP_HOST_DEVICE constexpr T byteswap_if_big(T v) noexcept {
   if constexpr (std::endian::native == std::endian::little || sizeof(T) == 1) {
     return v;
   } else {
@@ -27,9 +27,9 @@ constexpr T byteswap_if_big(T v) noexcept {
   }
 }
 
-/// Stores `v` little-endian at `p` (no alignment needed).
+/// Stores `v` little-endian at `p` (no alignment needed), in host or device code.
 template <class T>
-inline void store_le(std::byte* p, T v) noexcept {
+GRADCOMP_HOST_DEVICE inline void store_le(std::byte* p, T v) noexcept {
   static_assert(std::is_trivially_copyable_v<T>);
   v = byteswap_if_big(v);
   std::memcpy(p, &v, sizeof(T));
@@ -37,7 +37,7 @@ inline void store_le(std::byte* p, T v) noexcept {
 
 /// Loads a little-endian `T` from `p` (no alignment needed).
 template <class T>
-inline T load_le(const std::byte* p) noexcept {
+GRADCOMP_HOST_DEVICE inline T load_le(const std::byte* p) noexcept {
   static_assert(std::is_trivially_copyable_v<T>);
   T v;
   std::memcpy(&v, p, sizeof(T));

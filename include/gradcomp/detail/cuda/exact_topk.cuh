@@ -8,6 +8,7 @@
 #include <gradcomp/backend/cuda.cuh>
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/detail/cuda/device_buffer.cuh>
+#include <gradcomp/detail/cuda/launch.cuh>
 #include <gradcomp/detail/cuda/radix_topk.cuh>
 #include <gradcomp/detail/radix_select.hpp>
 #include <gradcomp/detail/step_input.hpp>
@@ -27,10 +28,12 @@ namespace detail {
 template <>
 class engine<select::exact_topk, backend::cuda> {
  public:
+  static constexpr bool checks_finite = true;  // the top digit's histogram counts NaN and infinity keys
+
   engine(const backend::cuda& be, const select::exact_topk& policy, std::size_t n)
       : stream_(be.stream),
         n_(static_cast<std::uint32_t>(n)),
-        grid_(grid_for(n)),
+        grid_(cuda_launch::grid_for(n)),
         histogram_(cuda_radix::top_bins),
         states_(2),
         list_a_(n),
@@ -54,9 +57,10 @@ class engine<select::exact_topk, backend::cuda> {
   }
 
   /// Queues the selection of the k entries of largest |acc| on the stream: their
-  /// indices, ascending, in out[0, k) (device memory), and in device memory a flag that
-  /// acc held a NaN or infinity (non_finite_flag()). Waits for nothing.
-  void select_async(const select::exact_topk& policy, std::span<const float> acc, std::span<std::uint32_t> out) {
+  /// indices, ascending, in out[0, k) (device memory); k into the status, and its
+  /// non-finite flag if acc held a NaN or infinity. Waits for nothing.
+  queued_selection select(const select::exact_topk& policy, const select_input& in, std::span<std::uint32_t> out,
+                          step_status* status) {
     using namespace cuda_radix;
     const auto k = static_cast<std::uint32_t>(policy.k(n_));
     select_state* magnitude = states_.data();
@@ -65,13 +69,14 @@ class engine<select::exact_topk, backend::cuda> {
     // The k-th largest magnitude K: the entries above it go to chosen_, those equal to
     // it to list_a_. Bins from 0x7F800000 >> 21 up hold NaN and infinity keys.
     begin_select<<<1, 1, 0, stream_>>>(magnitude, k, nullptr);
-    radix_select(all_of{n_}, magnitude_key_of{acc.data()}, magnitude, non_finite_key >> 21, list_a_.data(),
+    radix_select(all_of{n_}, magnitude_key_of{in.acc.data()}, magnitude, non_finite_key >> 21, list_a_.data(),
                  list_b_.data(), chosen_count, k, false);
     // Of the entries equal to K, the `rank` lowest indices: the same select on ~index
     // (unique keys), appending to chosen_, which then holds exactly k.
     begin_select<<<1, 1, 0, stream_>>>(ties, 0, magnitude);
     radix_select(list_of{list_a_.data(), counts_of(magnitude) + 2}, lower_index_first{}, ties, ~0u, list_b_.data(),
                  list_a_.data(), chosen_count, k, true);
+    finish_select<<<1, 1, 0, stream_>>>(magnitude, k, status);
     cuda_check(cudaGetLastError(), "exact_topk kernels (launch)");
 
     // The k chosen indices, in the order they were appended: sort them ascending.
@@ -79,23 +84,11 @@ class engine<select::exact_topk, backend::cuda> {
     cuda_check(cub::DeviceRadixSort::SortKeys(sort_scratch_.data(), bytes, chosen_.data(), out.data(),
                                               static_cast<int>(k), 0, 32, stream_),
                "cub::DeviceRadixSort::SortKeys");
+    return {};
   }
 
-  /// Device address of the flag select_async sets when acc held a NaN or infinity.
-  [[nodiscard]] const std::uint32_t* non_finite_flag() const noexcept {
-    return cuda_radix::non_finite_of(states_.data());
-  }
-
-  /// select_async, then one device-to-host read of the flag (the stream is waited for).
-  selection select(const select::exact_topk& policy, const select_input& in, std::span<std::uint32_t> out) {
-    select_async(policy, in.acc, out);
-    std::uint32_t non_finite = 0;
-    cuda_check(cudaMemcpyAsync(&non_finite, non_finite_flag(), sizeof non_finite, cudaMemcpyDeviceToHost, stream_),
-               "cudaMemcpyAsync (exact_topk status)");
-    cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (exact_topk)");
-    if (non_finite != 0) return {0, 1.0f, false};
-    return {policy.k(n_)};
-  }
+  /// The number of entries every step selects (compress_async needs it on the host).
+  [[nodiscard]] std::size_t fixed_count(const select::exact_topk& policy) const noexcept { return policy.k(n_); }
 
   void accept() noexcept {}
 
@@ -124,16 +117,6 @@ class engine<select::exact_topk, backend::cuda> {
     find_digit<10><<<1, find_threads, 0, stream_>>>(histogram, state, ~0u);
     split<<<grid_, block_threads, 0, stream_>>>(list_of{level2, counts + 1}, key, state, 0,
                                                 to(level1, counts + 2, true, 0, 0u));
-  }
-
-  // Enough blocks of the grid-stride passes to fill the device several times over.
-  static unsigned grid_for(std::size_t n) {
-    int device = 0;
-    int sms = 0;
-    cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-    cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-    const std::size_t blocks = (n + cuda_radix::block_threads - 1) / cuda_radix::block_threads;
-    return static_cast<unsigned>(std::clamp<std::size_t>(blocks, 1, static_cast<std::size_t>(sms) * 8));
   }
 
   std::uint32_t* chosen() noexcept { return chosen_.data(); }

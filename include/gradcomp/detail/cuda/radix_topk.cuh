@@ -17,6 +17,8 @@
 
 #include <gradcomp/config.hpp>
 #include <gradcomp/detail/cuda/device_buffer.cuh>
+#include <gradcomp/detail/cuda/launch.cuh>
+#include <gradcomp/detail/step_input.hpp>
 
 #include <cooperative_groups.h>
 #include <cub/block/block_scan.cuh>
@@ -28,7 +30,7 @@
 GRADCOMP_NAMESPACE_BEGIN
 namespace detail::cuda_radix {
 
-inline constexpr int block_threads = 256;
+inline constexpr int block_threads = cuda_launch::block_threads;
 inline constexpr int find_threads = 1024;
 inline constexpr int top_bins = 2048;  // the widest digit: 11 bits
 
@@ -199,12 +201,22 @@ __global__ void split(Source source, Key key, const select_state* state, int shi
 }
 
 /// Starts a select of the top `rank` (from host) or of as many as another select's
-/// rank says (its ties: `from` not null).
+/// rank says (its ties: `from` not null). (A template so that a header can define it:
+/// see detail/cuda/launch.cuh.)
+template <class = void>
 __global__ void begin_select(select_state* state, std::uint32_t rank, const select_state* from) {
   state->prefix = 0;
   state->rank = from != nullptr ? from->rank : rank;
   state->non_finite = 0;
   for (auto& c : state->counts) c = 0;
+}
+
+/// Ends a select of the top `k`: its count and its non-finite flag into the step's
+/// status.
+template <class = void>
+__global__ void finish_select(const select_state* state, std::uint32_t k, step_status* status) {
+  status->count = k;
+  if (state->non_finite != 0) status->non_finite = 1;
 }
 
 }  // namespace detail::cuda_radix

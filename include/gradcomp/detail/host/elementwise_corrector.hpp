@@ -60,6 +60,8 @@ GRADCOMP_HOST_DEVICE inline double sum_of_squares(const float* x, std::size_t le
   return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
 }
 
+// Loops over the state arrays test `a != arrays`: nvcc warns that `a < arrays` is
+// pointless for the stateless correctors (arrays = 0).
 template <elementwise_corrector Policy>
 class engine<Policy, backend::host> {
   static constexpr std::size_t arrays = Policy::state_arrays;
@@ -131,18 +133,18 @@ class engine<Policy, backend::host> {
     const std::span<const float> values = acc({});
     if constexpr (in_place_capable) {
       const float largest = max_magnitude(sent.data(), sent.size());
-      for (std::size_t a = 0; a < arrays; ++a) next_max_[a] += largest;
+      for (std::size_t a = 0; a != arrays; ++a) next_max_[a] += largest;
     }
     for (std::size_t j = 0; j < index.size(); ++j) {
       const std::uint32_t i = index[j];
       std::array<float, arrays + 1> s;
       std::array<float, arrays + 1> before;
-      for (std::size_t a = 0; a < arrays; ++a) {
+      for (std::size_t a = 0; a != arrays; ++a) {
         s[a] = state_.next(a)[i];
         before[a] = state_.committed(a)[i];
       }
       policy.commit(s.data(), before.data(), values[i], sent[j]);
-      for (std::size_t a = 0; a < arrays; ++a) state_.next(a)[i] = s[a];
+      for (std::size_t a = 0; a != arrays; ++a) state_.next(a)[i] = s[a];
     }
   }
 
@@ -168,7 +170,7 @@ class engine<Policy, backend::host> {
   bool cannot_overflow(const Policy& policy, float scale, double sum_squares) const noexcept {
     if (!std::isfinite(sum_squares)) return false;  // a NaN or infinity: the checked, double-buffered run rejects it
     std::array<double, arrays> state_max{};
-    for (std::size_t a = 0; a < arrays; ++a) state_max[a] = committed_max_[a];
+    for (std::size_t a = 0; a != arrays; ++a) state_max[a] = committed_max_[a];
     const double bound = policy.magnitude_bound(state_max.data(), std::sqrt(sum_squares) * scale);
     return bound < static_cast<double>(std::numeric_limits<float>::max()) / 16;  // margin for rounding
   }
@@ -179,7 +181,7 @@ class engine<Policy, backend::host> {
     shared_flag bad;
     std::array<const float*, arrays + 1> old{};
     std::array<float*, arrays + 1> next{};
-    for (std::size_t a = 0; a < arrays; ++a) {
+    for (std::size_t a = 0; a != arrays; ++a) {
       old[a] = state_.committed(a).data();
       next[a] = state_.next(a).data();
     }
@@ -188,7 +190,7 @@ class engine<Policy, backend::host> {
     // Nothing is written yet, so old holds the committed state even in place.
     before_pass([&](std::size_t i) {
       std::array<float, arrays + 1> s;
-      for (std::size_t a = 0; a < arrays; ++a) s[a] = old[a][i];
+      for (std::size_t a = 0; a != arrays; ++a) s[a] = old[a][i];
       const float value = policy.update(s.data(), g[i] * scale);
       if constexpr (own_acc) {
         return value;
@@ -208,9 +210,9 @@ class engine<Policy, backend::host> {
       auto elements = [&]<bool InPlace>() {
         for (std::size_t i = begin; i < end; ++i) {
           std::array<float, arrays + 1> s;
-          for (std::size_t a = 0; a < arrays; ++a) s[a] = InPlace ? next[a][i] : old[a][i];
+          for (std::size_t a = 0; a != arrays; ++a) s[a] = InPlace ? next[a][i] : old[a][i];
           const float value = p.update(s.data(), g[i] * scale);
-          for (std::size_t a = 0; a < arrays; ++a) {
+          for (std::size_t a = 0; a != arrays; ++a) {
             next[a][i] = s[a];
             top[a] = std::max(top[a], static_cast<std::int32_t>(magnitude_key(s[a])));
           }
@@ -227,7 +229,7 @@ class engine<Policy, backend::host> {
       }
       if (sum_squares) partial_[c] = sum_of_squares(g.data() + begin, end - begin);
       if constexpr (in_place_capable) {
-        for (std::size_t a = 0; a < arrays; ++a) chunk_max_[c][a] = std::bit_cast<float>(top[a]);
+        for (std::size_t a = 0; a != arrays; ++a) chunk_max_[c][a] = std::bit_cast<float>(top[a]);
       }
       const std::size_t acc_top = own_acc ? arrays : static_cast<std::size_t>(Policy::acc_state);
       if (static_cast<std::uint32_t>(top[acc_top]) >= non_finite_key) bad.raise();
@@ -236,7 +238,7 @@ class engine<Policy, backend::host> {
     if constexpr (in_place_capable) {  // a bound of the new state, for the next step's check
       next_max_ = {};
       for (const auto& m : chunk_max_) {
-        for (std::size_t a = 0; a < arrays; ++a) next_max_[a] = std::max(next_max_[a], m[a]);
+        for (std::size_t a = 0; a != arrays; ++a) next_max_[a] = std::max(next_max_[a], m[a]);
       }
     }
     return !bad.raised();

@@ -35,6 +35,8 @@ class engine<correct::none, backend::kokkos<Space>> {
   Space space_;
 };
 
+// Loops over the state arrays test `a != arrays`: nvcc warns that `a < arrays` is
+// pointless for the stateless correctors (arrays = 0).
 template <elementwise_corrector Policy, class Space>
 class engine<Policy, backend::kokkos<Space>> {
   static constexpr std::size_t arrays = Policy::state_arrays;
@@ -45,7 +47,7 @@ class engine<Policy, backend::kokkos<Space>> {
   engine(const backend::kokkos<Space>& be, const Policy&, std::size_t n)
       : space_(be.space), n_(n), partial_("gradcomp::partial", chunk_count(n)), partial_host_(chunk_count(n)),
         staging_(kk::host_accessible<Space> ? 0 : n) {
-    for (std::size_t a = 0; a < arrays; ++a) {
+    for (std::size_t a = 0; a != arrays; ++a) {
       committed_[a] = be.template allocate<float>(n);
       next_[a] = be.template allocate<float>(n);
     }
@@ -63,7 +65,7 @@ class engine<Policy, backend::kokkos<Space>> {
       if (policy.needs_norm()) scale = policy.gradient_scale(sum_of_squares(g));
     }
     std::array<state_view, arrays + 1> old{}, next{};
-    for (std::size_t a = 0; a < arrays; ++a) {
+    for (std::size_t a = 0; a != arrays; ++a) {
       old[a] = committed_[a];
       next[a] = next_[a];
     }
@@ -73,9 +75,9 @@ class engine<Policy, backend::kokkos<Space>> {
         "gradcomp::correct", kk::range(space_, n_),
         KOKKOS_LAMBDA(const std::size_t i, int& b) {
           float s[arrays + 1];
-          for (std::size_t a = 0; a < arrays; ++a) s[a] = old[a](i);
+          for (std::size_t a = 0; a != arrays; ++a) s[a] = old[a](i);
           const float value = policy.update(s, g(i) * scale);
-          for (std::size_t a = 0; a < arrays; ++a) next[a](i) = s[a];
+          for (std::size_t a = 0; a != arrays; ++a) next[a](i) = s[a];
           if constexpr (own_acc) acc(i) = value;
           b |= magnitude_key(value) >= non_finite_key ? 1 : 0;
         },
@@ -93,7 +95,7 @@ class engine<Policy, backend::kokkos<Space>> {
     const auto values = kk::wrap<Space>(sent);
     const auto acc_values = kk::wrap<Space>(acc({}));
     std::array<state_view, arrays + 1> old{}, next{};
-    for (std::size_t a = 0; a < arrays; ++a) {
+    for (std::size_t a = 0; a != arrays; ++a) {
       old[a] = committed_[a];
       next[a] = next_[a];
     }
@@ -101,12 +103,12 @@ class engine<Policy, backend::kokkos<Space>> {
         "gradcomp::commit", kk::range(space_, index.size()), KOKKOS_LAMBDA(const std::size_t j) {
           const std::uint32_t i = idx(j);
           float s[arrays + 1], before[arrays + 1];
-          for (std::size_t a = 0; a < arrays; ++a) {
+          for (std::size_t a = 0; a != arrays; ++a) {
             s[a] = next[a](i);
             before[a] = old[a](i);
           }
           policy.commit(s, before, acc_values(i), values(j));
-          for (std::size_t a = 0; a < arrays; ++a) next[a](i) = s[a];
+          for (std::size_t a = 0; a != arrays; ++a) next[a](i) = s[a];
         });
     space_.fence();
   }

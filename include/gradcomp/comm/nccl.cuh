@@ -1,0 +1,217 @@
+/// \file comm/nccl.cuh
+/// Moving compressed messages between the GPUs of an NCCL communicator: comm::mpi's
+/// collectives on device memory (needs NCCL and nvcc; link libnccl).
+#pragma once
+
+#include <gradcomp/backend/cuda.cuh>
+#include <gradcomp/comm/path.hpp>
+#include <gradcomp/config.hpp>
+#include <gradcomp/detail/cuda/device_buffer.cuh>
+#include <gradcomp/detail/cuda/launch.cuh>
+#include <gradcomp/error.hpp>
+#include <gradcomp/message.hpp>
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace detail {
+
+/// Throws gradcomp::error (errc::device) naming the NCCL call that failed and why.
+inline void nccl_check(ncclResult_t result, const char* what) {
+  if (result != ncclSuccess) fail(errc::device, what, " failed: ", ncclGetErrorString(result));
+}
+
+namespace cuda_comm {
+/// dense[i] += scale * sum[i].
+template <class = void>
+__global__ void add_scaled(float* dense, const float* sum, float scale, std::uint64_t n) {
+  cuda_launch::grid_stride(n, [&](std::uint64_t i) { dense[i] = __fadd_rn(dense[i], __fmul_rn(scale, sum[i])); });
+}
+}  // namespace cuda_comm
+
+}  // namespace detail
+
+namespace comm {
+
+/// The aggregation collectives over one NCCL communicator, on device buffers, queued on
+/// the backend's stream. They give every rank the same result as comm::mpi's: messages
+/// are added in rank order, identically everywhere. Receive buffers grow to the largest
+/// exchange seen and are reused. Each call reads the message sizes back to the host and
+/// checks every message (detail::device_decoder) before it writes `dense`.
+class nccl {
+ public:
+  /// \throws gradcomp::error (errc::device) if NCCL cannot describe the communicator.
+  nccl(ncclComm_t comm, const backend::cuda& be) : comm_(comm), backend_(be), decoder_(be) {
+    detail::require(comm != nullptr, errc::invalid_argument, "comm::nccl: the communicator is null");
+    detail::nccl_check(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
+    detail::nccl_check(ncclCommCount(comm_, &size_), "ncclCommCount");
+    sizes_device_ = detail::device_buffer<std::uint64_t>(static_cast<std::size_t>(size_) + 1);
+    flags_ = detail::device_buffer<int>(2);
+    sizes_.resize(static_cast<std::size_t>(size_));
+  }
+
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return size_; }
+
+  /// Sparse all-gather of one message per rank (device memory): `dense += scale * sum
+  /// over ranks of decode(message of rank r)`, ranks in order. When all messages
+  /// together would be larger than the dense tensor, each rank decodes its own and the
+  /// dense tensors are summed (reduce to rank 0, broadcast) instead. Every message is
+  /// checked before `dense` is touched; a corrupt one raises gradcomp::error on every
+  /// rank alike and leaves `dense` unchanged.
+  /// \returns the path taken, the same on every rank
+  path allgather_accumulate(std::span<const std::byte> message, std::span<float> dense, float scale) {
+    detail::require(std::isfinite(scale), errc::invalid_argument, "allgather_accumulate: scale must be finite, got ",
+                    scale);
+    const std::uint64_t total = exchange_sizes(message.size());
+    if (total > static_cast<std::uint64_t>(dense.size()) * sizeof(float)) {
+      dense_path(message, dense, scale);
+      return path::dense;
+    }
+    gather(message);
+    checked_.clear();
+    for (int r = 0; r < size_; ++r) checked_.push_back(decoder_.check(received(r), dense.size(), who));
+    for (const auto& m : checked_) decoder_.add(m, dense, scale);
+    return path::sparse;
+  }
+
+  /// Bucketed sparse all-gather for many tensors in one exchange: `messages[t]` is this
+  /// rank's message for tensor t and `dense[t]` its aggregate (device memory). One size
+  /// exchange and one gather carry all the tensors; every message of every rank is
+  /// checked before any tensor is written.
+  void allgather_accumulate(std::span<const std::span<const std::byte>> messages, std::span<const std::span<float>> dense,
+                            float scale) {
+    detail::require(messages.size() == dense.size(), errc::invalid_argument, "allgather_accumulate: ",
+                    messages.size(), " messages for ", dense.size(), " dense tensors");
+    detail::require(std::isfinite(scale), errc::invalid_argument, "allgather_accumulate: scale must be finite, got ",
+                    scale);
+    // This rank's bucket: the message sizes (u64 each), then the messages.
+    const std::size_t directory = 8 * messages.size();
+    std::size_t mine = directory;
+    directory_.resize(messages.size());
+    for (std::size_t t = 0; t < messages.size(); ++t) {
+      directory_[t] = messages[t].size();
+      mine += messages[t].size();
+    }
+    if (bucket_.size() < mine) bucket_ = detail::device_buffer<std::byte>(mine);
+    backend_.to_device(reinterpret_cast<const std::byte*>(directory_.data()), directory, bucket_.data());
+    std::size_t at = directory;
+    for (const auto m : messages) {
+      detail::cuda_check(cudaMemcpyAsync(bucket_.data() + at, m.data(), m.size(), cudaMemcpyDeviceToDevice,
+                                         backend_.stream),
+                         "cudaMemcpyAsync (bucket)");
+      at += m.size();
+    }
+    exchange_sizes(mine);
+    gather(std::span<const std::byte>(bucket_.data(), mine));
+    // Split every rank's bucket by its directory and check all of it first.
+    checked_.clear();
+    for (int r = 0; r < size_; ++r) {
+      const auto b = received(r);
+      detail::require(b.size() >= directory, errc::corrupt_message, "allgather_accumulate: rank ", r,
+                      "'s bucket does not hold ", messages.size(), " tensors");
+      directory_.resize(messages.size());
+      backend_.to_host(reinterpret_cast<const std::uint64_t*>(b.data()), messages.size(), directory_.data());
+      std::uint64_t offset = directory;
+      for (std::size_t t = 0; t < messages.size(); ++t) {
+        detail::require(directory_[t] <= b.size() - offset, errc::corrupt_message, "allgather_accumulate: rank ", r,
+                        "'s bucket is shorter than its directory says");
+        checked_.push_back(decoder_.check(b.subspan(offset, directory_[t]), dense[t].size(), who));
+        offset += directory_[t];
+      }
+      detail::require(offset == b.size(), errc::corrupt_message, "allgather_accumulate: rank ", r,
+                      "'s bucket has trailing bytes");
+    }
+    for (std::size_t p = 0; p < checked_.size(); ++p) decoder_.add(checked_[p], dense[p % messages.size()], scale);
+  }
+
+ private:
+  static constexpr const char* who = "allgather_accumulate";
+
+  // All-gathers every rank's byte count into sizes_ and returns their sum.
+  std::uint64_t exchange_sizes(std::uint64_t mine) {
+    std::uint64_t* own = sizes_device_.data() + size_;
+    backend_.to_device(&mine, 1, own);
+    detail::nccl_check(ncclAllGather(own, sizes_device_.data(), 1, ncclUint64, comm_, backend_.stream),
+                       "ncclAllGather (sizes)");
+    backend_.to_host(sizes_device_.data(), sizes_.size(), sizes_.data());
+    std::uint64_t total = 0;
+    offsets_.assign(1, 0);
+    for (const auto s : sizes_) offsets_.push_back(total += s);
+    return total;
+  }
+
+  // Every rank's bytes into gathered_, rank r's at offsets_[r]: one broadcast per rank,
+  // grouped (NCCL has no all-gather of unequal sizes).
+  void gather(std::span<const std::byte> mine) {
+    if (gathered_.size() < offsets_.back()) gathered_ = detail::device_buffer<std::byte>(offsets_.back());
+    detail::nccl_check(ncclGroupStart(), "ncclGroupStart");
+    for (int r = 0; r < size_; ++r) {
+      const std::size_t bytes = sizes_[static_cast<std::size_t>(r)];
+      if (bytes == 0) continue;
+      std::byte* to = gathered_.data() + offsets_[static_cast<std::size_t>(r)];
+      detail::nccl_check(ncclBroadcast(r == rank_ ? static_cast<const void*>(mine.data()) : to, to, bytes, ncclUint8,
+                                       r, comm_, backend_.stream),
+                         "ncclBroadcast (messages)");
+    }
+    detail::nccl_check(ncclGroupEnd(), "ncclGroupEnd");
+  }
+
+  std::span<const std::byte> received(int r) const noexcept {
+    const auto at = static_cast<std::size_t>(r);
+    return {gathered_.data() + offsets_[at], static_cast<std::size_t>(offsets_[at + 1] - offsets_[at])};
+  }
+
+  void dense_path(std::span<const std::byte> message, std::span<float> dense, float scale) {
+    // A rank with a bad message must not leave the others waiting in the reduction:
+    // agree on validity first.
+    int ok = 1;
+    detail::device_decoder::checked mine{};
+    try {
+      mine = decoder_.check(message, dense.size(), who);
+    } catch (const error&) {
+      ok = 0;
+    }
+    backend_.to_device(&ok, 1, flags_.data());
+    detail::nccl_check(ncclAllReduce(flags_.data(), flags_.data() + 1, 1, ncclInt32, ncclMin, comm_, backend_.stream),
+                       "ncclAllReduce (validity)");
+    const int all_ok = backend_.read(flags_.data() + 1);
+    if (!ok) (void)decoder_.check(message, dense.size(), who);  // rethrows this rank's own reason
+    detail::require(all_ok == 1, errc::corrupt_message, "allgather_accumulate: another rank's message is corrupt");
+    if (mine_.size() < dense.size()) {
+      mine_ = detail::device_buffer<float>(dense.size());
+      sum_ = detail::device_buffer<float>(dense.size());
+    }
+    backend_.clear(mine_.data(), dense.size());
+    decoder_.add(mine, std::span<float>(mine_.data(), dense.size()), 1.0f);
+    detail::nccl_check(ncclReduce(mine_.data(), sum_.data(), dense.size(), ncclFloat, ncclSum, 0, comm_, backend_.stream),
+                       "ncclReduce");
+    detail::nccl_check(ncclBroadcast(sum_.data(), sum_.data(), dense.size(), ncclFloat, 0, comm_, backend_.stream),
+                       "ncclBroadcast (sum)");
+    detail::cuda_comm::add_scaled<<<detail::cuda_launch::grid_for(dense.size()), detail::cuda_launch::block_threads, 0,
+                                    backend_.stream>>>(dense.data(), sum_.data(), scale, dense.size());
+    detail::cuda_check(cudaGetLastError(), "add_scaled (launch)");
+  }
+
+  ncclComm_t comm_;
+  backend::cuda backend_;
+  detail::device_decoder decoder_;
+  int rank_ = 0;
+  int size_ = 1;
+  detail::device_buffer<std::uint64_t> sizes_device_;
+  detail::device_buffer<int> flags_;
+  std::vector<std::uint64_t> sizes_, offsets_, directory_;
+  detail::device_buffer<std::byte> gathered_, bucket_;
+  detail::device_buffer<float> mine_, sum_;
+  std::vector<detail::device_decoder::checked> checked_;
+};
+
+}  // namespace comm
+GRADCOMP_NAMESPACE_END

@@ -1,0 +1,58 @@
+// What the CUDA tests share: Thrust vectors as gradcomp's device spans, host copies,
+// and a main() that skips (exit 77, which ctest reports as skipped) without a GPU.
+#pragma once
+
+#include <doctest/doctest.h>
+#include <gradcomp/backend/cuda.cuh>
+
+#include <thrust/copy.h>
+#include <thrust/device_vector.h>
+
+#include <cstdio>
+#include <cstring>
+#include <span>
+#include <vector>
+
+namespace device {
+
+template <class T>
+std::span<T> span_of(thrust::device_vector<T>& v) {
+  return {thrust::raw_pointer_cast(v.data()), v.size()};
+}
+
+template <class T>
+thrust::device_vector<T> copy_of(const std::vector<T>& host) {
+  return thrust::device_vector<T>(host.begin(), host.end());
+}
+
+template <class T>
+std::vector<T> host_copy(std::span<const T> device_span) {
+  std::vector<T> host(device_span.size());
+  gradcomp::detail::cuda_check(
+      cudaMemcpy(host.data(), device_span.data(), host.size() * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  return host;
+}
+
+template <class T>
+std::vector<T> host_copy(const thrust::device_vector<T>& v) {
+  std::vector<T> host(v.size());
+  thrust::copy(v.begin(), v.end(), host.begin());
+  return host;
+}
+
+/// Bit-identical float arrays (== would equate -0 and +0).
+inline bool same_bits(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+inline int run_tests(int argc, char** argv) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::puts("no CUDA device: skipped");
+    return 77;
+  }
+  doctest::Context context(argc, argv);
+  return context.run();
+}
+
+}  // namespace device

@@ -1,0 +1,244 @@
+// backend::cuda's compressor against backend::host's, step by step: the same message
+// bytes and the same committed state, for every selector, corrector and encoder the
+// CUDA backend runs, on the conformance inputs. Needs a GPU (exit 77 without one).
+#define DOCTEST_CONFIG_IMPLEMENT
+#include "device.cuh"
+
+#include <gradcomp/gradcomp.hpp>
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../support/inputs.hpp"
+
+namespace gc = gradcomp;
+using gc::index_coding;
+using gc::value_coding;
+
+namespace {
+
+const gc::encode::index_value device_encoders[] = {
+    {.index = index_coding::raw32, .value = value_coding::f32},
+    {.index = index_coding::raw32, .value = value_coding::f16},
+    {.index = index_coding::raw32, .value = value_coding::bf16},
+};
+const gc::encode::index_value host_coded_encoders[] = {
+    {},  // automatic index coding
+    {.index = index_coding::delta_bitpack, .value = value_coding::int8},
+    {.index = index_coding::bitmap, .value = value_coding::qsgd, .levels = 7, .seed = 5, .checksum = true},
+    {.index = index_coding::raw32, .value = value_coding::ternary},
+};
+
+std::vector<std::uint32_t> every_third(std::size_t n) {
+  std::vector<std::uint32_t> out;
+  for (std::uint32_t i = 1; i < n; i += 3) out.push_back(i);
+  return out;
+}
+
+// Host copies of a compressor's committed state arrays, as bits.
+template <class Compressor>
+std::vector<std::vector<std::uint32_t>> states(const Compressor& c) {
+  std::vector<std::vector<std::uint32_t>> out;
+  for (std::size_t a = 0; a != Compressor::corrector_type::state_arrays; ++a) {
+    const auto s = c.corrector_state(a);
+    out.emplace_back(s.size());
+    std::memcpy(out.back().data(), s.data(), s.size() * sizeof(float));
+  }
+  return out;
+}
+
+// Runs `steps` steps of the same policies on both backends and checks each message and
+// the final state.
+template <class Selector, class Corrector>
+void same_as_host(Selector selector, Corrector corrector, gc::encode::index_value encoder, inputs::shape shape,
+                  std::size_t n, int steps = 3) {
+  CAPTURE(selector.name());
+  CAPTURE(corrector.name());
+  CAPTURE(encoder.name());
+  CAPTURE(inputs::name(shape));
+  CAPTURE(n);
+  gc::compressor host{gc::backend::host{}, n, selector, corrector, encoder};
+  gc::compressor gpu{gc::backend::cuda{}, n, selector, corrector, encoder};
+  if constexpr (std::is_same_v<Selector, gc::select::given_indices>) {
+    const auto given = every_third(n);
+    host.set_indices(given);
+    gpu.set_indices(given);
+  }
+  REQUIRE(gpu.max_message_bytes() == host.max_message_bytes());
+  std::vector<std::byte> host_out(host.max_message_bytes());
+  thrust::device_vector<std::byte> gpu_out(gpu.max_message_bytes());
+  for (int step = 0; step < steps; ++step) {
+    CAPTURE(step);
+    const auto x = inputs::make(shape, n, 40 + static_cast<std::uint64_t>(step));
+    auto g = device::copy_of(x);
+    const auto expected = host.compress(x, host_out);
+    const auto got = gpu.compress(device::span_of(g), device::span_of(gpu_out));
+    CHECK(got.count() == expected.count());
+    CHECK(got.size() == expected.size());
+    REQUIRE(device::host_copy(got.bytes()) == std::vector<std::byte>(expected.bytes().begin(), expected.bytes().end()));
+  }
+  CHECK(gpu.step() == host.step());
+  CHECK(states(gpu) == states(host));
+}
+
+template <class Selector>
+void every_corrector(Selector selector, gc::encode::index_value encoder, inputs::shape shape, std::size_t n) {
+  same_as_host(selector, gc::correct::none{}, encoder, shape, n);
+  same_as_host(selector, gc::correct::error_feedback{}, encoder, shape, n);
+  same_as_host(selector, gc::correct::error_feedback{.beta = 0.5f, .gamma = 0.25f}, encoder, shape, n);
+  same_as_host(selector, gc::correct::momentum{.beta = 0.9f}, encoder, shape, n);
+  same_as_host(selector, gc::correct::momentum{.beta = 0.9f, .nesterov = true, .masking = false}, encoder, shape, n);
+  same_as_host(selector, gc::correct::low_pass{.beta = 0.3f}, encoder, shape, n);
+  same_as_host(selector, gc::correct::clip_norm{.max_norm = 2.0f}, encoder, shape, n);
+  same_as_host(selector, gc::correct::chain{gc::correct::clip_norm{.max_norm = 1.0f, .workers = 4},
+                                            gc::correct::momentum{.beta = 0.9f}},
+               encoder, shape, n);
+}
+
+template <class Selector>
+void every_policy(Selector selector) {
+  for (const auto shape : inputs::all_shapes) {
+    for (const std::size_t n : inputs::awkward_sizes) {
+      if (n < (std::size_t{1} << 20)) {
+        for (const auto& e : device_encoders) every_corrector(selector, e, shape, n);
+        for (const auto& e : host_coded_encoders) every_corrector(selector, e, shape, n);
+      } else {
+        every_corrector(selector, device_encoders[0], shape, n);
+        same_as_host(selector, gc::correct::error_feedback{}, host_coded_encoders[0], shape, n);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda exact_topk sends what host sends, with every corrector and encoder") {
+  every_policy(gc::select::exact_topk{.density = 0.01});
+  every_policy(gc::select::exact_topk{.density = 0.3});
+  every_policy(gc::select::exact_topk{.count = 1});
+}
+
+TEST_CASE("cuda threshold sends what host sends, with every corrector and encoder") {
+  every_policy(gc::select::threshold{.tau = 1.5f});
+  every_policy(gc::select::threshold{.tau = 0.0f});
+}
+
+TEST_CASE("cuda given_indices sends what host sends, with every corrector and encoder") {
+  for (const std::size_t n : inputs::awkward_sizes) {
+    every_corrector(gc::select::given_indices{.max_count = n}, device_encoders[0], inputs::shape::normal, n);
+    every_corrector(gc::select::given_indices{.max_count = n}, host_coded_encoders[1], inputs::shape::student_t3, n);
+  }
+}
+
+TEST_CASE("cuda exact_topk on ten million elements equals host") {
+  same_as_host(gc::select::exact_topk{.density = 0.001}, gc::correct::momentum{}, device_encoders[0],
+               inputs::shape::normal, 10'000'000, 2);
+  same_as_host(gc::select::exact_topk{.density = 0.01}, gc::correct::none{}, device_encoders[0], inputs::shape::ties,
+               10'000'000, 1);
+}
+
+TEST_CASE("a NaN or infinity is rejected and changes neither the message buffer nor the state") {
+  const std::size_t n = 5000;
+  const gc::encode::index_value raw{.index = index_coding::raw32};
+  auto check = [&](auto selector, auto corrector, gc::encode::index_value encoder) {
+    CAPTURE(selector.name());
+    CAPTURE(corrector.name());
+    CAPTURE(encoder.name());
+    gc::compressor host{gc::backend::host{}, n, selector, corrector, encoder};
+    gc::compressor gpu{gc::backend::cuda{}, n, selector, corrector, encoder};
+    std::vector<std::byte> host_out(host.max_message_bytes());
+    thrust::device_vector<std::byte> gpu_out(gpu.max_message_bytes());
+    for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+      for (const std::size_t at : {std::size_t{0}, std::size_t{2047}, n - 1}) {
+        auto x = inputs::make(inputs::shape::normal, n, 7 + at);
+        auto g = device::copy_of(x);
+        (void)host.compress(x, host_out);
+        (void)gpu.compress(device::span_of(g), device::span_of(gpu_out));
+        const auto before = states(gpu);
+        thrust::fill(gpu_out.begin(), gpu_out.end(), std::byte{0xAB});
+        x[at] = bad;
+        g = device::copy_of(x);
+        try {
+          (void)gpu.compress(device::span_of(g), device::span_of(gpu_out));
+          FAIL("a non-finite gradient was accepted");
+        } catch (const gc::error& e) {
+          CHECK(e.code() == gc::errc::non_finite);
+          CHECK(std::string(e.what()).find("grad[" + std::to_string(at) + "]") != std::string::npos);
+        }
+        CHECK_THROWS_AS((void)host.compress(x, host_out), gc::error);
+        CHECK(gpu.step() == host.step());
+        const auto out_after = device::host_copy(gpu_out);
+        CHECK(std::all_of(out_after.begin(), out_after.end(), [](std::byte b) { return b == std::byte{0xAB}; }));
+        CHECK(states(gpu) == before);
+      }
+    }
+    // Both continue in step after the rejections.
+    const auto x = inputs::make(inputs::shape::log_normal, n, 99);
+    auto g = device::copy_of(x);
+    const auto expected = host.compress(x, host_out);
+    const auto got = gpu.compress(device::span_of(g), device::span_of(gpu_out));
+    CHECK(device::host_copy(got.bytes()) == std::vector<std::byte>(expected.bytes().begin(), expected.bytes().end()));
+  };
+  check(gc::select::exact_topk{.density = 0.01}, gc::correct::none{}, raw);
+  check(gc::select::exact_topk{.density = 0.01}, gc::correct::momentum{}, raw);
+  check(gc::select::threshold{.tau = 1.0f}, gc::correct::none{}, raw);
+  check(gc::select::threshold{.tau = 1.0f}, gc::correct::error_feedback{}, gc::encode::index_value{});
+  check(gc::select::exact_topk{.density = 0.05}, gc::correct::chain{gc::correct::clip_norm{.max_norm = 1.0f},
+                                                                    gc::correct::momentum{}},
+        gc::encode::index_value{.value = value_coding::int8});
+}
+
+TEST_CASE("bad arguments are rejected before anything is queued") {
+  const std::size_t n = 1000;
+  gc::compressor gpu{gc::backend::cuda{}, n, gc::select::exact_topk{.density = 0.01}, gc::correct::error_feedback{}};
+  thrust::device_vector<float> g(n, 1.0f);
+  thrust::device_vector<float> short_g(n - 1, 1.0f);
+  thrust::device_vector<std::byte> out(gpu.max_message_bytes());
+  thrust::device_vector<std::byte> small(gpu.max_message_bytes() - 1);
+  CHECK_THROWS_WITH_AS((void)gpu.compress(device::span_of(short_g), device::span_of(out)),
+                       doctest::Contains("grad.size() = 999"), gc::error);
+  CHECK_THROWS_WITH_AS((void)gpu.compress(device::span_of(g), device::span_of(small)),
+                       doctest::Contains("out.size()"), gc::error);
+  CHECK(gpu.step() == 0);
+  CHECK_THROWS_WITH_AS(gpu.set_density(0.0), doctest::Contains("density"), gc::error);
+}
+
+TEST_CASE("set_density and checkpoints carry over between cuda and host") {
+  const std::size_t n = 20'000;
+  const gc::select::exact_topk topk{.density = 0.01};
+  const gc::correct::momentum momentum{.beta = 0.8f};
+  gc::compressor host{gc::backend::host{}, n, topk, momentum};
+  gc::compressor gpu{gc::backend::cuda{}, n, topk, momentum};
+  std::vector<std::byte> host_out(host.max_message_bytes() * 10);
+  thrust::device_vector<std::byte> gpu_out(gpu.max_message_bytes() * 10);
+  auto both = [&](std::uint64_t seed) {
+    const auto x = inputs::make(inputs::shape::student_t3, n, seed);
+    auto g = device::copy_of(x);
+    const auto expected = host.compress(x, host_out);
+    const auto got = gpu.compress(device::span_of(g), device::span_of(gpu_out));
+    CHECK(device::host_copy(got.bytes()) == std::vector<std::byte>(expected.bytes().begin(), expected.bytes().end()));
+  };
+  both(1);
+  host.set_density(0.05);
+  gpu.set_density(0.05);
+  both(2);
+  // The GPU's checkpoint, restored into a fresh host compressor, continues identically.
+  std::stringstream record;
+  gpu.save_state(record);
+  gc::compressor restored{gc::backend::host{}, n, topk, momentum};
+  restored.load_state(record);
+  host = std::move(restored);
+  both(3);
+  // And a host checkpoint restores into a GPU compressor.
+  std::stringstream back;
+  host.save_state(back);
+  gc::compressor gpu2{gc::backend::cuda{}, n, topk, momentum};
+  gpu2.load_state(back);
+  gpu = std::move(gpu2);
+  both(4);
+}
+
+int main(int argc, char** argv) { return device::run_tests(argc, argv); }

@@ -1,0 +1,103 @@
+// comm::nccl with one rank on one GPU: the sparse all-gather, the dense fallback and the
+// bucketed exchange give what the host's accumulate gives for the same messages, and a
+// corrupt message changes nothing. (More ranks need more GPUs.) Needs a GPU and NCCL
+// (exit 77 without a GPU).
+#define DOCTEST_CONFIG_IMPLEMENT
+#include "device.cuh"
+
+#include <gradcomp/comm/nccl.cuh>
+#include <gradcomp/gradcomp.hpp>
+
+#include <vector>
+
+#include "../support/inputs.hpp"
+
+namespace gc = gradcomp;
+
+namespace {
+
+std::vector<std::byte> message_for(const std::vector<float>& x, double density) {
+  gc::compressor c{gc::backend::host{}, x.size(), gc::select::exact_topk{.density = density}, gc::correct::none{},
+                   gc::encode::index_value{.index = gc::index_coding::raw32}};
+  std::vector<std::byte> buf(c.max_message_bytes());
+  const auto m = c.compress(x, buf);
+  return {m.bytes().begin(), m.bytes().end()};
+}
+
+struct one_rank {
+  ncclComm_t comm = nullptr;
+  one_rank() {
+    int device = 0;
+    gc::detail::nccl_check(ncclCommInitAll(&comm, 1, &device), "ncclCommInitAll");
+  }
+  ~one_rank() { ncclCommDestroy(comm); }
+};
+
+}  // namespace
+
+TEST_CASE("one-rank NCCL aggregation equals the host's accumulate") {
+  one_rank world;
+  gc::comm::nccl comm(world.comm, gc::backend::cuda{});
+  CHECK(comm.rank() == 0);
+  CHECK(comm.size() == 1);
+  const std::size_t n = 100'000;
+  const auto x = inputs::make(inputs::shape::student_t3, n, 8);
+  const auto start = inputs::make(inputs::shape::normal, n, 9);
+  for (const double density : {0.001, 0.05, 0.9}) {  // 0.9: the dense path
+    CAPTURE(density);
+    const auto bytes = message_for(x, density);
+    auto expected = start;
+    gc::accumulate(gc::backend::host{}, bytes, expected, 0.25f);
+    auto d_bytes = device::copy_of(bytes);
+    auto dense = device::copy_of(start);
+    const auto taken = comm.allgather_accumulate(device::span_of(d_bytes), device::span_of(dense), 0.25f);
+    CHECK(taken == (density > 0.5 ? gc::comm::path::dense : gc::comm::path::sparse));
+    CHECK(device::same_bits(device::host_copy(dense), expected));
+  }
+}
+
+TEST_CASE("one-rank NCCL bucketed exchange equals the host's accumulate per tensor") {
+  one_rank world;
+  gc::comm::nccl comm(world.comm, gc::backend::cuda{});
+  const std::size_t sizes[] = {10, 1000, 65'537};
+  std::vector<thrust::device_vector<std::byte>> messages;
+  std::vector<thrust::device_vector<float>> dense;
+  std::vector<std::vector<float>> expected;
+  for (std::size_t t = 0; t < std::size(sizes); ++t) {
+    const auto x = inputs::make(inputs::shape::log_normal, sizes[t], 20 + t);
+    const auto bytes = message_for(x, 0.01);
+    expected.push_back(inputs::make(inputs::shape::normal, sizes[t], 30 + t));
+    dense.push_back(device::copy_of(expected.back()));
+    gc::accumulate(gc::backend::host{}, bytes, expected.back(), 0.5f);
+    messages.push_back(device::copy_of(bytes));
+  }
+  std::vector<std::span<const std::byte>> m;
+  std::vector<std::span<float>> d;
+  for (std::size_t t = 0; t < std::size(sizes); ++t) {
+    m.push_back(device::span_of(messages[t]));
+    d.push_back(device::span_of(dense[t]));
+  }
+  comm.allgather_accumulate(m, d, 0.5f);
+  for (std::size_t t = 0; t < std::size(sizes); ++t) CHECK(device::same_bits(device::host_copy(dense[t]), expected[t]));
+}
+
+TEST_CASE("a corrupt message fails and changes nothing, on both paths") {
+  one_rank world;
+  gc::comm::nccl comm(world.comm, gc::backend::cuda{});
+  const std::size_t n = 5000;
+  const auto x = inputs::make(inputs::shape::normal, n, 3);
+  for (const double density : {0.01, 0.9}) {
+    auto bytes = message_for(x, density);
+    bytes[60] = std::byte{0xFF};  // index 1 jumps far past n
+    bytes[61] = std::byte{0xFF};
+    bytes[62] = std::byte{0xFF};
+    bytes[63] = std::byte{0xFF};
+    auto d_bytes = device::copy_of(bytes);
+    thrust::device_vector<float> dense(n, 2.5f);
+    CHECK_THROWS_AS(comm.allgather_accumulate(device::span_of(d_bytes), device::span_of(dense), 1.0f), gc::error);
+    const auto after = device::host_copy(dense);
+    CHECK(std::all_of(after.begin(), after.end(), [](float v) { return v == 2.5f; }));
+  }
+}
+
+int main(int argc, char** argv) { return device::run_tests(argc, argv); }
