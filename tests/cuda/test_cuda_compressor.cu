@@ -225,19 +225,18 @@ TEST_CASE("set_density and checkpoints carry over between cuda and host") {
   host.set_density(0.05);
   gpu.set_density(0.05);
   both(2);
-  // The GPU's checkpoint, restored into a fresh host compressor, continues identically.
-  std::stringstream record;
-  gpu.save_state(record);
-  gc::compressor restored{gc::backend::host{}, n, topk, momentum};
-  restored.load_state(record);
-  host = std::move(restored);
+  // `into`, a fresh compressor, with the state `from` saved.
+  auto restore = [](const auto& from, auto&& into) {
+    std::stringstream record;
+    from.save_state(record);
+    into.load_state(record);
+    return std::move(into);
+  };
+  // The GPU's checkpoint, restored into a fresh host compressor, continues identically,
+  // and so does a host checkpoint restored into a GPU compressor.
+  host = restore(gpu, gc::compressor{gc::backend::host{}, n, topk, momentum});
   both(3);
-  // And a host checkpoint restores into a GPU compressor.
-  std::stringstream back;
-  host.save_state(back);
-  gc::compressor gpu2{gc::backend::cuda{}, n, topk, momentum};
-  gpu2.load_state(back);
-  gpu = std::move(gpu2);
+  gpu = restore(host, gc::compressor{gc::backend::cuda{}, n, topk, momentum});
   both(4);
 }
 

@@ -62,17 +62,14 @@ struct cuda {
   template <class T>
   [[nodiscard]] T read(const T* p) const {
     T value{};
-    detail::cuda_check(cudaMemcpyAsync(&value, p, sizeof(T), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
-    detail::cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    to_host(p, 1, &value);
     return value;
   }
 
   /// Waits for the stream and copies `count` elements at device address `from` to `to`.
   template <class T>
   void to_host(const T* from, std::size_t count, T* to) const {
-    detail::cuda_check(cudaMemcpyAsync(to, from, count * sizeof(T), cudaMemcpyDeviceToHost, stream),
-                       "cudaMemcpyAsync (to host)");
-    detail::cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    copy_and_wait(to, from, count * sizeof(T), cudaMemcpyDeviceToHost);
   }
 
   /// A host copy of device memory (waits for the stream).
@@ -87,8 +84,12 @@ struct cuda {
   /// reused.
   template <class T>
   void to_device(const T* from, std::size_t count, T* to) const {
-    detail::cuda_check(cudaMemcpyAsync(to, from, count * sizeof(T), cudaMemcpyHostToDevice, stream),
-                       "cudaMemcpyAsync (to device)");
+    copy_and_wait(to, from, count * sizeof(T), cudaMemcpyHostToDevice);
+  }
+
+ private:
+  void copy_and_wait(void* to, const void* from, std::size_t bytes, cudaMemcpyKind kind) const {
+    detail::cuda_check(cudaMemcpyAsync(to, from, bytes, kind, stream), "cudaMemcpyAsync");
     detail::cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   }
 };

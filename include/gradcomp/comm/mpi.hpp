@@ -8,6 +8,7 @@
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/detail/step_input.hpp>
 #include <gradcomp/config.hpp>
+#include <gradcomp/detail/aggregation_args.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/message.hpp>
 
@@ -46,8 +47,7 @@ class mpi {
   /// raises gradcomp::error on all ranks alike and leaves `dense` unchanged.
   /// \returns the path taken, the same on every rank
   path allgather_accumulate(std::span<const std::byte> message, std::span<float> dense, float scale) {
-    detail::require(std::isfinite(scale), errc::invalid_argument, "allgather_accumulate: scale must be finite, got ",
-                    scale);
+    detail::check_aggregation_args(1, 1, scale);
     const auto mine = static_cast<std::uint64_t>(message.size());
     sizes_.resize(static_cast<std::size_t>(size_));
     MPI_Allgather(&mine, 1, MPI_UINT64_T, sizes_.data(), 1, MPI_UINT64_T, comm_);
@@ -68,10 +68,7 @@ class mpi {
   /// tensors, whatever their number. Every message of every rank is validated first.
   void allgather_accumulate(std::span<const std::span<const std::byte>> messages, std::span<const std::span<float>> dense,
                             float scale) {
-    detail::require(messages.size() == dense.size(), errc::invalid_argument, "allgather_accumulate: ",
-                    messages.size(), " messages for ", dense.size(), " dense tensors");
-    detail::require(std::isfinite(scale), errc::invalid_argument, "allgather_accumulate: scale must be finite, got ",
-                    scale);
+    detail::check_aggregation_args(messages.size(), dense.size(), scale);
     // This rank's bucket: u64 tensor count, u64 size of each message, the messages.
     bucket_.assign(8 * (1 + messages.size()), std::byte{0});
     detail::store_le<std::uint64_t>(bucket_.data(), messages.size());

@@ -6,6 +6,7 @@
 #include <gradcomp/backend/cuda.cuh>
 #include <gradcomp/comm/path.hpp>
 #include <gradcomp/config.hpp>
+#include <gradcomp/detail/aggregation_args.hpp>
 #include <gradcomp/detail/cuda/device_buffer.cuh>
 #include <gradcomp/detail/cuda/launch.cuh>
 #include <gradcomp/error.hpp>
@@ -14,7 +15,6 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -68,8 +68,7 @@ class nccl {
   /// rank alike and leaves `dense` unchanged.
   /// \returns the path taken, the same on every rank
   path allgather_accumulate(std::span<const std::byte> message, std::span<float> dense, float scale) {
-    detail::require(std::isfinite(scale), errc::invalid_argument, "allgather_accumulate: scale must be finite, got ",
-                    scale);
+    detail::check_aggregation_args(1, 1, scale);
     const std::uint64_t total = exchange_sizes(message.size());
     if (total > static_cast<std::uint64_t>(dense.size()) * sizeof(float)) {
       dense_path(message, dense, scale);
@@ -88,10 +87,7 @@ class nccl {
   /// checked before any tensor is written.
   void allgather_accumulate(std::span<const std::span<const std::byte>> messages, std::span<const std::span<float>> dense,
                             float scale) {
-    detail::require(messages.size() == dense.size(), errc::invalid_argument, "allgather_accumulate: ",
-                    messages.size(), " messages for ", dense.size(), " dense tensors");
-    detail::require(std::isfinite(scale), errc::invalid_argument, "allgather_accumulate: scale must be finite, got ",
-                    scale);
+    detail::check_aggregation_args(messages.size(), dense.size(), scale);
     // This rank's bucket: the message sizes (u64 each), then the messages.
     const std::size_t directory = 8 * messages.size();
     std::size_t mine = directory;
