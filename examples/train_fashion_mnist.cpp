@@ -256,7 +256,7 @@ class scalecom_exchange final : public exchange {
  private:
   gradcomp::comm::mpi& comm_;
   std::vector<std::unique_ptr<compressor_type>> compressors_;
-  std::vector<gradcomp::comm::cyclic_topk<leader_type, compressor_type>> exchanges_;
+  std::vector<gradcomp::comm::cyclic_topk<leader_type, compressor_type, gradcomp::comm::mpi>> exchanges_;
 };
 
 // --- driver ----------------------------------------------------------------------------

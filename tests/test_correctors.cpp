@@ -3,6 +3,7 @@
 #include <gradcomp/gradcomp.hpp>
 
 #include <cmath>
+#include <sstream>
 
 #include "support/inputs.hpp"
 #include "support/reference.hpp"
@@ -183,4 +184,77 @@ TEST_CASE("the dgc preset with exact selection reproduces a plain DGC for 50 ste
     REQUIRE(c.corrector_state(0)[i] == u[i]);
     REQUIRE(c.corrector_state(1)[i] == v[i]);
   }
+}
+
+namespace {
+
+// preview(g) against what compress(g) ranks: a twin compressor, kept in step, sends
+// every entry (density 1, f32 values) at the step previewed.
+template <class Corrector>
+void preview_matches_compress(Corrector corrector, float scale_grad) {
+  using gc::select::exact_topk;
+  const gc::encode::index_value exact_values{.index = gc::index_coding::raw32, .value = gc::value_coding::f32};
+  gc::compressor a{gc::backend::host{}, n, exact_topk{.density = 0.01}, corrector, exact_values};
+  gc::compressor twin{gc::backend::host{}, n, exact_topk{.density = 0.01}, corrector, exact_values};
+  std::vector<std::byte> buf(a.max_message_bytes());
+  for (int t = 0; t < 12; ++t) {
+    auto g = gradient(t);
+    for (auto& x : g) x *= scale_grad * (1.0f + 0.3f * static_cast<float>(t % 4));  // clips on some steps only
+    std::ostringstream before, after;
+    a.save_state(before);
+    const auto acc = a.preview(g);
+    const std::vector<float> previewed(acc.begin(), acc.end());
+    a.save_state(after);
+    REQUIRE(before.str() == after.str());  // nothing changed
+
+    auto all = twin;
+    all.set_density(1.0);
+    std::vector<std::byte> all_buf(all.max_message_bytes());
+    const auto sent = gc::decode(all.compress(g, all_buf).bytes());
+    REQUIRE(sent.values.size() == n);
+    CAPTURE(t);
+    for (std::size_t i = 0; i < n; ++i) REQUIRE(previewed[i] == sent.values[i]);
+
+    const auto ma = a.compress(g, buf);
+    const std::vector<std::byte> first(ma.bytes().begin(), ma.bytes().end());
+    const auto mt = twin.compress(g, buf);
+    REQUIRE(first == std::vector<std::byte>(mt.bytes().begin(), mt.bytes().end()));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("preview gives what the next compress ranks and changes nothing") {
+  preview_matches_compress(gc::correct::none{}, 1.0f);
+  preview_matches_compress(gc::correct::error_feedback{.beta = 0.9f, .gamma = 0.5f}, 1.0f);
+  preview_matches_compress(gc::correct::momentum{.beta = 0.9f}, 1.0f);
+  preview_matches_compress(gc::correct::momentum{.beta = 0.9f, .nesterov = true, .masking = false}, 1.0f);
+  preview_matches_compress(gc::correct::low_pass{.beta = 0.5f}, 1.0f);
+  // The norm is about 78 at scale 1: steps at scales 1.3..1.9 clip at 100, scale 1 does not.
+  preview_matches_compress(gc::correct::clip_norm{.max_norm = 100.0f}, 1.0f);
+  preview_matches_compress(gc::correct::chain{gc::correct::clip_norm{.max_norm = 100.0f}, gc::correct::momentum{}}, 1.0f);
+  preview_matches_compress(gc::correct::chain{gc::correct::clip_norm{.max_norm = 100.0f}, gc::correct::error_feedback{}},
+                           1.0f);
+}
+
+TEST_CASE("preview rejects a bad gradient by name and changes nothing") {
+  gc::compressor c{gc::backend::host{}, n, gc::select::exact_topk{.count = k}, gc::correct::error_feedback{}};
+  std::vector<std::byte> buf(c.max_message_bytes());
+  auto g = gradient(0);
+  for (std::size_t i = 100; i < 100 + k; ++i) g[i] = 3.3e38f;  // these k are sent ...
+  g[3] = 3e38f;                                                // ... and this one stays in e
+  (void)c.compress(g, buf);
+  std::ostringstream before, after;
+  c.save_state(before);
+  g = gradient(1);
+  g[7] = NAN;
+  CHECK_THROWS_WITH_AS((void)c.preview(g), "gradcomp: preview: grad[7] = nan is not finite", gc::error);
+  CHECK_THROWS_WITH_AS((void)c.preview(std::vector<float>(n - 1)),
+                       "gradcomp: preview: grad.size() = 2052 does not match the compressor's n = 2053", gc::error);
+  g = gradient(1);
+  g[3] = 3e38f;
+  CHECK_THROWS_WITH_AS((void)c.preview(g), doctest::Contains("preview: the corrector's value at index 3 overflowed to inf"),
+                       gc::error);
+  c.save_state(after);
+  CHECK(before.str() == after.str());
 }

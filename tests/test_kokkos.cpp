@@ -142,3 +142,36 @@ TEST_CASE("a rejected step on kokkos changes nothing") {
   CHECK(before.str() == after.str());
   CHECK(std::all_of(buf.begin(), buf.end(), [](std::byte b) { return b == std::byte{1}; }));
 }
+
+TEST_CASE("preview: kokkos equals host, and changes nothing") {
+  const std::size_t n = 70'001;
+  const auto check = [&](auto make) {
+    auto host = make(gc::backend::host{});
+    auto dev = make(gc::backend::kokkos<space>{});
+    std::vector<std::byte> hb(host.max_message_bytes()), db(dev.max_message_bytes());
+    for (int t = 0; t < 5; ++t) {
+      auto x = inputs::make(inputs::shape::student_t3, n, 700 + static_cast<std::uint64_t>(t));
+      for (auto& v : x) v *= 1.0f + 0.5f * static_cast<float>(t % 3);  // the clip switches on and off
+      Kokkos::View<float*> g("g", n);
+      auto gh = Kokkos::create_mirror_view(g);
+      for (std::size_t i = 0; i < n; ++i) gh(i) = x[i];
+      Kokkos::deep_copy(g, gh);
+      std::ostringstream before, after;
+      dev.save_state(before);
+      const auto ph = host.preview(x);
+      const auto pd = dev.preview(gc::as_span(g));
+      dev.save_state(after);
+      CAPTURE(t);
+      REQUIRE(before.str() == after.str());
+      REQUIRE(std::equal(ph.begin(), ph.end(), pd.begin(), pd.end()));
+      (void)host.compress(x, hb);
+      (void)dev.compress(gc::as_span(g), db);
+    }
+  };
+  // The gradients' norms are about 440, 660 and 880: a max_norm of 600 clips two steps in three.
+  check([&](auto be) { return gc::presets::dgc(be, n, {.density = 0.01, .max_norm = 600.0f}); });
+  check([&](auto be) { return gc::compressor{be, n, gc::select::exact_topk{.density = 0.01}}; });
+  check([&](auto be) {
+    return gc::compressor{be, n, gc::select::exact_topk{.density = 0.01}, gc::correct::low_pass{.beta = 0.5f}};
+  });
+}

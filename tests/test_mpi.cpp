@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <numeric>
+#include <sstream>
 
 #include "support/inputs.hpp"
 
@@ -208,6 +209,56 @@ TEST_CASE("ScaleCom cyclic local top-k equals its simulation, O(k) per rank") {
   const auto own = mine.corrector_state(0);
   CHECK(std::equal(own.begin(), own.end(), m[static_cast<std::size_t>(comm.rank())].begin()));
   CHECK(same_on_all_ranks(comm, dense));
+}
+
+TEST_CASE("cyclic_topk: a NaN on any rank is rejected on every rank, and no compressor changes") {
+  gc::comm::mpi comm;
+  const int ranks = comm.size();
+  const std::size_t n = 5003;
+  const double density = 0.01;
+  auto make = [&] { return gc::presets::scalecom(gc::backend::host{}, n, {.density = density, .beta = 0.5f}); };
+  auto mine = make();
+  auto twin = make();  // sees only the clean steps
+  gc::comm::cyclic_topk exchange(comm, mine, gc::select::exact_topk{.density = density});
+  gc::comm::cyclic_topk twin_exchange(comm, twin, gc::select::exact_topk{.density = density});
+  std::vector<float> dense(n, 0.0f), twin_dense(n, 0.0f);
+  const auto state_of = [](const auto& c) {
+    std::ostringstream out;
+    c.save_state(out);
+    return out.str();
+  };
+  // Step t's gradient; a NaN on rank `bad` (the leader at t = 0, a follower later).
+  for (int t = 0; t < 4; ++t) {
+    const int bad = t == 0 ? 0 : ranks - 1;
+    auto g = gradient_of(comm.rank(), n, t);
+    if (comm.rank() == bad) g[11] = NAN;
+    const auto before = state_of(mine);
+    const auto dense_before = dense;
+    if (comm.rank() == bad) {
+      CHECK_THROWS_WITH_AS(exchange.step(g, dense, 0.5f), "gradcomp: preview: grad[11] = nan is not finite", gc::error);
+    } else {
+      CHECK_THROWS_WITH_AS(exchange.step(g, dense, 0.5f),
+                           "gradcomp: cyclic_topk: another rank rejected its gradient this step", gc::error);
+    }
+    CHECK(state_of(mine) == before);
+    CHECK(dense == dense_before);
+    // The clean step goes on in step with the twin, which never saw the NaN.
+    const auto clean = gradient_of(comm.rank(), n, t);
+    const auto a = exchange.step(clean, dense, 0.5f);
+    const auto b = twin_exchange.step(clean, twin_dense, 0.5f);
+    CHECK(std::equal(a.bytes().begin(), a.bytes().end(), b.bytes().begin(), b.bytes().end()));
+    CHECK(dense == twin_dense);
+    CHECK(state_of(mine) == state_of(twin));
+  }
+  // Arguments are checked before any communication.
+  CHECK_THROWS_WITH_AS(exchange.step(gradient_of(0, n, 9), std::span<float>(dense).first(n - 1), 1.0f),
+                       "gradcomp: cyclic_topk: dense.size() = 5002 does not match n = 5003", gc::error);
+  CHECK_THROWS_WITH_AS(exchange.step(gradient_of(0, n, 9), dense, INFINITY),
+                       "gradcomp: cyclic_topk: scale must be finite, got inf", gc::error);
+  CHECK_THROWS_WITH_AS(gc::comm::cyclic_topk(comm, mine, gc::select::exact_topk{.density = 2 * density}),
+                       doctest::Contains("cyclic_topk: the leader's selector may choose 101 indices, more than the "
+                                         "compressor's selector takes (51)"),
+                       gc::error);
 }
 
 int main(int argc, char** argv) {

@@ -96,7 +96,7 @@ class compressor {
       queue_step(grad, out);
       const detail::step_status status = backend_.read(status_.data());
       if (status.non_finite != 0) {
-        report_non_finite(backend_.to_host(grad), backend_.to_host(correct_.acc(grad)));
+        report_non_finite("compress", backend_.to_host(grad), backend_.to_host(correct_.acc(grad)));
       }
       finish_step();
       return message(out.first(static_cast<std::size_t>(status.bytes)), n_, status.count);
@@ -115,17 +115,43 @@ class compressor {
         const auto before_pass = [&](auto&& acc_at) { detail::look_ahead(select_, selector_, acc_at); };
         const bool finite = correct_.update(corrector_, grad, observe, before_pass);
         acc = correct_.acc(grad);
-        if (!finite) report_non_finite(grad, acc);
+        if (!finite) report_non_finite("compress", grad, acc);
       }
 
       const detail::selection chosen = select_.select(selector_, {acc, grad, step_}, index_span());
-      if (!chosen.finite) report_non_finite(grad, acc);
+      if (!chosen.finite) report_non_finite("compress", grad, acc);
       const std::span<const std::uint32_t> index(index_.data(), chosen.count);
       const std::size_t bytes = encode_.encode(encoder_, {acc, index, step_, chosen.value_scale}, out, sent_span());
       correct_.commit(corrector_, index, std::span<const float>(sent_.data(), chosen.count));
       finish_step();
       return message(out.first(bytes), n_, chosen.count);
     }
+  }
+
+  /// What compress(grad) would rank now: the corrector's update of the committed state
+  /// with `grad` (clipping included; grad itself without a corrector), in the backend's
+  /// memory. Changes no state. ScaleCom's leader selects from it, and comm::cyclic_topk
+  /// checks with it on every rank that the step will be accepted before any rank
+  /// compresses. The first call allocates n floats; the view is valid until the next
+  /// call.
+  /// \throws gradcomp::error if grad.size() != n, or the value holds a NaN or infinity
+  ///         (the error compress would raise).
+  std::span<const float> preview(std::span<const float> grad) {
+    detail::require(grad.size() == n_, errc::invalid_argument, "preview: grad.size() = ", grad.size(),
+                    " does not match the compressor's n = ", n_);
+    if (static_cast<std::size_t>(preview_.size()) != n_) preview_ = backend_.template allocate<float>(n_);
+    const std::span<float> acc(preview_.data(), n_);
+    if constexpr (on_device) {
+      detail::step_status* status = status_.data() + 1;  // [0] is the step's (last_step_finite)
+      backend_.clear(status, 1);
+      correct_.preview(corrector_, grad, acc, status);
+      if (backend_.read(status).non_finite != 0) {
+        report_non_finite("preview", backend_.to_host(grad), backend_.to_host(std::span<const float>(acc)));
+      }
+    } else {
+      if (!correct_.preview(corrector_, grad, acc)) report_non_finite("preview", grad, acc);
+    }
+    return acc;
   }
 
   /// Queues one step on backend::cuda's stream and returns at once, reading nothing
@@ -237,7 +263,7 @@ class compressor {
       std::conditional_t<on_device, typename Backend::template buffer<detail::step_status>, no_status>;
   static status_buffer make_status(const Backend& backend) {
     if constexpr (on_device) {
-      return backend.template allocate<detail::step_status>(1);
+      return backend.template allocate<detail::step_status>(2);  // a step's, a preview's
     } else {
       return {};
     }
@@ -311,16 +337,15 @@ class compressor {
     capacity_ = capacity;
   }
 
-  [[noreturn]] void report_non_finite(std::span<const float> grad, std::span<const float> acc) const {
+  [[noreturn]] void report_non_finite(const char* who, std::span<const float> grad, std::span<const float> acc) const {
     for (std::size_t i = 0; i < grad.size(); ++i) {
-      detail::require(std::isfinite(grad[i]), errc::non_finite, "compress: grad[", i, "] = ", grad[i],
-                      " is not finite");
+      detail::require(std::isfinite(grad[i]), errc::non_finite, who, ": grad[", i, "] = ", grad[i], " is not finite");
     }
     for (std::size_t i = 0; i < acc.size(); ++i) {
-      detail::require(std::isfinite(acc[i]), errc::non_finite, "compress: the corrector's value at index ", i,
+      detail::require(std::isfinite(acc[i]), errc::non_finite, who, ": the corrector's value at index ", i,
                       " overflowed to ", acc[i], " (grad[", i, "] = ", grad[i], ")");
     }
-    detail::fail(errc::non_finite, "compress: non-finite value detected");
+    detail::fail(errc::non_finite, who, ": non-finite value detected");
   }
 
   Backend backend_;
@@ -335,6 +360,7 @@ class compressor {
   typename Backend::template buffer<std::uint32_t> index_;
   typename Backend::template buffer<float> sent_;
   status_buffer status_;
+  typename Backend::template buffer<float> preview_;
   std::uint64_t step_ = 0;
 };
 

@@ -1,5 +1,5 @@
-// backend::cuda's compressor against backend::host's, step by step: the same message
-// bytes and the same committed state, for every selector, corrector and encoder the
+// backend::cuda's compressor against backend::host's, step by step: the same previews,
+// the same message bytes and the same committed state, for every selector, corrector and encoder the
 // CUDA backend runs, on the conformance inputs. Needs a GPU (exit 77 without one).
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "device.cuh"
@@ -74,6 +74,9 @@ void same_as_host(Selector selector, Corrector corrector, gc::encode::index_valu
     CAPTURE(step);
     const auto x = inputs::make(shape, n, 40 + static_cast<std::uint64_t>(step));
     auto g = device::copy_of(x);
+    // preview: what the step is about to rank, without changing the state it then uses.
+    const auto host_acc = host.preview(x);
+    REQUIRE(device::same_bits(device::host_copy(gpu.preview(device::span_of(g))), host_acc));
     const auto expected = host.compress(x, host_out);
     const auto got = gpu.compress(device::span_of(g), device::span_of(gpu_out));
     CHECK(got.count() == expected.count());
@@ -169,6 +172,8 @@ TEST_CASE("a NaN or infinity is rejected and changes neither the message buffer 
           CHECK(std::string(e.what()).find("grad[" + std::to_string(at) + "]") != std::string::npos);
         }
         CHECK_THROWS_AS((void)host.compress(x, host_out), gc::error);
+        CHECK_THROWS_WITH_AS((void)gpu.preview(device::span_of(g)),
+                             doctest::Contains(("preview: grad[" + std::to_string(at) + "]").c_str()), gc::error);
         CHECK(gpu.step() == host.step());
         const auto out_after = device::host_copy(gpu_out);
         CHECK(std::all_of(out_after.begin(), out_after.end(), [](std::byte b) { return b == std::byte{0xAB}; }));

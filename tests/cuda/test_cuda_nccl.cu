@@ -1,6 +1,7 @@
 // comm::nccl with one rank on one GPU: the sparse all-gather, the dense fallback and the
-// bucketed exchange give what the host's accumulate gives for the same messages, and a
-// corrupt message changes nothing. (More ranks need more GPUs.) Needs a GPU and NCCL
+// bucketed exchange give what the host's accumulate gives for the same messages, a
+// corrupt message changes nothing, and cyclic_topk equals ScaleCom written out on the
+// host. (More ranks need more GPUs.) Needs a GPU and NCCL
 // (exit 77 without a GPU).
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "device.cuh"
@@ -8,6 +9,8 @@
 #include <gradcomp/comm/nccl.cuh>
 #include <gradcomp/gradcomp.hpp>
 
+#include <cmath>
+#include <sstream>
 #include <vector>
 
 #include "../support/inputs.hpp"
@@ -98,6 +101,74 @@ TEST_CASE("a corrupt message fails and changes nothing, on both paths") {
     const auto after = device::host_copy(dense);
     CHECK(std::all_of(after.begin(), after.end(), [](float v) { return v == 2.5f; }));
   }
+}
+
+namespace {
+
+// ScaleCom with one rank on the host, written out: the leader (always rank 0) takes the
+// top-k of its preview, its compressor sends its acc there, dense += scale * values.
+template <class Compressor>
+std::vector<std::byte> simulated_step(Compressor& sim, const std::vector<float>& g, std::vector<float>& dense,
+                                      double density, float scale) {
+  gc::compressor leader{gc::backend::host{}, g.size(), gc::select::exact_topk{.density = density}, gc::correct::none{},
+                        gc::encode::index_value{.index = gc::index_coding::raw32}};
+  const auto acc = sim.preview(g);
+  std::vector<std::byte> leader_out(leader.max_message_bytes());
+  sim.set_indices(gc::decode(leader.compress(acc, leader_out).bytes()).indices);
+  std::vector<std::byte> out(sim.max_message_bytes());
+  const auto m = sim.compress(g, out);
+  const auto sent = gc::decode(m.bytes());
+  for (std::size_t j = 0; j < sent.indices.size(); ++j) dense[sent.indices[j]] += scale * sent.values[j];
+  return {m.bytes().begin(), m.bytes().end()};
+}
+
+}  // namespace
+
+TEST_CASE("one-rank cyclic_topk over NCCL equals ScaleCom written out on the host") {
+  one_rank world;
+  gc::comm::nccl comm(world.comm, gc::backend::cuda{});
+  const std::size_t n = 200'003;
+  const double density = 0.002;
+  const float scale = 0.5f;
+  // The scalecom preset's coding (automatic indices: written by the host code) and one
+  // the kernels write and read (raw32 indices, f16 values).
+  const auto run = [&](auto make) {
+    auto gpu = make(gc::backend::cuda{});
+    auto sim = make(gc::backend::host{});
+    gc::comm::cyclic_topk exchange(comm, gpu, gc::select::exact_topk{.density = density});
+    thrust::device_vector<float> dense(n, 0.0f);
+    std::vector<float> expected(n, 0.0f);
+    for (int t = 0; t < 5; ++t) {
+      CAPTURE(t);
+      const auto x = inputs::make(inputs::shape::student_t3, n, 60 + static_cast<std::uint64_t>(t));
+      auto g = device::copy_of(x);
+      const auto m = exchange.step(device::span_of(g), device::span_of(dense), scale);
+      const auto want = simulated_step(sim, x, expected, density, scale);
+      REQUIRE(device::host_copy(m.bytes()) == want);
+      REQUIRE(device::same_bits(device::host_copy(dense), expected));
+    }
+    std::ostringstream a, b;
+    gpu.save_state(a);
+    sim.save_state(b);
+    CHECK(a.str() == b.str());
+    // A NaN is rejected before anything changes.
+    auto x = inputs::make(inputs::shape::normal, n, 99);
+    x[12345] = NAN;
+    auto g = device::copy_of(x);
+    const auto dense_before = device::host_copy(dense);
+    CHECK_THROWS_WITH_AS(exchange.step(device::span_of(g), device::span_of(dense), scale),
+                         "gradcomp: preview: grad[12345] = nan is not finite", gc::error);
+    std::ostringstream after;
+    gpu.save_state(after);
+    CHECK(after.str() == a.str());
+    CHECK(device::host_copy(dense) == dense_before);
+  };
+  run([&](auto be) { return gc::presets::scalecom(be, n, {.density = density, .beta = 0.5f}); });
+  run([&](auto be) {
+    return gc::compressor{be, n, gc::select::given_indices{.max_count = gc::select::exact_topk{.density = density}.k(n)},
+                          gc::correct::low_pass{.beta = 0.25f},
+                          gc::encode::index_value{.index = gc::index_coding::raw32, .value = gc::value_coding::f16}};
+  });
 }
 
 int main(int argc, char** argv) { return device::run_tests(argc, argv); }

@@ -1,14 +1,13 @@
 /// \file comm/mpi.hpp
 /// Moving compressed messages between the ranks of an MPI communicator (needs MPI;
-/// CMake: gradcomp::mpi).
+/// CMake: gradcomp::mpi). Also brings comm::cyclic_topk.
 #pragma once
 
-#include <gradcomp/backend/host.hpp>
+#include <gradcomp/comm/cyclic_topk.hpp>
 #include <gradcomp/comm/path.hpp>
-#include <gradcomp/concepts.hpp>
-#include <gradcomp/detail/step_input.hpp>
 #include <gradcomp/config.hpp>
-#include <gradcomp/detail/aggregation_args.hpp>
+#include <gradcomp/detail/collective_checks.hpp>
+#include <gradcomp/detail/wire.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/message.hpp>
 
@@ -17,7 +16,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <type_traits>
 #include <vector>
 
 GRADCOMP_NAMESPACE_BEGIN
@@ -108,7 +106,42 @@ class mpi {
     }
   }
 
+  /// \name Collectives that comm::cyclic_topk builds on (host memory)
+  /// @{
+  /// Whether `ok` holds on every rank.
+  [[nodiscard]] bool all_succeeded(bool ok) {
+    int mine = ok ? 1 : 0;
+    int all = 0;
+    MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, comm_);
+    return all == 1;
+  }
+  /// Rank `root`'s `value`, on every rank.
+  [[nodiscard]] std::uint64_t broadcast(std::uint64_t value, int root) {
+    MPI_Bcast(&value, 1, MPI_UINT64_T, root, comm_);
+    return value;
+  }
+  /// Rank `root`'s `data` into every rank's `data` (the same size everywhere).
+  void broadcast(std::span<std::uint32_t> data, int root) {
+    MPI_Bcast(data.data(), mpi_count(data.size()), MPI_UINT32_T, root, comm_);
+  }
+  /// `values` becomes the sum over ranks, the same bits on every rank: summed at
+  /// `root`, then broadcast.
+  void reduce_broadcast(std::span<float> values, int root) {
+    const int count = mpi_count(values.size());
+    const bool at_root = rank_ == root;
+    MPI_Reduce(at_root ? MPI_IN_PLACE : values.data(), at_root ? values.data() : nullptr, count, MPI_FLOAT, MPI_SUM,
+               root, comm_);
+    MPI_Bcast(values.data(), count, MPI_FLOAT, root, comm_);
+  }
+  /// @}
+
  private:
+  static int mpi_count(std::size_t count) {
+    detail::require(count <= static_cast<std::size_t>(INT32_MAX), errc::invalid_argument, "comm::mpi: ", count,
+                    " elements exceed what one MPI call moves");
+    return static_cast<int>(count);
+  }
+
   void gather(std::span<const std::byte> mine, std::uint64_t total) {
     detail::require(total <= static_cast<std::uint64_t>(INT32_MAX), errc::invalid_argument,
                     "allgather_accumulate: ", total, " bytes of messages exceed what one MPI_Allgatherv moves");
@@ -136,24 +169,12 @@ class mpi {
   }
 
   void dense_path(std::span<const std::byte> message, std::span<float> dense, float scale) {
-    // A rank with a bad message must not leave the others waiting in the reduction:
-    // agree on validity first.
-    int ok = 1;
-    try {
-      check(message, dense.size());
-    } catch (const error&) {
-      ok = 0;
-    }
-    int all_ok = 0;
-    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm_);
-    if (!ok) check(message, dense.size());  // rethrows this rank's own reason
-    detail::require(all_ok == 1, errc::corrupt_message, "allgather_accumulate: another rank's message is corrupt");
+    detail::on_every_rank(*this, [&] { check(message, dense.size()); }, errc::corrupt_message,
+                          "allgather_accumulate: another rank's message is corrupt");
     mine_.assign(dense.size(), 0.0f);
     detail::message_reader(message).visit([&](std::uint32_t index, float value) { mine_[index] = value; });
-    sum_.resize(dense.size());
-    MPI_Reduce(mine_.data(), sum_.data(), static_cast<int>(dense.size()), MPI_FLOAT, MPI_SUM, 0, comm_);
-    MPI_Bcast(sum_.data(), static_cast<int>(dense.size()), MPI_FLOAT, 0, comm_);
-    for (std::size_t i = 0; i < dense.size(); ++i) dense[i] += scale * sum_[i];
+    reduce_broadcast(mine_, 0);
+    for (std::size_t i = 0; i < dense.size(); ++i) dense[i] += scale * mine_[i];
   }
 
   std::span<const std::byte> received(int r) const noexcept {
@@ -175,91 +196,7 @@ class mpi {
   std::vector<int> counts_, displs_;
   std::vector<std::byte> gathered_, bucket_;
   std::vector<std::span<const std::byte>> parts_;
-  std::vector<float> mine_, sum_;
-};
-
-/// ScaleCom's cyclic local top-k (Chen et al., NeurIPS 2020) on host compressors: at
-/// step t the leader is rank t mod W. It previews its own acc (the corrector's update on
-/// its committed state, nothing committed), picks indices with `leader_selector`, and
-/// broadcasts them; every rank compresses its own acc at those indices (a given_indices
-/// compressor, usually presets::scalecom); the k values are summed (reduce to the
-/// leader, broadcast) and `dense[i] += scale * sum`. Every rank commits the same index
-/// set, and each moves O(k) values whatever the number of ranks. If any rank's step is
-/// rejected, every rank throws. (A rejected step elsewhere leaves this rank's
-/// compressor one step ahead: restore a checkpoint on all ranks to resume in step.)
-template <class LeaderSelector, class Compressor>
-class cyclic_topk {
- public:
-  cyclic_topk(mpi& comm, Compressor& compressor, LeaderSelector leader_selector)
-      : comm_(comm),
-        compressor_(compressor),
-        policy_(leader_selector),
-        leader_(backend::host{}, leader_selector, compressor.size()),
-        acc_(compressor.size()),
-        index_(leader_selector.max_selected(compressor.size())),
-        message_(compressor.max_message_bytes()) {
-    leader_selector.validate(compressor.size());
-  }
-
-  /// One step with this rank's gradient. Returns this rank's message (its values at the
-  /// shared indices), valid until the next step.
-  message step(std::span<const float> grad, std::span<float> dense, float scale) {
-    detail::require(dense.size() == compressor_.size(), errc::invalid_argument, "cyclic_topk: dense.size() = ",
-                    dense.size(), " does not match n = ", compressor_.size());
-    const int leader = static_cast<int>(compressor_.step() % static_cast<std::uint64_t>(comm_.size()));
-    std::uint64_t count = 0;
-    if (comm_.rank() == leader) {
-      preview(grad);
-      count = leader_.select(policy_, {acc_, grad, compressor_.step()}, index_).count;
-    }
-    MPI_Bcast(&count, 1, MPI_UINT64_T, leader, comm_.communicator());
-    MPI_Bcast(index_.data(), static_cast<int>(count), MPI_UINT32_T, leader, comm_.communicator());
-    compressor_.set_indices(std::span<const std::uint32_t>(index_.data(), static_cast<std::size_t>(count)));
-    if (message_.size() < compressor_.max_message_bytes()) message_.resize(compressor_.max_message_bytes());
-    // A rank whose step is rejected (a NaN, say) must not leave the others waiting in
-    // the reduction: agree first, then every rank throws or none does.
-    message m;
-    int ok = 1;
-    try {
-      m = compressor_.compress(grad, message_);
-    } catch (const error&) {
-      ok = 0;
-    }
-    int all_ok = 0;
-    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm_.communicator());
-    if (!ok) (void)compressor_.compress(grad, message_);  // rethrows this rank's own reason, unchanged state
-    detail::require(all_ok == 1, errc::non_finite, "cyclic_topk: another rank rejected its gradient this step");
-    values_.clear();
-    detail::message_reader(m.bytes()).visit([&](std::uint32_t, float v) { values_.push_back(v); });
-    sum_.resize(values_.size());
-    MPI_Reduce(values_.data(), sum_.data(), static_cast<int>(values_.size()), MPI_FLOAT, MPI_SUM, leader,
-               comm_.communicator());
-    MPI_Bcast(sum_.data(), static_cast<int>(sum_.size()), MPI_FLOAT, leader, comm_.communicator());
-    for (std::size_t j = 0; j < sum_.size(); ++j) dense[index_[j]] += scale * sum_[j];
-    return m;
-  }
-
- private:
-  // acc as the corrector's update would make it from the committed state.
-  void preview(std::span<const float> grad) {
-    const auto& corrector = compressor_.corrector();
-    using corrector_type = std::remove_cvref_t<decltype(corrector)>;
-    constexpr std::size_t arrays = corrector_type::state_arrays;
-    for (std::size_t i = 0; i < acc_.size(); ++i) {
-      float s[arrays + 1];
-      for (std::size_t a = 0; a < arrays; ++a) s[a] = compressor_.corrector_state(a)[i];
-      acc_[i] = corrector.update(s, grad[i]);
-    }
-  }
-
-  mpi& comm_;
-  Compressor& compressor_;
-  LeaderSelector policy_;
-  detail::engine<LeaderSelector, backend::host> leader_;
-  std::vector<float> acc_;
-  std::vector<std::uint32_t> index_;
-  std::vector<std::byte> message_;
-  std::vector<float> values_, sum_;
+  std::vector<float> mine_;
 };
 
 }  // namespace comm

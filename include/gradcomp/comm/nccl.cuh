@@ -1,13 +1,16 @@
 /// \file comm/nccl.cuh
 /// Moving compressed messages between the GPUs of an NCCL communicator: comm::mpi's
-/// collectives on device memory (needs NCCL and nvcc; link libnccl).
+/// collectives on device memory (needs NCCL and nvcc; link libnccl). Also brings
+/// comm::cyclic_topk for backend::cuda compressors.
 #pragma once
 
 #include <gradcomp/backend/cuda.cuh>
+#include <gradcomp/comm/cyclic_topk.hpp>
 #include <gradcomp/comm/path.hpp>
 #include <gradcomp/config.hpp>
-#include <gradcomp/detail/aggregation_args.hpp>
+#include <gradcomp/detail/collective_checks.hpp>
 #include <gradcomp/detail/cuda/device_buffer.cuh>
+#include <gradcomp/detail/cuda/index_value.cuh>
 #include <gradcomp/detail/cuda/launch.cuh>
 #include <gradcomp/error.hpp>
 #include <gradcomp/message.hpp>
@@ -59,6 +62,8 @@ class nccl {
 
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int size() const noexcept { return size_; }
+  /// The backend whose stream every collective is queued on.
+  [[nodiscard]] const backend::cuda& backend() const noexcept { return backend_; }
 
   /// Sparse all-gather of one message per rank (device memory): `dense += scale * sum
   /// over ranks of decode(message of rank r)`, ranks in order. When all messages
@@ -128,6 +133,43 @@ class nccl {
     for (std::size_t p = 0; p < checked_.size(); ++p) decoder_.add(checked_[p], dense[p % messages.size()], scale);
   }
 
+  /// \name Collectives that comm::cyclic_topk builds on (device memory; each returns
+  /// once the host may rely on its result)
+  /// @{
+  /// Whether `ok` holds on every rank.
+  [[nodiscard]] bool all_succeeded(bool ok) {
+    const int mine = ok ? 1 : 0;
+    backend_.to_device(&mine, 1, flags_.data());
+    detail::nccl_check(ncclAllReduce(flags_.data(), flags_.data() + 1, 1, ncclInt32, ncclMin, comm_, backend_.stream),
+                       "ncclAllReduce (agreement)");
+    return backend_.read(flags_.data() + 1) == 1;
+  }
+  /// Rank `root`'s `value`, on every rank.
+  [[nodiscard]] std::uint64_t broadcast(std::uint64_t value, int root) {
+    std::uint64_t* slot = sizes_device_.data() + size_;
+    backend_.to_device(&value, 1, slot);
+    detail::nccl_check(ncclBroadcast(slot, slot, 1, ncclUint64, root, comm_, backend_.stream), "ncclBroadcast (value)");
+    return backend_.read(slot);
+  }
+  /// Rank `root`'s `data` into every rank's `data` (the same size everywhere).
+  void broadcast(std::span<std::uint32_t> data, int root) {
+    if (data.empty()) return;
+    detail::nccl_check(ncclBroadcast(data.data(), data.data(), data.size(), ncclUint32, root, comm_, backend_.stream),
+                       "ncclBroadcast (indices)");
+  }
+  /// `values` becomes the sum over ranks, the same bits on every rank: summed at
+  /// `root`, then broadcast.
+  void reduce_broadcast(std::span<float> values, int root) {
+    if (values.empty()) return;
+    detail::nccl_check(ncclReduce(values.data(), values.data(), values.size(), ncclFloat, ncclSum, root, comm_,
+                                  backend_.stream),
+                       "ncclReduce");
+    detail::nccl_check(ncclBroadcast(values.data(), values.data(), values.size(), ncclFloat, root, comm_,
+                                     backend_.stream),
+                       "ncclBroadcast (sums)");
+  }
+  /// @}
+
  private:
   static constexpr const char* who = "allgather_accumulate";
 
@@ -166,33 +208,16 @@ class nccl {
   }
 
   void dense_path(std::span<const std::byte> message, std::span<float> dense, float scale) {
-    // A rank with a bad message must not leave the others waiting in the reduction:
-    // agree on validity first.
-    int ok = 1;
     detail::device_decoder::checked mine{};
-    try {
-      mine = decoder_.check(message, dense.size(), who);
-    } catch (const error&) {
-      ok = 0;
-    }
-    backend_.to_device(&ok, 1, flags_.data());
-    detail::nccl_check(ncclAllReduce(flags_.data(), flags_.data() + 1, 1, ncclInt32, ncclMin, comm_, backend_.stream),
-                       "ncclAllReduce (validity)");
-    const int all_ok = backend_.read(flags_.data() + 1);
-    if (!ok) (void)decoder_.check(message, dense.size(), who);  // rethrows this rank's own reason
-    detail::require(all_ok == 1, errc::corrupt_message, "allgather_accumulate: another rank's message is corrupt");
-    if (mine_.size() < dense.size()) {
-      mine_ = detail::device_buffer<float>(dense.size());
-      sum_ = detail::device_buffer<float>(dense.size());
-    }
-    backend_.clear(mine_.data(), dense.size());
-    decoder_.add(mine, std::span<float>(mine_.data(), dense.size()), 1.0f);
-    detail::nccl_check(ncclReduce(mine_.data(), sum_.data(), dense.size(), ncclFloat, ncclSum, 0, comm_, backend_.stream),
-                       "ncclReduce");
-    detail::nccl_check(ncclBroadcast(sum_.data(), sum_.data(), dense.size(), ncclFloat, 0, comm_, backend_.stream),
-                       "ncclBroadcast (sum)");
+    detail::on_every_rank(*this, [&] { mine = decoder_.check(message, dense.size(), who); }, errc::corrupt_message,
+                          "allgather_accumulate: another rank's message is corrupt");
+    if (mine_.size() < dense.size()) mine_ = detail::device_buffer<float>(dense.size());
+    const std::span<float> sum(mine_.data(), dense.size());
+    backend_.clear(sum.data(), sum.size());
+    decoder_.add(mine, sum, 1.0f);
+    reduce_broadcast(sum, 0);
     detail::cuda_comm::add_scaled<<<detail::cuda_launch::grid_for(dense.size()), detail::cuda_launch::block_threads, 0,
-                                    backend_.stream>>>(dense.data(), sum_.data(), scale, dense.size());
+                                    backend_.stream>>>(dense.data(), sum.data(), scale, dense.size());
     detail::cuda_check(cudaGetLastError(), "add_scaled (launch)");
   }
 
@@ -205,9 +230,50 @@ class nccl {
   detail::device_buffer<int> flags_;
   std::vector<std::uint64_t> sizes_, offsets_, directory_;
   detail::device_buffer<std::byte> gathered_, bucket_;
-  detail::device_buffer<float> mine_, sum_;
+  detail::device_buffer<float> mine_;
   std::vector<detail::device_decoder::checked> checked_;
 };
 
 }  // namespace comm
+
+namespace detail {
+
+/// cyclic_topk's memory work on device buffers (see the primary template). Not API.
+template <>
+class exchange_memory<comm::nccl> {
+ public:
+  explicit exchange_memory(const comm::nccl& comm) : backend_(comm.backend()), decoder_(comm.backend()) {}
+
+  /// The first out.size() indices of the leader's message, which is raw32 coded: its
+  /// index section is that array, stored little-endian as the GPU reads it.
+  void indices_of(const message& m, std::span<std::uint32_t> out) const {
+    cuda_check(cudaMemcpyAsync(out.data(), m.bytes().data() + message_header::size, out.size_bytes(),
+                               cudaMemcpyDeviceToDevice, backend_.stream),
+               "cudaMemcpyAsync (leader's indices)");
+  }
+  /// The first out.size() values of a message, as the receiver decodes them.
+  void values_of(const message& m, std::span<float> out) {
+    decoder_.values(decoder_.check(m.bytes(), m.size(), "cyclic_topk"), out);
+  }
+  /// A host copy of `index`.
+  std::span<const std::uint32_t> on_host(std::span<const std::uint32_t> index) {
+    index_host_.resize(index.size());
+    backend_.to_host(index.data(), index.size(), index_host_.data());
+    return index_host_;
+  }
+  /// dense[index[j]] += scale * sums[j].
+  void add(std::span<const std::uint32_t> index, std::span<const float> sums, std::span<float> dense, float scale) const {
+    if (index.empty()) return;
+    cuda_messages::add_entries<<<cuda_launch::grid_for(index.size()), cuda_launch::block_threads, 0, backend_.stream>>>(
+        index.data(), sums.data(), index.size(), scale, dense.data());
+    cuda_check(cudaGetLastError(), "add_entries (launch)");
+  }
+
+ private:
+  backend::cuda backend_;
+  device_decoder decoder_;
+  std::vector<std::uint32_t> index_host_;
+};
+
+}  // namespace detail
 GRADCOMP_NAMESPACE_END

@@ -127,6 +127,12 @@ class engine<correct::none, backend::cuda> {
     cuda_check(cudaGetLastError(), "check_finite (launch)");
   }
   std::span<const float> acc(std::span<const float> g) const noexcept { return g; }
+  /// Queues acc (= g) into `out` and its finiteness check into `status`.
+  void preview(const correct::none& policy, std::span<const float> g, std::span<float> out, step_status* status) {
+    cuda_check(cudaMemcpyAsync(out.data(), g.data(), n_ * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
+               "cudaMemcpyAsync (preview)");
+    update(policy, g, status);
+  }
   void commit(const correct::none&, std::span<const std::uint32_t>, std::span<const float>,
               const step_status*) noexcept {}
   void accept() noexcept {}
@@ -186,6 +192,16 @@ class engine<Policy, backend::cuda> {
     } else {
       return {next_[static_cast<std::size_t>(Policy::acc_state)].data(), n_};
     }
+  }
+
+  /// Queues into `out` the acc that update() would compute now, and its finiteness
+  /// check into `status`. The committed state is untouched (update() writes only the
+  /// next copy, which the next step rewrites whole).
+  void preview(const Policy& policy, std::span<const float> g, std::span<float> out, step_status* status) {
+    update(policy, g, status);
+    cuda_check(cudaMemcpyAsync(out.data(), acc({}).data(), n_ * sizeof(float), cudaMemcpyDeviceToDevice,
+                               backend_.stream),
+               "cudaMemcpyAsync (preview)");
   }
 
   /// Queues the commit of the sent entries (index and sent span the workspace; the

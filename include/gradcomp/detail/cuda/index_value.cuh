@@ -22,6 +22,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -130,6 +131,14 @@ __global__ void add_message(const std::byte* message, std::uint64_t count, value
     const std::uint32_t i = load_le<std::uint32_t>(indices + 4 * j);
     dense[i] = __fadd_rn(dense[i], __fmul_rn(scale, get_value(coding, values, j)));
   });
+}
+
+/// values[j] = the decoded value of entry j, for j < count, of a message of `entries`.
+template <class = void>
+__global__ void message_values(const std::byte* message, std::uint64_t entries, value_coding coding,
+                               std::uint64_t count, float* values) {
+  const std::byte* section = message + message_header::size + 4 * entries;
+  cuda_launch::grid_stride(count, [&](std::uint64_t j) { values[j] = get_value(coding, section, j); });
 }
 
 template <class = void>
@@ -265,12 +274,7 @@ class device_decoder {
       cuda_check(cudaGetLastError(), "add_message (launch)");
       return;
     }
-    index_host_.clear();
-    values_host_.clear();
-    message_reader(host_copy(m.bytes)).visit([&](std::uint32_t i, float v) {
-      index_host_.push_back(i);
-      values_host_.push_back(v);
-    });
+    decode_on_host(m);
     if (index_.size() < index_host_.size()) {
       index_ = device_buffer<std::uint32_t>(index_host_.size());
       values_ = device_buffer<float>(index_host_.size());
@@ -284,7 +288,33 @@ class device_decoder {
     cuda_check(cudaStreamSynchronize(backend_.stream), "cudaStreamSynchronize");
   }
 
+  /// Queues the first out.size() values of a checked message, in entry order, into
+  /// `out` (device memory).
+  void values(const checked& m, std::span<float> out) {
+    const message_header& h = m.header;
+    const std::size_t count = std::min<std::size_t>(out.size(), h.count);
+    if (count == 0) return;
+    if (cuda_messages::device_coded(h.index, h.value, (h.flags & message_header::flag_checksum) != 0)) {
+      cuda_messages::message_values<<<cuda_launch::grid_for(count), cuda_launch::block_threads, 0, backend_.stream>>>(
+          m.bytes.data(), h.count, h.value, count, out.data());
+      cuda_check(cudaGetLastError(), "message_values (launch)");
+      return;
+    }
+    decode_on_host(m);
+    backend_.to_device(values_host_.data(), count, out.data());
+  }
+
  private:
+  // The entries of a message that the kernels do not read, into index_host_ and values_host_.
+  void decode_on_host(const checked& m) {
+    index_host_.clear();
+    values_host_.clear();
+    message_reader(host_copy(m.bytes)).visit([&](std::uint32_t i, float v) {
+      index_host_.push_back(i);
+      values_host_.push_back(v);
+    });
+  }
+
   static void require_size(const message_header& h, std::size_t n, const char* who) {
     require(h.n == n, errc::invalid_argument, who, ": dense.size() = ", n, " does not match the message's n = ", h.n);
   }
@@ -306,16 +336,34 @@ class device_decoder {
 
 }  // namespace detail
 
+/// accumulate() for messages and tensors in device memory, keeping its device
+/// workspace from call to call: the form to call every step (the free accumulate()
+/// allocates that workspace each time).
+class device_accumulator {
+ public:
+  /// \throws gradcomp::error (errc::device) if the workspace cannot be allocated.
+  explicit device_accumulator(const backend::cuda& be) : decoder_(be) {}
+
+  /// `dense[i] += scale * value` for every entry of the message at `bytes`, queued on
+  /// the backend's stream. The whole message is checked first (this waits for the
+  /// stream); on error `dense` is unchanged.
+  /// \throws gradcomp::error if the message is corrupt, `dense.size()` differs from the
+  ///         message's n, or `scale` is not finite.
+  void operator()(std::span<const std::byte> bytes, std::span<float> dense, float scale) {
+    detail::require(std::isfinite(scale), errc::invalid_argument, "accumulate: scale must be finite, got ", scale);
+    decoder_.add(decoder_.check(bytes, dense.size(), "accumulate"), dense, scale);
+  }
+
+ private:
+  detail::device_decoder decoder_;
+};
+
 /// `dense[i] += scale * value` for every entry of a message in device memory, into a
-/// dense tensor in device memory, queued on the backend's stream. The whole message is
-/// checked first (this waits for the stream); on error `dense` is unchanged.
-/// \throws gradcomp::error if the message is corrupt, `dense.size()` differs from the
-///         message's n, or `scale` is not finite.
+/// dense tensor in device memory (see device_accumulator, which does the same without
+/// allocating every call).
 inline void accumulate(const backend::cuda& be, std::span<const std::byte> bytes, std::span<float> dense,
                        float scale) {
-  detail::require(std::isfinite(scale), errc::invalid_argument, "accumulate: scale must be finite, got ", scale);
-  detail::device_decoder decoder(be);
-  decoder.add(decoder.check(bytes, dense.size(), "accumulate"), dense, scale);
+  device_accumulator{be}(bytes, dense, scale);
 }
 
 /// Reads a message in device memory into host vectors (see decode()).

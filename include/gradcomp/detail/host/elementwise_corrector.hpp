@@ -148,6 +148,32 @@ class engine<Policy, backend::host> {
     }
   }
 
+  /// Writes to `out` the acc that update() would compute now from the committed state
+  /// (clipping included) and changes nothing else. Returns false if it is not all finite.
+  bool preview(const Policy& policy, std::span<const float> g, std::span<float> out) {
+    float scale = 1.0f;
+    if constexpr (scales_gradient<Policy>()) {
+      if (policy.needs_norm()) {
+        for_each_chunk(threads_, g.size(), [&](int, std::size_t c, std::size_t begin, std::size_t end) {
+          partial_[c] = sum_of_squares(g.data() + begin, end - begin);
+        });
+        scale = policy.gradient_scale(total_of_partials());
+      }
+    }
+    std::array<const float*, arrays + 1> old{};
+    for (std::size_t a = 0; a != arrays; ++a) old[a] = state_.committed(a).data();
+    shared_flag bad;
+    for_each_chunk(threads_, g.size(), [&](int, std::size_t, std::size_t begin, std::size_t end) {
+      std::uint32_t top = 0;
+      for (std::size_t i = begin; i < end; ++i) {
+        out[i] = acc_from(policy, old, i, g[i] * scale);
+        top = std::max(top, magnitude_key(out[i]));
+      }
+      if (top >= non_finite_key) bad.raise();
+    });
+    return !bad.raised();
+  }
+
   void accept() noexcept {
     state_.accept();
     committed_max_ = next_max_;
@@ -159,6 +185,14 @@ class engine<Policy, backend::host> {
   }
 
  private:
+  // acc at i from the state arrays `old` and the (scaled) gradient value g_i.
+  static float acc_from(const Policy& policy, const std::array<const float*, arrays + 1>& old, std::size_t i,
+                        float g_i) noexcept {
+    std::array<float, arrays + 1> s;
+    for (std::size_t a = 0; a != arrays; ++a) s[a] = old[a][i];
+    return policy.update(s.data(), g_i);
+  }
+
   double total_of_partials() const noexcept {
     double total = 0.0;
     for (const double s : partial_) total += s;  // chunk order: the same for any thread count
@@ -188,16 +222,7 @@ class engine<Policy, backend::host> {
     float* acc = own_acc ? acc_.data() : next[static_cast<std::size_t>(Policy::acc_state)];
     const bool in_place = arrays > 0 && old[0] == next[0];
     // Nothing is written yet, so old holds the committed state even in place.
-    before_pass([&](std::size_t i) {
-      std::array<float, arrays + 1> s;
-      for (std::size_t a = 0; a != arrays; ++a) s[a] = old[a][i];
-      const float value = policy.update(s.data(), g[i] * scale);
-      if constexpr (own_acc) {
-        return value;
-      } else {
-        return s[static_cast<std::size_t>(Policy::acc_state)];
-      }
-    });
+    before_pass([&](std::size_t i) { return acc_from(policy, old, i, g[i] * scale); });
     for_each_chunk(threads_, g.size(), [&](int thread, std::size_t c, std::size_t begin, std::size_t end) {
       // The largest magnitude key of each state array and of acc, kept in the loop (an
       // integer maximum vectorises; a float one does not without -ffast-math): bounds

@@ -6,6 +6,10 @@
 #include <gradcomp/detail/host/corrector_state.hpp>
 #include <gradcomp/detail/step_input.hpp>
 
+#include <algorithm>
+#include <cstddef>
+#include <span>
+
 GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 
@@ -27,6 +31,16 @@ class engine<correct::none, backend::host> {
     return !bad.raised();
   }
   std::span<const float> acc(std::span<const float> g) const noexcept { return g; }
+  /// acc (= g) copied to `out`; false if it is not all finite.
+  bool preview(const correct::none&, std::span<const float> g, std::span<float> out) {
+    shared_flag bad;
+    for_each_chunk(threads_, g.size(), [&](int, std::size_t, std::size_t begin, std::size_t end) {
+      const auto chunk = g.subspan(begin, end - begin);
+      if (!all_finite(chunk)) bad.raise();
+      std::copy(chunk.begin(), chunk.end(), out.begin() + static_cast<std::ptrdiff_t>(begin));
+    });
+    return !bad.raised();
+  }
   void commit(const correct::none&, std::span<const std::uint32_t>, std::span<const float>) noexcept {}
   void accept() noexcept {}
   std::span<float> committed(std::size_t) noexcept { return {}; }

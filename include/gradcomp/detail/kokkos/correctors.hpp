@@ -26,6 +26,11 @@ class engine<correct::none, backend::kokkos<Space>> {
     return kk::all_finite(space_, kk::wrap<Space>(g));
   }
   std::span<const float> acc(std::span<const float> g) const noexcept { return g; }
+  /// acc (= g) copied to `out`; false if it is not all finite.
+  bool preview(const correct::none&, std::span<const float> g, std::span<float> out) {
+    Kokkos::deep_copy(space_, kk::wrap<Space>(out), kk::wrap<Space>(g));
+    return kk::all_finite(space_, kk::wrap<Space>(g));
+  }
   void commit(const correct::none&, std::span<const std::uint32_t>, std::span<const float>) noexcept {}
   void accept() noexcept {}
   std::span<const float> committed(std::size_t) const noexcept { return {}; }
@@ -88,6 +93,15 @@ class engine<Policy, backend::kokkos<Space>> {
   std::span<const float> acc(std::span<const float>) const noexcept {
     const state_view& a = own_acc ? acc_ : next_[static_cast<std::size_t>(own_acc ? 0 : Policy::acc_state)];
     return {a.data(), n_};
+  }
+
+  /// Writes to `out` the acc that update() would compute now; false if it is not all
+  /// finite. The committed state is untouched (update() writes only the next copy).
+  bool preview(const Policy& policy, std::span<const float> grad, std::span<float> out) {
+    const bool finite = update(policy, grad, [](auto&&...) {});
+    Kokkos::deep_copy(space_, kk::wrap<Space>(out), kk::wrap<Space>(acc({})));
+    space_.fence();
+    return finite;
   }
 
   void commit(const Policy& policy, std::span<const std::uint32_t> index, std::span<const float> sent) {

@@ -1,0 +1,159 @@
+/// \file comm/cyclic_topk.hpp
+/// ScaleCom's cyclic local top-k (Chen et al., NeurIPS 2020) over any transport:
+/// comm::mpi with host compressors, comm::nccl with backend::cuda compressors. Include
+/// it through comm/mpi.hpp or comm/nccl.cuh.
+#pragma once
+
+#include <gradcomp/compressor.hpp>
+#include <gradcomp/config.hpp>
+#include <gradcomp/correct/none.hpp>
+#include <gradcomp/detail/collective_checks.hpp>
+#include <gradcomp/encode/index_value.hpp>
+#include <gradcomp/error.hpp>
+#include <gradcomp/message.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace detail {
+
+/// How cyclic_topk reads messages and adds sums in the memory a transport moves: host
+/// memory here (comm::mpi); comm::nccl specialises it for device memory. Not API.
+template <class Comm>
+class exchange_memory {
+ public:
+  explicit exchange_memory(const Comm&) noexcept {}
+
+  /// The first out.size() indices of a message.
+  void indices_of(const message& m, std::span<std::uint32_t> out) const {
+    std::size_t j = 0;
+    message_reader(m.bytes()).visit([&](std::uint32_t i, float) {
+      if (j < out.size()) out[j++] = i;
+    });
+  }
+  /// The first out.size() values of a message, as the receiver decodes them.
+  void values_of(const message& m, std::span<float> out) const {
+    std::size_t j = 0;
+    message_reader(m.bytes()).visit([&](std::uint32_t, float v) {
+      if (j < out.size()) out[j++] = v;
+    });
+  }
+  /// `index` readable on the host.
+  std::span<const std::uint32_t> on_host(std::span<const std::uint32_t> index) const noexcept { return index; }
+  /// dense[index[j]] += scale * sums[j].
+  void add(std::span<const std::uint32_t> index, std::span<const float> sums, std::span<float> dense,
+           float scale) const noexcept {
+    for (std::size_t j = 0; j < index.size(); ++j) dense[index[j]] += scale * sums[j];
+  }
+};
+
+}  // namespace detail
+
+namespace comm {
+
+/// ScaleCom's cyclic local top-k. At step t the leader is rank t mod W: it selects
+/// indices with `leader_selector` from its own acc (compressor::preview: the
+/// corrector's update of its committed state, nothing committed) and broadcasts them;
+/// every rank compresses its own acc at those indices (a given_indices compressor,
+/// usually presets::scalecom); the k values are summed (reduced to the leader, then
+/// broadcast, so every rank holds the same bits) and `dense[i] += scale * sum_i`.
+/// Every rank commits the same index set, and each moves O(k) values whatever the
+/// number of ranks.
+///
+/// Before any rank compresses, every rank previews its step and the ranks agree that
+/// all of them will be accepted: a NaN or infinity on any rank makes every rank throw
+/// (the rank that met it with its own error) and leaves every rank's compressor as it
+/// was.
+///
+/// `Comm` is the transport: comm::mpi (host memory: backend::host or a host-memory
+/// Kokkos space) or comm::nccl (device memory: backend::cuda). Each rank's `grad`,
+/// `dense` and the messages are in that memory.
+template <class LeaderSelector, class Compressor, class Comm>
+class cyclic_topk {
+  using backend_type = typename Compressor::backend_type;
+  using leader_type = compressor<backend_type, LeaderSelector, correct::none, encode::index_value>;
+  template <class T>
+  using buffer = typename backend_type::template buffer<T>;
+
+ public:
+  /// \throws gradcomp::error if `leader_selector` is invalid for the compressor's n or
+  ///         may select more indices than the compressor's selector takes.
+  cyclic_topk(Comm& comm, Compressor& compressor, LeaderSelector leader_selector)
+      : comm_(comm),
+        compressor_(compressor),
+        leader_(compressor.backend(), compressor.size(), leader_selector, correct::none{},
+                encode::index_value{.index = index_coding::raw32, .value = value_coding::f32}),
+        memory_(comm),
+        leader_message_(allocate<std::byte>(leader_.max_message_bytes())),
+        index_(allocate<std::uint32_t>(leader_selector.max_selected(compressor.size()))),
+        sums_(allocate<float>(leader_selector.max_selected(compressor.size()))),
+        message_(allocate<std::byte>(compressor.max_message_bytes())) {
+    const std::size_t n = compressor.size();
+    const std::size_t k = leader_selector.max_selected(n);
+    const std::size_t takes = compressor.selector().max_selected(n);
+    detail::require(k <= takes, errc::invalid_argument, "cyclic_topk: the leader's selector may choose ", k,
+                    " indices, more than the compressor's selector takes (", takes, ")");
+  }
+
+  /// One step with this rank's gradient: adds `scale` times the ranks' sum to `dense`.
+  /// \returns this rank's message (its values at the shared indices), valid until the
+  ///          next step
+  /// \throws gradcomp::error if dense.size() != n or `scale` is not finite (on this
+  ///         rank, before any communication: call it alike on every rank), or if any
+  ///         rank's step is rejected (on every rank; no compressor changes then).
+  message step(std::span<const float> grad, std::span<float> dense, float scale) {
+    detail::require(dense.size() == compressor_.size(), errc::invalid_argument, "cyclic_topk: dense.size() = ",
+                    dense.size(), " does not match n = ", compressor_.size());
+    detail::require(std::isfinite(scale), errc::invalid_argument, "cyclic_topk: scale must be finite, got ", scale);
+    const int leader = static_cast<int>(compressor_.step() % static_cast<std::uint64_t>(comm_.size()));
+    std::uint64_t count = 0;
+    detail::on_every_rank(
+        comm_,
+        [&] {
+          const std::span<const float> acc = compressor_.preview(grad);  // throws where the step would be rejected
+          if (comm_.rank() == leader) {
+            const message chosen = leader_.compress(acc, span_of(leader_message_));
+            count = chosen.count();
+            memory_.indices_of(chosen, std::span<std::uint32_t>(index_.data(), chosen.count()));
+          }
+        },
+        errc::non_finite, "cyclic_topk: another rank rejected its gradient this step");
+    count = comm_.broadcast(count, leader);
+    const std::span<std::uint32_t> index(index_.data(), static_cast<std::size_t>(count));
+    comm_.broadcast(index, leader);
+    // The leader's selector chose them (ascending, below n, no more than the
+    // compressor takes), so this does not throw, and every rank's step is accepted.
+    compressor_.set_indices(memory_.on_host(index));
+    const message m = compressor_.compress(grad, span_of(message_));
+    const std::span<float> sums(sums_.data(), index.size());
+    memory_.values_of(m, sums);
+    comm_.reduce_broadcast(sums, leader);
+    memory_.add(index, sums, dense, scale);
+    return m;
+  }
+
+ private:
+  template <class T>
+  buffer<T> allocate(std::size_t count) const {
+    return compressor_.backend().template allocate<T>(count);
+  }
+  template <class T>
+  static std::span<T> span_of(buffer<T>& b) noexcept {
+    return {b.data(), static_cast<std::size_t>(b.size())};
+  }
+
+  Comm& comm_;
+  Compressor& compressor_;
+  leader_type leader_;
+  detail::exchange_memory<Comm> memory_;
+  buffer<std::byte> leader_message_;
+  buffer<std::uint32_t> index_;
+  buffer<float> sums_;
+  buffer<std::byte> message_;
+};
+
+}  // namespace comm
+GRADCOMP_NAMESPACE_END
