@@ -129,6 +129,36 @@ TEST_CASE("cuda threshold sends what host sends, with every corrector and encode
   every_policy(gc::select::threshold{.tau = 0.0f});
 }
 
+TEST_CASE("cuda chunk_local sends what host sends, with every corrector and encoder") {
+  every_policy(gc::select::chunk_local{});  // bin 50
+  every_policy(gc::select::chunk_local{.bin = 7});
+  every_policy(gc::select::chunk_local{.bin = 1});
+  every_policy(gc::select::chunk_local{.bin = 70'001});  // one bin for the smaller sizes, straddling bins for the larger
+}
+
+TEST_CASE("cuda random_k sends what host sends, with every corrector and encoder") {
+  every_policy(gc::select::random_k{.density = 0.01, .seed = 3});
+  every_policy(gc::select::random_k{.density = 0.2, .seed = 4, .unbiased = true});
+  every_policy(gc::select::random_k{.density = 1.0});
+}
+
+TEST_CASE("cuda random_k follows set_density as host does") {
+  const std::size_t n = 100'000;
+  gc::compressor host{gc::backend::host{}, n, gc::select::random_k{.density = 0.001, .seed = 9}};
+  gc::compressor gpu{gc::backend::cuda{}, n, gc::select::random_k{.density = 0.001, .seed = 9}};
+  for (const double d : {0.001, 0.05, 0.002}) {
+    host.set_density(d);
+    gpu.set_density(d);
+    const auto x = inputs::make(inputs::shape::normal, n, 11);
+    auto g = device::copy_of(x);
+    std::vector<std::byte> host_out(host.max_message_bytes());
+    thrust::device_vector<std::byte> gpu_out(gpu.max_message_bytes());
+    const auto expected = host.compress(x, host_out);
+    const auto got = gpu.compress(device::span_of(g), device::span_of(gpu_out));
+    CHECK(device::host_copy(got.bytes()) == std::vector<std::byte>(expected.bytes().begin(), expected.bytes().end()));
+  }
+}
+
 TEST_CASE("cuda given_indices sends what host sends, with every corrector and encoder") {
   for (const std::size_t n : inputs::awkward_sizes) {
     every_corrector(gc::select::given_indices{.max_count = n}, device_encoders[0], inputs::shape::normal, n);
@@ -190,6 +220,10 @@ TEST_CASE("a NaN or infinity is rejected and changes neither the message buffer 
   check(gc::select::exact_topk{.density = 0.01}, gc::correct::none{}, raw);
   check(gc::select::exact_topk{.density = 0.01}, gc::correct::momentum{}, raw);
   check(gc::select::threshold{.tau = 1.0f}, gc::correct::none{}, raw);
+  check(gc::select::chunk_local{}, gc::correct::none{}, raw);
+  check(gc::select::chunk_local{.bin = 500}, gc::correct::error_feedback{}, gc::encode::index_value{
+                                                                               .value = value_coding::ternary});
+  check(gc::select::random_k{.density = 0.01}, gc::correct::error_feedback{}, raw);
   check(gc::select::threshold{.tau = 1.0f}, gc::correct::error_feedback{}, gc::encode::index_value{});
   check(gc::select::exact_topk{.density = 0.05}, gc::correct::chain{gc::correct::clip_norm{.max_norm = 1.0f},
                                                                     gc::correct::momentum{}},

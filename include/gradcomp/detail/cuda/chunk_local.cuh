@@ -1,0 +1,114 @@
+/// \file detail/cuda/chunk_local.cuh
+/// select::chunk_local (AdaComp) on backend::cuda: the bins' max |acc| by one
+/// cub::DeviceReduce::ReduceByKey over the bin number i / bin (one pass, whatever the
+/// bin size), then an ordered compaction (cub::DeviceSelect::If) of the indices with
+/// |acc_i + g_i| >= the maximum of their bin, whose count CUB writes into the step's
+/// status. Magnitudes are compared as keys, which order as the host's floats. Not API.
+#pragma once
+
+#include <gradcomp/backend/cuda.cuh>
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/detail/cuda/device_buffer.cuh>
+#include <gradcomp/detail/radix_select.hpp>
+#include <gradcomp/detail/step_input.hpp>
+#include <gradcomp/select/chunk_local.hpp>
+
+#include <cub/device/device_reduce.cuh>
+#include <cub/device/device_select.cuh>
+#include <cuda/functional>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/discard_iterator.h>
+#include <thrust/iterator/transform_iterator.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace detail {
+namespace cuda_chunk_local {
+
+using indices = thrust::counting_iterator<std::uint32_t>;
+
+/// The bin of entry i.
+struct bin_of {
+  std::uint32_t bin;
+  __host__ __device__ std::uint32_t operator()(std::uint32_t i) const { return i / bin; }
+};
+
+/// |acc_i| as a magnitude key.
+struct magnitude_of {
+  const float* acc;
+  __host__ __device__ std::uint32_t operator()(std::uint32_t i) const { return magnitude_key(acc[i]); }
+};
+
+/// Whether |acc_i + g_i| >= the largest |acc| of i's bin (H overflowing to infinity
+/// passes, as on the host; a NaN or infinity in acc or g is the corrector's to flag).
+struct hits {
+  const float* acc;
+  const float* g;
+  const std::uint32_t* bin_max;
+  std::uint32_t bin;
+  __device__ bool operator()(std::uint32_t i) const {
+    return magnitude_key(__fadd_rn(acc[i], g[i])) >= bin_max[i / bin];
+  }
+};
+
+using bins = thrust::transform_iterator<bin_of, indices>;
+using magnitudes = thrust::transform_iterator<magnitude_of, indices>;
+
+}  // namespace cuda_chunk_local
+
+template <>
+class engine<select::chunk_local, backend::cuda> {
+ public:
+  engine(const backend::cuda& be, const select::chunk_local& policy, std::size_t n)
+      : stream_(be.stream), n_(n), bin_max_(n / policy.bin + (n % policy.bin != 0 ? 1 : 0)), runs_(1) {
+    using namespace cuda_chunk_local;
+    std::size_t reduce_bytes = 0;
+    std::size_t select_bytes = 0;
+    cuda_check(cub::DeviceReduce::ReduceByKey(nullptr, reduce_bytes, bins(indices(0), bin_of{1}),
+                                              thrust::make_discard_iterator(), magnitudes(indices(0), magnitude_of{}),
+                                              static_cast<std::uint32_t*>(nullptr), static_cast<std::uint32_t*>(nullptr),
+                                              cuda::maximum<std::uint32_t>{}, static_cast<std::int64_t>(n), stream_),
+               "cub::DeviceReduce::ReduceByKey (scratch size)");
+    cuda_check(cub::DeviceSelect::If(nullptr, select_bytes, indices(0), static_cast<std::uint32_t*>(nullptr),
+                                     static_cast<std::uint32_t*>(nullptr), static_cast<std::int64_t>(n),
+                                     hits{nullptr, nullptr, nullptr, 1}, stream_),
+               "cub::DeviceSelect::If (scratch size)");
+    scratch_ = device_buffer<std::byte>(std::max<std::size_t>({reduce_bytes, select_bytes, 1}));
+  }
+
+  /// Queues the bin maxima and the compaction: ascending indices in out, their count
+  /// in the status.
+  queued_selection select(const select::chunk_local& policy, const select_input& in, std::span<std::uint32_t> out,
+                          step_status* status) {
+    using namespace cuda_chunk_local;
+    const auto bin = static_cast<std::uint32_t>(std::min<std::size_t>(policy.bin, n_));  // one bin holds all
+    std::size_t bytes = scratch_.size();
+    cuda_check(cub::DeviceReduce::ReduceByKey(scratch_.data(), bytes, bins(indices(0), bin_of{bin}),
+                                              thrust::make_discard_iterator(),
+                                              magnitudes(indices(0), magnitude_of{in.acc.data()}), bin_max_.data(),
+                                              runs_.data(), cuda::maximum<std::uint32_t>{},
+                                              static_cast<std::int64_t>(n_), stream_),
+               "cub::DeviceReduce::ReduceByKey");
+    bytes = scratch_.size();
+    cuda_check(cub::DeviceSelect::If(scratch_.data(), bytes, indices(0), out.data(), &status->count,
+                                     static_cast<std::int64_t>(n_),
+                                     hits{in.acc.data(), in.grad.data(), bin_max_.data(), bin}, stream_),
+               "cub::DeviceSelect::If");
+    return {};
+  }
+  void accept() noexcept {}
+
+ private:
+  cudaStream_t stream_;
+  std::size_t n_;
+  device_buffer<std::uint32_t> bin_max_;  // per bin, the largest magnitude key
+  device_buffer<std::uint32_t> runs_;     // ReduceByKey's run count (the number of bins; unused)
+  device_buffer<std::byte> scratch_;
+};
+
+}  // namespace detail
+GRADCOMP_NAMESPACE_END
