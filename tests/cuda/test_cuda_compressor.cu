@@ -129,6 +129,40 @@ TEST_CASE("cuda threshold sends what host sends, with every corrector and encode
   every_policy(gc::select::threshold{.tau = 0.0f});
 }
 
+TEST_CASE("cuda sampled_threshold sends what host sends, with every corrector and encoder") {
+  every_policy(gc::select::sampled_threshold{.density = 0.01, .seed = 5});
+  every_policy(gc::select::sampled_threshold{.density = 0.001, .seed = 6, .truncate = true});
+  every_policy(gc::select::sampled_threshold{.density = 0.01, .seed = 7, .reuse_threshold = true});
+  every_policy(gc::select::sampled_threshold{.density = 0.05, .sample_ratio = 1.0});  // the exact fallback
+}
+
+TEST_CASE("cuda sampled_threshold follows set_density and carries its threshold as host does") {
+  const std::size_t n = 300'007;
+  gc::select::sampled_threshold policy{.density = 0.01, .seed = 2, .reuse_threshold = true};
+  gc::compressor host{gc::backend::host{}, n, policy, gc::correct::error_feedback{}};
+  gc::compressor gpu{gc::backend::cuda{}, n, policy, gc::correct::error_feedback{}};
+  int t = 0;
+  for (const double d : {0.01, 0.001, 0.5, 1.0 / 300'007.0, 0.02}) {  // 0.5 and 1/n: m >= n, the exact fallback
+    host.set_density(d);
+    gpu.set_density(d);
+    for (int again = 0; again < 3; ++again, ++t) {
+      const auto x = inputs::make(inputs::shape::log_normal, n, 50 + static_cast<std::uint64_t>(t));
+      auto g = device::copy_of(x);
+      std::vector<std::byte> host_out(host.max_message_bytes());
+      thrust::device_vector<std::byte> gpu_out(gpu.max_message_bytes());
+      const auto expected = host.compress(x, host_out);
+      const auto got = gpu.compress(device::span_of(g), device::span_of(gpu_out));
+      CAPTURE(d);
+      CAPTURE(again);
+      REQUIRE(device::host_copy(got.bytes()) == std::vector<std::byte>(expected.bytes().begin(), expected.bytes().end()));
+    }
+  }
+  std::ostringstream a, b;
+  host.save_state(a);
+  gpu.save_state(b);
+  CHECK(a.str() == b.str());  // the carried threshold included
+}
+
 TEST_CASE("cuda chunk_local sends what host sends, with every corrector and encoder") {
   every_policy(gc::select::chunk_local{});  // bin 50
   every_policy(gc::select::chunk_local{.bin = 7});
@@ -221,6 +255,8 @@ TEST_CASE("a NaN or infinity is rejected and changes neither the message buffer 
   check(gc::select::exact_topk{.density = 0.01}, gc::correct::momentum{}, raw);
   check(gc::select::threshold{.tau = 1.0f}, gc::correct::none{}, raw);
   check(gc::select::chunk_local{}, gc::correct::none{}, raw);
+  check(gc::select::sampled_threshold{.density = 0.01}, gc::correct::none{}, raw);
+  check(gc::select::sampled_threshold{.density = 0.01, .reuse_threshold = true}, gc::correct::momentum{}, raw);
   check(gc::select::chunk_local{.bin = 500}, gc::correct::error_feedback{}, gc::encode::index_value{
                                                                                .value = value_coding::ternary});
   check(gc::select::random_k{.density = 0.01}, gc::correct::error_feedback{}, raw);

@@ -13,11 +13,11 @@
 /// contracted into fused multiply-adds: compile with `--fmad=false` (nvcc) as the tests
 /// do; gradcomp's own kernels round every product and sum explicitly.
 ///
-/// Policies: exact_topk, threshold, chunk_local, random_k and given_indices select;
-/// correct::none and every element-wise corrector (error_feedback, momentum, clip_norm,
-/// low_pass, chain); the index_value encoder (raw32 indices with f32, f16 or bf16 values are written by the
-/// device; other codings are written by the host code from the selected entries, which
-/// costs a second read). sampled_threshold is not yet on this backend.
+/// Policies: every selector (exact_topk, sampled_threshold, threshold, chunk_local,
+/// random_k, given_indices); correct::none and every element-wise corrector
+/// (error_feedback, momentum, clip_norm, low_pass, chain); the index_value encoder (raw32
+/// indices with f32, f16 or bf16 values are written by the device; other codings are
+/// written by the host code from the selected entries, which costs a second read).
 #pragma once
 
 #include <gradcomp/config.hpp>
@@ -103,4 +103,5 @@ GRADCOMP_NAMESPACE_END
 #include <gradcomp/detail/cuda/given_indices.cuh>
 #include <gradcomp/detail/cuda/index_value.cuh>
 #include <gradcomp/detail/cuda/random_k.cuh>
+#include <gradcomp/detail/cuda/sampled_threshold.cuh>
 #include <gradcomp/detail/cuda/threshold.cuh>

@@ -1,10 +1,14 @@
 /// \file detail/cuda/launch.cuh
-/// Grid sizing and the grid-stride loop that gradcomp's element-wise kernels share, and
-/// the small kernels that move a step's status along. Not API.
+/// Grid sizing and the grid-stride loop that gradcomp's element-wise kernels share, the
+/// small kernels that move a step's status along, and the threshold predicate of the
+/// compactions. (An engine header cannot rely on another being complete when it is
+/// read, since they reach each other through backend/cuda.cuh: what engines share
+/// lives here.) Not API.
 #pragma once
 
 #include <gradcomp/config.hpp>
 #include <gradcomp/detail/cuda/device_buffer.cuh>
+#include <gradcomp/detail/radix_select.hpp>
 #include <gradcomp/detail/step_input.hpp>
 
 #include <cuda_runtime.h>
@@ -46,6 +50,14 @@ __device__ inline void flag_non_finite(bool seen, step_status* status) {
 // Kernels that are not templates otherwise take an unused template parameter: a plain
 // __global__ function defined in a header would be defined again by every translation
 // unit that includes it, and nvcc ignores `inline` on kernels.
+
+/// Whether |acc_i| >= the magnitude key `key` (keys order as the host's floats): the
+/// predicate of cub::DeviceSelect::If over the index sequence.
+struct at_least {
+  const float* acc;
+  std::uint32_t key;
+  __device__ bool operator()(std::uint32_t i) const { return magnitude_key(acc[i]) >= key; }
+};
 
 /// Sets the count of a selection whose size the host knows.
 template <class = void>

@@ -7,6 +7,7 @@
 #include <gradcomp/backend/cuda.cuh>
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/detail/cuda/device_buffer.cuh>
+#include <gradcomp/detail/cuda/launch.cuh>
 #include <gradcomp/detail/radix_select.hpp>
 #include <gradcomp/detail/step_input.hpp>
 #include <gradcomp/select/threshold.hpp>
@@ -20,17 +21,6 @@
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
-namespace cuda_threshold {
-
-/// Whether |acc_i| >= tau, compared as magnitude keys as on the host.
-struct at_least {
-  const float* acc;
-  std::uint32_t key;
-  __device__ bool operator()(std::uint32_t i) const { return magnitude_key(acc[i]) >= key; }
-};
-
-}  // namespace cuda_threshold
-
 template <>
 class engine<select::threshold, backend::cuda> {
   using indices = thrust::counting_iterator<std::uint32_t>;
@@ -40,7 +30,7 @@ class engine<select::threshold, backend::cuda> {
     std::size_t bytes = 0;
     cuda_check(cub::DeviceSelect::If(nullptr, bytes, indices(0), static_cast<std::uint32_t*>(nullptr),
                                      static_cast<std::uint32_t*>(nullptr), static_cast<std::int64_t>(n),
-                                     cuda_threshold::at_least{nullptr, 0}, stream_),
+                                     cuda_launch::at_least{nullptr, 0}, stream_),
                "cub::DeviceSelect::If (scratch size)");
     scratch_ = device_buffer<std::byte>(bytes > 0 ? bytes : 1);
   }
@@ -52,7 +42,7 @@ class engine<select::threshold, backend::cuda> {
     std::size_t bytes = scratch_.size();
     cuda_check(cub::DeviceSelect::If(scratch_.data(), bytes, indices(0), out.data(), &status->count,
                                      static_cast<std::int64_t>(n_),
-                                     cuda_threshold::at_least{in.acc.data(), magnitude_key(policy.tau)}, stream_),
+                                     cuda_launch::at_least{in.acc.data(), magnitude_key(policy.tau)}, stream_),
                "cub::DeviceSelect::If");
     return {};
   }
