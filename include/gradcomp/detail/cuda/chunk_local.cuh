@@ -8,13 +8,13 @@
 
 #include <gradcomp/backend/cuda.cuh>
 #include <gradcomp/concepts.hpp>
+#include <gradcomp/detail/cuda/compaction.cuh>
 #include <gradcomp/detail/cuda/device_buffer.cuh>
 #include <gradcomp/detail/radix_select.hpp>
 #include <gradcomp/detail/step_input.hpp>
 #include <gradcomp/select/chunk_local.hpp>
 
 #include <cub/device/device_reduce.cuh>
-#include <cub/device/device_select.cuh>
 #include <cuda/functional>
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/discard_iterator.h>
@@ -64,20 +64,19 @@ template <>
 class engine<select::chunk_local, backend::cuda> {
  public:
   engine(const backend::cuda& be, const select::chunk_local& policy, std::size_t n)
-      : stream_(be.stream), n_(n), bin_max_(n / policy.bin + (n % policy.bin != 0 ? 1 : 0)), runs_(1) {
+      : stream_(be.stream),
+        n_(n),
+        bin_max_(n / policy.bin + (n % policy.bin != 0 ? 1 : 0)),
+        runs_(1),
+        compact_(n, be.stream) {
     using namespace cuda_chunk_local;
-    std::size_t reduce_bytes = 0;
-    std::size_t select_bytes = 0;
-    cuda_check(cub::DeviceReduce::ReduceByKey(nullptr, reduce_bytes, bins(indices(0), bin_of{1}),
+    std::size_t bytes = 0;
+    cuda_check(cub::DeviceReduce::ReduceByKey(nullptr, bytes, bins(indices(0), bin_of{1}),
                                               thrust::make_discard_iterator(), magnitudes(indices(0), magnitude_of{}),
                                               static_cast<std::uint32_t*>(nullptr), static_cast<std::uint32_t*>(nullptr),
                                               cuda::maximum<std::uint32_t>{}, static_cast<std::int64_t>(n), stream_),
                "cub::DeviceReduce::ReduceByKey (scratch size)");
-    cuda_check(cub::DeviceSelect::If(nullptr, select_bytes, indices(0), static_cast<std::uint32_t*>(nullptr),
-                                     static_cast<std::uint32_t*>(nullptr), static_cast<std::int64_t>(n),
-                                     hits{nullptr, nullptr, nullptr, 1}, stream_),
-               "cub::DeviceSelect::If (scratch size)");
-    scratch_ = device_buffer<std::byte>(std::max<std::size_t>({reduce_bytes, select_bytes, 1}));
+    reduce_scratch_ = device_buffer<std::byte>(std::max<std::size_t>(bytes, 1));
   }
 
   /// Queues the bin maxima and the compaction: ascending indices in out, their count
@@ -86,18 +85,14 @@ class engine<select::chunk_local, backend::cuda> {
                           step_status* status) {
     using namespace cuda_chunk_local;
     const auto bin = static_cast<std::uint32_t>(std::min<std::size_t>(policy.bin, n_));  // one bin holds all
-    std::size_t bytes = scratch_.size();
-    cuda_check(cub::DeviceReduce::ReduceByKey(scratch_.data(), bytes, bins(indices(0), bin_of{bin}),
+    std::size_t bytes = reduce_scratch_.size();
+    cuda_check(cub::DeviceReduce::ReduceByKey(reduce_scratch_.data(), bytes, bins(indices(0), bin_of{bin}),
                                               thrust::make_discard_iterator(),
                                               magnitudes(indices(0), magnitude_of{in.acc.data()}), bin_max_.data(),
                                               runs_.data(), cuda::maximum<std::uint32_t>{},
                                               static_cast<std::int64_t>(n_), stream_),
                "cub::DeviceReduce::ReduceByKey");
-    bytes = scratch_.size();
-    cuda_check(cub::DeviceSelect::If(scratch_.data(), bytes, indices(0), out.data(), &status->count,
-                                     static_cast<std::int64_t>(n_),
-                                     hits{in.acc.data(), in.grad.data(), bin_max_.data(), bin}, stream_),
-               "cub::DeviceSelect::If");
+    compact_(hits{in.acc.data(), in.grad.data(), bin_max_.data(), bin}, out.data(), &status->count);
     return {};
   }
   void accept() noexcept {}
@@ -107,7 +102,8 @@ class engine<select::chunk_local, backend::cuda> {
   std::size_t n_;
   device_buffer<std::uint32_t> bin_max_;  // per bin, the largest magnitude key
   device_buffer<std::uint32_t> runs_;     // ReduceByKey's run count (the number of bins; unused)
-  device_buffer<std::byte> scratch_;
+  device_buffer<std::byte> reduce_scratch_;
+  cuda_launch::index_compaction<cuda_chunk_local::hits> compact_;
 };
 
 }  // namespace detail

@@ -11,15 +11,13 @@
 
 #include <gradcomp/backend/cuda.cuh>
 #include <gradcomp/concepts.hpp>
+#include <gradcomp/detail/cuda/compaction.cuh>
 #include <gradcomp/detail/cuda/device_buffer.cuh>
 #include <gradcomp/detail/cuda/launch.cuh>
 #include <gradcomp/detail/radix_select.hpp>
 #include <gradcomp/detail/sampled_threshold_steps.hpp>
 #include <gradcomp/detail/step_input.hpp>
 #include <gradcomp/select/sampled_threshold.hpp>
-
-#include <cub/device/device_select.cuh>
-#include <thrust/iterator/counting_iterator.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -49,8 +47,6 @@ __global__ void list_keys(const float* acc, const std::uint32_t* list, std::uint
 
 template <>
 class engine<select::sampled_threshold, backend::cuda> : public carries_threshold {
-  using indices = thrust::counting_iterator<std::uint32_t>;
-
  public:
   engine(const backend::cuda& be, const select::sampled_threshold& policy, std::size_t n)
       : backend_(be),
@@ -59,14 +55,9 @@ class engine<select::sampled_threshold, backend::cuda> : public carries_threshol
         candidates_(n),
         keys_(n),
         found_(1),
+        compact_(n, be.stream),
         candidates_host_(n),
         keys_host_(n) {
-    std::size_t bytes = 0;
-    cuda_check(cub::DeviceSelect::If(nullptr, bytes, indices(0), static_cast<std::uint32_t*>(nullptr),
-                                     static_cast<std::uint32_t*>(nullptr), static_cast<std::int64_t>(n),
-                                     cuda_launch::at_least{nullptr, 0}, be.stream),
-               "cub::DeviceSelect::If (scratch size)");
-    scratch_ = device_buffer<std::byte>(std::max<std::size_t>(bytes, 1));
     reserve(policy);
   }
 
@@ -136,11 +127,7 @@ class engine<select::sampled_threshold, backend::cuda> : public carries_threshol
 
   // C = {i : key_i >= key}, ascending, into candidates_; returns |C| (read back).
   std::size_t compact_at_least(const float* acc, std::uint32_t key) {
-    std::size_t bytes = scratch_.size();
-    cuda_check(cub::DeviceSelect::If(scratch_.data(), bytes, indices(0), candidates_.data(), found_.data(),
-                                     static_cast<std::int64_t>(n_), cuda_launch::at_least{acc, key},
-                                     backend_.stream),
-               "cub::DeviceSelect::If");
+    compact_(cuda_launch::at_least{acc, key}, candidates_.data(), found_.data());
     return backend_.read(found_.data());
   }
 
@@ -155,7 +142,7 @@ class engine<select::sampled_threshold, backend::cuda> : public carries_threshol
   unsigned grid_;
   device_buffer<float> sample_;  // the strided sample, or all of acc for the exact fallback
   device_buffer<std::uint32_t> candidates_, keys_, found_;
-  device_buffer<std::byte> scratch_;
+  cuda_launch::index_compaction<cuda_launch::at_least> compact_;
   std::vector<float> sample_host_;
   std::vector<std::uint32_t> candidates_host_, keys_host_;
 };
