@@ -1,5 +1,5 @@
-// GPU benchmarks of backend::cuda, timed with CUDA events (manual time): exact_topk and
-// threshold selection, the full DGC step (clip + momentum + exact_topk + encode), and in
+// GPU benchmarks of backend::cuda, timed with CUDA events (manual time): exact_topk,
+// threshold, sampled_threshold and chunk_local (behind error feedback) selection, the full DGC step (clip + momentum + exact_topk + encode), and in
 // the same run the bound (a device-to-device streaming read of the gradient) and a
 // baseline (top-k by a CUB radix sort of all |g| with their indices). N = 10^7, 10^8 and
 // 10^9 float32, density 0.001 and 0.01. Without a GPU the program exits 77 (skipped).
@@ -126,6 +126,15 @@ void threshold(benchmark::State& state) {
   compress(state, gc::select::threshold{.tau = sample[at]}, gc::correct::none{});
 }
 
+void sampled_threshold(benchmark::State& state) {
+  compress(state, gc::select::sampled_threshold{.density = density_arg(state)}, gc::correct::none{});
+}
+
+// AdaComp's selection behind its error feedback (the selection rides on acc and g).
+void chunk_local(benchmark::State& state) {
+  compress(state, gc::select::chunk_local{}, gc::correct::error_feedback{});
+}
+
 void dgc_step(benchmark::State& state) {
   compress(state, gc::select::exact_topk{.density = density_arg(state)},
            gc::correct::chain{gc::correct::clip_norm{.max_norm = 1.0f}, gc::correct::momentum{.beta = 0.9f}});
@@ -169,6 +178,8 @@ void sizes(benchmark::internal::Benchmark* b) {
 BENCHMARK(read)->Apply(sizes);
 BENCHMARK(exact_topk)->Apply(sizes);
 BENCHMARK(threshold)->Apply(sizes);
+BENCHMARK(sampled_threshold)->Apply(sizes);
+BENCHMARK(chunk_local)->Apply(sizes);
 BENCHMARK(dgc_step)->Apply(sizes);
 BENCHMARK(cub_sort_topk)->Apply(sizes);
 
