@@ -68,9 +68,9 @@ namespace comm {
 /// (the rank that met it with its own error) and leaves every rank's compressor as it
 /// was.
 ///
-/// `Comm` is the transport: comm::mpi (host memory: backend::host or a host-memory
-/// Kokkos space) or comm::nccl (device memory: backend::cuda). Each rank's `grad`,
-/// `dense` and the messages are in that memory.
+/// `Comm` is the transport: comm::mpi (host memory: backend::host compressors) or
+/// comm::nccl (device memory: backend::cuda compressors). Each rank's `grad`, `dense`
+/// and the messages are in that memory.
 template <class LeaderSelector, class Compressor, class Comm>
 class cyclic_topk {
   using backend_type = typename Compressor::backend_type;
