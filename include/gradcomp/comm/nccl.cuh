@@ -48,6 +48,10 @@ namespace comm {
 /// are added in rank order, identically everywhere. Receive buffers grow to the largest
 /// exchange seen and are reused. Each call reads the message sizes back to the host and
 /// checks every message (detail::device_decoder) before it writes `dense`.
+///
+/// The additions to `dense` are queued on this backend's stream and may still run when
+/// a call returns: give it the stream the compressors and the optimizer use, or
+/// synchronise with it before reading `dense` elsewhere.
 class nccl {
  public:
   /// \throws gradcomp::error (errc::device) if NCCL cannot describe the communicator.
