@@ -8,8 +8,9 @@ cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DGRADCOMP_BUILD_TESTS=ON
 cmake --build build/release -j"$(nproc)"
 ctest --test-dir build/release --output-on-failure --no-tests=error -j"$(nproc)"
 
-# The unit tests once more under AddressSanitizer and UndefinedBehaviorSanitizer
-# (CMakePresets.json "debug"): the SIMD kernels' loads and stores stay in bounds.
+# The unit and MPI tests once more under AddressSanitizer and UndefinedBehaviorSanitizer
+# (CMakePresets.json "debug"): the SIMD kernels' loads and stores stay in bounds, and
+# ranks configured differently never write past a buffer.
 cmake --preset debug -DGRADCOMP_BUILD_TOOLS=OFF -DGRADCOMP_BUILD_EXAMPLES=OFF
 cmake --build build/debug -j"$(nproc)"
-ctest --test-dir build/debug --output-on-failure --no-tests=error -j"$(nproc)" -L unit
+ctest --test-dir build/debug --output-on-failure --no-tests=error -j"$(nproc)" -L "unit|mpi"

@@ -234,12 +234,10 @@ TEST_CASE("cyclic_topk: a NaN on any rank is rejected on every rank, and no comp
     if (comm.rank() == bad) g[11] = NAN;
     const auto before = state_of(mine);
     const auto dense_before = dense;
-    if (comm.rank() == bad) {
-      CHECK_THROWS_WITH_AS(exchange.step(g, dense, 0.5f), "gradcomp: preview: grad[11] = nan is not finite", gc::error);
-    } else {
-      CHECK_THROWS_WITH_AS(exchange.step(g, dense, 0.5f),
-                           "gradcomp: cyclic_topk: another rank rejected its gradient this step", gc::error);
-    }
+    // Every rank raises the same error: the one of the rank that met the NaN.
+    const std::string expected =
+        "gradcomp: preview: grad[11] = nan is not finite (rank " + std::to_string(bad) + " of " + std::to_string(ranks) + ")";
+    CHECK_THROWS_WITH_AS(exchange.step(g, dense, 0.5f), expected.c_str(), gc::error);
     CHECK(state_of(mine) == before);
     CHECK(dense == dense_before);
     // The clean step goes on in step with the twin, which never saw the NaN.
@@ -250,15 +248,155 @@ TEST_CASE("cyclic_topk: a NaN on any rank is rejected on every rank, and no comp
     CHECK(dense == twin_dense);
     CHECK(state_of(mine) == state_of(twin));
   }
-  // Arguments are checked before any communication.
+  // Arguments are checked in the first exchange: the lowest failing rank's error, everywhere.
+  const std::string of_ranks = " of " + std::to_string(ranks) + ")";
   CHECK_THROWS_WITH_AS(exchange.step(gradient_of(0, n, 9), std::span<float>(dense).first(n - 1), 1.0f),
-                       "gradcomp: cyclic_topk: dense.size() = 5002 does not match n = 5003", gc::error);
-  CHECK_THROWS_WITH_AS(exchange.step(gradient_of(0, n, 9), dense, INFINITY),
-                       "gradcomp: cyclic_topk: scale must be finite, got inf", gc::error);
+                       ("gradcomp: cyclic_topk: dense.size() = 5002 does not match n = 5003 (rank 0" + of_ranks).c_str(),
+                       gc::error);
+  CHECK_THROWS_WITH_AS(exchange.step(gradient_of(0, n, 9), dense, comm.rank() == ranks - 1 ? INFINITY : 1.0f),
+                       ("gradcomp: cyclic_topk: scale must be finite, got inf (rank " + std::to_string(ranks - 1) + of_ranks).c_str(),
+                       gc::error);
   CHECK_THROWS_WITH_AS(gc::comm::cyclic_topk(comm, mine, gc::select::exact_topk{.density = 2 * density}),
                        doctest::Contains("cyclic_topk: the leader's selector may choose 101 indices, more than the "
                                          "compressor's selector takes (51)"),
                        gc::error);
+}
+
+// Runs `call` on every rank and checks that every rank throws gradcomp::error with
+// exactly `text` (in the same collective call: none is left waiting).
+// With `prefix`, the text must start with `text`.
+template <class Call>
+void every_rank_throws(const gc::comm::mpi& comm, Call&& call, const std::string& text, bool prefix = false) {
+  std::string got = "(nothing thrown)";
+  try {
+    call();
+  } catch (const gc::error& e) {
+    got = e.what();
+  }
+  if (prefix) {
+    CHECK(got.starts_with(text));
+  } else {
+    CHECK(got == text);
+  }
+  // The same text on every rank.
+  const std::uint32_t mine = gc::detail::crc32c(reinterpret_cast<const std::byte*>(got.data()), got.size());
+  std::vector<std::uint32_t> all(static_cast<std::size_t>(comm.size()));
+  MPI_Allgather(&mine, 1, MPI_UINT32_T, all.data(), 1, MPI_UINT32_T, comm.communicator());
+  CHECK(std::all_of(all.begin(), all.end(), [&](std::uint32_t c) { return c == mine; }));
+}
+
+TEST_CASE("cyclic_topk: ranks configured differently all raise the same error, and nothing changes") {
+  gc::comm::mpi comm;
+  const int ranks = comm.size();
+  if (ranks < 2) return;
+  const bool first = comm.rank() == 0;
+  const auto state_of = [](const auto& c) {
+    std::ostringstream out;
+    c.save_state(out);
+    return out.str();
+  };
+  {  // rank 0 has one element more
+    const std::size_t n = first ? 5004 : 5003;
+    auto mine = gc::presets::scalecom(gc::backend::host{}, n, {.density = 0.01});
+    gc::comm::cyclic_topk exchange(comm, mine, gc::select::exact_topk{.density = 0.01});
+    std::vector<float> dense(n, 0.0f);
+    const auto before = state_of(mine);
+    every_rank_throws(
+        comm, [&] { (void)exchange.step(gradient_of(comm.rank(), n, 0), dense, 1.0f); },
+        "gradcomp: cyclic_topk: ranks disagree on n: rank 0 has 5004, rank 1 has 5003");
+    CHECK(state_of(mine) == before);
+    CHECK(std::all_of(dense.begin(), dense.end(), [](float v) { return v == 0.0f; }));
+  }
+  {  // rank 0 selects twice as many (a different density): the follower buffers stay safe
+    const std::size_t n = 5003;
+    const double density = first ? 0.02 : 0.01;
+    auto mine = gc::presets::scalecom(gc::backend::host{}, n, {.density = density});
+    gc::comm::cyclic_topk exchange(comm, mine, gc::select::exact_topk{.density = density});
+    std::vector<float> dense(n, 0.0f);
+    const auto before = state_of(mine);
+    every_rank_throws(
+        comm, [&] { (void)exchange.step(gradient_of(comm.rank(), n, 0), dense, 1.0f); },
+        "gradcomp: cyclic_topk: ranks disagree on k: rank 0 has 101, rank 1 has 51");
+    CHECK(state_of(mine) == before);
+  }
+  {  // ranks one step apart would pick different leaders
+    const std::size_t n = 3001;
+    auto mine = gc::presets::scalecom(gc::backend::host{}, n, {.density = 0.01});
+    std::vector<std::byte> buf(mine.max_message_bytes());
+    if (first) {
+      mine.set_indices(std::vector<std::uint32_t>{1, 2, 3});
+      (void)mine.compress(gradient_of(0, n, 0), buf);
+    }
+    gc::comm::cyclic_topk exchange(comm, mine, gc::select::exact_topk{.density = 0.01});
+    std::vector<float> dense(n, 0.0f);
+    every_rank_throws(
+        comm, [&] { (void)exchange.step(gradient_of(comm.rank(), n, 1), dense, 1.0f); },
+        "gradcomp: cyclic_topk: ranks disagree on the step: rank 0 has 1, rank 1 has 0");
+  }
+  {  // different policies: rank 0 keeps a low-pass memory, the others plain error feedback
+    const std::size_t n = 3001;
+    std::vector<float> dense(n, 0.0f);
+    const auto attempt = [&](auto corrector) {
+      auto mine = gc::compressor{gc::backend::host{}, n, gc::select::given_indices{.max_count = 31}, corrector};
+      gc::comm::cyclic_topk exchange(comm, mine, gc::select::exact_topk{.density = 0.01});
+      every_rank_throws(
+          comm, [&] { (void)exchange.step(gradient_of(comm.rank(), n, 1), dense, 1.0f); },
+          "gradcomp: cyclic_topk: ranks disagree on the policies: rank 0 has ", true);
+    };
+    if (first) {
+      attempt(gc::correct::low_pass{.beta = 0.5f});
+    } else {
+      attempt(gc::correct::error_feedback{});
+    }
+  }
+}
+
+TEST_CASE("allgather_accumulate: ranks configured differently or with a bad argument all raise the same error") {
+  gc::comm::mpi comm;
+  const int ranks = comm.size();
+  if (ranks < 2) return;
+  const bool first = comm.rank() == 0;
+  const std::string of_ranks = " of " + std::to_string(ranks) + ")";
+  for (const double density : {0.01, 0.6}) {  // the sparse path, and the dense fallback
+    CAPTURE(density);
+    const std::size_t n = first ? 1001 : 1000;
+    auto c = gc::presets::topk_ef(gc::backend::host{}, n, {.density = density});
+    std::vector<std::byte> buf(c.max_message_bytes());
+    const auto m = c.compress(gradient_of(comm.rank(), n, 0), buf);
+    std::vector<float> dense(n, 1.0f);
+    every_rank_throws(
+        comm, [&] { (void)comm.allgather_accumulate(m.bytes(), dense, 1.0f); },
+        "gradcomp: allgather_accumulate: ranks disagree on n: rank 0 has 1001, rank 1 has 1000");
+    CHECK(std::all_of(dense.begin(), dense.end(), [](float v) { return v == 1.0f; }));
+  }
+  const std::size_t n = 1000;
+  auto c = gc::presets::topk_ef(gc::backend::host{}, n, {.density = 0.01});
+  std::vector<std::byte> buf(c.max_message_bytes());
+  const auto m = c.compress(gradient_of(comm.rank(), n, 0), buf);
+  std::vector<float> dense(n, 1.0f);
+  // A bad scale on the last rank only.
+  every_rank_throws(
+      comm, [&] { (void)comm.allgather_accumulate(m.bytes(), dense, comm.rank() == ranks - 1 ? NAN : 1.0f); },
+      "gradcomp: allgather_accumulate: scale must be finite, got nan (rank " + std::to_string(ranks - 1) + of_ranks);
+  CHECK(std::all_of(dense.begin(), dense.end(), [](float v) { return v == 1.0f; }));
+  // Three messages against two dense tensors on rank 1 only (bucketed).
+  std::vector<std::span<const std::byte>> messages{m.bytes(), m.bytes(), m.bytes()};
+  std::vector<float> a(n, 1.0f), b(n, 1.0f), d(n, 1.0f);
+  std::vector<std::span<float>> tensors{a, b, d};
+  if (comm.rank() == 1) tensors.pop_back();
+  every_rank_throws(
+      comm, [&] { comm.allgather_accumulate(messages, tensors, 1.0f); },
+      "gradcomp: allgather_accumulate: 3 messages for 2 dense tensors (rank 1" + of_ranks);
+  // Tensors of other sizes on rank 0.
+  std::vector<float> longer(n + 1, 1.0f);
+  std::vector<std::span<float>> sized{a, first ? std::span<float>(longer) : std::span<float>(b)};
+  std::vector<std::span<const std::byte>> two{m.bytes(), m.bytes()};
+  every_rank_throws(
+      comm, [&] { comm.allgather_accumulate(two, sized, 1.0f); },
+      "gradcomp: allgather_accumulate: ranks disagree on the tensor sizes: rank 0 has ", true);
+  CHECK(std::all_of(a.begin(), a.end(), [](float v) { return v == 1.0f; }));
+  // After all that, a clean exchange works on every rank.
+  CHECK(comm.allgather_accumulate(m.bytes(), dense, 1.0f) == gc::comm::path::sparse);
 }
 
 int main(int argc, char** argv) {

@@ -231,15 +231,30 @@ class compressor {
     } else {
       detail::require(selector_state.empty(), errc::corrupt_message, "load_state: unexpected selector state");
     }
+    // The record's values must be ones compress could have left: a density in (0, 1]
+    // (0 where the selector has none, or counts instead), finite memory.
+    const double saved_density = r.density();
     Selector next = selector_;
     if constexpr (requires { next.density = 1.0; }) {
-      if (r.density() > 0.0) {
-        next.density = r.density();
+      detail::require(saved_density == 0.0 || (saved_density > 0.0 && saved_density <= 1.0), errc::corrupt_message,
+                      "load_state: the saved density ", saved_density, " is outside (0, 1]");
+      if (saved_density > 0.0) {
+        next.density = saved_density;
         if constexpr (requires { next.count = 0; }) next.count = 0;
       }
       next.validate(n_);
       reserve(next.max_selected(n_));
       if constexpr (requires { select_.reserve(next); }) select_.reserve(next);
+    } else {
+      detail::require(saved_density == 0.0, errc::corrupt_message, "load_state: the saved density ", saved_density,
+                      " belongs to no parameter of ", selector_.name());
+    }
+    for (std::size_t a = 0; a != Corrector::state_arrays; ++a) {
+      const std::span<const float> values = r.array(a);
+      for (std::size_t i = 0; i < values.size(); ++i) {
+        detail::require(std::isfinite(values[i]), errc::corrupt_message, "load_state: the corrector's array ", a,
+                        " holds ", values[i], " at index ", i, "; its memory is always finite");
+      }
     }
     for (std::size_t a = 0; a != Corrector::state_arrays; ++a) correct_.load_committed(a, r.array(a));
     if constexpr (requires { select_.restore_state(selector_state); }) select_.restore_state(selector_state);

@@ -197,7 +197,8 @@ class message_reader {
   }
 
   /// Checks that indices are strictly ascending and below n, that the index section
-  /// holds exactly `count` of them, and that every value is finite.
+  /// holds exactly `count` of them, that bit-packed sections have zero padding, and
+  /// that every value is finite.
   void validate_entries() const {
     std::uint64_t seen = 0;
     std::uint64_t next_allowed = 0;  // strictly ascending: each index >= previous + 1
@@ -218,6 +219,7 @@ class message_reader {
     require(seen == h_.count, errc::corrupt_message, "message index section holds ", seen, " indices, header says ",
             h_.count);
     if (!ordered) report_bad_index(bad_index, bad_position, h_.n);
+    check_value_padding(h_, sections + h_.index_bytes);
     const value_decoder values(h_, sections + h_.index_bytes);
     for (std::uint64_t j = 0; j < h_.count && finite; ++j) {
       if (!std::isfinite(values(static_cast<std::size_t>(j)))) {

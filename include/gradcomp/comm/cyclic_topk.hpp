@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
@@ -63,10 +64,10 @@ namespace comm {
 /// Every rank commits the same index set, and each moves O(k) values whatever the
 /// number of ranks.
 ///
-/// Before any rank compresses, every rank previews its step and the ranks agree that
-/// all of them will be accepted: a NaN or infinity on any rank makes every rank throw
-/// (the rank that met it with its own error) and leaves every rank's compressor as it
-/// was.
+/// Before any rank compresses, every rank previews its step and the ranks agree, in
+/// their first exchange, on their configuration and that every step will be accepted:
+/// a NaN or infinity or a bad argument on any rank, or ranks configured differently,
+/// make every rank throw the same error and leave every rank's compressor as it was.
 ///
 /// `Comm` is the transport: comm::mpi (host memory: backend::host compressors) or
 /// comm::nccl (device memory: backend::cuda compressors). Each rank's `grad`, `dense`
@@ -90,7 +91,13 @@ class cyclic_topk {
         leader_message_(allocate<std::byte>(leader_.max_message_bytes())),
         index_(allocate<std::uint32_t>(leader_selector.max_selected(compressor.size()))),
         sums_(allocate<float>(leader_selector.max_selected(compressor.size()))),
-        message_(allocate<std::byte>(compressor.max_message_bytes())) {
+        message_(allocate<std::byte>(compressor.max_message_bytes())),
+        policies_(detail::fingerprint()
+                      .add(compressor.selector().name())
+                      .add(compressor.corrector().name())
+                      .add(compressor.encoder().name())
+                      .add(leader_selector.name())
+                      .value()) {
     const std::size_t n = compressor.size();
     const std::size_t k = leader_selector.max_selected(n);
     const std::size_t takes = compressor.selector().max_selected(n);
@@ -99,29 +106,37 @@ class cyclic_topk {
   }
 
   /// One step with this rank's gradient: adds `scale` times the ranks' sum to `dense`.
+  /// The ranks first agree, in one exchange, on n, k, the step, the policies and
+  /// that every rank's arguments and step are accepted; then the leader's indices are
+  /// broadcast, and the values reduced.
   /// \returns this rank's message (its values at the shared indices), valid until the
   ///          next step
-  /// \throws gradcomp::error if dense.size() != n or `scale` is not finite (on this
-  ///         rank, before any communication: call it alike on every rank), or if any
-  ///         rank's step is rejected (on every rank; no compressor changes then).
+  /// \throws gradcomp::error on every rank alike, changing no compressor and no
+  ///         `dense`, if any rank's dense.size() != n, `scale` is not finite or its step
+  ///         would be rejected (a NaN or infinity), or if the ranks disagree on n, k, the
+  ///         step or the policies.
   message step(std::span<const float> grad, std::span<float> dense, float scale) {
-    detail::require(dense.size() == compressor_.size(), errc::invalid_argument, "cyclic_topk: dense.size() = ",
-                    dense.size(), " does not match n = ", compressor_.size());
-    detail::require(std::isfinite(scale), errc::invalid_argument, "cyclic_topk: scale must be finite, got ", scale);
     const int leader = static_cast<int>(compressor_.step() % static_cast<std::uint64_t>(comm_.size()));
-    std::uint64_t count = 0;
-    detail::on_every_rank(
-        comm_,
-        [&] {
+    const std::uint64_t k = index_.size();
+    const std::vector<std::uint64_t> counts = detail::agree(
+        comm_, "cyclic_topk",
+        {{"n", compressor_.size()}, {"k", k}, {"the step", compressor_.step()}, {"the policies", policies_}},
+        [&]() -> std::uint64_t {
+          detail::require(dense.size() == compressor_.size(), errc::invalid_argument, "cyclic_topk: dense.size() = ",
+                          dense.size(), " does not match n = ", compressor_.size());
+          detail::require(std::isfinite(scale), errc::invalid_argument, "cyclic_topk: scale must be finite, got ",
+                          scale);
           const std::span<const float> acc = compressor_.preview(grad);  // throws where the step would be rejected
-          if (comm_.rank() == leader) {
-            const message chosen = leader_.compress(acc, span_of(leader_message_));
-            count = chosen.count();
-            memory_.indices_of(chosen, std::span<std::uint32_t>(index_.data(), chosen.count()));
-          }
-        },
-        errc::non_finite, "cyclic_topk: another rank rejected its gradient this step");
-    count = comm_.broadcast(count, leader);
+          if (comm_.rank() != leader) return 0;
+          const message chosen = leader_.compress(acc, span_of(leader_message_));
+          memory_.indices_of(chosen, std::span<std::uint32_t>(index_.data(), chosen.count()));
+          return chosen.count();
+        });
+    // The ranks agreed on k, and the leader chose at most k: a count above it is a
+    // broken peer's, refused on every rank alike (each reads the same count).
+    const std::uint64_t count = counts[static_cast<std::size_t>(leader)];
+    detail::require(count <= k, errc::corrupt_message, "cyclic_topk: the leader (rank ", leader, ") reported ", count,
+                    " indices, more than k = ", k);
     const std::span<std::uint32_t> index(index_.data(), static_cast<std::size_t>(count));
     comm_.broadcast(index, leader);
     // The leader's selector chose them (ascending, below n, no more than the
@@ -153,6 +168,7 @@ class cyclic_topk {
   buffer<std::uint32_t> index_;
   buffer<float> sums_;
   buffer<std::byte> message_;
+  std::uint64_t policies_;  // the policies' names, which every rank must share
 };
 
 }  // namespace comm

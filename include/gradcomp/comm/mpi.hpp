@@ -45,12 +45,11 @@ class mpi {
   /// raises gradcomp::error on all ranks alike and leaves `dense` unchanged.
   /// \returns the path taken, the same on every rank
   path allgather_accumulate(std::span<const std::byte> message, std::span<float> dense, float scale) {
-    detail::check_aggregation_args(1, 1, scale);
-    const auto mine = static_cast<std::uint64_t>(message.size());
-    sizes_.resize(static_cast<std::size_t>(size_));
-    MPI_Allgather(&mine, 1, MPI_UINT64_T, sizes_.data(), 1, MPI_UINT64_T, comm_);
-    std::uint64_t total = 0;
-    for (const auto s : sizes_) total += s;
+    sizes_ = detail::agree(*this, who, {{"n", dense.size()}}, [&] {
+      detail::check_aggregation_args(1, 1, scale);
+      return message.size();
+    });
+    const std::uint64_t total = detail::total_size(sizes_);
     if (total > static_cast<std::uint64_t>(dense.size()) * sizeof(float)) {
       dense_path(message, dense, scale);
       return path::dense;
@@ -66,20 +65,22 @@ class mpi {
   /// tensors, whatever their number. Every message of every rank is validated first.
   void allgather_accumulate(std::span<const std::span<const std::byte>> messages, std::span<const std::span<float>> dense,
                             float scale) {
-    detail::check_aggregation_args(messages.size(), dense.size(), scale);
-    // This rank's bucket: u64 tensor count, u64 size of each message, the messages.
-    bucket_.assign(8 * (1 + messages.size()), std::byte{0});
-    detail::store_le<std::uint64_t>(bucket_.data(), messages.size());
-    for (std::size_t t = 0; t < messages.size(); ++t) {
-      detail::store_le<std::uint64_t>(bucket_.data() + 8 * (1 + t), messages[t].size());
-      bucket_.insert(bucket_.end(), messages[t].begin(), messages[t].end());
-    }
-    const auto mine = static_cast<std::uint64_t>(bucket_.size());
-    sizes_.resize(static_cast<std::size_t>(size_));
-    MPI_Allgather(&mine, 1, MPI_UINT64_T, sizes_.data(), 1, MPI_UINT64_T, comm_);
-    std::uint64_t total = 0;
-    for (const auto s : sizes_) total += s;
-    gather(bucket_, total);
+    // The ranks agree on the layout (the number of tensors and their sizes) first.
+    detail::fingerprint layout;
+    for (const auto d : dense) layout.add(d.size());
+    sizes_ = detail::agree(*this, who, {{"the number of tensors", dense.size()}, {"the tensor sizes", layout.value()}},
+                           [&] {
+                             detail::check_aggregation_args(messages.size(), dense.size(), scale);
+                             // This rank's bucket: u64 tensor count, u64 size of each message, the messages.
+                             bucket_.assign(8 * (1 + messages.size()), std::byte{0});
+                             detail::store_le<std::uint64_t>(bucket_.data(), messages.size());
+                             for (std::size_t t = 0; t < messages.size(); ++t) {
+                               detail::store_le<std::uint64_t>(bucket_.data() + 8 * (1 + t), messages[t].size());
+                               bucket_.insert(bucket_.end(), messages[t].begin(), messages[t].end());
+                             }
+                             return bucket_.size();
+                           });
+    gather(bucket_, detail::total_size(sizes_));
     // Split every rank's bucket and check all of it before any accumulation.
     parts_.clear();
     for (int r = 0; r < size_; ++r) {
@@ -106,19 +107,11 @@ class mpi {
     }
   }
 
-  /// \name Collectives that comm::cyclic_topk builds on (host memory)
+  /// \name Collectives that comm::cyclic_topk and the agreement build on (host memory)
   /// @{
-  /// Whether `ok` holds on every rank.
-  [[nodiscard]] bool all_succeeded(bool ok) {
-    int mine = ok ? 1 : 0;
-    int all = 0;
-    MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, comm_);
-    return all == 1;
-  }
-  /// Rank `root`'s `value`, on every rank.
-  [[nodiscard]] std::uint64_t broadcast(std::uint64_t value, int root) {
-    MPI_Bcast(&value, 1, MPI_UINT64_T, root, comm_);
-    return value;
+  /// Every rank's `mine` (the same size on every rank) into `all`, in rank order.
+  void all_gather(std::span<const std::byte> mine, std::span<std::byte> all) {
+    MPI_Allgather(mine.data(), mpi_count(mine.size()), MPI_BYTE, all.data(), mpi_count(mine.size()), MPI_BYTE, comm_);
   }
   /// Rank `root`'s `data` into every rank's `data` (the same size everywhere).
   void broadcast(std::span<std::uint32_t> data, int root) {
@@ -136,6 +129,8 @@ class mpi {
   /// @}
 
  private:
+  static constexpr const char* who = "allgather_accumulate";
+
   static int mpi_count(std::size_t count) {
     detail::require(count <= static_cast<std::size_t>(INT32_MAX), errc::invalid_argument, "comm::mpi: ", count,
                     " elements exceed what one MPI call moves");
@@ -169,8 +164,10 @@ class mpi {
   }
 
   void dense_path(std::span<const std::byte> message, std::span<float> dense, float scale) {
-    detail::on_every_rank(*this, [&] { check(message, dense.size()); }, errc::corrupt_message,
-                          "allgather_accumulate: another rank's message is corrupt");
+    (void)detail::agree(*this, who, {}, [&] {
+      check(message, dense.size());
+      return 0;
+    });
     mine_.assign(dense.size(), 0.0f);
     detail::message_reader(message).visit([&](std::uint32_t index, float value) { mine_[index] = value; });
     reduce_broadcast(mine_, 0);

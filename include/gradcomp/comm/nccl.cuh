@@ -59,9 +59,6 @@ class nccl {
     detail::require(comm != nullptr, errc::invalid_argument, "comm::nccl: the communicator is null");
     detail::nccl_check(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
     detail::nccl_check(ncclCommCount(comm_, &size_), "ncclCommCount");
-    sizes_device_ = detail::device_buffer<std::uint64_t>(static_cast<std::size_t>(size_) + 1);
-    flags_ = detail::device_buffer<int>(2);
-    sizes_.resize(static_cast<std::size_t>(size_));
   }
 
   [[nodiscard]] int rank() const noexcept { return rank_; }
@@ -77,8 +74,10 @@ class nccl {
   /// rank alike and leaves `dense` unchanged.
   /// \returns the path taken, the same on every rank
   path allgather_accumulate(std::span<const std::byte> message, std::span<float> dense, float scale) {
-    detail::check_aggregation_args(1, 1, scale);
-    const std::uint64_t total = exchange_sizes(message.size());
+    const std::uint64_t total = exchange_sizes(detail::agree(*this, who, {{"n", dense.size()}}, [&] {
+      detail::check_aggregation_args(1, 1, scale);
+      return message.size();
+    }));
     if (total > static_cast<std::uint64_t>(dense.size()) * sizeof(float)) {
       dense_path(message, dense, scale);
       return path::dense;
@@ -96,16 +95,23 @@ class nccl {
   /// checked before any tensor is written.
   void allgather_accumulate(std::span<const std::span<const std::byte>> messages, std::span<const std::span<float>> dense,
                             float scale) {
-    detail::check_aggregation_args(messages.size(), dense.size(), scale);
+    // The ranks agree on the layout (the number of tensors and their sizes) first.
     // This rank's bucket: the message sizes (u64 each), then the messages.
     const std::size_t directory = 8 * messages.size();
     std::size_t mine = directory;
-    directory_.resize(messages.size());
-    for (std::size_t t = 0; t < messages.size(); ++t) {
-      directory_[t] = messages[t].size();
-      mine += messages[t].size();
-    }
-    if (bucket_.size() < mine) bucket_ = detail::device_buffer<std::byte>(mine);
+    detail::fingerprint layout;
+    for (const auto d : dense) layout.add(d.size());
+    exchange_sizes(detail::agree(
+        *this, who, {{"the number of tensors", dense.size()}, {"the tensor sizes", layout.value()}}, [&] {
+          detail::check_aggregation_args(messages.size(), dense.size(), scale);
+          directory_.resize(messages.size());
+          for (std::size_t t = 0; t < messages.size(); ++t) {
+            directory_[t] = messages[t].size();
+            mine += messages[t].size();
+          }
+          if (bucket_.size() < mine) bucket_ = detail::device_buffer<std::byte>(mine);
+          return mine;
+        }));
     backend_.to_device(reinterpret_cast<const std::byte*>(directory_.data()), directory, bucket_.data());
     std::size_t at = directory;
     for (const auto m : messages) {
@@ -114,7 +120,6 @@ class nccl {
                          "cudaMemcpyAsync (bucket)");
       at += m.size();
     }
-    exchange_sizes(mine);
     gather(std::span<const std::byte>(bucket_.data(), mine));
     // Split every rank's bucket by its directory and check all of it first.
     checked_.clear();
@@ -137,23 +142,19 @@ class nccl {
     for (std::size_t p = 0; p < checked_.size(); ++p) decoder_.add(checked_[p], dense[p % messages.size()], scale);
   }
 
-  /// \name Collectives that comm::cyclic_topk builds on (device memory; each returns
+  /// \name Collectives that comm::cyclic_topk and the agreement build on (each returns
   /// once the host may rely on its result)
   /// @{
-  /// Whether `ok` holds on every rank.
-  [[nodiscard]] bool all_succeeded(bool ok) {
-    const int mine = ok ? 1 : 0;
-    backend_.to_device(&mine, 1, flags_.data());
-    detail::nccl_check(ncclAllReduce(flags_.data(), flags_.data() + 1, 1, ncclInt32, ncclMin, comm_, backend_.stream),
-                       "ncclAllReduce (agreement)");
-    return backend_.read(flags_.data() + 1) == 1;
-  }
-  /// Rank `root`'s `value`, on every rank.
-  [[nodiscard]] std::uint64_t broadcast(std::uint64_t value, int root) {
-    std::uint64_t* slot = sizes_device_.data() + size_;
-    backend_.to_device(&value, 1, slot);
-    detail::nccl_check(ncclBroadcast(slot, slot, 1, ncclUint64, root, comm_, backend_.stream), "ncclBroadcast (value)");
-    return backend_.read(slot);
+  /// Every rank's `mine` (host memory, the same size on every rank) into `all` (host
+  /// memory), in rank order.
+  void all_gather(std::span<const std::byte> mine, std::span<std::byte> all) {
+    const std::size_t need = mine.size() * (static_cast<std::size_t>(size_) + 1);
+    if (exchange_.size() < need) exchange_ = detail::device_buffer<std::byte>(need);
+    std::byte* own = exchange_.data() + all.size();
+    backend_.to_device(mine.data(), mine.size(), own);
+    detail::nccl_check(ncclAllGather(own, exchange_.data(), mine.size(), ncclUint8, comm_, backend_.stream),
+                       "ncclAllGather (agreement)");
+    backend_.to_host(exchange_.data(), all.size(), all.data());
   }
   /// Rank `root`'s `data` into every rank's `data` (the same size everywhere).
   void broadcast(std::span<std::uint32_t> data, int root) {
@@ -177,17 +178,12 @@ class nccl {
  private:
   static constexpr const char* who = "allgather_accumulate";
 
-  // All-gathers every rank's byte count into sizes_ and returns their sum.
-  std::uint64_t exchange_sizes(std::uint64_t mine) {
-    std::uint64_t* own = sizes_device_.data() + size_;
-    backend_.to_device(&mine, 1, own);
-    detail::nccl_check(ncclAllGather(own, sizes_device_.data(), 1, ncclUint64, comm_, backend_.stream),
-                       "ncclAllGather (sizes)");
-    backend_.to_host(sizes_device_.data(), sizes_.size(), sizes_.data());
-    std::uint64_t total = 0;
+  // Keeps every rank's byte count (agreed first) and their offsets; returns their sum.
+  std::uint64_t exchange_sizes(std::vector<std::uint64_t> sizes) {
+    sizes_ = std::move(sizes);
     offsets_.assign(1, 0);
-    for (const auto s : sizes_) offsets_.push_back(total += s);
-    return total;
+    for (const auto s : sizes_) offsets_.push_back(detail::saturating_add(offsets_.back(), s));
+    return offsets_.back();
   }
 
   // Every rank's bytes into gathered_, rank r's at offsets_[r]: one broadcast per rank,
@@ -213,8 +209,10 @@ class nccl {
 
   void dense_path(std::span<const std::byte> message, std::span<float> dense, float scale) {
     detail::device_decoder::checked mine{};
-    detail::on_every_rank(*this, [&] { mine = decoder_.check(message, dense.size(), who); }, errc::corrupt_message,
-                          "allgather_accumulate: another rank's message is corrupt");
+    (void)detail::agree(*this, who, {}, [&] {
+      mine = decoder_.check(message, dense.size(), who);
+      return 0;
+    });
     if (mine_.size() < dense.size()) mine_ = detail::device_buffer<float>(dense.size());
     const std::span<float> sum(mine_.data(), dense.size());
     backend_.clear(sum.data(), sum.size());
@@ -230,8 +228,7 @@ class nccl {
   detail::device_decoder decoder_;
   int rank_ = 0;
   int size_ = 1;
-  detail::device_buffer<std::uint64_t> sizes_device_;
-  detail::device_buffer<int> flags_;
+  detail::device_buffer<std::byte> exchange_;  // the agreement's reports
   std::vector<std::uint64_t> sizes_, offsets_, directory_;
   detail::device_buffer<std::byte> gathered_, bucket_;
   detail::device_buffer<float> mine_;

@@ -75,6 +75,19 @@ inline std::uint32_t read_bits(const std::byte* data, std::uint64_t bit_offset, 
   return static_cast<std::uint32_t>((v >> shift) & ((std::uint64_t{1} << bits) - 1));
 }
 
+/// Whether the bits of `data` (`bytes` long) from bit `used` on are all zero: the
+/// padding of a bit-packed section, which the canonical form leaves zero.
+inline bool padding_is_zero(const std::byte* data, std::uint64_t used, std::uint64_t bytes) noexcept {
+  if (used >= 8 * bytes) return true;
+  const unsigned tail = static_cast<unsigned>(used % 8);
+  std::uint64_t b = used / 8;
+  if (tail != 0 && (static_cast<unsigned>(data[b++]) >> tail) != 0) return false;
+  for (; b < bytes; ++b) {
+    if (data[b] != std::byte{0}) return false;
+  }
+  return true;
+}
+
 // -- section sizes --------------------------------------------------------------------
 
 constexpr std::uint64_t bitmap_bytes(std::uint64_t n) noexcept { return (n + 7) / 8; }
@@ -209,6 +222,8 @@ void validate_index_section(const Header& h, const std::byte* section, F&& f) {
           f(index);
           next = index + 1;
         }
+        require(padding_is_zero(section + at, len * width, payload), errc::corrupt_message,
+                "message delta_bitpack block ", start / delta_block, " has nonzero padding bits");
         at += payload;
       }
       require(at == h.index_bytes, errc::corrupt_message, "message delta_bitpack section has ", h.index_bytes - at,
@@ -217,6 +232,16 @@ void validate_index_section(const Header& h, const std::byte* section, F&& f) {
     }
     case index_coding::automatic: return;
   }
+}
+
+/// Checks that the value section's bits after the last entry are zero, for the codings
+/// that pack entries into bits (ternary, qsgd): the canonical form the encoder writes.
+template <class Header>
+void check_value_padding(const Header& h, const std::byte* section) {
+  if (h.value != value_coding::ternary && h.value != value_coding::qsgd) return;
+  const std::uint64_t used = h.value == value_coding::ternary ? h.count : h.count * qsgd_entry_bits(h.codec_param);
+  require(padding_is_zero(section, used, h.value_bytes), errc::corrupt_message, "message ", to_string(h.value),
+          " value section has nonzero padding bits after its ", h.count, " entries");
 }
 
 /// Decodes an index section that validate_index_section has accepted.
@@ -361,7 +386,10 @@ inline value_section_info write_value_section(value_coding c, std::span<const fl
     case value_coding::int8: {
       float largest = 0.0f;
       for (const float v : values) largest = std::max(largest, std::fabs(v));
-      const float scale = largest / 127.0f;
+      float scale = largest / 127.0f;
+      // 127 * scale must stay finite, as the receiver computes it (max|v| = FLT_MAX
+      // would round it up to infinity).
+      while (!std::isfinite(127.0f * scale)) scale = std::nextafter(scale, 0.0f);
       for (std::size_t j = 0; j < count; ++j) {
         const float q = scale > 0.0f ? std::clamp(std::nearbyint(values[j] / scale), -127.0f, 127.0f) : 0.0f;
         out[j] = static_cast<std::byte>(static_cast<std::int8_t>(q));
@@ -384,7 +412,11 @@ inline value_section_info write_value_section(value_coding c, std::span<const fl
     case value_coding::qsgd: {
       double squares = 0.0;
       for (const float v : values) squares += static_cast<double>(v) * static_cast<double>(v);
-      const auto norm = static_cast<float>(std::sqrt(squares));
+      // The norm goes on the wire as a float: saturate it there (values near FLT_MAX
+      // would overflow it). Levels are then rounded against the saturated norm, so each
+      // entry still decodes to the nearest representable value, and the corrector keeps
+      // the rest.
+      const auto norm = static_cast<float>(std::min(std::sqrt(squares), static_cast<double>(largest_float)));
       const unsigned entry_bits = qsgd_entry_bits(opt.levels);
       bit_writer bits(out);
       for (std::size_t j = 0; j < count; ++j) {

@@ -1,6 +1,7 @@
 /// \file detail/float_formats.hpp
 /// binary16 and bfloat16 conversions in integer arithmetic: round to nearest even,
-/// saturating at the largest finite value, identical on every backend. Not API.
+/// saturating at the largest finite value, identical on every backend; and the scaled
+/// value that every backend's encoder codes. Not API.
 #pragma once
 
 #include <gradcomp/config.hpp>
@@ -58,6 +59,17 @@ GRADCOMP_HOST_DEVICE constexpr std::uint16_t float_to_bfloat(float f) noexcept {
 
 GRADCOMP_HOST_DEVICE constexpr float bfloat_to_float(std::uint16_t b) noexcept {
   return float_of(static_cast<std::uint32_t>(b) << 16);
+}
+
+/// The largest finite float.
+inline constexpr float largest_float = 3.40282347e+38f;
+
+/// v * scale, rounded once and saturated at the largest finite float: a finite value
+/// times a finite factor (random_k's unbiased n / k) never reaches a message as an
+/// infinity, which the receiver would refuse. Every backend's encoder codes this.
+GRADCOMP_HOST_DEVICE inline float scaled_value(float v, float scale) noexcept {
+  const float x = v * scale;
+  return x > largest_float ? largest_float : (x < -largest_float ? -largest_float : x);
 }
 
 }  // namespace detail

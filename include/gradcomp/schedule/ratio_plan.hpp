@@ -18,7 +18,9 @@ namespace schedule {
 /// INFOCOM 2023): minimises sum w_i^2 (1/d_i - 1) subject to sum d_i = W * mean_density
 /// and min_density <= d_i <= 1. The stationarity condition gives d_i proportional to w_i,
 /// so d_i = clamp(lambda * w_i, min_density, 1) with lambda found by bisection
-/// (water-filling): workers holding more data compress less.
+/// (water-filling): workers holding more data compress less. Any positive
+/// finite volumes work, spanning any range: the densities sum to at most the budget
+/// W * mean_density, and to it within rounding.
 /// \throws gradcomp::error if volumes is empty or holds a value that is not finite and
 ///         > 0, or the densities are outside 0 < min_density <= mean_density <= 1.
 inline std::vector<double> ratio_plan(std::span<const double> volumes, double mean_density, double min_density) {
@@ -32,21 +34,35 @@ inline std::vector<double> ratio_plan(std::span<const double> volumes, double me
   detail::require(min_density > 0.0 && min_density <= mean_density, errc::invalid_argument,
                   "ratio_plan: min_density must be in (0, mean_density = ", mean_density, "], got ", min_density);
 
-  const double budget = mean_density * static_cast<double>(volumes.size());
-  auto total = [&](double lambda) {
+  const std::size_t workers = volumes.size();
+  const double budget = mean_density * static_cast<double>(workers);
+  std::vector<double> d(workers, 1.0);
+  if (mean_density == 1.0) return d;  // every worker sends everything
+  // In logarithms, so that lambda * w_i neither overflows nor underflows whatever the
+  // range of the volumes (denormals included): d_i = clamp(exp(log_lambda + log w_i)).
+  std::vector<double> log_w(workers);
+  for (std::size_t i = 0; i < workers; ++i) log_w[i] = std::log(volumes[i]);
+  auto densities = [&](double log_lambda) {
     double sum = 0.0;
-    for (const double w : volumes) sum += std::clamp(lambda * w, min_density, 1.0);
+    for (std::size_t i = 0; i < workers; ++i) {
+      d[i] = std::clamp(std::exp(log_lambda + log_w[i]), min_density, 1.0);
+      sum += d[i];
+    }
     return sum;
   };
-  double lo = 0.0;                                                        // total(lo) <= budget
-  double hi = 1.0 / *std::min_element(volumes.begin(), volumes.end());  // total(hi) = W >= budget
+  // Bisection on log(lambda): the total is continuous and non-decreasing; at lo every
+  // d_i is min_density (total W * min_density <= budget), at hi every d_i is 1 (total
+  // W > budget). The interval is at most a few thousand wide, so a hundred halvings
+  // reach rounding; the lower end is kept, whose total never exceeds the budget.
+  const auto [smallest, largest] = std::minmax_element(log_w.begin(), log_w.end());
+  double lo = std::log(min_density) - *largest;
+  double hi = -*smallest;
   for (int it = 0; it < 200 && lo < hi; ++it) {
     const double mid = 0.5 * (lo + hi);
     if (mid <= lo || mid >= hi) break;
-    (total(mid) < budget ? lo : hi) = mid;
+    (densities(mid) <= budget ? lo : hi) = mid;
   }
-  std::vector<double> d(volumes.size());
-  for (std::size_t i = 0; i < d.size(); ++i) d[i] = std::clamp(hi * volumes[i], min_density, 1.0);
+  (void)densities(lo);
   return d;
 }
 

@@ -13,7 +13,7 @@ namespace select {
 
 /// AdaComp (Chen et al., AAAI 2018): with H = acc + g, and for each bin of `bin`
 /// consecutive entries gmax = max |acc_i| over the bin, sends i where |H_i| >= gmax of
-/// its bin (the last bin may be shorter). Use with error_feedback (acc = residual + g);
+/// its bin (the last bin may be shorter; a bin longer than the tensor holds all of it). Use with error_feedback (acc = residual + g);
 /// the paper uses bin 50 for fully-connected and recurrent layers, 500 for convolutions,
 /// and pairs it with the ternary value coding.
 struct chunk_local {
@@ -25,6 +25,9 @@ struct chunk_local {
     detail::require(bin >= 1, errc::invalid_argument, "chunk_local: bin must be >= 1, got ", bin);
   }
   [[nodiscard]] std::size_t max_selected(std::size_t n) const { return n; }
+  /// The bin length used for a tensor of n elements: a bin longer than the tensor is
+  /// one bin holding all of it.
+  [[nodiscard]] GRADCOMP_HOST_DEVICE std::size_t bin_for(std::size_t n) const noexcept { return bin < n ? bin : n; }
 };
 
 }  // namespace select

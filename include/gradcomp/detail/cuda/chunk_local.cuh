@@ -66,7 +66,7 @@ class engine<select::chunk_local, backend::cuda> {
   engine(const backend::cuda& be, const select::chunk_local& policy, std::size_t n)
       : stream_(be.stream),
         n_(n),
-        bin_max_(n / policy.bin + (n % policy.bin != 0 ? 1 : 0)),
+        bin_max_(n / policy.bin_for(n) + (n % policy.bin_for(n) != 0 ? 1 : 0)),
         runs_(1),
         compact_(n, be.stream) {
     using namespace cuda_chunk_local;
@@ -84,7 +84,7 @@ class engine<select::chunk_local, backend::cuda> {
   queued_selection select(const select::chunk_local& policy, const select_input& in, std::span<std::uint32_t> out,
                           step_status* status) {
     using namespace cuda_chunk_local;
-    const auto bin = static_cast<std::uint32_t>(std::min<std::size_t>(policy.bin, n_));  // one bin holds all
+    const auto bin = static_cast<std::uint32_t>(policy.bin_for(n_));
     std::size_t bytes = reduce_scratch_.size();
     cuda_check(cub::DeviceReduce::ReduceByKey(reduce_scratch_.data(), bytes, bins(indices(0), bin_of{bin}),
                                               thrust::make_discard_iterator(),

@@ -80,7 +80,7 @@ __global__ void write_message(const float* acc, const std::uint32_t* index, floa
   cuda_launch::grid_stride(count, [&](std::uint64_t j) {
     const std::uint32_t i = index[j];
     store_le<std::uint32_t>(indices + 4 * j, i);
-    sent[j] = put_value(coding, values, j, __fmul_rn(acc[i], value_scale));
+    sent[j] = put_value(coding, values, j, scaled_value(acc[i], value_scale));
   });
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     message_header h;
@@ -100,7 +100,7 @@ template <class = void>
 __global__ void gather_values(const float* acc, const std::uint32_t* index, float value_scale, float* values,
                               const step_status* status) {
   cuda_launch::grid_stride(status->count,
-                           [&](std::uint64_t j) { values[j] = __fmul_rn(acc[index[j]], value_scale); });
+                           [&](std::uint64_t j) { values[j] = scaled_value(acc[index[j]], value_scale); });
 }
 
 /// The first entry positions that break the rules; ~0 where none does.

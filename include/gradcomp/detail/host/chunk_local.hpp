@@ -114,7 +114,7 @@ class engine<select::chunk_local, backend::host> {
       : threads_(be.concurrency()), n_(n), slices_(n), block_counts_(static_cast<std::size_t>(threads_)) {}
 
   void begin_observe(const select::chunk_local& policy, std::uint64_t) noexcept {
-    bin_ = policy.bin;
+    bin_ = policy.bin_for(n_);
     observed_ = true;
     observe_bad_ = {};
   }
@@ -126,7 +126,7 @@ class engine<select::chunk_local, backend::host> {
   }
 
   selection select(const select::chunk_local& policy, const select_input& in, std::span<std::uint32_t> out) {
-    if (!std::exchange(observed_, false)) return select_in_place(policy.bin, in, out);
+    if (!std::exchange(observed_, false)) return select_in_place(policy.bin_for(n_), in, out);
     bool straddle_bad = false;
     std::uint32_t* w = out.data();
     for (std::size_t c = 0; c < slices_.chunks(); ++c) {

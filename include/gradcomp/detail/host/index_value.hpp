@@ -6,6 +6,7 @@
 #include <gradcomp/backend/host.hpp>
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/detail/codecs.hpp>
+#include <gradcomp/detail/float_formats.hpp>
 #include <gradcomp/message.hpp>
 #include <gradcomp/detail/step_input.hpp>
 #include <gradcomp/encode/index_value.hpp>
@@ -53,7 +54,7 @@ class engine<encode::index_value, backend::host> {
   std::size_t encode(const encode::index_value& policy, const encode_input& in, std::span<std::byte> out,
                      std::span<float> sent) {
     const std::size_t count = in.index.size();
-    for (std::size_t j = 0; j < count; ++j) values_[j] = in.acc[in.index[j]] * in.value_scale;
+    for (std::size_t j = 0; j < count; ++j) values_[j] = scaled_value(in.acc[in.index[j]], in.value_scale);
     return encode_message(policy, in.acc.size(), in.index, std::span<const float>(values_).first(count), out, sent,
                           in.step);
   }

@@ -3,6 +3,7 @@
 /// message written on the host by the same code as backend::host. Not API.
 #pragma once
 
+#include <gradcomp/detail/float_formats.hpp>
 #include <gradcomp/detail/kokkos/primitives.hpp>
 #include <gradcomp/detail/step_input.hpp>
 #include <gradcomp/encode/index_value.hpp>
@@ -34,7 +35,7 @@ class engine<encode::index_value, backend::kokkos<Space>> {
     const float scale = in.value_scale;
     Kokkos::parallel_for(
         "gradcomp::gather_values", kk::range(space_, count),
-        KOKKOS_LAMBDA(const std::size_t j) { values(j) = acc(idx(j)) * scale; });
+        KOKKOS_LAMBDA(const std::size_t j) { values(j) = scaled_value(acc(idx(j)), scale); });
     space_.fence();
     const std::uint32_t* index_host = kk::read_on_host<Space>(in.index, index_host_);
     const float* values_host = kk::read_on_host<Space>(std::span<const float>(values_.data(), count), values_host_);

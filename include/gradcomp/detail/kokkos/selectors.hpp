@@ -243,7 +243,7 @@ class engine<select::chunk_local, backend::kokkos<Space>> : public kokkos_no_obs
     const auto g = kk::wrap<Space>(in.grad);
     const auto dest = kk::wrap<Space>(out);
     const std::size_t n = in.acc.size();
-    const std::size_t bin = policy.bin;
+    const std::size_t bin = policy.bin_for(n);
     std::size_t total = 0;
     Kokkos::parallel_scan(
         "gradcomp::chunk_local", kk::range(space_, (n + bin - 1) / bin),
