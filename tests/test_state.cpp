@@ -78,3 +78,59 @@ TEST_CASE("results are identical with one and two threads") {
   auto two = make(2);
   for (std::uint64_t t = 0; t < 6; ++t) CHECK(run(one, t) == run(two, t));
 }
+
+namespace {
+template <class Compressor>
+std::string checkpoint_of(const Compressor& c) {
+  std::ostringstream out;
+  c.save_state(out);
+  return out.str();
+}
+
+// A staged step changes nothing until accepted; accepted, it is the step compress()
+// takes; dropped, the compressor goes on as if it had never been staged.
+template <class Make>
+void staging_is_invisible_until_accepted(Make make) {
+  auto staged = make();
+  auto twin = make();
+  CAPTURE(staged.corrector().name());
+  const std::size_t n = staged.size();
+  std::vector<std::byte> a(staged.max_message_bytes()), b(twin.max_message_bytes());
+  for (std::uint64_t t = 0; t < 8; ++t) {
+    auto g = inputs::make(inputs::shape::student_t3, n, t);
+    for (auto& v : g) v *= 50.0f;  // large enough that clipping engages (and would run in place)
+    const std::string before = checkpoint_of(staged);
+    const auto m = staged.stage(g, a);
+    CHECK(staged.has_staged());
+    CHECK(checkpoint_of(staged) == before);
+    CHECK(staged.step() == t);
+    if (t % 3 == 1) {  // drop it: the next stage or compress starts from the committed state
+      const auto dropped = std::vector<std::byte>(m.bytes().begin(), m.bytes().end());
+      const auto again = staged.stage(g, a);
+      CHECK(std::vector<std::byte>(again.bytes().begin(), again.bytes().end()) == dropped);
+    }
+    const std::vector<std::byte> staged_bytes(m.bytes().begin(), m.bytes().end());
+    staged.accept_staged();
+    CHECK_FALSE(staged.has_staged());
+    const auto expected = twin.compress(g, b);
+    CHECK(staged_bytes == std::vector<std::byte>(expected.bytes().begin(), expected.bytes().end()));
+    CHECK(checkpoint_of(staged) == checkpoint_of(twin));
+  }
+  CHECK_THROWS_WITH_AS(staged.accept_staged(), "gradcomp: accept_staged: no step is staged", gc::error);
+  // A rejected stage leaves nothing staged.
+  auto g = inputs::make(inputs::shape::normal, n, 99);
+  g[3] = NAN;
+  CHECK_THROWS_AS((void)staged.stage(g, a), gc::error);
+  CHECK_FALSE(staged.has_staged());
+}
+}  // namespace
+
+TEST_CASE("stage, then accept or drop: a step two-phased for collectives") {
+  const std::size_t n = 70001;
+  staging_is_invisible_until_accepted([&] { return gc::presets::topk_ef(gc::backend::host{}, n, {.density = 0.01}); });
+  staging_is_invisible_until_accepted(
+      [&] { return gc::presets::dgc(gc::backend::host{}, n, {.density = 0.01, .max_norm = 1.0f, .reuse_threshold = true}); });
+  staging_is_invisible_until_accepted([&] { return gc::presets::adacomp(gc::backend::host{}, n); });
+  staging_is_invisible_until_accepted(
+      [&] { return gc::presets::randomk_ef(gc::backend::host{}, n, {.density = 0.01, .seed = 3}); });
+}

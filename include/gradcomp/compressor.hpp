@@ -91,42 +91,40 @@ class compressor {
   /// \throws gradcomp::error if grad.size() != n, `out` is too small, or grad (or the
   ///         accumulated value) holds a NaN or infinity; state and `out` are then unchanged.
   message compress(std::span<const float> grad, std::span<std::byte> out) {
-    check_step(grad, out);
-    if constexpr (on_device) {
-      queue_step(grad, out);
-      const detail::step_status status = backend_.read(status_.data());
-      if (status.non_finite != 0) {
-        report_non_finite("compress", backend_.to_host(grad), backend_.to_host(correct_.acc(grad)));
-      }
-      finish_step();
-      return message(out.first(static_cast<std::size_t>(status.bytes)), n_, status.count);
-    } else {
-      // The selector's first pass rides on the corrector's: each chunk of acc is handed
-      // over while it is still in cache, and a selector may look ahead at acc before the
-      // pass (sampled_threshold samples it, then collects in the pass). Without a
-      // corrector (acc = g), a selector that reads every entry checks finiteness itself
-      // and g is read once.
-      std::span<const float> acc = grad;
-      if constexpr (!skips_update) {
-        select_.begin_observe(selector_, step_);
-        const auto observe = [&](int thread, std::size_t begin, auto acc_chunk) {
-          select_.observe(thread, begin, acc_chunk, grad.subspan(begin, acc_chunk.size()));
-        };
-        const auto before_pass = [&](auto&& acc_at) { detail::look_ahead(select_, selector_, acc_at); };
-        const bool finite = correct_.update(corrector_, grad, observe, before_pass);
-        acc = correct_.acc(grad);
-        if (!finite) report_non_finite("compress", grad, acc);
-      }
-
-      const detail::selection chosen = select_.select(selector_, {acc, grad, step_}, index_span());
-      if (!chosen.finite) report_non_finite("compress", grad, acc);
-      const std::span<const std::uint32_t> index(index_.data(), chosen.count);
-      const std::size_t bytes = encode_.encode(encoder_, {acc, index, step_, chosen.value_scale}, out, sent_span());
-      correct_.commit(corrector_, index, std::span<const float>(sent_.data(), chosen.count));
-      finish_step();
-      return message(out.first(bytes), n_, chosen.count);
-    }
+    const message m = run_step(grad, out);
+    finish_step();
+    return m;
   }
+
+  /// Runs one step like compress() but keeps its outcome aside: the message is written
+  /// to `out` and the new state is computed, yet until accept_staged() the compressor's
+  /// committed state, step() and checkpoints stay those before the step. A later
+  /// compress(), stage(), set_density() or load_state() drops the staged step. For
+  /// collectives in which every rank must hear that the others' steps were accepted
+  /// before any commits (the PyTorch DDP hook): stage, agree, then accept or drop.
+  /// (The in-place update of a clipping step is not used: it could not be dropped.)
+  /// \throws gradcomp::error as compress() does; nothing is staged then.
+  message stage(std::span<const float> grad, std::span<std::byte> out) {
+    staged_ = false;
+    in_place_allowed(false);
+    struct restore {
+      compressor& c;
+      ~restore() { c.in_place_allowed(true); }
+    } guard{*this};
+    const message m = run_step(grad, out);
+    staged_ = true;
+    return m;
+  }
+
+  /// Makes the step of the last stage() current, as compress() would have.
+  /// \throws gradcomp::error (invalid_argument) if no step is staged.
+  void accept_staged() {
+    detail::require(staged_, errc::invalid_argument, "accept_staged: no step is staged");
+    finish_step();
+  }
+
+  /// Whether a stage()d step waits for accept_staged().
+  [[nodiscard]] bool has_staged() const noexcept { return staged_; }
 
   /// What compress(grad) would rank now: the corrector's update of the committed state
   /// with `grad` (clipping included; grad itself without a corrector), in the backend's
@@ -197,6 +195,7 @@ class compressor {
     reserve(next.max_selected(n_));
     if constexpr (requires { select_.reserve(next); }) select_.reserve(next);
     selector_ = next;
+    staged_ = false;
   }
 
   /// Sets the indices that a given_indices selector sends from the next step on.
@@ -260,6 +259,7 @@ class compressor {
     if constexpr (requires { select_.restore_state(selector_state); }) select_.restore_state(selector_state);
     selector_ = next;
     step_ = r.step();
+    staged_ = false;
   }
 
  private:
@@ -292,6 +292,49 @@ class compressor {
                     " bytes is smaller than max_message_bytes() = ", need);
   }
 
+  // One step up to (not including) making it current: check, update, select, encode,
+  // commit into the next state. finish_step() makes it current.
+  message run_step(std::span<const float> grad, std::span<std::byte> out) {
+    staged_ = false;
+    check_step(grad, out);
+    if constexpr (on_device) {
+      queue_step(grad, out);
+      const detail::step_status status = backend_.read(status_.data());
+      if (status.non_finite != 0) {
+        report_non_finite("compress", backend_.to_host(grad), backend_.to_host(correct_.acc(grad)));
+      }
+      return message(out.first(static_cast<std::size_t>(status.bytes)), n_, status.count);
+    } else {
+      // The selector's first pass rides on the corrector's: each chunk of acc is handed
+      // over while it is still in cache, and a selector may look ahead at acc before the
+      // pass (sampled_threshold samples it, then collects in the pass). Without a
+      // corrector (acc = g), a selector that reads every entry checks finiteness itself
+      // and g is read once.
+      std::span<const float> acc = grad;
+      if constexpr (!skips_update) {
+        select_.begin_observe(selector_, step_);
+        const auto observe = [&](int thread, std::size_t begin, auto acc_chunk) {
+          select_.observe(thread, begin, acc_chunk, grad.subspan(begin, acc_chunk.size()));
+        };
+        const auto before_pass = [&](auto&& acc_at) { detail::look_ahead(select_, selector_, acc_at); };
+        const bool finite = correct_.update(corrector_, grad, observe, before_pass);
+        acc = correct_.acc(grad);
+        if (!finite) report_non_finite("compress", grad, acc);
+      }
+
+      const detail::selection chosen = select_.select(selector_, {acc, grad, step_}, index_span());
+      if (!chosen.finite) report_non_finite("compress", grad, acc);
+      const std::span<const std::uint32_t> index(index_.data(), chosen.count);
+      const std::size_t bytes = encode_.encode(encoder_, {acc, index, step_, chosen.value_scale}, out, sent_span());
+      correct_.commit(corrector_, index, std::span<const float>(sent_.data(), chosen.count));
+      return message(out.first(bytes), n_, chosen.count);
+    }
+  }
+
+  void in_place_allowed(bool allowed) noexcept {
+    if constexpr (requires { correct_.allow_in_place(allowed); }) correct_.allow_in_place(allowed);
+  }
+
   // The whole step on a device backend, queued: every stage after the first NaN writes
   // nothing (the engines read the status), so a rejected step changes neither `out` nor
   // the committed state, and only finish_step() makes the new state current.
@@ -312,6 +355,7 @@ class compressor {
     correct_.accept();
     select_.accept();
     ++step_;
+    staged_ = false;
   }
 
   static const Backend& checked(const Backend& backend, std::size_t n, const Selector& s, const Corrector& c,
@@ -377,6 +421,7 @@ class compressor {
   status_buffer status_;
   typename Backend::template buffer<float> preview_;
   std::uint64_t step_ = 0;
+  bool staged_ = false;  // a stage()d step waits for accept_staged()
 };
 
 template <class Backend, class Selector>

@@ -107,7 +107,9 @@ class engine<Policy, backend::host> {
           });
           const float scale = policy.gradient_scale(total_of_partials());
           last_clipped_ = scale != 1.0f;
-          if constexpr (in_place_capable) state_.begin_step(cannot_overflow(policy, scale, total_of_partials()));
+          if constexpr (in_place_capable) {
+            state_.begin_step(allow_in_place_ && cannot_overflow(policy, scale, total_of_partials()));
+          }
           return run(policy, g, scale, false, visit, before_pass);
         }
         const bool finite = run(policy, g, 1.0f, true, visit, before_pass);
@@ -178,6 +180,9 @@ class engine<Policy, backend::host> {
     state_.accept();
     committed_max_ = next_max_;
   }
+  /// Whether a step that cannot be rejected may update the committed state in place
+  /// (not when the caller may still drop the step: compressor::stage).
+  void allow_in_place(bool allowed) noexcept { allow_in_place_ = allowed; }
   std::span<const float> committed(std::size_t a) const noexcept { return state_.committed(a); }
   void load_committed(std::size_t a, std::span<const float> values) noexcept {
     std::copy(values.begin(), values.end(), state_.committed(a).begin());
@@ -277,6 +282,7 @@ class engine<Policy, backend::host> {
   std::vector<std::array<float, arrays>> chunk_max_;
   std::array<float, arrays> committed_max_{};  // bounds of |committed state|: 0 at the start
   std::array<float, arrays> next_max_{};       // the same for the step in progress
+  bool allow_in_place_ = true;
   bool last_clipped_ = false;  // a guess of which order of passes is cheaper; never changes results
 };
 
