@@ -4,7 +4,7 @@
 # Extra arguments go to bench_select (e.g. --benchmark_filter=N:25000000).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh libtorch-dev
+bash scripts/setup.sh bench
 cmake -S . -B build/bench -DCMAKE_BUILD_TYPE=Release -DGRADCOMP_BUILD_TESTS=OFF -DGRADCOMP_BUILD_BENCHMARKS=ON \
   -DGRADCOMP_BUILD_TOOLS=OFF -DGRADCOMP_BUILD_EXAMPLES=OFF
 cmake --build build/bench -j"$(nproc)"

@@ -1,20 +1,37 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages gradcomp builds, tests and benchmarks with.
+# Installs the Debian 12 packages one purpose needs, and nothing more:
+#   bash scripts/setup.sh demo      the CLI demo (a compiler and CMake)
+#   bash scripts/setup.sh test      everything the test suite builds and runs (C++, MPI,
+#                                   Kokkos, fuzzing, the PyTorch package, the API docs)
+#   bash scripts/setup.sh bench     the benchmark suites (libtorch for torch.topk, plots)
+#   bash scripts/setup.sh results   the training results of docs/results.md
 # Idempotent: installs only what is missing. Needs root (or sudo).
 set -euo pipefail
 
-# Extra packages can be named on the command line (scripts/bench.sh adds libtorch-dev).
-packages=(
-  build-essential cmake          # compiler and build system
+purpose=${1:-test}
+demo=(build-essential cmake)
+cpp_tests=(
   doctest-dev                    # unit tests
-  clang libclang-rt-14-dev       # libFuzzer and sanitizers for the decoder fuzz test
-  libbenchmark-dev               # Google Benchmark suites
+  clang libclang-rt-14-dev       # libFuzzer and sanitizers (fuzz targets)
+  libbenchmark-dev               # Google Benchmark suites (smoke-tested by ctest)
   libtrilinos-kokkos-dev         # the Kokkos backend (Kokkos 3.4.1, Serial)
   libopenmpi-dev openmpi-bin     # MPI collectives, tested under mpirun
   libeigen3-dev zlib1g-dev dataset-fashion-mnist   # examples/train_fashion_mnist (model math, IDX.gz, data)
-  python3 python3-numpy python3-matplotlib   # benchmark tables and plots
- "$@"
+  doxygen                        # the API reference, checked for undocumented entities
 )
+python_tests=(
+  python3 python3-venv python3-setuptools python3-wheel python3-numpy             # the package's build
+  python3-pytest python3-pytest-timeout                                         # and its tests
+  python3-torch libtorch-dev pybind11-dev ninja-build                       # the torch extension's build
+)
+case "$purpose" in
+  demo) packages=("${demo[@]}") ;;
+  test) packages=("${demo[@]}" "${cpp_tests[@]}" "${python_tests[@]}") ;;
+  bench) packages=("${demo[@]}" "${cpp_tests[@]}" libtorch-dev python3-numpy python3-matplotlib) ;;
+  results) packages=("${demo[@]}" libopenmpi-dev openmpi-bin libeigen3-dev zlib1g-dev dataset-fashion-mnist
+                     "${python_tests[@]}") ;;
+  *) echo "setup.sh: unknown purpose '$purpose' (demo, test, bench or results)" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do
@@ -27,5 +44,5 @@ if ((${#missing[@]})); then
   "${sudo_cmd[@]}" apt-get update -qq
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 else
-  echo "setup: all packages present"
+  echo "setup: all packages for '$purpose' present"
 fi

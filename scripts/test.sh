@@ -2,11 +2,19 @@
 # Sets everything up, builds everything, and runs the whole test suite under ctest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh test
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DGRADCOMP_BUILD_TESTS=ON -DGRADCOMP_BUILD_TOOLS=ON \
   -DGRADCOMP_BUILD_EXAMPLES=ON -DGRADCOMP_BUILD_BENCHMARKS=ON -DGRADCOMP_FUZZ=ON
 cmake --build build/release -j"$(nproc)"
 ctest --test-dir build/release --output-on-failure --no-tests=error -j"$(nproc)"
+
+# The PyTorch package (python/, docs/torch.md): built against Debian's torch in a virtual
+# environment that sees the system's packages (Debian's Python is externally managed),
+# without fetching anything, then its pytest suite (DDP on 2 and 4 gloo ranks; the CUDA
+# tests report themselves skipped without a GPU).
+/usr/bin/python3 -m venv --system-site-packages build/venv
+build/venv/bin/python -m pip install --quiet --no-build-isolation --no-deps --no-index .
+(cd build && venv/bin/python -m pytest -q -rs --timeout=900 ../python/tests)
 
 # The unit and MPI tests once more under AddressSanitizer and UndefinedBehaviorSanitizer
 # (CMakePresets.json "debug"): the SIMD kernels' loads and stores stay in bounds, and

@@ -4,7 +4,7 @@
 # Takes about 10 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh results
 cmake -S . -B build/results -DCMAKE_BUILD_TYPE=Release -DGRADCOMP_BUILD_TESTS=OFF -DGRADCOMP_BUILD_BENCHMARKS=OFF \
       -DGRADCOMP_BUILD_TOOLS=OFF >/dev/null
 cmake --build build/results --target train_fashion_mnist -j"$(nproc)" >/dev/null

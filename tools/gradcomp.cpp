@@ -2,6 +2,8 @@
 // a gradient stream and reports what each achieves.
 #include <gradcomp/gradcomp.hpp>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -11,14 +13,17 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "methods.hpp"
 #include "npy.hpp"
 #include "synthetic.hpp"
 
 namespace {
 
-constexpr const char* usage = R"(usage: gradcomp eval [options]
+constexpr const char* usage = R"(usage: gradcomp eval [FILE.npy] [options]
        gradcomp methods
+       gradcomp help [eval]
        gradcomp --version
 
 eval: compress a gradient stream with every method and print, per method, the density
@@ -26,65 +31,99 @@ achieved, bytes per step, compression ratio, relative error of the aggregate aga
 the dense sum after all steps, and compression throughput.
 
 options:
-  --input FILE     float32 .npy of shape [steps, n] or [n] (default: an embedded
-                   synthetic heavy-tailed stream)
-  --steps S        steps of the synthetic stream (default 20)
+  FILE.npy, --input FILE
+                   float32 .npy of shape [steps, n] or [n] (default: an embedded
+                   synthetic heavy-tailed stream). Convert other dtypes with
+                   np.save(path, np.asarray(a, np.float32)).
+  --steps S        steps of the synthetic stream (default 20); with a file, its first S
   --n N            elements of the synthetic stream (default 1048576)
-  --density D      target density for every method (default 0.001)
+  --density D      target density for every method, in (0, 1] (default 0.001)
   --methods A,B    only these methods (default: all; see `gradcomp methods`)
   --dump DIR       write DIR/<method>/step_<t>_indices.npy and _values.npy
+  -h, --help       this text
 )";
 
 struct options {
   std::string input;
   std::size_t steps = 20;
+  bool steps_given = false;
   std::size_t n = std::size_t{1} << 20;
+  bool n_given = false;
   double density = 1e-3;
   std::vector<std::string> methods;
   std::string dump;
 };
 
 [[noreturn]] void bad_usage(const std::string& why) {
-  std::cerr << "gradcomp: " << why << "\n\n" << usage;
+  std::cerr << "gradcomp: " << why << "\n(gradcomp help eval lists the options)\n";
   std::exit(2);
 }
 
-template <class T>
-T parse_number(const std::string& flag, const std::string& text) {
-  std::istringstream in(text);
-  T value{};
-  in >> value;
-  if (!in || !in.eof()) bad_usage(flag + " expects a number, got '" + text + "'");
+// A whole positive integer (no sign, no fraction, no trailing text).
+std::size_t parse_count(const std::string& flag, const std::string& text) {
+  std::size_t value = 0;
+  std::size_t used = 0;
+  try {
+    if (!text.empty() && std::isdigit(static_cast<unsigned char>(text[0]))) value = std::stoull(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || value == 0) bad_usage(flag + " expects a positive integer, got '" + text + "'");
+  return value;
+}
+
+double parse_density(const std::string& text) {
+  double value = 0.0;
+  std::size_t used = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size()) bad_usage("--density expects a number, got '" + text + "'");
+  if (!(value > 0.0 && value <= 1.0)) bad_usage("--density must be in (0, 1], got " + text);
   return value;
 }
 
 options parse(int argc, char** argv) {
   options o;
+  const auto known = cli::methods();
   for (int i = 2; i < argc; ++i) {
     const std::string flag = argv[i];
     auto value = [&]() -> std::string {
       if (i + 1 >= argc) bad_usage(flag + " needs a value");
       return argv[++i];
     };
-    if (flag == "--input") {
+    if (flag == "--help" || flag == "-h") {
+      std::cout << usage;
+      std::exit(0);
+    } else if (flag == "--input") {
       o.input = value();
     } else if (flag == "--steps") {
-      o.steps = parse_number<std::size_t>(flag, value());
+      o.steps = parse_count(flag, value());
+      o.steps_given = true;
     } else if (flag == "--n") {
-      o.n = parse_number<std::size_t>(flag, value());
+      o.n = parse_count(flag, value());
+      o.n_given = true;
     } else if (flag == "--density") {
-      o.density = parse_number<double>(flag, value());
+      o.density = parse_density(value());
     } else if (flag == "--methods") {
       std::stringstream list(value());
-      for (std::string m; std::getline(list, m, ',');) o.methods.push_back(m);
+      for (std::string m; std::getline(list, m, ',');) {
+        const bool exists = std::any_of(known.begin(), known.end(), [&](const cli::method& k) { return k.name == m; });
+        if (!exists) bad_usage("unknown method '" + m + "' (gradcomp methods lists them)");
+        o.methods.push_back(m);
+      }
+      if (o.methods.empty()) bad_usage("--methods needs at least one method");
     } else if (flag == "--dump") {
       o.dump = value();
+    } else if (!flag.starts_with("-") && o.input.empty()) {
+      o.input = flag;  // the positional input file
     } else {
       bad_usage("unknown option " + flag);
     }
   }
-  if (o.steps == 0) bad_usage("--steps must be at least 1");
-  if (o.n == 0) bad_usage("--n must be at least 1");
+  if (!o.input.empty() && o.n_given) bad_usage("--n sets the synthetic stream's size; a file has its own");
   return o;
 }
 
@@ -103,12 +142,24 @@ stream load(const options& o) {
     npy::array a = npy::read_f32(o.input);
     s.steps = a.shape.size() == 2 ? a.shape[0] : 1;
     s.n = a.shape.back();
+    if (o.steps_given) {  // the file's first S steps
+      gradcomp::detail::require(o.steps <= s.steps, gradcomp::errc::invalid_argument, o.input, " holds ", s.steps,
+                                " steps, --steps asks for ", o.steps);
+      s.steps = o.steps;
+      a.data.resize(s.steps * s.n);
+    }
     s.data = std::move(a.data);
+    for (std::size_t j = 0; j < s.data.size(); ++j) {
+      gradcomp::detail::require(std::isfinite(s.data[j]), gradcomp::errc::non_finite, o.input, ": element [",
+                                j / s.n, ", ", j % s.n, "] = ", s.data[j], " is not finite");
+    }
     s.source = o.input;
     return s;
   }
   s.steps = o.steps;
   s.n = o.n;
+  gradcomp::detail::require(o.n <= gradcomp::message_header::max_n, gradcomp::errc::invalid_argument,
+                            "--n must be at most ", gradcomp::message_header::max_n, ", got ", o.n);
   s.data.reserve(o.steps * o.n);
   for (std::size_t t = 0; t < o.steps; ++t) {
     const auto g = synthetic::gradient(o.n, t);
@@ -118,8 +169,11 @@ stream load(const options& o) {
   return s;
 }
 
+// Below this many steps, error feedback has not had the time to pay off.
+constexpr std::size_t few_steps = 10;
+
 int eval(const options& o) {
-  const stream s = load(o);
+  const stream s = load(o);  // every check of the input before any output
   // The dense aggregate a method should approach: sum of g_t, or for methods that fold
   // momentum into their messages, dense momentum SGD's sum of u_t.
   auto dense_reference = [&](float momentum) {
@@ -136,6 +190,8 @@ int eval(const options& o) {
     return std::pair{sum, std::sqrt(norm)};
   };
 
+  // Progress on stderr, only where someone watches it.
+  const bool progress = isatty(STDERR_FILENO) != 0 && s.steps * s.n >= (std::size_t{1} << 24);
   std::printf("gradcomp %d.%d.%d eval: %zu steps x %zu elements, target density %g\n", GRADCOMP_VERSION_MAJOR,
               GRADCOMP_VERSION_MINOR, GRADCOMP_VERSION_PATCH, s.steps, s.n, o.density);
   std::printf("input: %s\n\n", s.source.c_str());
@@ -154,6 +210,7 @@ int eval(const options& o) {
     const std::filesystem::path dir = o.dump.empty() ? std::filesystem::path{} : std::filesystem::path(o.dump) / m.name;
     if (!o.dump.empty()) std::filesystem::create_directories(dir);
     for (std::size_t t = 0; t < s.steps; ++t) {
+      if (progress) std::fprintf(stderr, "\r%-13s step %zu/%zu ", m.name.c_str(), t + 1, s.steps);
       const auto start = std::chrono::steady_clock::now();
       const gradcomp::message msg = r->compress(s.step(t), buf);
       seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -180,8 +237,15 @@ int eval(const options& o) {
                 4.0 * static_cast<double>(s.n) / bytes_per_step, dense_norm > 0 ? std::sqrt(err) / dense_norm : 0.0,
                 steps * static_cast<double>(s.n) / seconds / 1e6);
   }
+  if (progress) std::fprintf(stderr, "\r%40s\r", "");
   std::printf("\nrel.error = |sum of decoded messages - dense aggregate| / |dense aggregate| after all steps;\n"
               "the dense aggregate is the sum of gradients, or of momentum SGD's updates for dgc.\n");
+  if (s.steps < few_steps) {
+    std::printf("note: only %zu step%s. Error feedback sends what it holds back in later steps, so the rel.error\n"
+                "of the *_ef methods, dgc and adacomp falls as steps accumulate; run %zu or more steps to see it\n"
+                "(--steps, or a file with more rows).\n",
+                s.steps, s.steps == 1 ? "" : "s", few_steps);
+  }
   return 0;
 }
 
@@ -200,7 +264,8 @@ int main(int argc, char** argv) {
       std::printf("gradcomp %d.%d.%d\n", GRADCOMP_VERSION_MAJOR, GRADCOMP_VERSION_MINOR, GRADCOMP_VERSION_PATCH);
       return 0;
     }
-    if (command == "--help" || command == "-h") {
+    if (command == "--help" || command == "-h" || command == "help") {
+      if (argc > 3 || (argc == 3 && std::string(argv[2]) != "eval")) bad_usage("help takes at most the command 'eval'");
       std::cout << usage;
       return 0;
     }

@@ -4,6 +4,8 @@
 
 #include <gradcomp/error.hpp>
 
+#include <cerrno>
+
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -32,7 +34,10 @@ inline array read_f32(const std::string& path) {
   using gradcomp::errc;
   using gradcomp::detail::require;
   std::ifstream in(path, std::ios::binary);
-  require(static_cast<bool>(in), errc::io, path, ": cannot open for reading");
+  if (!in) {
+    const int reason = errno;  // the OS's reason (no such file, permission denied, ...)
+    gradcomp::detail::fail(errc::io, path, ": cannot open for reading: ", std::strerror(reason));
+  }
   char magic[8] = {};
   in.read(magic, 8);
   require(in.gcount() == 8 && std::memcmp(magic, "\x93NUMPY", 6) == 0, errc::io, path,
@@ -51,7 +56,10 @@ inline array read_f32(const std::string& path) {
 
   const std::string descr = field(header, "descr");
   require(descr.find("'<f4'") != std::string::npos || descr.find("'|f4'") != std::string::npos, errc::io, path,
-          ": dtype ", descr.substr(0, descr.find(',')), " is not little-endian float32 ('<f4')");
+          ": dtype ", descr.substr(0, descr.find(',')), " is not little-endian float32 ('<f4')",
+          descr.find("f8") != std::string::npos || descr.find("f2") != std::string::npos
+              ? "; convert it with np.save(path, np.asarray(a, np.float32))"
+              : "");
   require(field(header, "fortran_order").find("False") != std::string::npos, errc::io, path,
           ": Fortran-ordered arrays are not supported");
   const std::string shape_text = field(header, "shape");

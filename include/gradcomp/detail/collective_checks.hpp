@@ -17,6 +17,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 GRADCOMP_NAMESPACE_BEGIN
@@ -79,8 +80,7 @@ struct rank_report {
 /// errc::invalid_argument naming it and two ranks' values.
 /// \returns every rank's own value, in rank order
 template <class Comm, class Attempt>
-std::vector<std::uint64_t> agree(Comm& comm, const char* who, std::initializer_list<setting> settings,
-                                 Attempt&& attempt) {
+std::vector<std::uint64_t> agree(Comm& comm, const char* who, std::span<const setting> settings, Attempt&& attempt) {
   rank_report mine;
   try {
     mine.own = attempt();
@@ -152,6 +152,14 @@ class fingerprint {
  private:
   std::uint32_t crc_ = crc32c_init;
 };
+
+/// agree() with the settings written in place: `agree(comm, who, {{"n", n}}, attempt)`.
+template <class Comm, class Attempt>
+std::vector<std::uint64_t> agree(Comm& comm, const char* who, std::initializer_list<setting> settings,
+                                 Attempt&& attempt) {
+  return agree(comm, who, std::span<const setting>(settings.begin(), settings.size()),
+               std::forward<Attempt>(attempt));
+}
 
 }  // namespace detail
 GRADCOMP_NAMESPACE_END

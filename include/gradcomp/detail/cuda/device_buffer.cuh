@@ -1,14 +1,17 @@
 /// \file detail/cuda/device_buffer.cuh
-/// Device memory that backend::cuda allocates for compressor state and workspace, and
-/// the translation of CUDA runtime errors into gradcomp::error. Not API.
+/// Device memory that backend::cuda allocates for compressor state and workspace (from
+/// the allocator installed with backend::set_device_allocator, or cudaMalloc), and the
+/// translation of CUDA runtime errors into gradcomp::error. Not API.
 #pragma once
 
+#include <gradcomp/backend/device_allocator.hpp>
 #include <gradcomp/config.hpp>
 #include <gradcomp/error.hpp>
 
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <memory>
 #include <utility>
 
 GRADCOMP_NAMESPACE_BEGIN
@@ -29,20 +32,29 @@ class device_buffer {
   device_buffer() = default;
   explicit device_buffer(std::size_t count) : size_(count) {
     if (count == 0) return;
-    cuda_check(cudaMalloc(reinterpret_cast<void**>(&data_), count * sizeof(T)), "cudaMalloc");
-    const cudaError_t zeroed = cudaMemset(data_, 0, count * sizeof(T));
+    const std::size_t bytes = count * sizeof(T);
+    allocator_ = backend::current_device_allocator();
+    if (allocator_) {
+      data_ = static_cast<T*>(allocator_->allocate(bytes));
+    } else {
+      cuda_check(cudaMalloc(reinterpret_cast<void**>(&data_), bytes), "cudaMalloc");
+    }
+    const cudaError_t zeroed = cudaMemset(data_, 0, bytes);
     if (zeroed != cudaSuccess) {
-      cudaFree(data_);
+      release();
       cuda_check(zeroed, "cudaMemset");
     }
   }
   device_buffer(device_buffer&& other) noexcept
-      : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+      : data_(std::exchange(other.data_, nullptr)),
+        size_(std::exchange(other.size_, 0)),
+        allocator_(std::move(other.allocator_)) {}
   device_buffer& operator=(device_buffer&& other) noexcept {
     if (this != &other) {
       release();
       data_ = std::exchange(other.data_, nullptr);
       size_ = std::exchange(other.size_, 0);
+      allocator_ = std::move(other.allocator_);
     }
     return *this;
   }
@@ -56,12 +68,19 @@ class device_buffer {
 
  private:
   void release() noexcept {
-    if (data_ != nullptr) cudaFree(data_);  // nothing to report from a destructor
+    if (data_ != nullptr) {
+      if (allocator_) {
+        allocator_->deallocate(data_, size_ * sizeof(T));
+      } else {
+        cudaFree(data_);  // nothing to report from a destructor
+      }
+    }
     data_ = nullptr;
   }
 
   T* data_ = nullptr;
   std::size_t size_ = 0;
+  std::shared_ptr<backend::device_allocator> allocator_;  // null: cudaMalloc
 };
 
 }  // namespace detail

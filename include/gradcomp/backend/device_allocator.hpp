@@ -1,0 +1,53 @@
+/// \file backend/device_allocator.hpp
+/// Where backend::cuda takes its device memory: cudaMalloc by default, or the pool of
+/// the framework it runs in (PyTorch's caching allocator, RMM), as RMM's current
+/// device resource does. Plain C++: a host translation unit can install one.
+#pragma once
+
+#include <gradcomp/config.hpp>
+
+#include <cstddef>
+#include <memory>
+#include <mutex>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace backend {
+
+/// Allocates device memory for backend::cuda's state and workspace (the compressor's
+/// constructor, and the workspace of accumulate and the NCCL collectives). Memory is
+/// allocated on the current CUDA device.
+class device_allocator {
+ public:
+  virtual ~device_allocator() = default;
+  /// `bytes` (> 0) of device memory; throws if it cannot.
+  virtual void* allocate(std::size_t bytes) = 0;
+  /// Returns memory from allocate(); no work on it may still be queued.
+  virtual void deallocate(void* p, std::size_t bytes) noexcept = 0;
+};
+
+namespace detail_allocator {
+inline std::shared_ptr<device_allocator>& slot() {
+  static std::shared_ptr<device_allocator> current;
+  return current;
+}
+inline std::mutex& lock() {
+  static std::mutex m;
+  return m;
+}
+}  // namespace detail_allocator
+
+/// Makes `allocator` (nullptr: cudaMalloc) the one every later device allocation of
+/// gradcomp uses. Buffers already allocated keep the allocator they came from.
+inline void set_device_allocator(std::shared_ptr<device_allocator> allocator) {
+  const std::lock_guard<std::mutex> guard(detail_allocator::lock());
+  detail_allocator::slot() = std::move(allocator);
+}
+
+/// The allocator set_device_allocator installed (nullptr: cudaMalloc).
+inline std::shared_ptr<device_allocator> current_device_allocator() {
+  const std::lock_guard<std::mutex> guard(detail_allocator::lock());
+  return detail_allocator::slot();
+}
+
+}  // namespace backend
+GRADCOMP_NAMESPACE_END

@@ -1,0 +1,59 @@
+/// \file detail/cuda/exchange_memory.cuh
+/// How comm::cyclic_topk reads messages and adds sums when the transport moves device
+/// memory (comm::nccl, or torch.distributed on CUDA tensors). Not API.
+#pragma once
+
+#include <gradcomp/backend/cuda.cuh>
+#include <gradcomp/config.hpp>
+#include <gradcomp/detail/cuda/device_buffer.cuh>
+#include <gradcomp/detail/cuda/index_value.cuh>
+#include <gradcomp/detail/cuda/launch.cuh>
+#include <gradcomp/message.hpp>
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace detail {
+
+/// cyclic_topk's memory work on device buffers, queued on the backend's stream.
+class device_exchange_memory {
+ public:
+  explicit device_exchange_memory(const backend::cuda& be) : backend_(be), decoder_(be) {}
+
+  /// The first out.size() indices of the leader's message, which is raw32 coded: its
+  /// index section is that array, stored little-endian as the GPU reads it.
+  void indices_of(const message& m, std::span<std::uint32_t> out) const {
+    cuda_check(cudaMemcpyAsync(out.data(), m.bytes().data() + message_header::size, out.size_bytes(),
+                               cudaMemcpyDeviceToDevice, backend_.stream),
+               "cudaMemcpyAsync (leader's indices)");
+  }
+  /// The first out.size() values of a message, as the receiver decodes them.
+  void values_of(const message& m, std::span<float> out) {
+    decoder_.values(decoder_.check(m.bytes(), m.size(), "cyclic_topk"), out);
+  }
+  /// A host copy of `index`.
+  std::span<const std::uint32_t> on_host(std::span<const std::uint32_t> index) {
+    index_host_.resize(index.size());
+    backend_.to_host(index.data(), index.size(), index_host_.data());
+    return index_host_;
+  }
+  /// dense[index[j]] += scale * sums[j].
+  void add(std::span<const std::uint32_t> index, std::span<const float> sums, std::span<float> dense, float scale) const {
+    if (index.empty()) return;
+    cuda_messages::add_entries<<<cuda_launch::grid_for(index.size()), cuda_launch::block_threads, 0, backend_.stream>>>(
+        index.data(), sums.data(), index.size(), scale, dense.data());
+    cuda_check(cudaGetLastError(), "add_entries (launch)");
+  }
+
+ private:
+  backend::cuda backend_;
+  device_decoder decoder_;
+  std::vector<std::uint32_t> index_host_;
+};
+
+}  // namespace detail
+GRADCOMP_NAMESPACE_END

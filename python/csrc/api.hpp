@@ -1,0 +1,142 @@
+// What the Python module (module.cpp, which includes torch) and the compressor
+// instantiations (compressors_*.cpp / .cu, which include only gradcomp) share: a
+// compressor behind a virtual interface, the options that choose one, and the
+// collectives a transport (torch.distributed, called back through Python) offers.
+// Kept free of torch and pybind11 headers so that the instantiations compile quickly
+// and in parallel.
+#pragma once
+
+#include <gradcomp/encode/codings.hpp>
+#include <gradcomp/error.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace gradcomp_py {
+
+/// The keyword arguments of gradcomp.torch.Compressor, by name. Each policy takes its
+/// fields from here; finish() refuses the ones nobody took.
+class options {
+ public:
+  using value = std::variant<bool, std::int64_t, double, std::string>;
+
+  void set(const std::string& name, value v) { values_[name] = std::move(v); }
+  [[nodiscard]] bool has(const std::string& name) const { return values_.count(name) != 0; }
+
+  double number(const std::string& name, double fallback);
+  std::int64_t integer(const std::string& name, std::int64_t fallback);
+  /// A count or size: a non-negative integer.
+  std::size_t size(const std::string& name, std::size_t fallback);
+  bool flag(const std::string& name, bool fallback);
+  std::string text(const std::string& name, const std::string& fallback);
+  /// The seed of `role` ("selector" or "encoder"): `role.seed`, else `seed` if no
+  /// policy read before took it (the selector reads first).
+  std::uint64_t seed(const std::string& role, std::uint64_t fallback);
+  gradcomp::index_coding index_coding(const std::string& name, gradcomp::index_coding fallback);
+  gradcomp::value_coding value_coding(const std::string& name, gradcomp::value_coding fallback);
+
+  /// \throws gradcomp::error naming the first option no policy of `method` took.
+  void finish(const std::string& method) const;
+
+ private:
+  const value* take(const std::string& name);
+  std::map<std::string, value> values_;
+  std::set<std::string> taken_;
+};
+
+/// The collectives of a torch.distributed process group, each called back through
+/// Python, on the memory of the compressors that use them (host or CUDA device).
+struct transport {
+  int rank = 0;
+  int size = 1;
+  /// Every rank's `mine` (host memory, the same size everywhere) into `all`.
+  std::function<void(std::span<const std::byte> mine, std::span<std::byte> all)> all_gather;
+  /// Rank `root`'s indices into every rank's (compressor memory).
+  std::function<void(std::span<std::uint32_t> data, int root)> broadcast;
+  /// The sum over ranks, the same bits everywhere (compressor memory).
+  std::function<void(std::span<float> values, int root)> reduce_broadcast;
+};
+
+/// What one compress wrote.
+struct written {
+  std::size_t bytes = 0;
+  std::size_t count = 0;
+};
+
+class cyclic_exchange;
+
+/// A gradcomp::compressor of any policies on any backend. Pointers are in the
+/// backend's memory (host, or the CUDA device the compressor was made on).
+class any_compressor {
+ public:
+  virtual ~any_compressor() = default;
+
+  [[nodiscard]] virtual std::size_t size() const = 0;
+  [[nodiscard]] virtual std::size_t max_message_bytes() const = 0;
+  [[nodiscard]] virtual std::uint64_t step() const = 0;
+  /// The policies' names, as checkpoints record them.
+  [[nodiscard]] virtual std::string signature() const = 0;
+  [[nodiscard]] virtual bool on_device() const = 0;
+  /// The cudaStream_t the compressor's work is queued on (nullptr on the host).
+  [[nodiscard]] virtual void* stream() const { return nullptr; }
+
+  /// compress(), or stage() when `staged`.
+  virtual written compress(const float* grad, std::byte* out, std::size_t out_size, bool staged) = 0;
+  virtual void accept_staged() = 0;
+  [[nodiscard]] virtual bool has_staged() const = 0;
+  virtual void preview(const float* grad, float* out) = 0;
+
+  /// The selector's density, if it has one.
+  [[nodiscard]] virtual std::optional<double> density() const = 0;
+  virtual void set_density(double d) = 0;
+  virtual void set_indices(std::span<const std::uint32_t> indices) = 0;
+
+  [[nodiscard]] virtual std::string save_state() const = 0;
+  virtual void load_state(const std::string& record) = 0;
+  [[nodiscard]] virtual std::size_t state_arrays() const = 0;
+  [[nodiscard]] virtual std::vector<float> corrector_state(std::size_t a) const = 0;
+
+  /// ScaleCom's cyclic local top-k over `t` with this compressor (a given_indices
+  /// selector), the leader selecting with exact_topk at `leader_density`.
+  virtual std::unique_ptr<cyclic_exchange> cyclic(transport t, double leader_density) = 0;
+
+  /// Keeps `resource` (the compressor's stream) alive until after the compressor,
+  /// which the derived class destroys first.
+  void keep(std::shared_ptr<void> resource) { kept_ = std::move(resource); }
+
+ private:
+  std::shared_ptr<void> kept_;
+};
+
+/// comm::cyclic_topk behind a virtual interface.
+class cyclic_exchange {
+ public:
+  virtual ~cyclic_exchange() = default;
+  /// One step: dense += scale * the ranks' sum at the leader's indices; returns this
+  /// rank's message (written to `out`).
+  virtual written step(const float* grad, float* dense, std::size_t n, float scale, std::byte* out,
+                       std::size_t out_size) = 0;
+};
+
+/// Builds a compressor of `n` elements for `method` (a preset's name, or "compose" for
+/// the selector, corrector and encoder named in the options).
+std::unique_ptr<any_compressor> make_host(std::size_t n, const std::string& method, options& o);
+#if defined(GRADCOMP_PY_CUDA)
+/// The same on CUDA device `device`, ordered on a stream of its own (any_compressor::
+/// stream()), with its memory from torch's caching allocator.
+std::unique_ptr<any_compressor> make_cuda(std::size_t n, const std::string& method, options& o, int device);
+/// accumulate() of a message in device memory into `dense` (device memory), checked
+/// first, queued on `stream` (a cudaStream_t).
+void accumulate_cuda(std::span<const std::byte> message, float* dense, std::size_t n, float scale, void* stream);
+#endif
+
+}  // namespace gradcomp_py

@@ -1,0 +1,382 @@
+// gradcomp::compressor behind gradcomp_py::any_compressor, built from options: the
+// presets of gradcomp/presets.hpp by name, or a composition ("compose") of one selector,
+// one corrector (behind clip_norm when max_norm is given) and the index_value encoder.
+// Included by one translation unit per backend and selector (compressors_*.cpp/.cu),
+// each instantiating build<Backend, Selector> and nothing else.
+#pragma once
+
+#include "api.hpp"
+
+#include <gradcomp/comm/cyclic_topk.hpp>
+#include <gradcomp/gradcomp.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+namespace gradcomp_py {
+
+namespace gc = gradcomp;
+
+// -- the options a preset or policy takes ---------------------------------------------------
+
+template <class Selector>
+Selector read_selector(options& o, std::size_t n);
+
+template <>
+inline gc::select::exact_topk read_selector(options& o, std::size_t) {
+  const bool by_count = o.has("count") && !o.has("density");
+  return {.density = by_count ? 0.0 : o.number("density", 0.001), .count = o.size("count", 0)};
+}
+template <>
+inline gc::select::sampled_threshold read_selector(options& o, std::size_t) {
+  const gc::select::sampled_threshold d{};
+  return {.density = o.number("density", 0.001),
+          .sample_ratio = o.number("sample_ratio", d.sample_ratio),
+          .lower = static_cast<float>(o.number("lower", d.lower)),
+          .upper = static_cast<float>(o.number("upper", d.upper)),
+          .max_iters = static_cast<int>(o.integer("max_iters", d.max_iters)),
+          .seed = o.seed("selector", 0),
+          .truncate = o.flag("truncate", false),
+          .reuse_threshold = o.flag("reuse_threshold", false)};
+}
+template <>
+inline gc::select::chunk_local read_selector(options& o, std::size_t) {
+  return {.bin = o.size("bin", 50)};
+}
+template <>
+inline gc::select::random_k read_selector(options& o, std::size_t) {
+  return {.density = o.number("density", 0.001), .seed = o.seed("selector", 0), .unbiased = o.flag("unbiased", false)};
+}
+template <>
+inline gc::select::threshold read_selector(options& o, std::size_t) {
+  return {.tau = static_cast<float>(o.number("tau", 0.0))};
+}
+template <>
+inline gc::select::given_indices read_selector(options& o, std::size_t n) {
+  // max_count, or as many as exact_topk would choose at `density`.
+  if (o.has("max_count")) return {.max_count = o.size("max_count", 0)};
+  const gc::select::exact_topk at{.density = o.number("density", 0.001)};
+  at.validate(n);
+  return {.max_count = at.k(n)};
+}
+
+inline gc::encode::index_value read_encoder(options& o) {
+  gc::encode::index_value e{};
+  e.index = o.index_coding("index", e.index);
+  e.value = o.value_coding("value", e.value);
+  if (e.value == gc::value_coding::qsgd) {  // levels and seed are qsgd's alone
+    const std::size_t levels = o.size("levels", e.levels);
+    gc::detail::require(levels <= gc::detail::qsgd_max_levels, gc::errc::invalid_argument,
+                        "index_value: levels must be in [1, ", gc::detail::qsgd_max_levels, "], got ", levels);
+    e.levels = static_cast<std::uint32_t>(levels);
+    e.seed = o.seed("encoder", e.seed);
+  }
+  e.checksum = o.flag("checksum", false);
+  return e;
+}
+
+// -- the type-erased compressor ---------------------------------------------------------------
+
+/// The collectives that comm::cyclic_topk and detail::agree use, over a transport;
+/// the compressor's backend says in which memory the exchanged arrays live.
+template <class Backend>
+class transport_comm {
+ public:
+  transport_comm(transport t, const Backend& be) : t_(std::move(t)), backend_(be) {}
+  [[nodiscard]] int rank() const noexcept { return t_.rank; }
+  [[nodiscard]] int size() const noexcept { return t_.size; }
+  [[nodiscard]] const Backend& backend() const noexcept { return backend_; }
+  void all_gather(std::span<const std::byte> mine, std::span<std::byte> all) { t_.all_gather(mine, all); }
+  void broadcast(std::span<std::uint32_t> data, int root) { t_.broadcast(data, root); }
+  void reduce_broadcast(std::span<float> values, int root) { t_.reduce_broadcast(values, root); }
+
+ private:
+  transport t_;
+  Backend backend_;
+};
+
+/// What the models need of a backend beyond gradcomp's API: copies within its memory,
+/// its stream, and waiting for its work (specialised for backend::cuda in
+/// cuda/compressors_cuda.cuh).
+template <class Backend>
+struct backend_ops;
+
+template <>
+struct backend_ops<gc::backend::host> {
+  static void copy(const gc::backend::host&, const void* from, void* to, std::size_t bytes) {
+    if (bytes != 0) std::memcpy(to, from, bytes);
+  }
+  static void* stream(const gc::backend::host&) noexcept { return nullptr; }
+  static void wait(const gc::backend::host&) noexcept {}
+};
+
+template <class Compressor>
+class model final : public any_compressor {
+  using backend_type = typename Compressor::backend_type;
+  using selector_type = typename Compressor::selector_type;
+
+ public:
+  template <class Make>
+  explicit model(Make&& make) : c_(make()) {}
+  /// Nothing may still run on the compressor's memory when it goes back to the pool.
+  ~model() override { backend_ops<backend_type>::wait(c_.backend()); }
+
+  std::size_t size() const override { return c_.size(); }
+  std::size_t max_message_bytes() const override { return c_.max_message_bytes(); }
+  std::uint64_t step() const override { return c_.step(); }
+  std::string signature() const override {
+    return c_.selector().name() + ";" + c_.corrector().name() + ";" + c_.encoder().name();
+  }
+  bool on_device() const override { return requires { backend_type::device_memory; }; }
+  void* stream() const override { return backend_ops<backend_type>::stream(c_.backend()); }
+
+  written compress(const float* grad, std::byte* out, std::size_t out_size, bool staged) override {
+    const std::span<const float> g(grad, c_.size());
+    const std::span<std::byte> o(out, out_size);
+    const gc::message m = staged ? c_.stage(g, o) : c_.compress(g, o);
+    return {m.bytes().size(), m.count()};
+  }
+  void accept_staged() override { c_.accept_staged(); }
+  bool has_staged() const override { return c_.has_staged(); }
+  void preview(const float* grad, float* out) override {
+    const auto acc = c_.preview(std::span<const float>(grad, c_.size()));
+    copy_within_backend(acc.data(), out, acc.size());
+  }
+
+  std::optional<double> density() const override {
+    if constexpr (requires { c_.selector().density; }) {
+      if (c_.selector().density > 0.0) return c_.selector().density;
+    }
+    return std::nullopt;
+  }
+  void set_density(double d) override {
+    if constexpr (requires { c_.set_density(d); }) {
+      c_.set_density(d);
+    } else {
+      gc::detail::fail(gc::errc::invalid_argument, "set_density: ", c_.selector().name(), " has no density");
+    }
+  }
+  void set_indices(std::span<const std::uint32_t> indices) override {
+    if constexpr (requires { c_.set_indices(indices); }) {
+      c_.set_indices(indices);
+    } else {
+      gc::detail::fail(gc::errc::invalid_argument, "set_indices: ", c_.selector().name(),
+                       " chooses its own indices (given_indices takes them)");
+    }
+  }
+
+  std::string save_state() const override {
+    std::ostringstream out;
+    c_.save_state(out);
+    return out.str();
+  }
+  void load_state(const std::string& record) override {
+    std::istringstream in(record);
+    c_.load_state(in);
+  }
+  std::size_t state_arrays() const override { return Compressor::corrector_type::state_arrays; }
+  std::vector<float> corrector_state(std::size_t a) const override {
+    const auto s = c_.corrector_state(a);
+    return {s.begin(), s.end()};
+  }
+
+  std::unique_ptr<cyclic_exchange> cyclic(transport t, double leader_density) override;
+
+ private:
+  void copy_within_backend(const float* from, float* to, std::size_t count) const;
+
+  Compressor c_;
+};
+
+/// comm::cyclic_topk over a torch.distributed transport.
+template <class Compressor>
+class cyclic_model final : public cyclic_exchange {
+  using backend_type = typename Compressor::backend_type;
+
+ public:
+  cyclic_model(Compressor& c, transport t, double leader_density)
+      : comm_(std::move(t), c.backend()), exchange_(comm_, c, gc::select::exact_topk{.density = leader_density}) {}
+
+  written step(const float* grad, float* dense, std::size_t n, float scale, std::byte* out,
+               std::size_t out_size) override;
+
+ private:
+  transport_comm<backend_type> comm_;
+  gc::comm::cyclic_topk<gc::select::exact_topk, Compressor, transport_comm<backend_type>> exchange_;
+};
+
+template <class Compressor>
+void model<Compressor>::copy_within_backend(const float* from, float* to, std::size_t count) const {
+  backend_ops<backend_type>::copy(c_.backend(), from, to, count * sizeof(float));
+}
+
+template <class Compressor>
+written cyclic_model<Compressor>::step(const float* grad, float* dense, std::size_t n, float scale, std::byte* out,
+                                       std::size_t out_size) {
+  const gc::message m = exchange_.step(std::span<const float>(grad, n), std::span<float>(dense, n), scale);
+  gc::detail::require(m.bytes().size() <= out_size, gc::errc::buffer_too_small, "cyclic exchange: the message of ",
+                      m.bytes().size(), " bytes does not fit ", out_size);
+  backend_ops<backend_type>::copy(comm_.backend(), m.bytes().data(), out, m.bytes().size());
+  return {m.bytes().size(), m.count()};
+}
+
+template <class Compressor>
+std::unique_ptr<cyclic_exchange> model<Compressor>::cyclic(transport t, double leader_density) {
+  if constexpr (std::is_same_v<selector_type, gc::select::given_indices>) {
+    return std::make_unique<cyclic_model<Compressor>>(c_, std::move(t), leader_density);
+  } else {
+    gc::detail::fail(gc::errc::invalid_argument, "cyclic exchange: the compressor's selector is ",
+                     c_.selector().name(), "; ScaleCom's ranks compress at the leader's indices (method='scalecom')");
+  }
+}
+
+/// A model of whatever `make()` returns.
+template <class Make>
+std::unique_ptr<any_compressor> make_model(Make&& make) {
+  using compressor_type = std::invoke_result_t<Make&>;
+  return std::make_unique<model<compressor_type>>(std::forward<Make>(make));
+}
+
+// -- presets and compositions, one selector at a time -----------------------------------------
+
+/// The preset `method` if it uses `Selector`, or a composition with `Selector`.
+template <class Backend, class Selector>
+std::unique_ptr<any_compressor> build(const Backend& be, std::size_t n, const std::string& method, options& o) {
+  namespace presets = gc::presets;
+  using S = Selector;
+  if constexpr (std::is_same_v<S, gc::select::exact_topk>) {
+    if (method == "topk_ef") {
+      const presets::topk_ef_options p{.density = o.number("density", 0.001)};
+      return make_model([&] { return presets::topk_ef(be, n, p); });
+    }
+  }
+  if constexpr (std::is_same_v<S, gc::select::sampled_threshold> || std::is_same_v<S, gc::select::exact_topk>) {
+    if (method == "dgc") {
+      const presets::dgc_options d{};
+      const presets::dgc_options p{.density = o.number("density", d.density),
+                                   .momentum = static_cast<float>(o.number("momentum", d.momentum)),
+                                   .nesterov = o.flag("nesterov", d.nesterov),
+                                   .max_norm = static_cast<float>(o.number("max_norm", d.max_norm)),
+                                   .workers = static_cast<int>(o.integer("workers", d.workers)),
+                                   .seed = o.seed("selector", d.seed),
+                                   .reuse_threshold = o.flag("reuse_threshold", d.reuse_threshold)};
+      if constexpr (std::is_same_v<S, gc::select::exact_topk>) {  // dgc with selector="exact_topk"
+        return make_model([&] { return presets::dgc(be, n, p, gc::select::exact_topk{.density = p.density}); });
+      } else {
+        return make_model([&] { return presets::dgc(be, n, p); });
+      }
+    }
+  }
+  if constexpr (std::is_same_v<S, gc::select::chunk_local>) {
+    if (method == "adacomp") {
+      const presets::adacomp_options p{.bin = o.size("bin", 50)};
+      return make_model([&] { return presets::adacomp(be, n, p); });
+    }
+  }
+  if constexpr (std::is_same_v<S, gc::select::random_k>) {
+    if (method == "randomk_ef") {
+      const presets::randomk_ef_options p{.density = o.number("density", 0.001), .seed = o.seed("selector", 0)};
+      return make_model([&] { return presets::randomk_ef(be, n, p); });
+    }
+  }
+  if constexpr (std::is_same_v<S, gc::select::threshold>) {
+    if (method == "threshold_ef") {
+      const presets::threshold_ef_options p{.tau = static_cast<float>(o.number("tau", 0.0))};
+      return make_model([&] { return presets::threshold_ef(be, n, p); });
+    }
+  }
+  if constexpr (std::is_same_v<S, gc::select::given_indices>) {
+    if (method == "scalecom") {
+      const presets::scalecom_options p{.density = o.number("density", 0.001),
+                                        .beta = static_cast<float>(o.number("beta", 1.0))};
+      return make_model([&] { return presets::scalecom(be, n, p); });
+    }
+  }
+  // A composition.
+  const S selector = read_selector<S>(o, n);
+  const gc::encode::index_value encoder = read_encoder(o);
+  const std::string corrector = o.text("corrector", "none");
+  const auto with = [&](auto c) -> std::unique_ptr<any_compressor> {
+    if (o.has("max_norm")) {
+      const gc::correct::clip_norm clip{.max_norm = static_cast<float>(o.number("max_norm", 0.0)),
+                                        .workers = static_cast<int>(o.integer("workers", 1))};
+      if constexpr (decltype(c)::state_arrays == 0) {
+        gc::detail::fail(gc::errc::invalid_argument, "corrector ", c.name(),
+                         " cannot be chained behind clip_norm (max_norm): name a corrector with memory, or "
+                         "corrector='clip_norm'");
+      } else {
+        return make_model([&] { return gc::compressor{be, n, selector, gc::correct::chain{clip, c}, encoder}; });
+      }
+    }
+    return make_model([&] { return gc::compressor{be, n, selector, c, encoder}; });
+  };
+  if (corrector == "none") return with(gc::correct::none{});
+  if (corrector == "error_feedback") {
+    return with(gc::correct::error_feedback{.beta = static_cast<float>(o.number("beta", 1.0)),
+                                            .gamma = static_cast<float>(o.number("gamma", 1.0))});
+  }
+  if (corrector == "momentum") {
+    return with(gc::correct::momentum{.beta = static_cast<float>(o.number("beta", 0.9)),
+                                      .nesterov = o.flag("nesterov", false),
+                                      .masking = o.flag("masking", true)});
+  }
+  if (corrector == "low_pass") return with(gc::correct::low_pass{.beta = static_cast<float>(o.number("beta", 1.0))});
+  if (corrector == "clip_norm") {
+    const gc::correct::clip_norm clip{.max_norm = static_cast<float>(o.number("max_norm", 0.0)),
+                                      .workers = static_cast<int>(o.integer("workers", 1))};
+    return make_model([&] { return gc::compressor{be, n, selector, clip, encoder}; });
+  }
+  gc::detail::fail(gc::errc::invalid_argument, "corrector must be one of none, error_feedback, momentum, low_pass, "
+                                               "clip_norm; got '", corrector, "'");
+}
+
+// -- which selector a method uses ---------------------------------------------------------------
+
+/// Builds `method` for `n` elements on `be`, dispatching on its selector to the
+/// build<Backend, S> instantiated in that selector's translation unit, then refuses any
+/// option that no policy took.
+template <class Backend>
+std::unique_ptr<any_compressor> make(const Backend& be, std::size_t n, const std::string& method, options& o) {
+  std::string selector;
+  if (method == "topk_ef") selector = "exact_topk";
+  if (method == "dgc") selector = o.text("selector", "sampled_threshold");
+  if (method == "adacomp") selector = "chunk_local";
+  if (method == "randomk_ef") selector = "random_k";
+  if (method == "threshold_ef") selector = "threshold";
+  if (method == "scalecom") selector = "given_indices";
+  if (method == "compose") selector = o.text("selector", "");
+  gc::detail::require(!selector.empty() || method != "compose", gc::errc::invalid_argument,
+                      "method 'compose' needs selector=");
+  gc::detail::require(!selector.empty(), gc::errc::invalid_argument, "method must be one of topk_ef, dgc, adacomp, "
+                      "randomk_ef, threshold_ef, scalecom, compose; got '", method, "'");
+  gc::detail::require(method != "dgc" || selector == "sampled_threshold" || selector == "exact_topk",
+                      gc::errc::invalid_argument, "dgc's selector must be sampled_threshold or exact_topk, got '",
+                      selector, "'");
+  std::unique_ptr<any_compressor> made;
+  if (selector == "exact_topk") made = build<Backend, gc::select::exact_topk>(be, n, method, o);
+  else if (selector == "sampled_threshold") made = build<Backend, gc::select::sampled_threshold>(be, n, method, o);
+  else if (selector == "chunk_local") made = build<Backend, gc::select::chunk_local>(be, n, method, o);
+  else if (selector == "random_k") made = build<Backend, gc::select::random_k>(be, n, method, o);
+  else if (selector == "threshold") made = build<Backend, gc::select::threshold>(be, n, method, o);
+  else if (selector == "given_indices") made = build<Backend, gc::select::given_indices>(be, n, method, o);
+  else {
+    gc::detail::fail(gc::errc::invalid_argument, "selector must be one of exact_topk, sampled_threshold, "
+                     "chunk_local, random_k, threshold, given_indices; got '", selector, "'");
+  }
+  o.finish(method);
+  return made;
+}
+
+#define GRADCOMP_PY_EACH_SELECTOR(X) \
+  X(exact_topk)                      \
+  X(sampled_threshold)               \
+  X(chunk_local)                     \
+  X(random_k)                        \
+  X(threshold)                       \
+  X(given_indices)
+
+}  // namespace gradcomp_py

@@ -1,0 +1,8 @@
+// build<backend::host, select::random_k>, in a translation unit of its own (see compressors.hpp).
+#include "../compressors.hpp"
+
+namespace gradcomp_py {
+template std::unique_ptr<any_compressor> build<gc::backend::host, gc::select::random_k>(const gc::backend::host&,
+                                                                                     std::size_t, const std::string&,
+                                                                                     options&);
+}  // namespace gradcomp_py

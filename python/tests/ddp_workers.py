@@ -1,0 +1,217 @@
+"""What each rank of the DDP tests runs (in a spawned process; see test_ddp.py)."""
+import io
+import os
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import gradcomp
+from gradcomp.torch import ddp
+
+import reference
+
+
+class Bucket:
+    """What the hook reads of a torch GradBucket."""
+
+    def __init__(self, tensor, index=0, last=True):
+        self._tensor = tensor
+        self._index = index
+        self._last = last
+
+    def buffer(self):
+        return self._tensor
+
+    def index(self):
+        return self._index
+
+    def is_last(self):
+        return self._last
+
+
+def grad_of(rank, step, n, bucket=0):
+    g = torch.Generator().manual_seed(1000 * rank + 10 * step + bucket)
+    return torch.randn(n, generator=g) * torch.exp(torch.randn(n, generator=g))
+
+
+def run_hook(state, rank, step, n, bucket=0, last=True):
+    return ddp.hook(state, Bucket(grad_of(rank, step, n, bucket).clone(), bucket, last)).wait()
+
+
+def same_on_all_ranks(t):
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, t)
+    return all(torch.equal(p, t) for p in parts)
+
+
+def check_topk_against_reference(rank, world, density):
+    n = 3001
+    state = ddp.State(method="topk_ef", density=density, start_iter=2)
+    refs = [reference.TopkErrorFeedback(n) for _ in range(world)]
+    k = reference.k_for(density, n)
+    for step in range(7):
+        got = run_hook(state, rank, step, n)
+        if step < 2:  # dense all-reduce of the mean
+            want = sum(grad_of(r, step, n) for r in range(world)) / world
+            np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+        else:
+            want = np.zeros(n, dtype=np.float32)
+            for r in range(world):
+                idx, values = refs[r].step(grad_of(r, step, n).numpy(), k)
+                want[idx] += np.float32(1.0 / world) * values
+            np.testing.assert_array_equal(got.numpy(), want)
+            if density == 1.0:  # everything sent: the all-reduce mean
+                mean = sum(grad_of(r, step, n) for r in range(world)) / world
+                np.testing.assert_allclose(got.numpy(), mean.numpy(), rtol=1e-5, atol=1e-6)
+        assert same_on_all_ranks(got)
+    assert state.iter == 7
+
+
+def check_nan_on_one_rank(rank, world):
+    n = 2000
+    state = ddp.State(method="dgc", density=0.01, start_iter=0, max_norm=10.0)
+    twin = ddp.State(method="dgc", density=0.01, start_iter=0, max_norm=10.0)
+    for step in range(4):
+        g = grad_of(rank, step, n)
+        if step == 2:
+            before = {i: c.state_dict()["state"].clone() for i, c in state.compressors.items()}
+            bad = g.clone()
+            if rank == world - 1:
+                bad[17] = float("nan")
+            try:
+                ddp.hook(state, Bucket(bad))
+                raise AssertionError("the hook accepted a NaN")
+            except gradcomp.NonFiniteError as e:
+                text = str(e)
+            assert text == f"gradcomp: compress: grad[17] = nan is not finite (rank {world - 1} of {world})", text
+            for i, c in state.compressors.items():
+                assert torch.equal(c.state_dict()["state"], before[i])
+        got = ddp.hook(state, Bucket(g.clone())).wait()
+        want = ddp.hook(twin, Bucket(g.clone())).wait()
+        assert torch.equal(got, want)
+
+
+def check_scalecom_against_simulation(rank, world):
+    n, density, beta = 4001, 0.01, 0.5
+    state = ddp.State(method="scalecom", density=density, beta=beta, start_iter=0)
+    k = reference.k_for(density, n)
+    m = [np.zeros(n, dtype=np.float32) for _ in range(world)]
+    for step in range(6):
+        got = run_hook(state, rank, step, n)
+        acc = [(m[r] + grad_of(r, step, n).numpy()).astype(np.float32) for r in range(world)]
+        idx = reference.top_k(acc[step % world], k)
+        want = np.zeros(n, dtype=np.float64)
+        for r in range(world):
+            want[idx] += acc[r][idx].astype(np.float64) / world
+            sent = np.zeros(n, dtype=np.float32)
+            sent[idx] = acc[r][idx]
+            m[r] = ((1 - beta) * m[r] + beta * (acc[r] - sent)).astype(np.float32)
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-7)
+        assert np.count_nonzero(got.numpy()) <= k
+        assert same_on_all_ranks(got)
+    np.testing.assert_allclose(state.compressors[0].corrector_state(0).numpy(), m[rank], rtol=1e-6, atol=1e-7)
+
+
+def check_checkpoint_and_bucket_errors(rank, world):
+    n = [1000, 37]  # two buckets
+    state = ddp.State(method="dgc", density=0.05, start_iter=1)
+    uninterrupted = ddp.State(method="dgc", density=0.05, start_iter=1)
+    for step in range(3):
+        for b in range(2):
+            run_hook(state, rank, step, n[b], b, last=b == 1)
+            run_hook(uninterrupted, rank, step, n[b], b, last=b == 1)
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    restored = torch.load(buffer)
+    assert restored.process_group is None and restored.iter == 3
+    for step in range(3, 6):
+        for b in range(2):
+            assert torch.equal(run_hook(restored, rank, step, n[b], b, last=b == 1),
+                               run_hook(uninterrupted, rank, step, n[b], b, last=b == 1))
+    # A bucket whose size changed, on one rank: every rank raises the same error.
+    size = n[0] + (1 if rank == 0 else 0)
+    try:
+        ddp.hook(restored, Bucket(grad_of(rank, 9, size), 0))
+        raise AssertionError("a bucket of another size was accepted")
+    except gradcomp.InvalidArgumentError as e:
+        assert str(e) == f"gradcomp: ddp hook: the bucket has 1001 elements, expected 1000 (rank 0 of {world})", str(e)
+
+
+def check_real_ddp_training(rank, world):
+    torch.manual_seed(0)
+    # Large enough for several buckets (DDP's first bucket takes up to 1 MB).
+    model = torch.nn.Sequential(torch.nn.Linear(20, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 512), torch.nn.ReLU(),
+                                torch.nn.Linear(512, 4))
+    net = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1)
+    state = ddp.State(method="dgc", density=0.05, start_iter=2)
+    net.register_comm_hook(state, ddp.hook)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(256, 20, generator=g)
+    y = (x[:, :4] > 0).long().argmax(dim=1)
+    losses = []
+    for _ in range(30):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert state.iter == 30
+    assert len(state.compressors) >= 2, "the model's gradients span several buckets"
+    assert losses[-1] < 0.8 * losses[0], losses
+    for p in net.parameters():
+        assert torch.isfinite(p).all() and same_on_all_ranks(p.detach())
+    # A NaN in one rank's batch: backward raises on every rank, and no memory changes.
+    before = {i: c.state_dict()["state"].clone() for i, c in state.compressors.items()}
+    bad = x.clone()
+    if rank == 1:
+        bad[0, 0] = float("nan")
+    opt.zero_grad()
+    try:
+        torch.nn.functional.cross_entropy(net(bad), y).backward()
+        raise AssertionError("backward accepted a NaN")
+    except Exception as e:  # DDP's reducer may wrap the hook's gradcomp.NonFiniteError
+        assert "is not finite (rank 1 of" in str(e), str(e)
+    for i, c in state.compressors.items():
+        assert torch.equal(c.state_dict()["state"], before[i])
+
+
+def check_cuda_buckets(rank, world):
+    """The hook on CUDA buckets (gloo moves the bytes through host memory) gives what it
+    gives on CPU buckets, for an all-gather method and for ScaleCom."""
+    n = 30011
+    for method, options in (("topk_ef", {"density": 0.01}), ("dgc", {"density": 0.01, "max_norm": 5.0}),
+                            ("scalecom", {"density": 0.01, "beta": 0.5})):
+        on_gpu = ddp.State(method=method, start_iter=1, **options)
+        on_cpu = ddp.State(method=method, start_iter=1, **options)
+        for step in range(4):
+            g = grad_of(rank, step, n)
+            got = ddp.hook(on_gpu, Bucket(g.clone().cuda())).wait()
+            want = ddp.hook(on_cpu, Bucket(g.clone())).wait()
+            assert got.device.type == "cuda"
+            torch.testing.assert_close(got.cpu(), want, rtol=1e-6, atol=1e-7)
+
+
+SCENARIOS = {
+    "cuda": check_cuda_buckets,
+    "topk": lambda rank, world: check_topk_against_reference(rank, world, 0.01),
+    "allreduce": lambda rank, world: check_topk_against_reference(rank, world, 1.0),
+    "nan": check_nan_on_one_rank,
+    "scalecom": check_scalecom_against_simulation,
+    "checkpoint": check_checkpoint_and_bucket_errors,
+    "training": check_real_ddp_training,
+}
+
+
+def worker(rank, world, init_file, names):
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        for name in names:
+            SCENARIOS[name](rank, world)
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,59 @@
+"""Plain NumPy references for the tests: nothing here calls gradcomp."""
+import numpy as np
+
+
+def k_for(density, n):
+    """k = clamp(ceil(d n), 1, n)."""
+    return int(min(max(int(np.ceil(density * n)), 1), n))
+
+
+def top_k(x, k):
+    """The k entries of largest |x|, ties to the lower index, ascending."""
+    order = sorted(range(len(x)), key=lambda i: (-abs(float(x[i])), i))
+    return np.array(sorted(order[:k]), dtype=np.int64)
+
+
+class TopkErrorFeedback:
+    """e <- e + g; send the top-k of e; e_i <- 0 where sent."""
+
+    def __init__(self, n):
+        self.e = np.zeros(n, dtype=np.float32)
+
+    def step(self, g, k):
+        self.e = (self.e + g).astype(np.float32)
+        idx = top_k(self.e, k)
+        values = self.e[idx].copy()
+        self.e[idx] = 0.0
+        return idx, values
+
+
+class DgcExactTopk:
+    """DGC with exact top-k: clip to max_norm, momentum correction with masking, f16 values."""
+
+    def __init__(self, n, beta=0.9, max_norm=np.inf):
+        self.u = np.zeros(n, dtype=np.float32)
+        self.v = np.zeros(n, dtype=np.float32)
+        self.beta = np.float32(beta)
+        self.max_norm = max_norm
+
+    def step(self, g, k):
+        norm = np.sqrt(np.sum(g.astype(np.float64) ** 2))
+        scale = np.float32(self.max_norm / norm) if norm > self.max_norm else np.float32(1.0)
+        g = (g * scale).astype(np.float32)
+        self.u = (self.beta * self.u + g).astype(np.float32)
+        self.v = (self.v + self.u).astype(np.float32)
+        idx = top_k(self.v, k)
+        sent = self.v[idx].astype(np.float16).astype(np.float32)
+        self.v[idx] -= sent
+        self.u[idx] = 0.0
+        return idx, sent
+
+
+def adacomp(acc, g, bin_size):
+    """AdaComp's rule: i where |acc_i + g_i| >= max |acc| of its bin."""
+    h = acc + g
+    out = []
+    for start in range(0, len(acc), bin_size):
+        top = np.max(np.abs(acc[start:start + bin_size]))
+        out.extend(i for i in range(start, min(start + bin_size, len(acc))) if abs(h[i]) >= top)
+    return np.array(out, dtype=np.int64)

@@ -1,0 +1,118 @@
+"""gradcomp.torch on CUDA tensors: the same bytes as on the CPU, on torch's current
+stream, with memory from torch's caching allocator. Skipped without a GPU."""
+import io
+
+import numpy as np
+import pytest
+import torch
+
+import gradcomp
+from gradcomp import _C
+from gradcomp.torch import Compressor, accumulate, decode
+
+pytestmark = pytest.mark.cuda
+
+CASES = [
+    ("topk_ef", {"density": 0.01}),
+    ("dgc", {"density": 0.01, "max_norm": 3.0}),
+    ("dgc", {"density": 0.01, "selector": "exact_topk", "reuse_threshold": True}),
+    ("adacomp", {"bin": 50}),
+    ("randomk_ef", {"density": 0.02, "seed": 3}),
+    ("threshold_ef", {"tau": 2.0}),
+    ("compose", {"selector": "exact_topk", "corrector": "low_pass", "beta": 0.5, "value": "qsgd", "levels": 5}),
+    ("compose", {"selector": "sampled_threshold", "corrector": "momentum", "nesterov": True, "value": "int8",
+                 "index": "delta_bitpack", "checksum": True}),
+]
+
+
+def gradient(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, generator=g) * torch.exp(torch.randn(n, generator=g))
+
+
+def test_the_build_has_cuda():
+    assert _C.cuda, "gradcomp was built without CUDA against a CUDA torch"
+
+
+@pytest.mark.parametrize("method,options", CASES)
+def test_cuda_messages_and_state_equal_the_cpu(method, options):
+    n = 100003
+    cpu = Compressor(n, method, **options)
+    gpu = Compressor(n, method, device="cuda", **options)
+    for step in range(4):
+        g = gradient(n, step)
+        want = cpu.compress(g)
+        got = gpu.compress(g.cuda())
+        assert got.device.type == "cuda"
+        assert torch.equal(got.cpu(), want)
+        assert torch.equal(gpu.preview(g.cuda()).cpu(), cpu.preview(g))
+    for a in range(cpu._impl.state_arrays):
+        assert torch.equal(gpu.corrector_state(a).cpu(), cpu.corrector_state(a))
+    # checkpoints move between devices
+    buffer = io.BytesIO()
+    torch.save(gpu.state_dict(), buffer)
+    buffer.seek(0)
+    back = Compressor(n, method, **options)
+    back.load_state_dict(torch.load(buffer))
+    g = gradient(n, 9)
+    assert torch.equal(back.compress(g), gpu.compress(g.cuda()).cpu())
+
+
+def test_decode_and_accumulate_on_cuda():
+    n = 50000
+    c = Compressor(n, "topk_ef", density=0.01, device="cuda")
+    m = c.compress(gradient(n, 1).cuda())
+    idx, values, size = decode(m)
+    assert idx.device.type == "cuda" and values.device.type == "cuda" and size == n
+    dense = torch.full((n,), 0.5, device="cuda")
+    accumulate(m, dense, 0.25)
+    want = torch.full((n,), 0.5)
+    want[idx.cpu()] += 0.25 * values.cpu()
+    assert torch.equal(dense.cpu(), want)
+    bad = m.clone()
+    bad[60] ^= 0xFF
+    before = dense.clone()
+    with pytest.raises(gradcomp.CorruptMessageError):
+        accumulate(bad, dense)
+    assert torch.equal(dense, before)
+
+
+def test_bad_tensors_on_cuda():
+    c = Compressor(1000, "topk_ef", device="cuda")
+    with pytest.raises(gradcomp.InvalidArgumentError, match="grad is on cpu, expected cuda:0"):
+        c.compress(torch.randn(1000))
+    before = c.state_dict()["state"].clone()
+    g = torch.randn(1000, device="cuda")
+    g[5] = float("nan")
+    with pytest.raises(gradcomp.NonFiniteError, match=r"grad\[5\] = nan is not finite"):
+        c.compress(g)
+    assert torch.equal(c.state_dict()["state"], before)
+
+
+def test_ordered_on_torchs_current_stream():
+    n = 1 << 22
+    c = Compressor(n, "topk_ef", density=0.001, device="cuda")
+    ref = Compressor(n, "topk_ef", density=0.001)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        for step in range(3):
+            g = torch.randn(n, device="cuda") * (step + 1)  # queued on the side stream
+            m = c.compress(g)                               # must see it finished
+            m2 = m.clone()                                  # and finish before this
+            assert torch.equal(m2.cpu(), ref.compress(g.cpu()))
+
+
+def test_state_memory_comes_from_torchs_allocator():
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    c = Compressor(1 << 22, "dgc", density=0.01, device="cuda")
+    assert torch.cuda.memory_allocated() - before >= 3 * 4 * (1 << 22)  # u, v and their next copies at least
+    del c
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
+
+
+def test_ddp_hook_on_cuda_buckets(tmp_path):
+    import test_ddp
+
+    test_ddp.spawn(2, ["cuda"], tmp_path)
