@@ -10,6 +10,12 @@ include_guard(GLOBAL)
 set(GRADCOMP_KOKKOS_FOUND FALSE)
 
 if(NOT TARGET gradcomp_kokkos_dependency)
+  # Debian's (Trilinos) Kokkos refuses GNU extensions and would force them off with a
+  # warning; gradcomp needs standard C++20 anyway, so say it here, once, plainly.
+  if(NOT DEFINED CMAKE_CXX_EXTENSIONS)
+    message(STATUS "gradcomp: building with CMAKE_CXX_EXTENSIONS OFF (-std=c++20), as Kokkos requires")
+    set(CMAKE_CXX_EXTENSIONS OFF)
+  endif()
   set(_gradcomp_kokkos_link "")
   find_package(Kokkos QUIET CONFIG)
   if(Kokkos_FOUND AND TARGET Kokkos::kokkos)

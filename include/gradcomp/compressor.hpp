@@ -41,10 +41,10 @@ class compressor {
   static constexpr bool on_device = requires { Backend::device_memory; };
 
  public:
-  using backend_type = Backend;
-  using selector_type = Selector;
-  using corrector_type = Corrector;
-  using encoder_type = Encoder;
+  using backend_type = Backend;      ///< where it runs
+  using selector_type = Selector;    ///< which entries are sent
+  using corrector_type = Corrector;  ///< what is remembered
+  using encoder_type = Encoder;      ///< how messages are written
 
   /// \throws gradcomp::error if n is 0 or above 2^32 - 1, or a policy's parameters are invalid.
   compressor(Backend backend, std::size_t n, Selector selector, Corrector corrector = {}, Encoder encoder = {})
@@ -76,10 +76,13 @@ class compressor {
     return correct_.committed(a);
   }
 
-  [[nodiscard]] const Backend& backend() const noexcept { return backend_; }
-  [[nodiscard]] const Selector& selector() const noexcept { return selector_; }
-  [[nodiscard]] const Corrector& corrector() const noexcept { return corrector_; }
-  [[nodiscard]] const Encoder& encoder() const noexcept { return encoder_; }
+  /// \name The policies in force
+  /// @{
+  [[nodiscard]] const Backend& backend() const noexcept { return backend_; }      ///< the backend
+  [[nodiscard]] const Selector& selector() const noexcept { return selector_; }   ///< the selector
+  [[nodiscard]] const Corrector& corrector() const noexcept { return corrector_; }  ///< the corrector
+  [[nodiscard]] const Encoder& encoder() const noexcept { return encoder_; }      ///< the encoder
+  /// @}
 
   /// Runs one step: updates the corrector's memory with `grad`, selects, encodes into
   /// `out` and commits what was sent.
@@ -424,10 +427,13 @@ class compressor {
   bool staged_ = false;  // a stage()d step waits for accept_staged()
 };
 
+/// Deduces a compressor with correct::none and encode::index_value.
 template <class Backend, class Selector>
 compressor(Backend, std::size_t, Selector) -> compressor<Backend, Selector>;
+/// Deduces a compressor with encode::index_value.
 template <class Backend, class Selector, class Corrector>
 compressor(Backend, std::size_t, Selector, Corrector) -> compressor<Backend, Selector, Corrector>;
+/// Deduces a compressor of all four.
 template <class Backend, class Selector, class Corrector, class Encoder>
 compressor(Backend, std::size_t, Selector, Corrector, Encoder) -> compressor<Backend, Selector, Corrector, Encoder>;
 

@@ -38,6 +38,7 @@ constexpr const char* to_string(errc code) noexcept {
 /// offending parameter and its value; the call that threw changed no output and no state.
 class error : public std::runtime_error {
  public:
+  /// An error of `code` whose message is "gradcomp: " followed by `what`.
   error(errc code, const std::string& what) : std::runtime_error("gradcomp: " + what), code_(code) {}
   /// The category of the failure.
   [[nodiscard]] errc code() const noexcept { return code_; }

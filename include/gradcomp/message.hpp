@@ -40,23 +40,23 @@ GRADCOMP_NAMESPACE_BEGIN
 
 /// The fixed part of every message.
 struct message_header {
-  static constexpr std::uint32_t magic = 0x504D4347u;  // "GCMP" read as little-endian u32
-  static constexpr std::uint16_t version = 1;
-  static constexpr std::size_t size = 56;
-  static constexpr std::uint32_t flag_checksum = 1u;
+  static constexpr std::uint32_t magic = 0x504D4347u;  ///< "GCMP" read as little-endian u32
+  static constexpr std::uint16_t version = 1;          ///< the format version this build writes and reads
+  static constexpr std::size_t size = 56;              ///< bytes of the header
+  static constexpr std::uint32_t flag_checksum = 1u;   ///< flags bit: a CRC-32C is present
   /// Largest dense length a message can describe: indices are 32-bit.
   static constexpr std::uint64_t max_n = std::numeric_limits<std::uint32_t>::max();
 
-  index_coding index = index_coding::raw32;
-  value_coding value = value_coding::f32;
-  std::uint32_t flags = 0;
-  std::uint32_t checksum = 0;
-  std::uint64_t n = 0;
-  std::uint64_t count = 0;
-  std::uint64_t index_bytes = 0;
-  std::uint64_t value_bytes = 0;
-  float value_param = 0.0f;
-  std::uint32_t codec_param = 0;
+  index_coding index = index_coding::raw32;  ///< how the index section is written
+  value_coding value = value_coding::f32;    ///< how the value section is written
+  std::uint32_t flags = 0;                   ///< flag_checksum, or 0
+  std::uint32_t checksum = 0;                ///< CRC-32C of the message with this field read as 0
+  std::uint64_t n = 0;                       ///< elements of the dense tensor
+  std::uint64_t count = 0;                   ///< entries in the message
+  std::uint64_t index_bytes = 0;             ///< bytes of the index section
+  std::uint64_t value_bytes = 0;             ///< bytes of the value section
+  float value_param = 0.0f;                  ///< the value coding's scale (int8, ternary) or norm (qsgd)
+  std::uint32_t codec_param = 0;             ///< qsgd's levels
 };
 
 /// A compressed tensor as produced by compressor::compress: a view of the caller's
@@ -64,6 +64,7 @@ struct message_header {
 class message {
  public:
   message() = default;
+  /// A view of the message at `bytes`, of `count` entries of a tensor of n elements.
   message(std::span<const std::byte> bytes, std::size_t n, std::size_t count) noexcept
       : bytes_(bytes), n_(n), count_(count) {}
 

@@ -56,6 +56,7 @@ auto dgc(Backend backend, std::size_t n, const dgc_options& o = {}) {
 struct adacomp_options {
   std::size_t bin = 50;  ///< 50 for fully-connected/recurrent layers, 500 for convolutions
 };
+/// AdaComp on `backend` for a tensor of n elements.
 template <class Backend>
 auto adacomp(Backend backend, std::size_t n, const adacomp_options& o = {}) {
   return compressor{backend, n, select::chunk_local{.bin = o.bin}, correct::error_feedback{},
@@ -64,8 +65,9 @@ auto adacomp(Backend backend, std::size_t n, const adacomp_options& o = {}) {
 
 /// Top-k with residual memory, as in the GRACE framework.
 struct topk_ef_options {
-  double density = 0.001;
+  double density = 0.001;  ///< fraction sent, in (0, 1]
 };
+/// Top-k with error feedback on `backend` for a tensor of n elements.
 template <class Backend>
 auto topk_ef(Backend backend, std::size_t n, const topk_ef_options& o = {}) {
   return compressor{backend, n, select::exact_topk{.density = o.density}, correct::error_feedback{},
@@ -74,9 +76,10 @@ auto topk_ef(Backend backend, std::size_t n, const topk_ef_options& o = {}) {
 
 /// Random-k with residual memory; workers sharing `seed` send the same indices.
 struct randomk_ef_options {
-  double density = 0.001;
-  std::uint64_t seed = 0;
+  double density = 0.001;  ///< fraction sent, in (0, 1]
+  std::uint64_t seed = 0;  ///< shared by the workers that must pick the same indices
 };
+/// Random-k with error feedback on `backend` for a tensor of n elements.
 template <class Backend>
 auto randomk_ef(Backend backend, std::size_t n, const randomk_ef_options& o = {}) {
   return compressor{backend, n, select::random_k{.density = o.density, .seed = o.seed}, correct::error_feedback{},
@@ -85,8 +88,9 @@ auto randomk_ef(Backend backend, std::size_t n, const randomk_ef_options& o = {}
 
 /// A fixed magnitude threshold with residual memory.
 struct threshold_ef_options {
-  float tau = 0.0f;
+  float tau = 0.0f;  ///< magnitude threshold, finite and >= 0
 };
+/// A fixed threshold with error feedback on `backend` for a tensor of n elements.
 template <class Backend>
 auto threshold_ef(Backend backend, std::size_t n, const threshold_ef_options& o) {
   return compressor{backend, n, select::threshold{.tau = o.tau}, correct::error_feedback{},

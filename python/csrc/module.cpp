@@ -138,7 +138,10 @@ gradcomp_py::transport transport_of(const py::object& t, const torch::Device& de
   const auto in_order = [device, stream](auto&& call) {
 #if defined(GRADCOMP_PY_CUDA)
     if (device.is_cuda()) {
-      gradcomp::detail::cuda_check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
+      const cudaError_t synced = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+      if (synced != cudaSuccess) {
+        gc::detail::fail(gc::errc::device, "cudaStreamSynchronize failed: ", cudaGetErrorString(synced));
+      }
       call();
       at::cuda::getCurrentCUDAStream().synchronize();
       return;

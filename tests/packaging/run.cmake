@@ -1,9 +1,10 @@
 # Builds and runs a consumer project against gradcomp, as a user would.
-#   -DMODE=find_package|find_package_kokkos|add_subdirectory -DSOURCE=<gradcomp source> -DBUILD=<gradcomp build>
+#   -DMODE=find_package|find_package_kokkos|add_subdirectory|unknown_component -DSOURCE=<gradcomp source>
+#   -DBUILD=<gradcomp build>
 #   -DWORK=<scratch dir> -DCXX=<compiler>
 file(REMOVE_RECURSE ${WORK})
 set(args -DCMAKE_CXX_COMPILER=${CXX})
-if(MODE MATCHES "^find_package")
+if(MODE MATCHES "^find_package|^unknown_component")
   execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD} --prefix ${WORK}/prefix RESULT_VARIABLE rc)
   if(rc)
     message(FATAL_ERROR "installing gradcomp failed")
@@ -11,6 +12,14 @@ if(MODE MATCHES "^find_package")
   list(APPEND args -DCMAKE_PREFIX_PATH=${WORK}/prefix -DGRADCOMP_SOURCE_DIR=${SOURCE})
 else()
   list(APPEND args -DGRADCOMP_SOURCE_DIR=${SOURCE})
+endif()
+if(MODE STREQUAL "unknown_component")  # configuring must fail, and say why
+  execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE}/tests/packaging/${MODE} -B ${WORK}/build ${args}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc OR NOT err MATCHES "gradcomp has no component .cuda.:.*The CUDA backend needs no[ \n]+component")
+    message(FATAL_ERROR "find_package(gradcomp COMPONENTS cuda) did not fail naming the component:\n${out}${err}")
+  endif()
+  return()
 endif()
 foreach(step IN ITEMS configure build run)
   if(step STREQUAL "configure")
@@ -20,8 +29,11 @@ foreach(step IN ITEMS configure build run)
   else()
     set(cmd ${WORK}/build/consumer)
   endif()
-  execute_process(COMMAND ${cmd} RESULT_VARIABLE rc)
+  execute_process(COMMAND ${cmd} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(rc)
-    message(FATAL_ERROR "${MODE} consumer: ${step} failed (${rc})")
+    message(FATAL_ERROR "${MODE} consumer: ${step} failed (${rc}):\n${out}${err}")
+  endif()
+  if(step STREQUAL "configure" AND err MATCHES "does not support CXX extensions")
+    message(FATAL_ERROR "${MODE} consumer: configuring warns about CXX extensions:\n${err}")
   endif()
 endforeach()

@@ -105,3 +105,4 @@ GRADCOMP_NAMESPACE_END
 #include <gradcomp/detail/cuda/random_k.cuh>
 #include <gradcomp/detail/cuda/sampled_threshold.cuh>
 #include <gradcomp/detail/cuda/threshold.cuh>
+#include <gradcomp/device_messages.cuh>

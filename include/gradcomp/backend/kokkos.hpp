@@ -7,8 +7,56 @@
 /// written to and read from host memory, where the communication layer wants them.
 #pragma once
 
-#include <gradcomp/detail/kokkos/space.hpp>
+#include <gradcomp/config.hpp>
+#include <gradcomp/error.hpp>
 
+#include <Kokkos_Core.hpp>
+
+#include <cstddef>
+#include <span>
+#include <string>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace backend {
+
+/// gradcomp on a Kokkos execution space instance (its stream, on Kokkos::Cuda).
+template <class ExecSpace = Kokkos::DefaultExecutionSpace>
+struct kokkos {
+  using execution_space = ExecSpace;                      ///< where kernels run
+  using memory_space = typename ExecSpace::memory_space;  ///< where state and workspace live
+
+  ExecSpace space{};  ///< the instance every kernel runs on
+
+  /// Owning, contiguous storage in the space's memory.
+  template <class T>
+  using buffer = Kokkos::View<T*, memory_space>;
+
+  /// Allocates `count` zero-initialised elements.
+  template <class T>
+  [[nodiscard]] buffer<T> allocate(std::size_t count) const {
+    buffer<T> b(Kokkos::view_alloc(std::string("gradcomp"), space), count);
+    space.fence();
+    return b;
+  }
+};
+
+}  // namespace backend
+
+/// The contiguous memory of a rank-1 View as a span (in the View's memory space).
+/// \throws gradcomp::error if the View is not contiguous (e.g. a strided subview).
+template <class View>
+auto as_span(const View& v) {
+  static_assert(Kokkos::is_view<View>::value, "gradcomp::as_span: the argument must be a Kokkos::View");
+  static_assert(View::rank == 1, "gradcomp::as_span: only rank-1 Views hold a gradient or a dense tensor");
+  detail::require(v.span_is_contiguous(), errc::invalid_argument, "as_span: View \"", v.label(),
+                  "\" is not contiguous (a strided layout or subview); copy it into a contiguous View first");
+  return std::span<typename View::value_type>(v.data(), v.extent(0));
+}
+
+GRADCOMP_NAMESPACE_END
+
+
+// The engines, after the backend type they specialise for (they include this header too).
 #include <gradcomp/detail/kokkos/correctors.hpp>
 #include <gradcomp/detail/kokkos/index_value.hpp>
 #include <gradcomp/detail/kokkos/selectors.hpp>

@@ -32,9 +32,9 @@ class mpi {
     MPI_Comm_size(comm_, &size_);
   }
 
-  [[nodiscard]] int rank() const noexcept { return rank_; }
-  [[nodiscard]] int size() const noexcept { return size_; }
-  [[nodiscard]] MPI_Comm communicator() const noexcept { return comm_; }
+  [[nodiscard]] int rank() const noexcept { return rank_; }                 ///< this process's rank
+  [[nodiscard]] int size() const noexcept { return size_; }                 ///< ranks in the communicator
+  [[nodiscard]] MPI_Comm communicator() const noexcept { return comm_; }  ///< the communicator
 
   /// Sparse all-gather: `dense += scale * sum over ranks of decode(message of rank r)`,
   /// ranks in order, identically on every rank. Messages may differ in size and count
@@ -109,6 +109,7 @@ class mpi {
 
   /// \name Collectives that comm::cyclic_topk and the agreement build on (host memory)
   /// @{
+
   /// Every rank's `mine` (the same size on every rank) into `all`, in rank order.
   void all_gather(std::span<const std::byte> mine, std::span<std::byte> all) {
     MPI_Allgather(mine.data(), mpi_count(mine.size()), MPI_BYTE, all.data(), mpi_count(mine.size()), MPI_BYTE, comm_);

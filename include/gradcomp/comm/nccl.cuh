@@ -62,8 +62,8 @@ class nccl {
     detail::nccl_check(ncclCommCount(comm_, &size_), "ncclCommCount");
   }
 
-  [[nodiscard]] int rank() const noexcept { return rank_; }
-  [[nodiscard]] int size() const noexcept { return size_; }
+  [[nodiscard]] int rank() const noexcept { return rank_; }  ///< this GPU's rank
+  [[nodiscard]] int size() const noexcept { return size_; }  ///< ranks in the communicator
   /// The backend whose stream every collective is queued on.
   [[nodiscard]] const backend::cuda& backend() const noexcept { return backend_; }
 
@@ -146,6 +146,7 @@ class nccl {
   /// \name Collectives that comm::cyclic_topk and the agreement build on (each returns
   /// once the host may rely on its result)
   /// @{
+
   /// Every rank's `mine` (host memory, the same size on every rank) into `all` (host
   /// memory), in rank order.
   void all_gather(std::span<const std::byte> mine, std::span<std::byte> all) {

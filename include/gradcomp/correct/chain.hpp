@@ -25,26 +25,30 @@ concept gradient_transform = C::state_arrays == 0 && requires(const C& c, double
 template <class... Parts>
 struct chain {
   static_assert(sizeof...(Parts) >= 1, "gradcomp: chain needs at least one corrector");
+  /// The stateful corrector at the end of the chain.
   using last_type = std::tuple_element_t<sizeof...(Parts) - 1, std::tuple<Parts...>>;
 
-  std::tuple<Parts...> parts;
+  std::tuple<Parts...> parts;  ///< the transforms, then the stateful corrector
 
+  /// Chains `p` in order: every part but the last must be a gradient_transform.
   chain(Parts... p) : parts(p...) {  // NOLINT: implicit so that chain{a, b} deduces
     static_assert(all_but_last_are_transforms(std::index_sequence_for<Parts...>{}),
                   "gradcomp: every corrector of a chain but the last must be a gradient transform (clip_norm)");
   }
 
-  static constexpr std::size_t state_arrays = last_type::state_arrays;
-  static constexpr int acc_state = last_type::acc_state;
+  static constexpr std::size_t state_arrays = last_type::state_arrays;  ///< the last part's memory
+  static constexpr int acc_state = last_type::acc_state;  ///< which state array acc is (-1: its own)
   /// Whether any part scales the gradient (the engine then computes ||g|| first).
   static constexpr bool scales_gradient = (gradient_transform<Parts> || ...);
 
+  /// The policy's name, as checkpoints and messages of errors record it.
   [[nodiscard]] std::string name() const {
     std::string out = "chain(";
     std::apply([&](const auto&... p) { ((out += p.name() + ","), ...); }, parts);
     out.back() = ')';
     return out;
   }
+  /// Validates every part.
   void validate() const {
     std::apply([](const auto&... p) { (p.validate(), ...); }, parts);
   }
@@ -58,10 +62,14 @@ struct chain {
     scale_through(sum_of_squares, factor, std::index_sequence_for<Parts...>{});
     return factor;
   }
+  /// One element of the update: `s` holds the state arrays' values (old in, new out); returns acc.
   GRADCOMP_HOST_DEVICE float update(float* s, float g) const noexcept { return last().update(s, g); }
+  /// One sent element: `s` holds the updated state, `old` the state before the step, `sent` the
+  /// value as the receiver decodes it.
   GRADCOMP_HOST_DEVICE void commit(float* s, const float* old, float acc, float sent) const noexcept {
     last().commit(s, old, acc, sent);
   }
+  /// The stateful corrector.
   GRADCOMP_HOST_DEVICE const last_type& last() const noexcept { return std::get<sizeof...(Parts) - 1>(parts); }
   /// The stateful corrector's bound (the transforms only shrink g).
   [[nodiscard]] double magnitude_bound(const double* state_max, double g_max) const noexcept

@@ -20,10 +20,11 @@ struct clip_norm {
   float max_norm = 0.0f;  ///< global clipping threshold, > 0 (infinity disables)
   int workers = 1;        ///< workers sharing the threshold, >= 1
 
-  static constexpr std::size_t state_arrays = 0;
+  static constexpr std::size_t state_arrays = 0;  ///< no memory: a transform
   static constexpr int acc_state = -1;  ///< acc is kept in its own array
-  static constexpr bool scales_gradient = true;
+  static constexpr bool scales_gradient = true;  ///< needs ||g|| before the update
 
+  /// The policy's name, as checkpoints and messages of errors record it.
   [[nodiscard]] std::string name() const { return "clip_norm"; }
 
   /// \throws gradcomp::error if max_norm is not > 0 or workers < 1.
@@ -42,7 +43,10 @@ struct clip_norm {
     return norm > limit ? static_cast<float>(limit / norm) : 1.0f;
   }
 
+  /// One element of the update: `s` holds the state arrays' values (old in, new out); returns acc.
   GRADCOMP_HOST_DEVICE float update(float* /*s*/, float g) const noexcept { return g; }
+  /// One sent element: `s` holds the updated state, `old` the state before the step, `sent` the
+  /// value as the receiver decodes it.
   GRADCOMP_HOST_DEVICE void commit(float*, const float*, float, float) const noexcept {}
 };
 

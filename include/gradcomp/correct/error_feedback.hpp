@@ -22,6 +22,7 @@ struct error_feedback {
   static constexpr std::size_t state_arrays = 1;  ///< e
   static constexpr int acc_state = 0;             ///< acc is the updated e
 
+  /// The policy's name, as checkpoints and messages of errors record it.
   [[nodiscard]] std::string name() const { return "error_feedback"; }
 
   /// \throws gradcomp::error if beta or gamma is not finite.

@@ -20,6 +20,7 @@ struct low_pass {
   static constexpr std::size_t state_arrays = 1;  ///< m
   static constexpr int acc_state = -1;            ///< acc = m + g differs from m: own array
 
+  /// The policy's name, as checkpoints and messages of errors record it.
   [[nodiscard]] std::string name() const { return "low_pass"; }
 
   /// \throws gradcomp::error if beta is outside (0, 1].
@@ -28,11 +29,14 @@ struct low_pass {
                     beta);
   }
 
+  /// One element of the update: `s` holds the state arrays' values (old in, new out); returns acc.
   GRADCOMP_HOST_DEVICE float update(float* s, float g) const noexcept {
     const float acc = s[0] + g;
     s[0] = (1.0f - beta) * s[0] + beta * acc;  // the unsent case, sent = 0
     return acc;
   }
+  /// One sent element: `s` holds the updated state, `old` the state before the step, `sent` the
+  /// value as the receiver decodes it.
   GRADCOMP_HOST_DEVICE void commit(float* s, const float* old, float acc, float sent) const noexcept {
     s[0] = (1.0f - beta) * old[0] + beta * (acc - sent);
   }

@@ -26,6 +26,7 @@ struct momentum {
   static constexpr std::size_t state_arrays = 2;  ///< u, v
   static constexpr int acc_state = 1;             ///< acc is the updated v
 
+  /// The policy's name, as checkpoints and messages of errors record it.
   [[nodiscard]] std::string name() const { return nesterov ? "momentum(nesterov)" : "momentum"; }
 
   /// \throws gradcomp::error if beta is not finite.
@@ -33,6 +34,7 @@ struct momentum {
     detail::require(std::isfinite(beta), errc::invalid_argument, "momentum: beta must be finite, got ", beta);
   }
 
+  /// One element of the update: `s` holds the state arrays' values (old in, new out); returns acc.
   GRADCOMP_HOST_DEVICE float update(float* s, float g) const noexcept {
     if (nesterov) {
       s[0] = beta * (s[0] + g);
@@ -49,6 +51,8 @@ struct momentum {
     const double b = std::fabs(static_cast<double>(beta));
     return nesterov ? state_max[1] + b * (state_max[0] + g_max) + g_max : state_max[1] + b * state_max[0] + g_max;
   }
+  /// One sent element: `s` holds the updated state, `old` the state before the step, `sent` the
+  /// value as the receiver decodes it.
   GRADCOMP_HOST_DEVICE void commit(float* s, const float* /*old*/, float /*acc*/, float sent) const noexcept {
     s[1] -= sent;
     if (masking) s[0] = 0.0f;

@@ -12,8 +12,10 @@ namespace correct {
 
 /// acc = g; nothing is remembered, so what is not sent is lost.
 struct none {
-  static constexpr std::size_t state_arrays = 0;
+  static constexpr std::size_t state_arrays = 0;  ///< no memory
+  /// The policy's name, as checkpoints and messages of errors record it.
   [[nodiscard]] std::string name() const { return "none"; }
+  /// Nothing to check.
   void validate() const noexcept {}
 };
 

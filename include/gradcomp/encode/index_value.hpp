@@ -25,6 +25,7 @@ struct index_value {
   std::uint64_t seed = 0;     ///< qsgd: seed of the stochastic rounding (with the step)
   bool checksum = false;      ///< add a CRC-32C of the message, checked by the decoder
 
+  /// The policy's name, as checkpoints and messages of errors record it.
   [[nodiscard]] std::string name() const {
     std::string out = std::string("index_value(") + to_string(index) + "," + to_string(value);
     if (value == gradcomp::value_coding::qsgd) out += "/" + std::to_string(levels);

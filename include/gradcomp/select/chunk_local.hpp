@@ -19,11 +19,13 @@ namespace select {
 struct chunk_local {
   std::size_t bin = 50;  ///< entries per bin, >= 1
 
+  /// The policy's name, as checkpoints and messages of errors record it.
   [[nodiscard]] std::string name() const { return "chunk_local"; }
   /// \throws gradcomp::error if bin is 0.
   void validate(std::size_t /*n*/) const {
     detail::require(bin >= 1, errc::invalid_argument, "chunk_local: bin must be >= 1, got ", bin);
   }
+  /// The most entries a step of a tensor of n elements can select.
   [[nodiscard]] std::size_t max_selected(std::size_t n) const { return n; }
   /// The bin length used for a tensor of n elements: a bin longer than the tensor is
   /// one bin holding all of it.

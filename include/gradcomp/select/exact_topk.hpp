@@ -20,6 +20,7 @@ struct exact_topk {
   double density = 0.0;   ///< fraction of entries to send, in (0, 1]
   std::size_t count = 0;  ///< number of entries to send, in [1, n]
 
+  /// The policy's name, as checkpoints and messages of errors record it.
   [[nodiscard]] std::string name() const { return "exact_topk"; }
 
   /// \throws gradcomp::error unless exactly one of density (in (0, 1]) and count
@@ -43,6 +44,7 @@ struct exact_topk {
     return std::clamp<std::size_t>(static_cast<std::size_t>(want), 1, n);
   }
 
+  /// The most entries a step of a tensor of n elements can select.
   [[nodiscard]] std::size_t max_selected(std::size_t n) const { return k(n); }
 };
 

@@ -17,12 +17,14 @@ namespace select {
 struct given_indices {
   std::size_t max_count = 0;  ///< capacity, in [1, n]
 
+  /// The policy's name, as checkpoints and messages of errors record it.
   [[nodiscard]] std::string name() const { return "given_indices"; }
   /// \throws gradcomp::error if max_count is outside [1, n].
   void validate(std::size_t n) const {
     detail::require(max_count >= 1 && max_count <= n, errc::invalid_argument, "given_indices: max_count must be in [1, n = ",
                     n, "], got ", max_count);
   }
+  /// The most entries a step of a tensor of n elements can select.
   [[nodiscard]] std::size_t max_selected(std::size_t /*n*/) const { return max_count; }
 };
 

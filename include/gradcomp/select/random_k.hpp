@@ -23,15 +23,18 @@ struct random_k {
   std::uint64_t seed = 0;  ///< shared by the workers that must agree
   bool unbiased = false;   ///< scale values by n / k
 
+  /// The policy's name, as checkpoints and messages of errors record it.
   [[nodiscard]] std::string name() const { return unbiased ? "random_k(unbiased)" : "random_k"; }
   /// \throws gradcomp::error if density is outside (0, 1].
   void validate(std::size_t /*n*/) const {
     detail::require(density > 0.0 && density <= 1.0, errc::invalid_argument,
                     "random_k: density must be in (0, 1], got ", density);
   }
+  /// Entries targeted for a tensor of n elements: clamp(ceil(density * n), 1, n).
   [[nodiscard]] std::size_t k(std::size_t n) const {
     return std::clamp<std::size_t>(static_cast<std::size_t>(std::ceil(density * static_cast<double>(n))), 1, n);
   }
+  /// The most entries a step of a tensor of n elements can select.
   [[nodiscard]] std::size_t max_selected(std::size_t n) const { return k(n); }
   /// Factor on the values sent: n / k when unbiased, else 1.
   [[nodiscard]] float value_scale(std::size_t n) const {

@@ -35,8 +35,9 @@ struct sampled_threshold {
   int max_iters = 10;          ///< threshold refinements, >= 1
   std::uint64_t seed = 0;      ///< sampling offset seed (with the step)
   bool truncate = false;       ///< keep only the k largest of C
-  bool reuse_threshold = false;
+  bool reuse_threshold = false;  ///< start from the previous step's final threshold
 
+  /// The policy's name, as checkpoints and messages of errors record it.
   [[nodiscard]] std::string name() const { return "sampled_threshold"; }
 
   /// \throws gradcomp::error naming the first parameter out of its range.
@@ -53,6 +54,7 @@ struct sampled_threshold {
                     max_iters);
   }
 
+  /// Entries targeted for a tensor of n elements: clamp(ceil(density * n), 1, n).
   [[nodiscard]] std::size_t k(std::size_t n) const {
     return std::clamp<std::size_t>(static_cast<std::size_t>(std::ceil(density * static_cast<double>(n))), 1, n);
   }

@@ -16,12 +16,14 @@ namespace select {
 struct threshold {
   float tau = 0.0f;  ///< magnitude threshold, finite and >= 0
 
+  /// The policy's name, as checkpoints and messages of errors record it.
   [[nodiscard]] std::string name() const { return "threshold"; }
   /// \throws gradcomp::error unless tau is finite and >= 0.
   void validate(std::size_t /*n*/) const {
     detail::require(std::isfinite(tau) && tau >= 0.0f, errc::invalid_argument,
                     "threshold: tau must be finite and >= 0, got ", tau);
   }
+  /// The most entries a step of a tensor of n elements can select.
   [[nodiscard]] std::size_t max_selected(std::size_t n) const { return n; }
 };
 

@@ -136,6 +136,12 @@ class State:
         self._exchanges = {}
 
 
+# torch.load's weights-only unpickler (the default from torch 2.6) may rebuild a State:
+# it holds only numbers, strings, dicts and tensors.
+if hasattr(torch.serialization, "add_safe_globals"):
+    torch.serialization.add_safe_globals([State])
+
+
 def _allreduce_mean(group, tensor):
     tensor.div_(dist.get_world_size(group))
     return dist.all_reduce(tensor, group=group, async_op=True).get_future().then(lambda f: f.value()[0])

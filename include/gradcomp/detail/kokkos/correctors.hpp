@@ -4,6 +4,7 @@
 /// double-buffered as on the host (a rejected step leaves it untouched). Not API.
 #pragma once
 
+#include <gradcomp/backend/kokkos.hpp>
 #include <gradcomp/correct/none.hpp>
 #include <gradcomp/detail/host/elementwise_corrector.hpp>
 #include <gradcomp/detail/kokkos/primitives.hpp>

@@ -3,6 +3,7 @@
 /// message written on the host by the same code as backend::host. Not API.
 #pragma once
 
+#include <gradcomp/backend/kokkos.hpp>
 #include <gradcomp/detail/float_formats.hpp>
 #include <gradcomp/detail/kokkos/primitives.hpp>
 #include <gradcomp/detail/step_input.hpp>

@@ -3,7 +3,8 @@
 /// compaction by parallel_scan, finiteness by parallel_reduce, host staging. Not API.
 #pragma once
 
-#include <gradcomp/detail/kokkos/space.hpp>
+#include <gradcomp/config.hpp>
+#include <gradcomp/error.hpp>
 #include <gradcomp/detail/host/simd.hpp>
 #include <gradcomp/detail/radix_select.hpp>
 

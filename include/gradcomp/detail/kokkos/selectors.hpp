@@ -5,6 +5,7 @@
 /// with the code backend::host uses, so both give identical selections. Not API.
 #pragma once
 
+#include <gradcomp/backend/kokkos.hpp>
 #include <gradcomp/detail/host/chunk_local.hpp>
 #include <gradcomp/detail/host/given_indices.hpp>
 #include <gradcomp/detail/host/random_k.hpp>
