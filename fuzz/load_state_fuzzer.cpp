@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "fuzz_support.hpp"
+
 namespace gc = gradcomp;
 
 namespace {
@@ -27,29 +29,18 @@ std::vector<float> gradient() {
 }
 
 template <class Compressor>
-std::string state_of(const Compressor& c) {
-  std::ostringstream out;
-  c.save_state(out);
-  return out.str();
-}
-
-template <class Compressor>
 void load(Compressor c, const std::string& record) {
   std::vector<std::byte> buf(c.max_message_bytes());
   (void)c.compress(gradient(), buf);  // some memory to lose
-  const std::string before = state_of(c);
+  const std::string before = fuzz::state_of(c);
   std::istringstream in(record);
   try {
     c.load_state(in);
   } catch (const gc::error&) {
-    if (state_of(c) != before) std::abort();
+    if (fuzz::state_of(c) != before) std::abort();
     return;
   }
-  for (std::size_t a = 0; a != Compressor::corrector_type::state_arrays; ++a) {
-    for (const float v : c.corrector_state(a)) {
-      if (!std::isfinite(v)) std::abort();
-    }
-  }
+  if (!fuzz::memory_is_finite(c)) std::abort();
   buf.resize(c.max_message_bytes());  // a saved density may be larger than the one constructed
   try {
     const auto m = c.compress(std::vector<float>(n, 0.0f), buf);

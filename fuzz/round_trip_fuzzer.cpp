@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "fuzz_support.hpp"
+
 namespace gc = gradcomp;
 
 namespace {
@@ -34,13 +36,6 @@ struct input {
 };
 
 template <class Compressor>
-std::string state_of(const Compressor& c) {
-  std::ostringstream out;
-  c.save_state(out);
-  return out.str();
-}
-
-template <class Compressor>
 void steps(Compressor& c, input& in) {
   const std::size_t n = c.size();
   std::vector<std::byte> buf(c.max_message_bytes(), std::byte{0x5A});
@@ -52,7 +47,7 @@ void steps(Compressor& c, input& in) {
       std::memcpy(&v, &bits, 4);
       if ((bits & 0x3) != 0) v = static_cast<float>(static_cast<std::int32_t>(bits) >> 8) * 1e-6f;
     }
-    const std::string before = state_of(c);
+    const std::string before = fuzz::state_of(c);
     const std::vector<std::byte> buf_before = buf;
     try {
       const gc::message m = c.compress(g, buf);
@@ -63,14 +58,10 @@ void steps(Compressor& c, input& in) {
       }
       std::vector<float> dense(n, 0.0f);
       gc::accumulate(gc::backend::host{}, m.bytes(), dense, 0.5f);
-      for (std::size_t a = 0; a != Compressor::corrector_type::state_arrays; ++a) {
-        for (const float v : c.corrector_state(a)) {
-          if (!std::isfinite(v)) std::abort();
-        }
-      }
+      if (!fuzz::memory_is_finite(c)) std::abort();
     } catch (const gc::error& e) {
       if (e.code() != gc::errc::non_finite) std::abort();  // parameters were valid: only the data may be refused
-      if (state_of(c) != before || buf != buf_before) std::abort();
+      if (fuzz::state_of(c) != before || buf != buf_before) std::abort();
     }
   }
 }

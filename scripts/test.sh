@@ -6,7 +6,7 @@ bash scripts/setup.sh test
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DGRADCOMP_BUILD_TESTS=ON -DGRADCOMP_BUILD_TOOLS=ON \
   -DGRADCOMP_BUILD_EXAMPLES=ON -DGRADCOMP_BUILD_BENCHMARKS=ON -DGRADCOMP_FUZZ=ON
 cmake --build build/release -j"$(nproc)"
-ctest --test-dir build/release --output-on-failure --no-tests=error -j"$(nproc)"
+ctest --test-dir build/release --output-on-failure --no-tests=error -j"$(nproc)" --output-junit ctest.xml
 
 # The PyTorch package (python/, docs/torch.md): built against Debian's torch in a virtual
 # environment that sees the system's packages (Debian's Python is externally managed),
@@ -14,11 +14,15 @@ ctest --test-dir build/release --output-on-failure --no-tests=error -j"$(nproc)"
 # tests report themselves skipped without a GPU).
 /usr/bin/python3 -m venv --system-site-packages build/venv
 build/venv/bin/python -m pip install --quiet --no-build-isolation --no-deps --no-index .
-(cd build && venv/bin/python -m pytest -q -rs --timeout=900 ../python/tests)
+(cd build && venv/bin/python -m pytest -q -rs --timeout=900 --junitxml=pytest.xml ../python/tests)
 
 # The unit and MPI tests once more under AddressSanitizer and UndefinedBehaviorSanitizer
 # (CMakePresets.json "debug"): the SIMD kernels' loads and stores stay in bounds, and
 # ranks configured differently never write past a buffer.
 cmake --preset debug -DGRADCOMP_BUILD_TOOLS=OFF -DGRADCOMP_BUILD_EXAMPLES=OFF
 cmake --build build/debug -j"$(nproc)"
-ctest --test-dir build/debug --output-on-failure --no-tests=error -j"$(nproc)" -L "unit|mpi"
+ctest --test-dir build/debug --output-on-failure --no-tests=error -j"$(nproc)" -L "unit|mpi" --output-junit ctest.xml
+
+# One line per suite: how many ran, what was skipped and why (the CUDA tests without a GPU).
+/usr/bin/python3 scripts/test_summary.py "ctest=build/release/ctest.xml" "pytest=build/pytest.xml" \
+  "ctest under ASan+UBSan=build/debug/ctest.xml"

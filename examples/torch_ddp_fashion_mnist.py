@@ -1,0 +1,202 @@
+"""Data-parallel CNN training on Fashion-MNIST with DistributedDataParallel on gloo ranks
+of this machine, once per communication hook: dense all-reduce, torch's fp16 and
+PowerSGD hooks, and gradcomp's topk_ef, dgc and scalecom hooks. Prints, for each, the
+test accuracy after the same epochs, the bytes each rank puts into collectives per step
+(after the hooks' dense warm-up), the ratio to dense, and the hook's own time per step
+(median: from the hook's call to its future's completion, summed over buckets).
+
+    python3 examples/torch_ddp_fashion_mnist.py [--ranks 4] [--epochs 4] [--methods ...]
+
+scripts/torch_results.sh runs it as docs/results.md reports it.
+"""
+import argparse
+import gzip
+import json
+import os
+import statistics
+import tempfile
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+import gradcomp.torch
+from gradcomp.torch import ddp as gddp
+
+DATA = "/usr/share/datasets/fashion-mnist"
+METHODS = ["dense", "fp16", "powersgd1", "powersgd4", "topk_ef", "dgc", "scalecom"]
+
+
+def read_idx(name):
+    with gzip.open(os.path.join(DATA, name), "rb") as f:
+        raw = f.read()
+    dims = raw[3]
+    shape = [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(dims)]
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
+
+
+def load(split):
+    prefix = "train" if split == "train" else "t10k"
+    x = torch.from_numpy(read_idx(f"{prefix}-images-idx3-ubyte.gz").astype(np.float32) / 255.0)
+    y = torch.from_numpy(read_idx(f"{prefix}-labels-idx1-ubyte.gz").astype(np.int64))
+    return ((x - 0.2860) / 0.3530).unsqueeze(1), y
+
+
+def model():
+    """Two convolutions and two dense layers: 114 k parameters."""
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(1, 16, 5, padding=2), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(16, 32, 5, padding=2), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(), torch.nn.Linear(32 * 7 * 7, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+
+
+class Traffic:
+    """Counts the bytes this rank puts into collectives (the input tensors)."""
+
+    def __init__(self):
+        self.bytes = 0
+        self.counting = False
+        for name in ("all_reduce", "all_gather", "broadcast", "reduce"):
+            original = getattr(dist, name)
+
+            def counted(*args, _original=original, _name=name, **kwargs):
+                if self.counting:
+                    tensor = args[1] if _name == "all_gather" else args[0]
+                    self.bytes += tensor.numel() * tensor.element_size()
+                return _original(*args, **kwargs)
+
+            setattr(dist, name, counted)
+
+
+def timed(hook, times):
+    """The hook, recording its own time per call until its future completes."""
+
+    def wrapper(state, bucket):
+        start = time.perf_counter()
+        future = hook(state, bucket)
+
+        def done(f):
+            times.append(time.perf_counter() - start)
+            return f.value()
+
+        return future.then(done)
+
+    return wrapper
+
+
+def train(rank, world, init, method, args, results):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
+    traffic = Traffic()
+    torch.manual_seed(0)
+    net = torch.nn.parallel.DistributedDataParallel(model())
+    start_iter = args.start_iter
+    momentum = 0.9
+    if method == "dense":
+        hook, state = default_hooks.allreduce_hook, None
+    elif method == "fp16":
+        hook, state = default_hooks.fp16_compress_hook, None
+    elif method.startswith("powersgd"):
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=int(method[len("powersgd"):]),
+                                            start_powerSGD_iter=start_iter, min_compression_rate=1.0,
+                                            use_error_feedback=True, warm_start=True)
+        hook = powerSGD_hook.powerSGD_hook
+    elif method == "dgc":
+        # DGC's momentum correction lives in the hook: the optimizer runs without it.
+        state = gddp.State(method="dgc", density=0.25, start_iter=start_iter, max_norm=args.max_norm, workers=world)
+        hook, momentum = gddp.hook, 0.0
+    else:
+        state = gddp.State(method=method, density=args.density, start_iter=start_iter)
+        hook = gddp.hook
+    steps_times = []
+    net.register_comm_hook(state, timed(hook, steps_times))
+    optimizer = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=momentum)
+
+    x, y = load("train")
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(1))
+    shard = order[rank::world]
+    steps_per_epoch = len(shard) // args.batch
+    if args.steps_per_epoch:
+        steps_per_epoch = min(steps_per_epoch, args.steps_per_epoch)
+    warmup = gradcomp.torch.Warmup(final_density=args.density)
+    per_step_time, per_step_bytes, step = [], [], 0
+    started = time.perf_counter()
+    for epoch in range(args.epochs):
+        perm = shard[torch.randperm(len(shard), generator=torch.Generator().manual_seed(100 * epoch + rank))]
+        for b in range(steps_per_epoch):
+            if method == "dgc":  # DGC's warm-up, here over the first epoch in four stages
+                state.set_density(warmup.by_step(step, max(1, steps_per_epoch // 4)))
+            idx = perm[b * args.batch:(b + 1) * args.batch]
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(net(x[idx]), y[idx])
+            traffic.bytes, traffic.counting = 0, True
+            steps_times.clear()
+            loss.backward()
+            traffic.counting = False
+            optimizer.step()
+            if step >= start_iter and (method != "dgc" or step >= steps_per_epoch):
+                per_step_time.append(sum(steps_times))
+                per_step_bytes.append(traffic.bytes)
+            step += 1
+    elapsed = time.perf_counter() - started
+    accuracy = None
+    if rank == 0:
+        tx, ty = load("test")
+        with torch.no_grad():
+            accuracy = (net.module(tx).argmax(dim=1) == ty).float().mean().item()
+    gathered = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
+    dist.all_gather(gathered, torch.tensor([statistics.median(per_step_time)], dtype=torch.float64))
+    if rank == 0:
+        results[method] = {
+            "accuracy": accuracy,
+            "bytes_per_step": statistics.mean(per_step_bytes),
+            "hook_ms_median": 1e3 * statistics.median([t.item() for t in gathered]),
+            "train_seconds": elapsed,
+            "parameters": sum(p.numel() for p in net.parameters()),
+            "steps": step,
+        }
+    dist.destroy_process_group()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=32, help="per rank")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--density", type=float, default=0.001)
+    parser.add_argument("--max-norm", type=float, default=5.0, help="DGC's local gradient clipping")
+    parser.add_argument("--start-iter", type=int, default=10, help="dense iterations before any hook compresses")
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--steps-per-epoch", type=int, default=0, help="cut epochs short (a smoke test)")
+    parser.add_argument("--out", default=None, help="write the results as JSON")
+    args = parser.parse_args()
+    results = mp.Manager().dict()
+    for method in args.methods.split(","):
+        if method not in METHODS:
+            parser.error(f"unknown method {method!r} (one of {', '.join(METHODS)})")
+        with tempfile.TemporaryDirectory() as tmp:
+            mp.spawn(train, args=(args.ranks, os.path.join(tmp, "init"), method, args, results), nprocs=args.ranks)
+        r = results[method]
+        print(f"{method}: accuracy {100 * r['accuracy']:.2f}%, {r['bytes_per_step']:.0f} B/step, "
+              f"hook {r['hook_ms_median']:.3f} ms/step, {r['train_seconds']:.0f} s", flush=True)
+    results = dict(results)
+    dense = results.get("dense", {}).get("bytes_per_step")
+    print(f"\n{args.ranks} gloo ranks, {args.epochs} epochs, batch {args.batch} per rank, "
+          f"{results[next(iter(results))]['parameters']} parameters, density {args.density}\n")
+    print("| hook | test accuracy | bytes sent per worker per step | ratio to dense | hook time per step (median) |")
+    print("|---|---:|---:|---:|---:|")
+    for method, r in results.items():
+        ratio = f"{dense / r['bytes_per_step']:.0f}x" if dense else "-"
+        print(f"| {method} | {100 * r['accuracy']:.2f}% | {r['bytes_per_step']:.0f} | {ratio} | "
+              f"{r['hook_ms_median']:.3f} ms |")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
