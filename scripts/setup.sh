@@ -5,9 +5,15 @@
 #                                   Kokkos, fuzzing, the PyTorch package, the API docs)
 #   bash scripts/setup.sh bench     the benchmark suites (libtorch for torch.topk, plots)
 #   bash scripts/setup.sh results   the training results of docs/results.md
+#   bash scripts/setup.sh --print PURPOSE   lists the packages, installs nothing
 # Idempotent: installs only what is missing. Needs root (or sudo).
 set -euo pipefail
 
+print_only=0
+if [[ ${1:-} == --print ]]; then
+  print_only=1
+  shift
+fi
 purpose=${1:-test}
 demo=(build-essential cmake)
 cpp_tests=(
@@ -32,6 +38,11 @@ case "$purpose" in
                      "${python_tests[@]}") ;;
   *) echo "setup.sh: unknown purpose '$purpose' (demo, test, bench or results)" >&2; exit 2 ;;
 esac
+
+if ((print_only)); then
+  echo "${packages[*]}"
+  exit 0
+fi
 
 missing=()
 for p in "${packages[@]}"; do
