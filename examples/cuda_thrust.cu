@@ -6,6 +6,7 @@
 //
 //   ./example_cuda_thrust            (exits 77 without a GPU)
 #include <gradcomp/backend/cuda.cuh>
+#include <gradcomp/device_messages.cuh>
 #include <gradcomp/gradcomp.hpp>
 
 #include <thrust/device_vector.h>

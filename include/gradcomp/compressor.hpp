@@ -236,6 +236,13 @@ class compressor {
     // The record's values must be ones compress could have left: a density in (0, 1]
     // (0 where the selector has none, or counts instead), finite memory.
     const double saved_density = r.density();
+    for (std::size_t a = 0; a != Corrector::state_arrays; ++a) {
+      const std::span<const float> values = r.array(a);
+      for (std::size_t i = 0; i < values.size(); ++i) {
+        detail::require(std::isfinite(values[i]), errc::corrupt_message, "load_state: the corrector's array ", a,
+                        " holds ", values[i], " at index ", i, "; its memory is always finite");
+      }
+    }
     Selector next = selector_;
     if constexpr (requires { next.density = 1.0; }) {
       detail::require(saved_density == 0.0 || (saved_density > 0.0 && saved_density <= 1.0), errc::corrupt_message,
@@ -250,13 +257,6 @@ class compressor {
     } else {
       detail::require(saved_density == 0.0, errc::corrupt_message, "load_state: the saved density ", saved_density,
                       " belongs to no parameter of ", selector_.name());
-    }
-    for (std::size_t a = 0; a != Corrector::state_arrays; ++a) {
-      const std::span<const float> values = r.array(a);
-      for (std::size_t i = 0; i < values.size(); ++i) {
-        detail::require(std::isfinite(values[i]), errc::corrupt_message, "load_state: the corrector's array ", a,
-                        " holds ", values[i], " at index ", i, "; its memory is always finite");
-      }
     }
     for (std::size_t a = 0; a != Corrector::state_arrays; ++a) correct_.load_committed(a, r.array(a));
     if constexpr (requires { select_.restore_state(selector_state); }) select_.restore_state(selector_state);

@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 #include <gradcomp/backend/cuda.cuh>
+#include <gradcomp/device_messages.cuh>
 
 #include <thrust/copy.h>
 #include <thrust/device_vector.h>

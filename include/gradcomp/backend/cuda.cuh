@@ -8,6 +8,7 @@
 /// Gradients, messages and dense tensors are raw device memory (std::span over device
 /// pointers): a thrust::device_vector's data or a PyTorch CUDA tensor's data_ptr work
 /// without copies. compress() reads one status record back to the host per step.
+/// Messages in device memory are decoded and accumulated by device_messages.cuh.
 ///
 /// Results equal backend::host's bit for bit when the policies' arithmetic is not
 /// contracted into fused multiply-adds: compile with `--fmad=false` (nvcc) as the tests
@@ -105,4 +106,3 @@ GRADCOMP_NAMESPACE_END
 #include <gradcomp/detail/cuda/random_k.cuh>
 #include <gradcomp/detail/cuda/sampled_threshold.cuh>
 #include <gradcomp/detail/cuda/threshold.cuh>
-#include <gradcomp/device_messages.cuh>

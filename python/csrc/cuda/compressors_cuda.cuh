@@ -5,6 +5,7 @@
 #include "../compressors.hpp"
 
 #include <gradcomp/backend/cuda.cuh>
+#include <gradcomp/device_messages.cuh>
 #include <gradcomp/detail/cuda/exchange_memory.cuh>
 
 #include <cuda_runtime.h>

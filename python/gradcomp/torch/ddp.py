@@ -172,8 +172,9 @@ def hook(state, bucket):
         longest = max(sizes)
         padded = torch.zeros(longest, dtype=torch.uint8, device=message.device)
         padded[: message.numel()] = message
+        padded = transport._on(padded)  # gloo moves CUDA buckets' bytes through host memory
         gathered = [torch.empty_like(padded) for _ in range(transport.size)]
-        dist.all_gather(gathered, transport._on(padded), group=group)
+        dist.all_gather(gathered, padded, group=group)
         # Every rank checks every message (the same bytes everywhere, so the same
         # outcome): a corrupt one raises on all ranks before any accepts its step.
         for r, size in enumerate(sizes):
