@@ -35,6 +35,7 @@ GRADCOMP_NAMESPACE_BEGIN
 template <class Backend, class Selector, class Corrector = correct::none, class Encoder = encode::index_value>
 class compressor {
   static_assert(detail::check_policies<Backend, Selector, Corrector, Encoder>());
+  static_assert(detail::check_engines<Backend, Selector, Corrector, Encoder>());
 
   // Backends whose memory the host cannot read (backend::cuda): compress queues the
   // step on the device and reads back one detail::step_status.
@@ -196,7 +197,7 @@ class compressor {
     if constexpr (requires { next.count = 0; }) next.count = 0;
     next.validate(n_);
     reserve(next.max_selected(n_));
-    if constexpr (requires { select_.reserve(next); }) select_.reserve(next);
+    select_.reserve(next);
     selector_ = next;
     staged_ = false;
   }
@@ -217,7 +218,7 @@ class compressor {
     w.header(signature(), n_, step_, density());
     for (std::size_t a = 0; a != Corrector::state_arrays; ++a) w.array(correct_.committed(a));
     std::vector<double> selector_state;
-    if constexpr (requires { select_.saved_state(); }) selector_state = select_.saved_state();
+    if constexpr (detail::engine_saves_state<detail::engine<Selector, Backend>>) selector_state = select_.saved_state();
     w.finish(out, selector_state);
   }
 
@@ -227,7 +228,7 @@ class compressor {
   void load_state(std::istream& in) {
     detail::state_reader r(in, signature(), n_, Corrector::state_arrays);
     const auto selector_state = r.selector_state();
-    if constexpr (requires { select_.restore_state(selector_state); }) {
+    if constexpr (detail::engine_restores_state<detail::engine<Selector, Backend>>) {
       detail::require(decltype(select_)::valid_state(selector_state), errc::corrupt_message,
                       "load_state: the selector's saved state is invalid");
     } else {
@@ -253,13 +254,13 @@ class compressor {
       }
       next.validate(n_);
       reserve(next.max_selected(n_));
-      if constexpr (requires { select_.reserve(next); }) select_.reserve(next);
+      select_.reserve(next);
     } else {
       detail::require(saved_density == 0.0, errc::corrupt_message, "load_state: the saved density ", saved_density,
                       " belongs to no parameter of ", selector_.name());
     }
     for (std::size_t a = 0; a != Corrector::state_arrays; ++a) correct_.load_committed(a, r.array(a));
-    if constexpr (requires { select_.restore_state(selector_state); }) select_.restore_state(selector_state);
+    if constexpr (detail::engine_restores_state<detail::engine<Selector, Backend>>) select_.restore_state(selector_state);
     selector_ = next;
     step_ = r.step();
     staged_ = false;

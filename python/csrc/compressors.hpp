@@ -379,4 +379,11 @@ std::unique_ptr<any_compressor> make(const Backend& be, std::size_t n, const std
   X(threshold)                       \
   X(given_indices)
 
+/// Declares (`Kind` = `extern template`) or instantiates (`Kind` = `template`)
+/// build<Backend, select::S>: each selector's instantiation has a translation unit of its
+/// own (host/<S>.cpp, cuda/<S>.cu), which keeps the compiler's memory and time per file low.
+#define GRADCOMP_PY_BUILD(Kind, Backend, S)                                                                     \
+  Kind std::unique_ptr<any_compressor> build<Backend, gc::select::S>(const Backend&, std::size_t, const std::string&, \
+                                                                     options&);
+
 }  // namespace gradcomp_py

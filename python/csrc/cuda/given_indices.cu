@@ -2,7 +2,5 @@
 #include "compressors_cuda.cuh"
 
 namespace gradcomp_py {
-template std::unique_ptr<any_compressor> build<gc::backend::cuda, gc::select::given_indices>(const gc::backend::cuda&,
-                                                                                     std::size_t, const std::string&,
-                                                                                     options&);
+GRADCOMP_PY_BUILD(template, gc::backend::cuda, given_indices)
 }  // namespace gradcomp_py

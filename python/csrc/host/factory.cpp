@@ -4,10 +4,7 @@
 
 namespace gradcomp_py {
 
-#define GRADCOMP_PY_EXTERN(S)                                                                                       \
-  extern template std::unique_ptr<any_compressor> build<gc::backend::host, gc::select::S>(const gc::backend::host&, \
-                                                                                           std::size_t,             \
-                                                                                           const std::string&, options&);
+#define GRADCOMP_PY_EXTERN(S) GRADCOMP_PY_BUILD(extern template, gc::backend::host, S)
 GRADCOMP_PY_EACH_SELECTOR(GRADCOMP_PY_EXTERN)
 #undef GRADCOMP_PY_EXTERN
 

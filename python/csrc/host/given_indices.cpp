@@ -2,7 +2,5 @@
 #include "../compressors.hpp"
 
 namespace gradcomp_py {
-template std::unique_ptr<any_compressor> build<gc::backend::host, gc::select::given_indices>(const gc::backend::host&,
-                                                                                     std::size_t, const std::string&,
-                                                                                     options&);
+GRADCOMP_PY_BUILD(template, gc::backend::host, given_indices)
 }  // namespace gradcomp_py

@@ -252,6 +252,7 @@ class engine<select::exact_topk, backend::host> {
 
   engine(const backend::host& be, const select::exact_topk&, std::size_t n) : topk_(be, n) {}
 
+  void reserve(const select::exact_topk&) noexcept {}  // the workspace is sized by n, not k
   void begin_observe(const select::exact_topk&, std::uint64_t /*step*/) noexcept { topk_.begin_observe(); }
   void observe(int thread, std::size_t begin, std::span<const float> acc_chunk, std::span<const float>) noexcept {
     topk_.observe(thread, begin, acc_chunk);

@@ -50,6 +50,7 @@ class engine<select::random_k, backend::host> {
  public:
   engine(const backend::host&, const select::random_k&, std::size_t n) : n_(n), taken_((n + 63) / 64) {}
 
+  void reserve(const select::random_k&) noexcept {}  // the workspace (a bit per element) does not depend on k
   void begin_observe(const select::random_k&, std::uint64_t) noexcept {}
   void observe(int, std::size_t, std::span<const float>, std::span<const float>) noexcept {}
   selection select(const select::random_k& policy, const select_input& in, std::span<std::uint32_t> out) {

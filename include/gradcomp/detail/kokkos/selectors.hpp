@@ -183,6 +183,7 @@ template <class Space>
 class engine<select::exact_topk, backend::kokkos<Space>> : public kokkos_no_observe {
  public:
   engine(const backend::kokkos<Space>& be, const select::exact_topk&, std::size_t n) : topk_(be, n) {}
+  void reserve(const select::exact_topk&) noexcept {}  // the workspace is sized by n, not k
   selection select(const select::exact_topk& policy, const select_input& in, std::span<std::uint32_t> out) {
     const std::size_t k = policy.k(in.acc.size());
     topk_.select(in.acc, k, out);
