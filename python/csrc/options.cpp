@@ -70,13 +70,7 @@ std::string options::text(const std::string& name, const std::string& fallback) 
 std::uint64_t options::seed(const std::string& role, std::uint64_t fallback) {
   const std::string qualified = role + ".seed";
   const std::string name = has(qualified) || taken_.count("seed") != 0 ? qualified : "seed";
-  const value* v = take(name);
-  if (v == nullptr) return fallback;
-  if (const auto* i = std::get_if<std::int64_t>(v)) {
-    gradcomp::detail::require(*i >= 0, gradcomp::errc::invalid_argument, "option ", name, " must be >= 0, got ", *i);
-    return static_cast<std::uint64_t>(*i);
-  }
-  gradcomp::detail::fail(gradcomp::errc::invalid_argument, "option ", name, " must be an int, got a ", type_of(*v));
+  return size(name, fallback);  // a seed is read like a size: a non-negative int
 }
 
 gradcomp::index_coding options::index_coding(const std::string& name, gradcomp::index_coding fallback) {
