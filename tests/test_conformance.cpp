@@ -1,17 +1,20 @@
-// The conformance testbed: every compressor configuration, step by step, against a
-// reference written here (support/reference.hpp), over the awkward inputs.
+// The conformance grid (support/conformance.hpp) on backend::host with one and with two
+// threads, or, built with GRADCOMP_TEST_KOKKOS, on backend::kokkos<DefaultExecutionSpace>;
+// and the properties that hold over many steps.
 #include <doctest/doctest.h>
 #include <gradcomp/gradcomp.hpp>
 
 #include <cstring>
+#include <span>
+#include <string>
+#include <vector>
 
+#include "support/conformance.hpp"
 #include "support/inputs.hpp"
 #include "support/reference.hpp"
 
 namespace gc = gradcomp;
 
-// The same testbed runs for every backend: built once as is, once with
-// GRADCOMP_TEST_KOKKOS for backend::kokkos<DefaultExecutionSpace>.
 #if defined(GRADCOMP_TEST_KOKKOS)
 #include <gradcomp/backend/kokkos.hpp>
 using backend_under_test = gc::backend::kokkos<Kokkos::DefaultExecutionSpace>;
@@ -21,95 +24,66 @@ using backend_under_test = gc::backend::host;
 
 namespace {
 
-// The conformance messages are checked byte for byte against the raw32/f32 layout.
-const gc::encode::index_value raw32_f32{.index = gc::index_coding::raw32, .value = gc::value_coding::f32};
-
-// Each configuration pairs a library compressor with its reference model.
-struct topk_plain {
-  static auto make(std::size_t n, double d) {
-    return gc::compressor{backend_under_test{}, n, gc::select::exact_topk{.density = d}, gc::correct::none{}, raw32_f32};
+// Host memory: the test's vectors are the backend's.
+struct target {
+  static std::vector<backend_under_test> backends() {
+#if defined(GRADCOMP_TEST_KOKKOS)
+    return {backend_under_test{}};
+#else
+    return {{.threads = 1}, {.threads = 2}};
+#endif
   }
-  struct model {
-    std::pair<std::vector<std::uint32_t>, std::vector<float>> step(const std::vector<float>& g, std::size_t k) {
-      auto idx = reference::top_k(g, k);
-      std::vector<float> v;
-      for (auto i : idx) v.push_back(g[i]);
-      return {idx, v};
-    }
-  };
+  static std::string name_of(const backend_under_test& b) {
+#if defined(GRADCOMP_TEST_KOKKOS)
+    (void)b;
+    return "kokkos<DefaultExecutionSpace>";
+#else
+    return "host{.threads = " + std::to_string(b.threads) + "}";
+#endif
+  }
+  template <class T>
+  static std::vector<T> copy_of(std::vector<T> v) {
+    return v;
+  }
+  template <class T>
+  static std::span<T> span(std::vector<T>& v) {
+    return v;
+  }
+  static std::vector<std::byte> host_copy(std::span<const std::byte> bytes) { return {bytes.begin(), bytes.end()}; }
 };
-
-struct topk_error_feedback {
-  static auto make(std::size_t n, double d) {
-    return gc::compressor{backend_under_test{}, n, gc::select::exact_topk{.density = d}, gc::correct::error_feedback{},
-                          raw32_f32};
-  }
-  struct model : reference::topk_error_feedback {};
-};
-
-struct topk_decayed_feedback {
-  static auto make(std::size_t n, double d) {
-    return gc::compressor{backend_under_test{}, n, gc::select::exact_topk{.density = d},
-                          gc::correct::error_feedback{.beta = 0.5f, .gamma = 2.0f}, raw32_f32};
-  }
-  struct model : reference::topk_error_feedback {
-    model() {
-      beta = 0.5f;
-      gamma = 2.0f;
-    }
-  };
-};
-
-// The message bytes as the documented layout (message.hpp) says they must be.
-std::vector<std::byte> expected_message(std::size_t n, const std::vector<std::uint32_t>& idx,
-                                        const std::vector<float>& values) {
-  std::vector<std::byte> out(56 + 8 * idx.size());
-  auto put = [&](std::size_t at, auto v) { std::memcpy(out.data() + at, &v, sizeof(v)); };
-  std::memcpy(out.data(), "GCMP", 4);
-  put(4, std::uint16_t{1});
-  put(6, std::uint8_t{1});  // raw32
-  put(7, std::uint8_t{1});  // f32
-  put(16, std::uint64_t{n});
-  put(24, std::uint64_t{idx.size()});
-  put(32, std::uint64_t{4 * idx.size()});
-  put(40, std::uint64_t{4 * idx.size()});
-  for (std::size_t j = 0; j < idx.size(); ++j) {
-    put(56 + 4 * j, idx[j]);
-    put(56 + 4 * idx.size() + 4 * j, values[j]);
-  }
-  return out;
-}
 
 }  // namespace
 
-TEST_CASE_TEMPLATE_DEFINE("compressor matches its reference step by step", Config, conformance) {
-  const double densities[] = {1e-3, 0.05, 1.0};
-  for (const auto s : inputs::all_shapes) {
-    for (const std::size_t n : inputs::awkward_sizes) {
-      for (const double d : densities) {
-        if (n > 100000 && d > 0.01) continue;
-        CAPTURE(inputs::name(s));
-        CAPTURE(n);
-        CAPTURE(d);
-        auto c = Config::make(n, d);
-        typename Config::model ref;
-        std::vector<std::byte> buf(c.max_message_bytes());
-        const int steps = n > 100000 ? 3 : 12;
-        for (int t = 0; t < steps; ++t) {
-          const auto g = inputs::make(s, n, 100 + static_cast<std::uint64_t>(t));
-          const gc::message m = c.compress(g, buf);
-          const auto [idx, values] = ref.step(g, reference::k_for(d, n));
-          const auto bytes = expected_message(n, idx, values);
-          REQUIRE(m.count() == idx.size());
-          REQUIRE(m.bytes().size() == bytes.size());
-          REQUIRE(std::memcmp(m.bytes().data(), bytes.data(), bytes.size()) == 0);
-        }
-        CHECK(c.step() == static_cast<std::uint64_t>(steps));
-      }
+TEST_CASE_TEMPLATE_DEFINE("every selector x corrector x value coding matches its reference", Selector, grid) {
+  conformance::run_grid_for_every_corrector<target, Selector>();
+}
+TEST_CASE_TEMPLATE_INVOKE(grid, GRADCOMP_CONFORMANCE_SELECTORS);
+
+// A tensor of a million entries, three steps, for the methods with exact selection.
+TEST_CASE("a tensor of 2^20 + 3 entries matches its reference") {
+  const std::size_t n = (std::size_t{1} << 20) + 3;
+  for (const auto s : {inputs::shape::student_t3, inputs::shape::ties}) {
+    auto c = gc::compressor{backend_under_test{}, n, gc::select::exact_topk{.density = 1e-3},
+                            gc::correct::error_feedback{.beta = 0.5f, .gamma = 2.0f},
+                            gc::encode::index_value{.index = gc::index_coding::raw32}};
+    reference::corrector memory{.type = conformance::kind::error_feedback, .beta = 0.5f, .gamma = 2.0f};
+    std::vector<std::byte> buf(c.max_message_bytes());
+    for (std::uint64_t t = 0; t < 3; ++t) {
+      const auto g = inputs::make(s, n, 100 + t);
+      const gc::message m = c.compress(g, buf);
+      const auto& acc = memory.update(g);
+      const auto idx = reference::top_k(acc, reference::k_for(1e-3, n));
+      std::vector<float> values;
+      for (const auto i : idx) values.push_back(acc[i]);
+      memory.commit(idx, values);
+      const auto want = conformance::expected_raw32_f32(n, idx, values);
+      CAPTURE(inputs::name(s));
+      REQUIRE(m.bytes().size() == want.size());
+      REQUIRE(std::memcmp(m.bytes().data(), want.data(), want.size()) == 0);
+      REQUIRE(std::memcmp(c.corrector_state(0).data(), memory.state[0].data(), 4 * n) == 0);
     }
   }
 }
-TEST_CASE_TEMPLATE_INVOKE(conformance, topk_plain, topk_error_feedback, topk_decayed_feedback);
 
 TEST_CASE("error feedback conserves the gradient over 100 steps") {
   for (const auto s : {inputs::shape::normal, inputs::shape::student_t3, inputs::shape::log_normal, inputs::shape::ties}) {

@@ -6,7 +6,9 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <numeric>
+#include <string>
 #include <vector>
 
 namespace reference {
@@ -17,19 +19,27 @@ inline std::size_t k_for(double density, std::size_t n) {
   return std::min(std::max<std::size_t>(k, 1), n);
 }
 
-// The k entries of largest |x|, ties to the lower index, returned ascending: sort every
-// index by (|x| descending, index ascending) and keep the first k.
-inline std::vector<std::uint32_t> top_k(const std::vector<float>& x, std::size_t k) {
-  std::vector<std::uint32_t> order(x.size());
-  std::iota(order.begin(), order.end(), 0u);
-  std::sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
+// The k entries of `order` (indices into x) of largest |x|, ties to the lower index,
+// returned ascending: order by (|x| descending, index ascending) and keep the first k.
+inline std::vector<std::uint32_t> top_k_of(const std::vector<float>& x, std::vector<std::uint32_t> order,
+                                           std::size_t k) {
+  k = std::min(k, order.size());
+  const auto before = [&](std::uint32_t a, std::uint32_t b) {
     const float fa = std::fabs(x[a]);
     const float fb = std::fabs(x[b]);
     return fa != fb ? fa > fb : a < b;
-  });
+  };
+  // A strict total order: the first k after nth_element are the first k of the sort.
+  std::nth_element(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(), before);
   order.resize(k);
   std::sort(order.begin(), order.end());
   return order;
+}
+
+inline std::vector<std::uint32_t> top_k(const std::vector<float>& x, std::size_t k) {
+  std::vector<std::uint32_t> all(x.size());
+  std::iota(all.begin(), all.end(), 0u);
+  return top_k_of(x, std::move(all), k);
 }
 
 // One step of top-k with error feedback: e = beta e + gamma g, send top-k of e, zero it.
@@ -50,5 +60,359 @@ struct topk_error_feedback {
     return {idx, values};
   }
 };
+
+
+// -- counter-based random numbers (docs/algorithms.md) ---------------------------------
+
+// SplitMix64's finaliser.
+inline std::uint64_t mix64(std::uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+inline std::uint64_t random_bits(std::uint64_t seed, std::uint64_t stream, std::uint64_t counter) {
+  return mix64(mix64(seed ^ mix64(stream)) + counter);
+}
+// Uniform in [0, 1) from the top 53 bits.
+inline double random_unit(std::uint64_t seed, std::uint64_t stream, std::uint64_t counter) {
+  return static_cast<double>(random_bits(seed, stream, counter) >> 11) * 0x1.0p-53;
+}
+// Uniform in [0, bound): the top 32 bits times bound, high half.
+inline std::uint32_t random_below(std::uint64_t seed, std::uint64_t stream, std::uint64_t counter,
+                                  std::uint32_t bound) {
+  return static_cast<std::uint32_t>(((random_bits(seed, stream, counter) >> 32) * bound) >> 32);
+}
+
+// -- correctors (ALGORITHMS.md "Correctors") -------------------------------------------
+
+// Every corrector of ALGORITHMS.md, optionally behind clip_norm: update(g) gives acc and
+// leaves each entry's state as if it were not sent; commit(index, sent) applies the sent
+// entries. `state` holds the arrays in the order compressor::corrector_state numbers them.
+struct corrector {
+  enum class kind { none, error_feedback, momentum, low_pass };
+  kind type = kind::none;
+  float beta = 1.0f;
+  float gamma = 1.0f;
+  bool nesterov = false;
+  bool masking = true;
+  float max_norm = std::numeric_limits<float>::infinity();  // clip_norm in front when finite
+  int workers = 1;
+
+  std::vector<std::vector<float>> state{};
+  std::vector<float> acc{};
+
+  std::size_t arrays() const {
+    switch (type) {
+      case kind::none: return 0;
+      case kind::error_feedback: return 1;
+      case kind::momentum: return 2;
+      case kind::low_pass: return 1;
+    }
+    return 0;
+  }
+
+  // g * min(1, (max_norm / sqrt(workers)) / ||g||), ||g|| summed in double.
+  std::vector<float> clipped(std::vector<float> g) const {
+    if (!std::isfinite(max_norm)) return g;
+    double squares = 0.0;
+    for (const float x : g) squares += static_cast<double>(x) * static_cast<double>(x);
+    const double norm = std::sqrt(squares);
+    const double limit = static_cast<double>(max_norm) / std::sqrt(static_cast<double>(workers));
+    const float scale = norm > limit ? static_cast<float>(limit / norm) : 1.0f;
+    for (float& x : g) x *= scale;
+    return g;
+  }
+
+  const std::vector<float>& update(const std::vector<float>& raw) {
+    const std::vector<float> g = clipped(raw);
+    if (state.empty()) state.assign(arrays(), std::vector<float>(g.size(), 0.0f));
+    acc.resize(g.size());
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      switch (type) {
+        case kind::none: acc[i] = g[i]; break;
+        case kind::error_feedback: {
+          float& e = state[0][i];
+          e = beta * e + gamma * g[i];
+          acc[i] = e;
+          break;
+        }
+        case kind::momentum: {
+          float& u = state[0][i];
+          float& v = state[1][i];
+          if (nesterov) {
+            u = beta * (u + g[i]);
+            v = v + u + g[i];
+          } else {
+            u = beta * u + g[i];
+            v = v + u;
+          }
+          acc[i] = v;
+          break;
+        }
+        case kind::low_pass: acc[i] = state[0][i] + g[i]; break;
+      }
+    }
+    return acc;
+  }
+
+  void commit(const std::vector<std::uint32_t>& index, const std::vector<float>& sent) {
+    switch (type) {
+      case kind::none: return;
+      case kind::error_feedback:
+        for (std::size_t j = 0; j < index.size(); ++j) state[0][index[j]] -= sent[j];
+        return;
+      case kind::momentum:
+        for (std::size_t j = 0; j < index.size(); ++j) {
+          state[1][index[j]] -= sent[j];
+          if (masking) state[0][index[j]] = 0.0f;
+        }
+        return;
+      case kind::low_pass: {  // m <- (1 - beta) m + beta (acc - sent), sent = 0 where not sent
+        std::vector<float> sent_at(acc.size(), 0.0f);
+        for (std::size_t j = 0; j < index.size(); ++j) sent_at[index[j]] = sent[j];
+        for (std::size_t i = 0; i < acc.size(); ++i) {
+          state[0][i] = (1.0f - beta) * state[0][i] + beta * (acc[i] - sent_at[i]);
+        }
+        return;
+      }
+    }
+  }
+};
+
+// -- selectors (ALGORITHMS.md "Selectors") ---------------------------------------------
+
+struct selection {
+  std::vector<std::uint32_t> index;  // ascending
+  float value_scale = 1.0f;          // factor on the values sent (random_k unbiased)
+};
+
+inline std::vector<std::uint32_t> at_least(const std::vector<float>& x, float t) {
+  std::vector<std::uint32_t> out;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (std::fabs(x[i]) >= t) out.push_back(static_cast<std::uint32_t>(i));
+  }
+  return out;
+}
+
+// k distinct indices by Floyd's algorithm: for j = n-k .. n-1, t uniform in [0, j] from
+// (seed, step, j); take t, or j if t is taken already.
+inline std::vector<std::uint32_t> random_k(std::size_t n, std::size_t k, std::uint64_t seed, std::uint64_t step) {
+  std::vector<bool> taken(n, false);
+  for (std::size_t j = n - k; j < n; ++j) {
+    std::uint32_t t = random_below(seed, step, j, static_cast<std::uint32_t>(j + 1));
+    if (taken[t]) t = static_cast<std::uint32_t>(j);
+    taken[t] = true;
+  }
+  std::vector<std::uint32_t> out;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (taken[i]) out.push_back(static_cast<std::uint32_t>(i));
+  }
+  return out;
+}
+
+// AdaComp: H = acc + g; i goes when |H_i| >= max |acc| over its bin.
+inline std::vector<std::uint32_t> chunk_local(const std::vector<float>& acc, const std::vector<float>& g,
+                                              std::size_t bin) {
+  std::vector<std::uint32_t> out;
+  const std::size_t n = acc.size();
+  bin = std::min(bin, n);
+  for (std::size_t begin = 0; begin < n; begin += bin) {
+    const std::size_t end = std::min(n, begin + bin);
+    float largest = 0.0f;
+    for (std::size_t i = begin; i < end; ++i) largest = std::max(largest, std::fabs(acc[i]));
+    for (std::size_t i = begin; i < end; ++i) {
+      if (std::fabs(acc[i] + g[i]) >= largest) out.push_back(static_cast<std::uint32_t>(i));
+    }
+  }
+  return out;
+}
+
+// DGC's hierarchical selection, steps 1-4 of ALGORITHMS.md, with .truncate and
+// .reuse_threshold; `last_t` is the final threshold of the previous step.
+struct sampled_threshold {
+  double density = 0.0;
+  double sample_ratio = 0.01;
+  float lower = 0.8f;
+  float upper = 1.3f;
+  int max_iters = 10;
+  std::uint64_t seed = 0;
+  bool truncate = false;
+  bool reuse_threshold = false;
+
+  bool has_last = false;
+  float last_t = 0.0f;
+
+  std::vector<std::uint32_t> select(const std::vector<float>& acc, std::uint64_t step) {
+    const std::size_t n = acc.size();
+    const std::size_t k = k_for(density, n);
+    const auto by_ratio = static_cast<std::size_t>(std::ceil(static_cast<double>(n) * sample_ratio));
+    const auto by_density = static_cast<std::size_t>(std::min(static_cast<double>(n), std::ceil(2.0 / density)));
+    const std::size_t m = std::max(by_ratio, by_density);
+    const double low = static_cast<double>(lower) * static_cast<double>(k);
+    const double high = static_cast<double>(upper) * static_cast<double>(k);
+    std::vector<std::uint32_t> c;
+    float t = 0.0f;
+    if (m >= n) {  // step 1's fallback: exact top-k, whose k-th magnitude is the threshold
+      c = top_k(acc, k);
+      t = std::fabs(acc[c[0]]);
+      for (const auto i : c) t = std::min(t, std::fabs(acc[i]));
+    } else {
+      bool reused = false;
+      if (reuse_threshold && has_last) {
+        t = last_t;
+        c = at_least(acc, t);
+        reused = static_cast<double>(c.size()) >= low && static_cast<double>(c.size()) <= high;
+      }
+      if (!reused) {
+        const std::size_t stride = n / m;
+        const std::size_t offset = random_below(seed, step, 0, static_cast<std::uint32_t>(stride));
+        std::vector<float> sample;
+        for (std::size_t j = 0; j < m; ++j) sample.push_back(std::fabs(acc[offset + j * stride]));
+        std::sort(sample.begin(), sample.end(), [](float a, float b) { return a > b; });
+        const std::size_t r =
+            std::clamp<std::size_t>(static_cast<std::size_t>(std::ceil(static_cast<double>(m) * density)), 1, m);
+        t = sample[r - 1];
+        c = at_least(acc, t);
+        for (int it = 0; it < max_iters; ++it) {
+          const auto size = static_cast<double>(c.size());
+          if (size > high || size >= low) break;
+          t = t * lower;
+          c = at_least(acc, t);
+        }
+      }
+      if (static_cast<double>(c.size()) > high || (truncate && c.size() > k)) {
+        c = top_k_of(acc, c, k);
+        t = std::fabs(acc[c[0]]);
+        for (const auto i : c) t = std::min(t, std::fabs(acc[i]));
+      }
+    }
+    has_last = true;
+    last_t = t;
+    return c;
+  }
+};
+
+// -- value codings (ALGORITHMS.md "Encoders") ------------------------------------------
+
+// v rounded to nearest even in a binary format of `digits` significant bits whose
+// smallest normal exponent is `min_exponent`, saturating at +-largest.
+inline float round_to_format(float v, int digits, int min_exponent, double largest) {
+  if (v == 0.0f) return v;
+  int e = 0;
+  std::frexp(static_cast<double>(v), &e);  // |v| in [2^(e-1), 2^e)
+  const int quantum = std::max(e - 1, min_exponent) - (digits - 1);
+  const double r = std::ldexp(std::nearbyint(std::ldexp(static_cast<double>(v), -quantum)), quantum);
+  if (std::fabs(r) > largest) return static_cast<float>(std::copysign(largest, r));
+  return static_cast<float>(r);
+}
+
+enum class values { f32, f16, bf16, int8, ternary, qsgd };
+
+// What the receiver decodes for values v of one message; `levels` and `seed` are qsgd's.
+inline std::vector<float> sent_values(values coding, const std::vector<float>& v, std::uint32_t levels,
+                                      std::uint64_t seed, std::uint64_t step) {
+  std::vector<float> out(v.size());
+  switch (coding) {
+    case values::f32: return v;
+    case values::f16:
+      for (std::size_t j = 0; j < v.size(); ++j) out[j] = round_to_format(v[j], 11, -14, 65504.0);
+      return out;
+    case values::bf16:
+      for (std::size_t j = 0; j < v.size(); ++j) out[j] = round_to_format(v[j], 8, -126, 0x1.FEp127);
+      return out;
+    case values::int8: {  // scale = max|v| / 127, lowered until 127 * scale is finite
+      float largest = 0.0f;
+      for (const float x : v) largest = std::max(largest, std::fabs(x));
+      float scale = largest / 127.0f;
+      while (!std::isfinite(127.0f * scale)) scale = std::nextafter(scale, 0.0f);
+      for (std::size_t j = 0; j < v.size(); ++j) {
+        // q is an integer in [-127, 127] on the wire: there is no -0
+        const int q = scale > 0.0f ? static_cast<int>(std::clamp(std::nearbyint(v[j] / scale), -127.0f, 127.0f)) : 0;
+        out[j] = static_cast<float>(q) * scale;
+      }
+      return out;
+    }
+    case values::ternary: {  // sign times the mean magnitude
+      double sum = 0.0;
+      for (const float x : v) sum += std::fabs(static_cast<double>(x));
+      const float scale = v.empty() ? 0.0f : static_cast<float>(sum / static_cast<double>(v.size()));
+      for (std::size_t j = 0; j < v.size(); ++j) out[j] = std::signbit(v[j]) ? -scale : scale;
+      return out;
+    }
+    case values::qsgd: {  // |v| / ||v|| rounded stochastically to levels, times ||v||
+      double squares = 0.0;
+      for (const float x : v) squares += static_cast<double>(x) * static_cast<double>(x);
+      const auto norm = static_cast<float>(std::min(std::sqrt(squares), static_cast<double>(std::numeric_limits<float>::max())));
+      for (std::size_t j = 0; j < v.size(); ++j) {
+        std::uint32_t level = 0;
+        if (norm > 0.0f) {
+          const double r = std::fabs(static_cast<double>(v[j])) / norm * levels;
+          const double below = std::floor(r);
+          level = static_cast<std::uint32_t>(below) + (random_unit(seed, step, j) < r - below ? 1u : 0u);
+          level = std::min(level, levels);
+        }
+        const float magnitude = norm * (static_cast<float>(level) / static_cast<float>(levels));
+        out[j] = std::signbit(v[j]) ? -magnitude : magnitude;
+      }
+      return out;
+    }
+  }
+  return out;
+}
+
+// -- index codings (docs/wire-format.md) -----------------------------------------------
+
+enum class indices { raw32, delta_bitpack, bitmap };
+
+inline std::size_t index_section_bytes(indices coding, std::size_t n, const std::vector<std::uint32_t>& index) {
+  switch (coding) {
+    case indices::raw32: return 4 * index.size();
+    case indices::bitmap: return (n + 7) / 8;
+    case indices::delta_bitpack: {  // blocks of 128 gaps: a width byte, then the gaps at that width
+      std::size_t bytes = 0;
+      std::uint64_t next = 0;  // previous index + 1
+      for (std::size_t start = 0; start < index.size(); start += 128) {
+        const std::size_t len = std::min<std::size_t>(128, index.size() - start);
+        std::uint64_t widest = 0;
+        for (std::size_t j = start; j < start + len; ++j) {
+          widest = std::max<std::uint64_t>(widest, index[j] - next);
+          next = std::uint64_t{index[j]} + 1;
+        }
+        unsigned width = 0;
+        while ((widest >> width) != 0) ++width;
+        bytes += 1 + (len * width + 7) / 8;
+      }
+      return bytes;
+    }
+  }
+  return 0;
+}
+
+// The coding `auto` picks: bitmap when smaller than raw32 and no larger than
+// delta_bitpack, else delta_bitpack when no larger than raw32, else raw32.
+inline indices smallest_index_coding(std::size_t n, const std::vector<std::uint32_t>& index) {
+  const auto raw = index_section_bytes(indices::raw32, n, index);
+  const auto bitmap = index_section_bytes(indices::bitmap, n, index);
+  const auto delta = index_section_bytes(indices::delta_bitpack, n, index);
+  if (bitmap < raw && bitmap <= delta) return indices::bitmap;
+  return delta <= raw ? indices::delta_bitpack : indices::raw32;
+}
+
+inline std::size_t value_section_bytes(values coding, std::size_t count, std::uint32_t levels) {
+  switch (coding) {
+    case values::f32: return 4 * count;
+    case values::f16:
+    case values::bf16: return 2 * count;
+    case values::int8: return count;
+    case values::ternary: return (count + 7) / 8;
+    case values::qsgd: {  // a sign bit and a level in [0, levels]
+      unsigned level_bits = 0;
+      while ((levels >> level_bits) != 0) ++level_bits;
+      return (count * (1 + level_bits) + 7) / 8;
+    }
+  }
+  return 0;
+}
 
 }  // namespace reference

@@ -391,9 +391,11 @@ inline value_section_info write_value_section(value_coding c, std::span<const fl
       // would round it up to infinity).
       while (!std::isfinite(127.0f * scale)) scale = std::nextafter(scale, 0.0f);
       for (std::size_t j = 0; j < count; ++j) {
-        const float q = scale > 0.0f ? std::clamp(std::nearbyint(values[j] / scale), -127.0f, 127.0f) : 0.0f;
-        out[j] = static_cast<std::byte>(static_cast<std::int8_t>(q));
-        sent[j] = q * scale;
+        // Through the integer, as the receiver decodes it: a -0 rounding becomes +0.
+        const auto q = static_cast<std::int8_t>(
+            scale > 0.0f ? std::clamp(std::nearbyint(values[j] / scale), -127.0f, 127.0f) : 0.0f);
+        out[j] = static_cast<std::byte>(q);
+        sent[j] = static_cast<float>(q) * scale;
       }
       return {count, scale, 0};
     }
