@@ -129,6 +129,26 @@ TEST_CASE("auto picks the smallest index coding") {
   }
 }
 
+TEST_CASE("half and bfloat16 gradients widen exactly: all 65,536 patterns of each") {
+  for (std::uint32_t bits = 0; bits < 65536; ++bits) {
+    CAPTURE(bits);
+    // binary16: sign, 5 exponent bits (bias 15), 10 fraction bits; exponent 0 is subnormal.
+    const std::uint32_t e = (bits >> 10) & 0x1Fu;
+    const double fraction = static_cast<double>(bits & 0x3FFu) / 1024.0;
+    double value = e == 0 ? std::ldexp(fraction, -14) : std::ldexp(1.0 + fraction, static_cast<int>(e) - 15);
+    if (e == 31) value = (bits & 0x3FFu) == 0 ? HUGE_VAL : std::nan("");
+    if (bits & 0x8000u) value = -value;
+    const float widened = gc::to_float(gc::half{static_cast<std::uint16_t>(bits)});
+    if (std::isnan(value)) {
+      REQUIRE(std::isnan(widened));
+    } else {
+      REQUIRE(std::bit_cast<std::uint32_t>(widened) == std::bit_cast<std::uint32_t>(static_cast<float>(value)));
+    }
+    // bfloat16: the top 16 bits of the binary32.
+    REQUIRE(std::bit_cast<std::uint32_t>(gc::to_float(gc::bfloat16{static_cast<std::uint16_t>(bits)})) == bits << 16);
+  }
+}
+
 TEST_CASE("f16 equals IEEE round-to-nearest-even (saturating) on every input class") {
   const auto v = float_classes();
   std::vector<std::uint32_t> all(v.size());

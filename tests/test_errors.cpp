@@ -74,6 +74,21 @@ TEST_CASE("a rejected compress leaves the buffer and the state untouched") {
     CHECK_THROWS_WITH_AS(doubled.compress(g, buf), Contains("value at index 17 overflowed to inf"), gc::error);
     CHECK(snapshot(doubled) == doubled_before);
   }
+  SUBCASE("infinity and NaN in a half or bfloat16 gradient") {
+    std::vector<gc::half> h(n);        // +0
+    std::vector<gc::bfloat16> b(n);
+    h[77] = {0x7C00};                  // +inf in binary16
+    b[5] = {0xFFC0};                   // a NaN in bfloat16
+    CHECK_THROWS_WITH_AS(c.compress(h, buf), Contains("grad[77] = inf is not finite"), gc::error);
+    CHECK_THROWS_WITH_AS(c.stage(b, buf), Contains("grad[5] = -nan is not finite"), gc::error);
+    CHECK_THROWS_WITH_AS(c.preview(h), Contains("preview: grad[77] = inf"), gc::error);
+    CHECK_FALSE(c.has_staged());
+  }
+  SUBCASE("wrong length of a 16-bit gradient") {
+    CHECK_THROWS_WITH_AS(c.compress(std::vector<gc::bfloat16>(n + 1), buf),
+                         Contains("compress: grad.size() = 5001 does not match the compressor's n = 5000"), gc::error);
+    CHECK_THROWS_WITH_AS(c.preview(std::vector<gc::half>(3)), Contains("preview: grad.size() = 3"), gc::error);
+  }
   SUBCASE("wrong gradient length") {
     g.pop_back();
     CHECK_THROWS_WITH_AS(c.compress(g, buf), Contains("grad.size() = 4999 does not match the compressor's n = 5000"), gc::error);

@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 #include <gradcomp/gradcomp.hpp>
 
+#include <algorithm>
+#include <bit>
 #include <sstream>
 
 #include "support/inputs.hpp"
@@ -133,4 +135,32 @@ TEST_CASE("stage, then accept or drop: a step two-phased for collectives") {
   staging_is_invisible_until_accepted([&] { return gc::presets::adacomp(gc::backend::host{}, n); });
   staging_is_invisible_until_accepted(
       [&] { return gc::presets::randomk_ef(gc::backend::host{}, n, {.density = 0.01, .seed = 3}); });
+}
+
+TEST_CASE("a bfloat16 gradient stages, previews and compresses as its float32 values do") {
+  const std::size_t n = 70001;
+  auto wide = make(2);
+  auto narrow = make(2);
+  std::vector<std::byte> wide_buf(wide.max_message_bytes()), narrow_buf(narrow.max_message_bytes());
+  for (std::uint64_t t = 0; t < 4; ++t) {
+    const auto g = inputs::make(inputs::shape::student_t3, n, t);
+    std::vector<gc::bfloat16> b(n);
+    std::vector<float> truncated(n);  // the bfloat16 of each value, rounded toward zero
+    for (std::size_t i = 0; i < n; ++i) {
+      b[i] = {static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(g[i]) >> 16)};
+      truncated[i] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(g[i]) & 0xFFFF0000u);
+    }
+    const auto want_preview = wide.preview(truncated);
+    const std::vector<float> preview(want_preview.begin(), want_preview.end());
+    const auto got_preview = narrow.preview(b);
+    CHECK(std::equal(preview.begin(), preview.end(), got_preview.begin(), got_preview.end()));
+    const auto want = wide.compress(truncated, wide_buf);
+    const auto got = narrow.stage(b, narrow_buf);
+    narrow.accept_staged();
+    REQUIRE(std::equal(want.bytes().begin(), want.bytes().end(), got.bytes().begin(), got.bytes().end()));
+  }
+  std::ostringstream a, c;
+  wide.save_state(a);
+  narrow.save_state(c);
+  CHECK(a.str() == c.str());
 }

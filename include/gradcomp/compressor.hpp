@@ -10,6 +10,7 @@
 #include <gradcomp/detail/step_input.hpp>
 #include <gradcomp/encode/index_value.hpp>
 #include <gradcomp/error.hpp>
+#include <gradcomp/float16.hpp>
 #include <gradcomp/message.hpp>
 
 #include <cmath>
@@ -99,6 +100,27 @@ class compressor {
     finish_step();
     return m;
   }
+
+  // Gradients in 16 bits: compress(), stage() and preview() for a gradient in IEEE half
+  // or bfloat16 (in the backend's memory). Its values are widened to float32 exactly,
+  // into n floats of workspace that the first such call allocates, and the step runs on
+  // them as on a float32 gradient (one more pass over the gradient than float32 takes).
+  // They throw as the float32 overloads do; a NaN or infinity is named by its index.
+
+  /// compress() of an IEEE half gradient, widened to float32 exactly (see float16.hpp).
+  message compress(std::span<const half> grad, std::span<std::byte> out) { return compress(widened("compress", grad), out); }
+  /// compress() of a bfloat16 gradient, widened to float32 exactly.
+  message compress(std::span<const bfloat16> grad, std::span<std::byte> out) {
+    return compress(widened("compress", grad), out);
+  }
+  /// stage() of an IEEE half gradient, widened to float32 exactly.
+  message stage(std::span<const half> grad, std::span<std::byte> out) { return stage(widened("compress", grad), out); }
+  /// stage() of a bfloat16 gradient, widened to float32 exactly.
+  message stage(std::span<const bfloat16> grad, std::span<std::byte> out) { return stage(widened("compress", grad), out); }
+  /// preview() of an IEEE half gradient, widened to float32 exactly.
+  std::span<const float> preview(std::span<const half> grad) { return preview(widened("preview", grad)); }
+  /// preview() of a bfloat16 gradient, widened to float32 exactly.
+  std::span<const float> preview(std::span<const bfloat16> grad) { return preview(widened("preview", grad)); }
 
   /// Runs one step like compress() but keeps its outcome aside: the message is written
   /// to `out` and the new state is computed, yet until accept_staged() the compressor's
@@ -400,6 +422,17 @@ class compressor {
     capacity_ = capacity;
   }
 
+  // The float32 values of a 16-bit gradient, in the widening workspace (allocated by
+  // the first call; if that throws, nothing has changed).
+  template <detail::narrow_float T>
+  std::span<const float> widened(const char* who, std::span<const T> grad) {
+    detail::require(grad.size() == n_, errc::invalid_argument, who, ": grad.size() = ", grad.size(),
+                    " does not match the compressor's n = ", n_);
+    if (static_cast<std::size_t>(wide_.size()) != n_) wide_ = backend_.template allocate<float>(n_);
+    backend_.for_each(n_, detail::widen_to_float<T>{grad.data(), wide_.data()});
+    return {wide_.data(), n_};
+  }
+
   [[noreturn]] void report_non_finite(const char* who, std::span<const float> grad, std::span<const float> acc) const {
     for (std::size_t i = 0; i < grad.size(); ++i) {
       detail::require(std::isfinite(grad[i]), errc::non_finite, who, ": grad[", i, "] = ", grad[i], " is not finite");
@@ -424,6 +457,7 @@ class compressor {
   typename Backend::template buffer<float> sent_;
   status_buffer status_;
   typename Backend::template buffer<float> preview_;
+  typename Backend::template buffer<float> wide_;  // a 16-bit gradient widened to float32
   std::uint64_t step_ = 0;
   bool staged_ = false;  // a stage()d step waits for accept_staged()
 };

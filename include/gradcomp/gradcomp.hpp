@@ -15,6 +15,7 @@
 #include <gradcomp/encode/codings.hpp>
 #include <gradcomp/encode/index_value.hpp>
 #include <gradcomp/error.hpp>
+#include <gradcomp/float16.hpp>
 #include <gradcomp/message.hpp>
 #include <gradcomp/presets.hpp>
 #include <gradcomp/schedule/ratio_plan.hpp>

@@ -66,6 +66,10 @@ struct transport {
   std::function<void(std::span<float> values, int root)> reduce_broadcast;
 };
 
+/// The element type of a gradient: float32, IEEE half or bfloat16 (widened exactly to
+/// float32 by the compressor).
+enum class element { f32, f16, bf16 };
+
 /// What one compress wrote.
 struct written {
   std::size_t bytes = 0;
@@ -89,11 +93,11 @@ class any_compressor {
   /// The cudaStream_t the compressor's work is queued on (nullptr on the host).
   [[nodiscard]] virtual void* stream() const { return nullptr; }
 
-  /// compress(), or stage() when `staged`.
-  virtual written compress(const float* grad, std::byte* out, std::size_t out_size, bool staged) = 0;
+  /// compress(), or stage() when `staged`, of `size()` elements of type `type` at `grad`.
+  virtual written compress(const void* grad, element type, std::byte* out, std::size_t out_size, bool staged) = 0;
   virtual void accept_staged() = 0;
   [[nodiscard]] virtual bool has_staged() const = 0;
-  virtual void preview(const float* grad, float* out) = 0;
+  virtual void preview(const void* grad, element type, float* out) = 0;
 
   /// The selector's density, if it has one.
   [[nodiscard]] virtual std::optional<double> density() const = 0;

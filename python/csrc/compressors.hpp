@@ -134,16 +134,15 @@ class model final : public any_compressor {
   bool on_device() const override { return requires { backend_type::device_memory; }; }
   void* stream() const override { return backend_ops<backend_type>::stream(c_.backend()); }
 
-  written compress(const float* grad, std::byte* out, std::size_t out_size, bool staged) override {
-    const std::span<const float> g(grad, c_.size());
+  written compress(const void* grad, element type, std::byte* out, std::size_t out_size, bool staged) override {
     const std::span<std::byte> o(out, out_size);
-    const gc::message m = staged ? c_.stage(g, o) : c_.compress(g, o);
+    const gc::message m = with_gradient(grad, type, [&](auto g) { return staged ? c_.stage(g, o) : c_.compress(g, o); });
     return {m.bytes().size(), m.count()};
   }
   void accept_staged() override { c_.accept_staged(); }
   bool has_staged() const override { return c_.has_staged(); }
-  void preview(const float* grad, float* out) override {
-    const auto acc = c_.preview(std::span<const float>(grad, c_.size()));
+  void preview(const void* grad, element type, float* out) override {
+    const auto acc = with_gradient(grad, type, [&](auto g) { return c_.preview(g); });
     copy_within_backend(acc.data(), out, acc.size());
   }
 
@@ -187,6 +186,17 @@ class model final : public any_compressor {
   std::unique_ptr<cyclic_exchange> cyclic(transport t, double leader_density) override;
 
  private:
+  // Calls `f` with the gradient as a span of its element type.
+  template <class F>
+  decltype(auto) with_gradient(const void* grad, element type, F&& f) {
+    switch (type) {
+      case element::f16: return f(std::span<const gc::half>(static_cast<const gc::half*>(grad), c_.size()));
+      case element::bf16: return f(std::span<const gc::bfloat16>(static_cast<const gc::bfloat16*>(grad), c_.size()));
+      case element::f32: break;
+    }
+    return f(std::span<const float>(static_cast<const float*>(grad), c_.size()));
+  }
+
   void copy_within_backend(const float* from, float* to, std::size_t count) const;
 
   Compressor c_;

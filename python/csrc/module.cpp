@@ -56,6 +56,22 @@ void check_tensor(const char* who, const char* name, const torch::Tensor& t, tor
   if (numel >= 0 && t.numel() != numel) invalid(who, ": ", name, " has ", t.numel(), " elements, expected ", numel);
 }
 
+/// A gradient: a 1-D contiguous float32, float16 or bfloat16 tensor of `numel`
+/// elements on `device`. Returns its element type.
+gradcomp_py::element check_gradient(const char* who, const char* name, const torch::Tensor& t,
+                                    const torch::Device& device, std::int64_t numel) {
+  if (!t.defined()) invalid(who, ": ", name, " is undefined");
+  const torch::ScalarType type = t.scalar_type();
+  if (type != torch::kFloat && type != torch::kHalf && type != torch::kBFloat16) {
+    invalid(who, ": ", name, " must be a float32, float16 or bfloat16 tensor, got a ", describe(t),
+            t.is_floating_point() ? " (convert it with .float())" : "");
+  }
+  check_tensor(who, name, t, type, device, numel);
+  return type == torch::kHalf ? gradcomp_py::element::f16
+         : type == torch::kBFloat16 ? gradcomp_py::element::bf16
+                                     : gradcomp_py::element::f32;
+}
+
 std::span<const std::byte> bytes_of(const torch::Tensor& t) {
   return {reinterpret_cast<const std::byte*>(t.data_ptr<std::uint8_t>()), static_cast<std::size_t>(t.numel())};
 }
@@ -208,18 +224,18 @@ class compressor_handle {
   torch::Device device() const { return device_; }
 
   torch::Tensor compress(const torch::Tensor& grad, bool staged) {
-    check_tensor(staged ? "stage" : "compress", "grad", grad, torch::kFloat, device_, numel());
+    const auto type = check_gradient(staged ? "stage" : "compress", "grad", grad, device_, numel());
     torch::Tensor out = torch::empty({max_message_bytes()}, torch::TensorOptions().dtype(torch::kUInt8).device(device_));
-    const written w = run(grad, out, staged);
+    const written w = run(grad, type, out, staged);
     return compact(out, w.bytes);
   }
   void accept_staged() { c_->accept_staged(); }
   bool has_staged() const { return c_->has_staged(); }
 
   torch::Tensor preview(const torch::Tensor& grad) {
-    check_tensor("preview", "grad", grad, torch::kFloat, device_, numel());
+    const auto type = check_gradient("preview", "grad", grad, device_, numel());
     torch::Tensor out = torch::empty({numel()}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
-    on_device([&] { c_->preview(grad.data_ptr<float>(), out.data_ptr<float>()); });
+    on_device([&] { c_->preview(grad.data_ptr(), type, out.data_ptr<float>()); });
     return out;
   }
 
@@ -264,9 +280,9 @@ class compressor_handle {
     torch::Tensor out;
     std::size_t bytes = 0;
     const std::vector<std::uint64_t> sizes = gc::detail::agree(comm, who.c_str(), shared, [&]() -> std::uint64_t {
-      check_tensor(who.c_str(), "the bucket", grad, torch::kFloat, device_, numel());
+      const auto type = check_gradient(who.c_str(), "the bucket", grad, device_, numel());
       out = torch::empty({max_message_bytes()}, torch::TensorOptions().dtype(torch::kUInt8).device(device_));
-      bytes = run(grad, out, true).bytes;
+      bytes = run(grad, type, out, true).bytes;
       return bytes;
     });
     py::list all;
@@ -288,11 +304,11 @@ class compressor_handle {
   }
 
  private:
-  written run(const torch::Tensor& grad, torch::Tensor& out, bool staged) {
+  written run(const torch::Tensor& grad, gradcomp_py::element type, torch::Tensor& out, bool staged) {
     written w;
     on_device([&] {
       py::gil_scoped_release unlocked;
-      w = c_->compress(grad.data_ptr<float>(), reinterpret_cast<std::byte*>(out.data_ptr<std::uint8_t>()),
+      w = c_->compress(grad.data_ptr(), type, reinterpret_cast<std::byte*>(out.data_ptr<std::uint8_t>()),
                        static_cast<std::size_t>(out.numel()), staged);
     });
     return w;

@@ -69,6 +69,25 @@ def check_topk_against_reference(rank, world, density):
     assert state.iter == 7
 
 
+def check_16_bit_buckets(rank, world):
+    """A float16 or bfloat16 bucket is compressed as its float32 values are (widened
+    exactly), and the hook returns the aggregate in the bucket's dtype."""
+    n = 2003
+    for dtype in (torch.float16, torch.bfloat16):
+        narrow = ddp.State(method="dgc", density=0.01, start_iter=0)
+        wide = ddp.State(method="dgc", density=0.01, start_iter=0)
+        for step in range(4):
+            g = grad_of(rank, step, n).to(dtype)
+            got = ddp.hook(narrow, Bucket(g.clone())).wait()
+            want = ddp.hook(wide, Bucket(g.float())).wait()
+            assert got.dtype == dtype
+            assert torch.equal(got, want.to(dtype))
+            assert same_on_all_ranks(got.float())
+        cpu = torch.device("cpu")
+        assert torch.equal(narrow.compressor(0, n, cpu).state_dict()["state"],
+                           wide.compressor(0, n, cpu).state_dict()["state"])
+
+
 def check_nan_on_one_rank(rank, world):
     n = 2000
     state = ddp.State(method="dgc", density=0.01, start_iter=0, max_norm=10.0)
@@ -202,6 +221,7 @@ SCENARIOS = {
     "nan": check_nan_on_one_rank,
     "scalecom": check_scalecom_against_simulation,
     "checkpoint": check_checkpoint_and_bucket_errors,
+    "16-bit": check_16_bit_buckets,
     "training": check_real_ddp_training,
 }
 

@@ -58,6 +58,18 @@ def test_cuda_messages_and_state_equal_the_cpu(method, options):
     assert torch.equal(back.compress(g), gpu.compress(g.cuda()).cpu())
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16_bit_gradients_on_cuda_equal_the_cpu(dtype):
+    n = 100003
+    cpu = Compressor(n, "dgc", density=0.01, max_norm=3.0)
+    gpu = Compressor(n, "dgc", density=0.01, max_norm=3.0, device="cuda")
+    for step in range(4):
+        g = gradient(n, step).to(dtype)
+        assert torch.equal(gpu.preview(g.cuda()).cpu(), cpu.preview(g))
+        assert torch.equal(gpu.compress(g.cuda()).cpu(), cpu.compress(g))
+    assert torch.equal(gpu.corrector_state(1).cpu(), cpu.corrector_state(1))
+
+
 def test_decode_and_accumulate_on_cuda():
     n = 50000
     c = Compressor(n, "topk_ef", density=0.01, device="cuda")

@@ -21,7 +21,7 @@ def spawn(world, names, tmp_path, timeout=240):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_hook_against_reference(world, tmp_path):
-    spawn(world, ["topk", "allreduce", "nan", "scalecom", "checkpoint"], tmp_path)
+    spawn(world, ["topk", "allreduce", "nan", "scalecom", "checkpoint", "16-bit"], tmp_path)
 
 
 def test_real_ddp_training(tmp_path):

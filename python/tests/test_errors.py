@@ -20,8 +20,14 @@ def make():
 
 
 BAD_GRADS = [
-    (lambda: torch.randn(1000, dtype=torch.float64), gradcomp.InvalidArgumentError, "grad must be a Float tensor, got a Double"),
-    (lambda: torch.randn(1000).half(), gradcomp.InvalidArgumentError, "convert it with .float"),
+    (lambda: torch.randn(1000, dtype=torch.float64), gradcomp.InvalidArgumentError,
+     "grad must be a float32, float16 or bfloat16 tensor, got a Double.*convert it with .float"),
+    (lambda: torch.zeros(1000, dtype=torch.int32), gradcomp.InvalidArgumentError,
+     "grad must be a float32, float16 or bfloat16 tensor, got a Int"),
+    (lambda: torch.tensor([0.0] * 999 + [float("inf")]).half(), gradcomp.NonFiniteError,
+     r"grad\[999\] = inf is not finite"),
+    (lambda: torch.tensor([0.0, float("nan")] + [0.0] * 998).bfloat16(), gradcomp.NonFiniteError,
+     r"grad\[1\] = -?nan is not finite"),
     (lambda: torch.randn(999), gradcomp.InvalidArgumentError, "grad has 999 elements, expected 1000"),
     (lambda: torch.randn(2000)[::2], gradcomp.InvalidArgumentError, "grad must be contiguous"),
     (lambda: torch.randn(10, 100), gradcomp.InvalidArgumentError, "grad must be 1-D"),

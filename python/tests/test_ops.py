@@ -31,6 +31,20 @@ def test_topk_ef_equals_reference(n, density):
     assert c.step == 6
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("method,options", [("topk_ef", {"density": 0.01}), ("dgc", {"density": 0.01, "max_norm": 5.0}),
+                                            ("adacomp", {"bin": 50})])
+def test_16_bit_gradients_compress_as_their_float32_values(dtype, method, options):
+    n = 5003
+    narrow = Compressor(n, method, **options)
+    wide = Compressor(n, method, **options)
+    for step in range(4):
+        g = gradient(n, step).to(dtype)
+        assert torch.equal(narrow.preview(g), wide.preview(g.float()))
+        assert torch.equal(narrow.compress(g), wide.compress(g.float()))
+    assert torch.equal(narrow.state_dict()["state"], wide.state_dict()["state"])
+
+
 def test_dgc_with_exact_topk_equals_reference():
     n, density = 20011, 0.005
     for max_norm in (float("inf"), 5.0):

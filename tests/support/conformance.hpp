@@ -240,7 +240,13 @@ inline const gc::index_coding index_cases[] = {gc::index_coding::automatic, gc::
                                         gc::index_coding::delta_bitpack, gc::index_coding::bitmap};
 constexpr std::uint64_t qsgd_seed = 11;
 
+// What the compressor is given: float32, or the input rounded to binary16 or bfloat16
+// (the reference models the rounded values).
+enum class gradient_type { f32, f16, bf16 };
+inline std::string name(gradient_type t) { return t == gradient_type::f32 ? "f32" : t == gradient_type::f16 ? "f16" : "bf16"; }
+
 struct run {
+  gradient_type gradient;
   inputs::shape shape;
   std::size_t n;
   double density;
@@ -251,23 +257,25 @@ struct run {
 };
 
 // Every value coding meets every shape at n = 1, 7, 1000 and one shape at n = 70003
-// (three host chunks, so two threads split the work); the index coding and the
-// variants rotate so that each meets every value coding.
+// (three host chunks, so two threads split the work); the gradient type, the index
+// coding and the variants rotate so that each meets every value coding.
 inline std::vector<run> runs() {
+  const gradient_type gradients[] = {gradient_type::f32, gradient_type::f16, gradient_type::bf16};
   std::vector<run> out;
   int counter = 0;
   for (std::size_t vc = 0; vc < std::size(value_cases); ++vc) {
     for (std::size_t s = 0; s < std::size(inputs::all_shapes); ++s) {
       const double small_densities[] = {0.2, 0.5, 1.0};
       const double mid_densities[] = {0.01, 0.05, 0.3};
-      out.push_back({inputs::all_shapes[s], 1, 0.5, 3, counter++, index_cases[(vc + s) % 4], value_cases[vc]});
-      out.push_back({inputs::all_shapes[s], 7, small_densities[s % 3], 6, counter++, index_cases[(vc + s + 1) % 4],
+      out.push_back({gradients[(vc + s) % 3], inputs::all_shapes[s], 1, 0.5, 3, counter++, index_cases[(vc + s) % 4],
                      value_cases[vc]});
-      out.push_back({inputs::all_shapes[s], 1000, mid_densities[s % 3], 6, counter++, index_cases[(vc + s + 2) % 4],
-                     value_cases[vc]});
+      out.push_back({gradients[(vc + s + 1) % 3], inputs::all_shapes[s], 7, small_densities[s % 3], 6, counter++,
+                     index_cases[(vc + s + 1) % 4], value_cases[vc]});
+      out.push_back({gradients[(vc + s + 2) % 3], inputs::all_shapes[s], 1000, mid_densities[s % 3], 6, counter++,
+                     index_cases[(vc + s + 2) % 4], value_cases[vc]});
     }
-    out.push_back({inputs::all_shapes[vc % std::size(inputs::all_shapes)], 70003, vc % 2 == 0 ? 0.001 : 0.01, 3,
-                   counter++, index_cases[vc % 4], value_cases[vc]});
+    out.push_back({gradients[vc % 3], inputs::all_shapes[vc % std::size(inputs::all_shapes)], 70003,
+                   vc % 2 == 0 ? 0.001 : 0.01, 3, counter++, index_cases[vc % 4], value_cases[vc]});
   }
   return out;
 }
@@ -355,6 +363,35 @@ std::string difference(const Compressor& c, std::size_t count, const std::vector
   return out.str();
 }
 
+// The input of step `step` of run r, rounded to the run's gradient type.
+inline std::vector<float> gradient(const run& r, std::uint64_t step) {
+  std::vector<float> g = inputs::make(r.shape, r.n, 100 + step);
+  for (float& v : g) {
+    if (r.gradient == gradient_type::f16) v = reference::round_to_format(v, 11, -14, 65504.0);
+    if (r.gradient == gradient_type::bf16) v = reference::round_to_format(v, 8, -126, 0x1.FEp127);
+  }
+  return g;
+}
+
+// compress(g) with g in backend memory as the run's gradient type.
+template <class Target, class Compressor, class Out>
+gc::message compress(Compressor& c, gradient_type type, const std::vector<float>& g, Out& out) {
+  if (type == gradient_type::f16) {
+    std::vector<gc::half> h;
+    for (const float v : g) h.push_back({reference::binary16_bits(v)});
+    auto in_backend = Target::copy_of(h);
+    return c.compress(Target::span(in_backend), Target::span(out));
+  }
+  if (type == gradient_type::bf16) {
+    std::vector<gc::bfloat16> b;
+    for (const float v : g) b.push_back({reference::bfloat16_bits(v)});
+    auto in_backend = Target::copy_of(b);
+    return c.compress(Target::span(in_backend), Target::span(out));
+  }
+  auto in_backend = Target::copy_of(g);
+  return c.compress(Target::span(in_backend), Target::span(out));
+}
+
 template <class Selector, class Compressor, class Model>
 void before_step(Compressor& c, Model& m, std::size_t n, std::uint64_t step) {
   if constexpr (requires { Selector::before_step(c, m, n, step); }) Selector::before_step(c, m, n, step);
@@ -374,10 +411,9 @@ void run_grid() {
       auto out = Target::template copy_of<std::byte>(std::vector<std::byte>(c.max_message_bytes()));
       for (int t = 0; t < r.steps; ++t) {
         const auto step = static_cast<std::uint64_t>(t);
-        const auto g = inputs::make(r.shape, r.n, 100 + step);
-        auto g_in_backend = Target::copy_of(g);
+        const auto g = gradient(r, step);
         before_step<Selector>(c, selector_model, r.n, step);
-        const gc::message m = c.compress(Target::span(g_in_backend), Target::span(out));
+        const gc::message m = compress<Target>(c, r.gradient, g, out);
 
         const std::vector<float>& acc = memory.update(g);
         const reference::selection chosen = selector_model.select(acc, g, step);
@@ -393,7 +429,7 @@ void run_grid() {
         if (!diff.empty()) {
           FAIL(Target::name_of(backend) << ", " << Selector::name(selector_variant) << ", "
                                 << Corrector::name(corrector_variant) << ", " << encoder.name() << ", "
-                                << inputs::name(r.shape) << ", n = " << r.n << ", density = " << r.density
+                                << name(r.gradient) << " gradient, " << inputs::name(r.shape) << ", n = " << r.n << ", density = " << r.density
                                 << ", step " << t << ": " << diff);
         }
       }

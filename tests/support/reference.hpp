@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -305,6 +306,25 @@ inline float round_to_format(float v, int digits, int min_exponent, double large
   const double r = std::ldexp(std::nearbyint(std::ldexp(static_cast<double>(v), -quantum)), quantum);
   if (std::fabs(r) > largest) return static_cast<float>(std::copysign(largest, r));
   return static_cast<float>(r);
+}
+
+// The 16 bits of a value representable in binary16 (round_to_format(v, 11, -14, 65504)).
+inline std::uint16_t binary16_bits(float v) {
+  const std::uint16_t sign = std::signbit(v) ? 0x8000u : 0u;
+  const double a = std::fabs(static_cast<double>(v));
+  if (a == 0.0) return sign;
+  int e = 0;
+  std::frexp(a, &e);  // a in [2^(e-1), 2^e)
+  if (e - 1 < -14) return static_cast<std::uint16_t>(sign | static_cast<unsigned>(std::ldexp(a, 24)));  // m 2^-24
+  const auto fraction = static_cast<unsigned>(std::ldexp(a, -(e - 1)) * 1024.0 - 1024.0);
+  return static_cast<std::uint16_t>(sign | static_cast<unsigned>((e - 1 + 15) << 10) | fraction);
+}
+
+// The 16 bits of a value representable in bfloat16: the top half of its binary32.
+inline std::uint16_t bfloat16_bits(float v) {
+  std::uint32_t bits = 0;
+  std::memcpy(&bits, &v, sizeof bits);
+  return static_cast<std::uint16_t>(bits >> 16);
 }
 
 enum class values { f32, f16, bf16, int8, ternary, qsgd };

@@ -26,11 +26,26 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <vector>
 
 GRADCOMP_NAMESPACE_BEGIN
+namespace detail {
+
+/// backend::cuda::for_each's kernel: a grid-stride loop over [0, n).
+template <class Body>
+__global__ void for_each_kernel(std::uint64_t n, Body body) {
+  const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
+  for (std::uint64_t i = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    body(static_cast<std::size_t>(i));
+  }
+}
+
+}  // namespace detail
+
 namespace backend {
 
 /// Runs gradcomp on the current CUDA device, ordered on one stream.
@@ -57,6 +72,17 @@ struct cuda {
   template <class T>
   void clear(T* p, std::size_t count) const {
     detail::cuda_check(cudaMemsetAsync(p, 0, count * sizeof(T), stream), "cudaMemsetAsync");
+  }
+
+  /// Queues `body(i)` for every i in [0, n) on the stream. `body` must be a
+  /// GRADCOMP_HOST_DEVICE functor holding device pointers.
+  template <class Body>
+  void for_each(std::size_t n, const Body& body) const {
+    if (n == 0) return;
+    constexpr std::size_t threads = 256;
+    const auto blocks = static_cast<unsigned>(std::min<std::size_t>((n + threads - 1) / threads, 4096));
+    detail::for_each_kernel<<<blocks, threads, 0, stream>>>(n, body);
+    detail::cuda_check(cudaGetLastError(), "for_each (launch)");
   }
 
   /// Waits for the stream and returns the value at device address `p`.

@@ -15,39 +15,6 @@
 #endif
 
 GRADCOMP_NAMESPACE_BEGIN
-namespace backend {
-
-/// Runs gradcomp on the CPU. Work is cut into fixed chunks that do not depend on the
-/// number of threads, and every reduction combines chunks in index order, so results
-/// are bit-identical whatever `threads` is.
-struct host {
-  /// Worker threads; 0 means OpenMP's default (`omp_get_max_threads()`), and builds
-  /// without OpenMP always use one.
-  int threads = 0;
-
-  /// Owning, contiguous host storage for compressor state and workspace.
-  template <class T>
-  using buffer = std::vector<T>;
-
-  /// Allocates `count` value-initialised elements.
-  template <class T>
-  [[nodiscard]] buffer<T> allocate(std::size_t count) const {
-    return buffer<T>(count);
-  }
-
-  /// Threads that a parallel region of this backend uses.
-  [[nodiscard]] int concurrency() const {
-    detail::require(threads >= 0, errc::invalid_argument, "backend::host::threads must be >= 0, got ", threads);
-#if GRADCOMP_HAS_OPENMP
-    return threads == 0 ? omp_get_max_threads() : threads;
-#else
-    return 1;
-#endif
-  }
-};
-
-}  // namespace backend
-
 namespace detail {
 
 /// Elements per work unit of the host backend. Sized so that the arrays a corrector
@@ -112,4 +79,46 @@ void for_each_block(int blocks, std::size_t count, Body&& body) {
 }
 
 }  // namespace detail
+
+namespace backend {
+
+/// Runs gradcomp on the CPU. Work is cut into fixed chunks that do not depend on the
+/// number of threads, and every reduction combines chunks in index order, so results
+/// are bit-identical whatever `threads` is.
+struct host {
+  /// Worker threads; 0 means OpenMP's default (`omp_get_max_threads()`), and builds
+  /// without OpenMP always use one.
+  int threads = 0;
+
+  /// Owning, contiguous host storage for compressor state and workspace.
+  template <class T>
+  using buffer = std::vector<T>;
+
+  /// Allocates `count` value-initialised elements.
+  template <class T>
+  [[nodiscard]] buffer<T> allocate(std::size_t count) const {
+    return buffer<T>(count);
+  }
+
+  /// Calls `body(i)` for every i in [0, n), over the backend's threads in fixed chunks.
+  /// `body` must not throw.
+  template <class Body>
+  void for_each(std::size_t n, const Body& body) const {
+    detail::for_each_chunk(concurrency(), n, [&](int, std::size_t, std::size_t begin, std::size_t end) {
+      for (std::size_t i = begin; i < end; ++i) body(i);
+    });
+  }
+
+  /// Threads that a parallel region of this backend uses.
+  [[nodiscard]] int concurrency() const {
+    detail::require(threads >= 0, errc::invalid_argument, "backend::host::threads must be >= 0, got ", threads);
+#if GRADCOMP_HAS_OPENMP
+    return threads == 0 ? omp_get_max_threads() : threads;
+#else
+    return 1;
+#endif
+  }
+};
+
+}  // namespace backend
 GRADCOMP_NAMESPACE_END

@@ -13,6 +13,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
 
@@ -38,6 +39,22 @@ struct kokkos {
     space.fence();
     return b;
   }
+
+  /// Calls `body(i)` for every i in [0, n) on the instance, then waits for it. `body`
+  /// must be callable in the space (GRADCOMP_HOST_DEVICE) and must not throw.
+  template <class Body>
+  void for_each(std::size_t n, const Body& body) const {
+    Kokkos::parallel_for("gradcomp::for_each", Kokkos::RangePolicy<ExecSpace>(space, 0, n), index_body<Body>{body});
+    space.fence();
+  }
+
+ private:
+  // Kokkos hands a range policy's body a signed index.
+  template <class Body>
+  struct index_body {
+    Body body;
+    KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const { body(static_cast<std::size_t>(i)); }
+  };
 };
 
 }  // namespace backend

@@ -100,7 +100,8 @@ class Compressor:
     def compress(self, grad):
         """One step: returns the message (1-D ``torch.uint8`` on grad's device).
 
-        ``grad``: 1-D contiguous float32 tensor of ``numel`` elements on ``device``.
+        ``grad``: 1-D contiguous float32, float16 or bfloat16 tensor of ``numel``
+        elements on ``device`` (16-bit values are widened exactly; state stays float32).
         Raises :class:`gradcomp.NonFiniteError` if grad (or the memory updated with it)
         holds a NaN or infinity, :class:`gradcomp.InvalidArgumentError` for a bad
         tensor; the state is unchanged then.

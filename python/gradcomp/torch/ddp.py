@@ -157,10 +157,12 @@ def hook(state, bucket):
 
     transport = _Transport(group)
     index = bucket.index()
-    # gradcomp compresses float32; a bucket of another dtype goes through a copy.
-    flat = buffer if buffer.dtype == torch.float32 else buffer.float()
+    # gradcomp compresses float32, float16 and bfloat16 buckets as they are (widened
+    # exactly inside); ScaleCom's exchange, and any other dtype, go through a float32 copy.
+    native = buffer.dtype in (torch.float32, torch.float16, torch.bfloat16) and state.method != "scalecom"
+    flat = buffer if native or buffer.dtype == torch.float32 else buffer.float()
     c = state.compressor(index, flat.numel(), flat.device)
-    mean = torch.zeros_like(flat)
+    mean = torch.zeros(flat.numel(), dtype=torch.float32, device=flat.device)
     if state.method == "scalecom":
         exchange = state._exchanges.get(index)
         if exchange is None:
