@@ -73,6 +73,7 @@ class compressor {
   /// The corrector's committed memory array `a` (< Corrector::state_arrays), e.g. the
   /// error-feedback residual, readable on the host (a copy, for device memory).
   [[nodiscard]] std::span<const float> corrector_state(std::size_t a) const {
+    check_device("corrector_state");
     detail::require(std::cmp_less(a, Corrector::state_arrays), errc::invalid_argument, "corrector_state: array ", a,
                     " does not exist, ", corrector_.name(), " keeps ", Corrector::state_arrays);
     return correct_.committed(a);
@@ -161,6 +162,7 @@ class compressor {
   /// \throws gradcomp::error if grad.size() != n, or the value holds a NaN or infinity
   ///         (the error compress would raise).
   std::span<const float> preview(std::span<const float> grad) {
+    check_device("preview");
     detail::require(grad.size() == n_, errc::invalid_argument, "preview: grad.size() = ", grad.size(),
                     " does not match the compressor's n = ", n_);
     if (static_cast<std::size_t>(preview_.size()) != n_) preview_ = backend_.template allocate<float>(n_);
@@ -214,6 +216,7 @@ class compressor {
   void set_density(double d)
     requires requires(Selector s) { s.density = d; }
   {
+    check_device("set_density");
     Selector next = selector_;
     next.density = d;
     if constexpr (requires { next.count = 0; }) next.count = 0;
@@ -230,12 +233,14 @@ class compressor {
   void set_indices(std::span<const std::uint32_t> indices)
     requires requires(detail::engine<Selector, Backend>& e, const Selector& s) { e.set_indices(s, indices); }
   {
+    check_device("set_indices");
     select_.set_indices(selector_, indices);
   }
 
   /// Writes the step counter, the selector's density and the corrector's memory.
   /// \throws gradcomp::error (io) if the stream fails.
   void save_state(std::ostream& out) const {
+    check_device("save_state");
     detail::state_writer w;
     w.header(signature(), n_, step_, density());
     for (std::size_t a = 0; a != Corrector::state_arrays; ++a) w.array(correct_.committed(a));
@@ -248,6 +253,7 @@ class compressor {
   /// whole record is read and checked before anything changes.
   /// \throws gradcomp::error if the stream fails or the record does not match.
   void load_state(std::istream& in) {
+    check_device("load_state");
     detail::state_reader r(in, signature(), n_, Corrector::state_arrays);
     const auto selector_state = r.selector_state();
     if constexpr (detail::engine_restores_state<detail::engine<Selector, Backend>>) {
@@ -310,7 +316,14 @@ class compressor {
     }
   }
 
+  // On a device backend, every call that touches the compressor's memory must run with
+  // the device it was made on current.
+  void check_device(const char* who) const {
+    if constexpr (requires { backend_.require_current_device(who); }) backend_.require_current_device(who);
+  }
+
   void check_step(std::span<const float> grad, std::span<std::byte> out) const {
+    check_device("compress");
     detail::require(grad.size() == n_, errc::invalid_argument, "compress: grad.size() = ", grad.size(),
                     " does not match the compressor's n = ", n_);
     const std::size_t need = max_message_bytes();
@@ -384,14 +397,19 @@ class compressor {
     staged_ = false;
   }
 
-  static const Backend& checked(const Backend& backend, std::size_t n, const Selector& s, const Corrector& c,
-                                const Encoder& e) {
+  static Backend checked(const Backend& backend, std::size_t n, const Selector& s, const Corrector& c,
+                         const Encoder& e) {
     detail::require(n >= 1 && n <= message_header::max_n, errc::invalid_argument, "compressor: n must be in [1, ",
                     message_header::max_n, "], got ", n);
     s.validate(n);
     c.validate();
     e.validate();
-    return backend;
+    // A device backend records its device here (the current one unless it names one).
+    if constexpr (requires { backend.on_current_device("compressor"); }) {
+      return backend.on_current_device("compressor");
+    } else {
+      return backend;
+    }
   }
 
   // Spans over the workspace buffers (std::vector or Kokkos::View: data() and size()).
@@ -426,6 +444,7 @@ class compressor {
   // the first call; if that throws, nothing has changed).
   template <detail::narrow_float T>
   std::span<const float> widened(const char* who, std::span<const T> grad) {
+    check_device(who);
     detail::require(grad.size() == n_, errc::invalid_argument, who, ": grad.size() = ", grad.size(),
                     " does not match the compressor's n = ", n_);
     if (static_cast<std::size_t>(wide_.size()) != n_) wide_ = backend_.template allocate<float>(n_);

@@ -243,7 +243,9 @@ class compressor_handle {
     const auto d = c_->density();
     return d ? py::object(py::float_(*d)) : py::none();
   }
-  void set_density(double d) { c_->set_density(d); }
+  void set_density(double d) {
+    on_device([&] { c_->set_density(d); });
+  }
   void set_indices(const torch::Tensor& indices) {
     const torch::Tensor i = indices.to(torch::kCPU, torch::kLong).contiguous().view(-1);
     std::vector<std::uint32_t> values(static_cast<std::size_t>(i.numel()));
@@ -254,14 +256,22 @@ class compressor_handle {
       }
       values[j] = static_cast<std::uint32_t>(p[j]);
     }
-    c_->set_indices(values);
+    on_device([&] { c_->set_indices(values); });
   }
 
-  py::bytes save_state() const { return py::bytes(c_->save_state()); }
-  void load_state(const py::bytes& record) { c_->load_state(std::string(record)); }
+  py::bytes save_state() {
+    std::string record;
+    on_device([&] { record = c_->save_state(); });
+    return py::bytes(record);
+  }
+  void load_state(const py::bytes& record) {
+    const std::string bytes(record);
+    on_device([&] { c_->load_state(bytes); });
+  }
   std::size_t state_arrays() const { return c_->state_arrays(); }
-  torch::Tensor corrector_state(std::size_t a) const {
-    const std::vector<float> s = c_->corrector_state(a);
+  torch::Tensor corrector_state(std::size_t a) {
+    std::vector<float> s;
+    on_device([&] { s = c_->corrector_state(a); });
     return torch::tensor(at::ArrayRef<float>(s), torch::kFloat).to(device_);
   }
 

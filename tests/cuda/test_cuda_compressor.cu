@@ -315,4 +315,36 @@ TEST_CASE("set_density and checkpoints carry over between cuda and host") {
   both(4);
 }
 
+TEST_CASE("cuda: a compressor records its device and refuses calls made with another current") {
+  int current = 0;
+  int devices = 0;
+  REQUIRE(cudaGetDevice(&current) == cudaSuccess);
+  REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
+  const std::size_t n = 1000;
+  const gc::select::exact_topk topk{.density = 0.01};
+  gc::compressor c{gc::backend::cuda{}, n, topk, gc::correct::error_feedback{}};
+  CHECK(c.backend().device == current);
+  // Naming a device that is not current is refused at once.
+  CHECK_THROWS_WITH_AS(gc::compressor(gc::backend::cuda{.device = current + 1}, n, topk),
+                       doctest::Contains("compressor: the compressor's memory is on CUDA device"), gc::error);
+  if (devices < 2) return;  // the rest needs a second GPU
+  auto g = device::copy_of(inputs::make(inputs::shape::normal, n, 1));
+  thrust::device_vector<std::byte> out(c.max_message_bytes());
+  (void)c.compress(device::span_of(g), device::span_of(out));
+  std::stringstream before;
+  c.save_state(before);
+  const int other = (current + 1) % devices;
+  REQUIRE(cudaSetDevice(other) == cudaSuccess);
+  const std::string want = "the compressor's memory is on CUDA device " + std::to_string(current) +
+                           " but the current device is " + std::to_string(other);
+  CHECK_THROWS_WITH_AS(c.compress(device::span_of(g), device::span_of(out)), doctest::Contains(want.c_str()), gc::error);
+  CHECK_THROWS_WITH_AS(c.preview(device::span_of(g)), doctest::Contains(("preview: " + want).c_str()), gc::error);
+  CHECK_THROWS_WITH_AS(c.set_density(0.1), doctest::Contains(want.c_str()), gc::error);
+  REQUIRE(cudaSetDevice(current) == cudaSuccess);
+  std::stringstream after;
+  c.save_state(after);
+  CHECK(after.str() == before.str());
+  CHECK(c.step() == 1);
+}
+
 int main(int argc, char** argv) { return device::run_tests(argc, argv); }

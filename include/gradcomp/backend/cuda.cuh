@@ -23,6 +23,7 @@
 
 #include <gradcomp/config.hpp>
 #include <gradcomp/detail/cuda/device_buffer.cuh>
+#include <gradcomp/error.hpp>
 
 #include <cuda_runtime.h>
 
@@ -52,6 +53,10 @@ namespace backend {
 struct cuda {
   /// The stream every kernel and copy is queued on (0: the legacy default stream).
   cudaStream_t stream = nullptr;
+  /// The device the compressor's memory lives on; -1 (the default): the current device
+  /// when the compressor is made, which it then records. Every call that touches that
+  /// memory must run with this device current.
+  int device = -1;
 
   /// Gradients, state and messages live in device memory: compress() queues its work
   /// and reads a step_status back (see compressor).
@@ -83,6 +88,27 @@ struct cuda {
     const auto blocks = static_cast<unsigned>(std::min<std::size_t>((n + threads - 1) / threads, 4096));
     detail::for_each_kernel<<<blocks, threads, 0, stream>>>(n, body);
     detail::cuda_check(cudaGetLastError(), "for_each (launch)");
+  }
+
+  /// This backend with `device` resolved: the current device if it is -1.
+  /// \throws gradcomp::error (invalid_argument) if it names a device that is not current.
+  [[nodiscard]] cuda on_current_device(const char* who) const {
+    cuda bound = *this;
+    if (bound.device < 0) {
+      detail::cuda_check(cudaGetDevice(&bound.device), "cudaGetDevice");
+    } else {
+      bound.require_current_device(who);
+    }
+    return bound;
+  }
+
+  /// \throws gradcomp::error (invalid_argument) unless `device` is the current device,
+  ///         naming both: kernels would otherwise run on memory of another device.
+  void require_current_device(const char* who) const {
+    int current = 0;
+    detail::cuda_check(cudaGetDevice(&current), "cudaGetDevice");
+    detail::require(device < 0 || current == device, errc::invalid_argument, who, ": the compressor's memory is on CUDA device ",
+                    device, " but the current device is ", current, " (call cudaSetDevice(", device, ") first)");
   }
 
   /// Waits for the stream and returns the value at device address `p`.
