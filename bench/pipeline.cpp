@@ -5,6 +5,7 @@
 #include <gradcomp/gradcomp.hpp>
 
 #include <bit>
+#include <type_traits>
 
 #include "bench_common.hpp"
 
@@ -19,9 +20,22 @@ void account(benchmark::State& state, std::size_t n) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * n * 4));
 }
 
-template <class Compressor>
+// The bench gradient, or its bfloat16 (the top half of each float).
+template <class Element>
+std::vector<Element> gradient_as(std::size_t n) {
+  const auto& g = bench::gradient(n);
+  if constexpr (std::is_same_v<Element, float>) {
+    return g;
+  } else {
+    std::vector<Element> out(n);
+    for (std::size_t i = 0; i < n; ++i) out[i] = {static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(g[i]) >> 16)};
+    return out;
+  }
+}
+
+template <class Element = float, class Compressor>
 void run_fused(benchmark::State& state, Compressor c) {
-  const auto& g = bench::gradient(c.size());
+  const std::vector<Element> g = gradient_as<Element>(c.size());
   std::vector<std::byte> buf(c.max_message_bytes());
   std::size_t bytes = 0;
   // Steady state, as in training: the first steps touch the state arrays for the first
@@ -85,21 +99,11 @@ void BM_topk_ef_step_unfused(benchmark::State& s) {
 // The same steps with the gradient in bfloat16 (a bf16 model's DDP bucket): widened to
 // float32 by the compressor first. Bytes processed count the 4-byte float32 input the
 // step then works on, as above, so the rates compare directly.
-template <class Compressor>
-void run_fused_bf16(benchmark::State& state, Compressor c) {
-  const auto& g = bench::gradient(c.size());
-  std::vector<gc::bfloat16> b(g.size());
-  for (std::size_t i = 0; i < g.size(); ++i) b[i] = {static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(g[i]) >> 16)};
-  std::vector<std::byte> buf(c.max_message_bytes());
-  std::size_t bytes = 0;
-  for (int warm = 0; warm < 3; ++warm) (void)c.compress(b, buf);
-  for (auto _ : state) bytes = c.compress(b, buf).bytes().size();
-  account(state, c.size());
-  state.counters["msg_bytes"] = static_cast<double>(bytes);
+void BM_dgc_step_bf16(benchmark::State& s) {
+  run_fused<gc::bfloat16>(s, gc::presets::dgc(gc::backend::host{}, step_n, dgc_opts));
 }
-void BM_dgc_step_bf16(benchmark::State& s) { run_fused_bf16(s, gc::presets::dgc(gc::backend::host{}, step_n, dgc_opts)); }
 void BM_topk_ef_step_bf16(benchmark::State& s) {
-  run_fused_bf16(s, gc::presets::topk_ef(gc::backend::host{}, step_n, {.density = 0.001}));
+  run_fused<gc::bfloat16>(s, gc::presets::topk_ef(gc::backend::host{}, step_n, {.density = 0.001}));
 }
 
 // The memory traffic momentum correction cannot avoid: read u, v, g, write u, v, in a
