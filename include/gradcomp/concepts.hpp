@@ -65,6 +65,16 @@ concept backend_has_allocate = requires(const B& b, std::size_t n) {
   { b.template allocate<float>(n) } -> std::same_as<typename B::template buffer<float>>;
 };
 
+namespace detail {
+/// A body for for_each in the concept below: does nothing, anywhere.
+struct no_op_body {
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t) const noexcept {}
+};
+}  // namespace detail
+
+template <class B>
+concept backend_has_for_each = requires(const B& b, std::size_t n) { b.for_each(n, detail::no_op_body{}); };
+
 // -- the concepts -------------------------------------------------------------------
 
 /// Decides which entries are sent: `validate(n)` throws gradcomp::error for parameters
@@ -84,9 +94,10 @@ concept corrector = std::copyable<C> && policy_has_name<C> && corrector_has_vali
 template <class E>
 concept encoder = std::copyable<E> && policy_has_name<E> && encoder_has_validate<E> && encoder_has_max_bytes<E>;
 
-/// Knows where memory lives and runs the data-parallel work.
+/// Knows where memory lives and runs the data-parallel work: allocate<T>(n), and
+/// for_each(n, body), which calls a GRADCOMP_HOST_DEVICE body(i) for every i < n.
 template <class B>
-concept backend_type = std::copyable<B> && backend_has_allocate<B>;
+concept backend_type = std::copyable<B> && backend_has_allocate<B> && backend_has_for_each<B>;
 
 // -- the engine contract ---------------------------------------------------------------
 //
@@ -198,6 +209,8 @@ template <class Backend, class Selector, class Corrector, class Encoder>
 consteval bool check_policies() {
   static_assert(backend_has_allocate<Backend>,
                 "gradcomp: the backend has no member template allocate<T>(n) returning buffer<T>");
+  static_assert(backend_has_for_each<Backend>,
+                "gradcomp: the backend has no member template for_each(n, body) calling body(i) for every i < n");
   static_assert(policy_has_name<Selector>, "gradcomp: the selector has no member name()");
   static_assert(selector_has_validate<Selector>, "gradcomp: the selector has no member validate(n)");
   static_assert(selector_has_max_selected<Selector>,
