@@ -23,30 +23,16 @@
 
 #include <gradcomp/config.hpp>
 #include <gradcomp/detail/cuda/device_buffer.cuh>
+#include <gradcomp/detail/cuda/launch.cuh>
 #include <gradcomp/error.hpp>
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstddef>
-#include <cstdint>
 #include <span>
 #include <vector>
 
 GRADCOMP_NAMESPACE_BEGIN
-namespace detail {
-
-/// backend::cuda::for_each's kernel: a grid-stride loop over [0, n).
-template <class Body>
-__global__ void for_each_kernel(std::uint64_t n, Body body) {
-  const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
-  for (std::uint64_t i = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    body(static_cast<std::size_t>(i));
-  }
-}
-
-}  // namespace detail
-
 namespace backend {
 
 /// Runs gradcomp on the current CUDA device, ordered on one stream.
@@ -84,9 +70,8 @@ struct cuda {
   template <class Body>
   void for_each(std::size_t n, const Body& body) const {
     if (n == 0) return;
-    constexpr std::size_t threads = 256;
-    const auto blocks = static_cast<unsigned>(std::min<std::size_t>((n + threads - 1) / threads, 4096));
-    detail::for_each_kernel<<<blocks, threads, 0, stream>>>(n, body);
+    detail::cuda_launch::for_each<<<detail::cuda_launch::grid_for(n), detail::cuda_launch::block_threads, 0, stream>>>(
+        n, body);
     detail::cuda_check(cudaGetLastError(), "for_each (launch)");
   }
 

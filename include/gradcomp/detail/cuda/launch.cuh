@@ -42,6 +42,12 @@ __device__ void grid_stride(std::uint64_t n, Body&& body) {
   }
 }
 
+/// backend::cuda::for_each's kernel: `body(i)` for every i in [0, n).
+template <class Body>
+__global__ void for_each(std::uint64_t n, Body body) {
+  grid_stride(n, [&](std::uint64_t i) { body(static_cast<std::size_t>(i)); });
+}
+
 /// Raises the step's non-finite flag once per thread that saw one.
 __device__ inline void flag_non_finite(bool seen, step_status* status) {
   if (seen) atomicOr(&status->non_finite, 1u);
