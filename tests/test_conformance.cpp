@@ -5,7 +5,9 @@
 #include <gradcomp/gradcomp.hpp>
 
 #include <cstring>
+#include <limits>
 #include <span>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -120,3 +122,123 @@ TEST_CASE("lossless values leave exactly zero residual at sent indices") {
   const auto sent = gc::decode(c.compress(g, buf).bytes());
   for (const auto i : sent.indices) CHECK(c.corrector_state(0)[i] == 0.0f);
 }
+
+#if !defined(GRADCOMP_TEST_KOKKOS)
+// backend::host's corrector engines are fast paths (fused with the selector's pass,
+// optimistic clipping order, in-place updates): each must equal the generic algorithm
+// that the other backends run (detail/correct_elementwise.hpp, detail/correct_none.hpp)
+// instantiated on backend::host, bit for bit, step by step, rejected steps included.
+namespace {
+
+template <class Policy>
+struct generic_of {
+  using type = gc::detail::elementwise_correction<Policy, gc::backend::host>;
+};
+template <>
+struct generic_of<gc::correct::none> {
+  using type = gc::detail::no_correction<gc::backend::host>;
+};
+template <class Policy>
+using generic_engine = typename generic_of<Policy>::type;
+
+template <class Case>
+void fast_path_matches_generic() {
+  for (int variant = 0; variant < Case::variants; ++variant) {
+    for (const int threads : {1, 2}) {
+      for (const std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{70003}}) {
+        const auto policy = Case::make(variant).first;
+        using policy_type = std::remove_const_t<decltype(policy)>;
+        const gc::backend::host be{.threads = threads};
+        gc::detail::engine<policy_type, gc::backend::host> fast(be, policy, n);
+        generic_engine<policy_type> generic(be, policy, n);
+        for (std::uint64_t t = 0; t < 8; ++t) {
+          const auto shape = inputs::all_shapes[t % std::size(inputs::all_shapes)];
+          auto g = inputs::make(shape, n, 7000 + t);
+          // Large gradients now and then, so that clip_norm clips (and stops clipping).
+          if (t % 3 == 1) {
+            for (float& x : g) x *= 1e4f;
+          }
+          if (t == 5) g[n / 2] = std::numeric_limits<float>::quiet_NaN();  // a rejected step
+          const bool in_place = t % 2 == 0;  // compressor::stage forbids in-place updates
+          if constexpr (requires { fast.allow_in_place(in_place); }) fast.allow_in_place(in_place);
+          CAPTURE(Case::name(variant));
+          CAPTURE(threads);
+          CAPTURE(n);
+          CAPTURE(t);
+
+          std::vector<float> preview_fast(n), preview_generic(n);
+          const bool preview_ok = fast.preview(policy, g, preview_fast);
+          REQUIRE(generic.preview(policy, g, preview_generic) == preview_ok);
+          if (preview_ok) REQUIRE(std::memcmp(preview_fast.data(), preview_generic.data(), 4 * n) == 0);
+
+          const bool ok = fast.update(policy, g, gc::detail::ignore_chunk{});
+          REQUIRE(generic.update(policy, g, gc::detail::ignore_chunk{}) == ok);
+          REQUIRE(ok == (t != 5));
+          if (!ok) continue;  // rejected: nothing committed, nothing accepted
+          const auto acc_fast = fast.acc(g);
+          const auto acc_generic = generic.acc(g);
+          REQUIRE(std::memcmp(acc_fast.data(), acc_generic.data(), 4 * n) == 0);
+
+          std::vector<std::uint32_t> index;
+          std::vector<float> sent;
+          for (std::uint32_t i = 0; i < n; ++i) {
+            if ((i * 2654435761u + t) % 7 == 0) {
+              index.push_back(i);
+              sent.push_back(t % 2 == 1 ? acc_fast[i] * 0.5f : acc_fast[i]);  // lossy and lossless values
+            }
+          }
+          fast.commit(policy, index, sent);
+          generic.commit(policy, index, sent);
+          fast.accept();
+          generic.accept();
+          for (std::size_t a = 0; a != policy_type::state_arrays; ++a) {
+            REQUIRE(std::memcmp(fast.committed(a).data(), generic.committed(a).data(), 4 * n) == 0);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("backend::host's corrector fast paths equal the generic algorithm on backend::host") {
+  fast_path_matches_generic<conformance::none_case>();
+  fast_path_matches_generic<conformance::clip_norm_case>();
+  fast_path_matches_generic<conformance::error_feedback_case>();
+  fast_path_matches_generic<conformance::momentum_case>();
+  fast_path_matches_generic<conformance::low_pass_case>();
+  fast_path_matches_generic<conformance::clipped_case<gc::correct::error_feedback, conformance::kind::error_feedback>>();
+  fast_path_matches_generic<conformance::clipped_case<gc::correct::momentum, conformance::kind::momentum>>();
+}
+#endif
+
+#if !defined(GRADCOMP_TEST_KOKKOS)
+// backend::host's threshold engine (collecting in the corrector's pass, SIMD skipping)
+// against the generic compaction (detail/select_threshold.hpp) on backend::host.
+TEST_CASE("backend::host's threshold fast path equals the generic algorithm on backend::host") {
+  for (const int threads : {1, 2}) {
+    for (const std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{70003}}) {
+      for (const auto shape : inputs::all_shapes) {
+        for (const float tau : {0.0f, 1e-30f, 0.5f, 1.0f, 3.0f}) {
+          const gc::backend::host be{.threads = threads};
+          const gc::select::threshold policy{.tau = tau};
+          gc::detail::engine<gc::select::threshold, gc::backend::host> fast(be, policy, n);
+          gc::detail::threshold_selection<gc::backend::host> generic(be, policy, n);
+          const auto acc = inputs::make(shape, n, 31);
+          std::vector<std::uint32_t> out_fast(n), out_generic(n, 0xFFFFFFFFu);
+          const auto a = fast.select(policy, {acc, acc, 0}, out_fast);
+          const auto b = generic.select(policy, {acc, acc, 0}, out_generic);
+          CAPTURE(threads);
+          CAPTURE(n);
+          CAPTURE(inputs::name(shape));
+          CAPTURE(tau);
+          REQUIRE(a.count == b.count);
+          REQUIRE(std::equal(out_fast.begin(), out_fast.begin() + static_cast<std::ptrdiff_t>(a.count),
+                             out_generic.begin()));
+        }
+      }
+    }
+  }
+}
+#endif

@@ -75,6 +75,42 @@ struct no_op_body {
 template <class B>
 concept backend_has_for_each = requires(const B& b, std::size_t n) { b.for_each(n, detail::no_op_body{}); };
 
+namespace detail {
+/// A body for reduce_or: raises nothing.
+struct no_flag_body {
+  GRADCOMP_HOST_DEVICE std::uint32_t operator()(std::size_t) const noexcept { return 0; }
+};
+/// A predicate for compact: keeps nothing.
+struct no_index_kept {
+  GRADCOMP_HOST_DEVICE bool operator()(std::size_t) const noexcept { return false; }
+};
+/// A term for sum: zero.
+struct zero_term {
+  GRADCOMP_HOST_DEVICE double operator()(std::size_t) const noexcept { return 0.0; }
+};
+}  // namespace detail
+
+template <class B>
+concept backend_has_reductions = requires(const B& b, std::size_t n, std::uint32_t* bits, double* d) {
+  b.reduce_or(n, detail::no_flag_body{}, bits);
+  b.sum(n, detail::zero_term{}, d, d);
+};
+
+template <class B>
+concept backend_has_compaction = requires(const B& b, std::size_t n, std::uint32_t* out, std::span<std::byte> w) {
+  { b.template compact_workspace<detail::no_index_kept>(n) } -> std::same_as<std::size_t>;
+  b.compact(n, detail::no_index_kept{}, out, w, out);
+};
+
+template <class B>
+concept backend_has_transfers = requires(const B& b, float* p, const float* cp, std::size_t n) {
+  { B::host_accessible } -> std::convertible_to<bool>;
+  b.clear(p, n);
+  { b.read(cp) } -> std::same_as<float>;
+  b.to_host(cp, n, p);
+  b.to_device(cp, n, p);
+};
+
 // -- the concepts -------------------------------------------------------------------
 
 /// Decides which entries are sent: `validate(n)` throws gradcomp::error for parameters
@@ -94,10 +130,22 @@ concept corrector = std::copyable<C> && policy_has_name<C> && corrector_has_vali
 template <class E>
 concept encoder = std::copyable<E> && policy_has_name<E> && encoder_has_validate<E> && encoder_has_max_bytes<E>;
 
-/// Knows where memory lives and runs the data-parallel work: allocate<T>(n), and
-/// for_each(n, body), which calls a GRADCOMP_HOST_DEVICE body(i) for every i < n.
+/// Knows where memory lives and runs the data-parallel work, the primitives that every
+/// policy's algorithm is written against (bodies and terms are GRADCOMP_HOST_DEVICE):
+/// - allocate<T>(n): n zeroed elements of the backend's memory;
+/// - for_each(n, body): body(i) for every i < n;
+/// - reduce_or(n, body, bits): ORs body(i) -> std::uint32_t over every i < n into *bits;
+/// - sum(n, term, chunk, total): *total = the sum of term(i) -> double in the order of
+///   detail/fixed_order_sum.hpp (identical on every backend and for any thread count);
+/// - compact(n, keep, out, workspace, count): the i < n with keep(i) -> bool, ascending,
+///   to out and their number to *count; compact_workspace<Keep>(n) bytes of workspace;
+/// - host_accessible, clear(p, n), read(p), to_host(from, n, to), to_device(from, n, to):
+///   whether the host may touch the backend's memory, and the small transfers.
+/// Results written to pointers stay in the backend's memory (nothing waits for them on
+/// a device) until read() or to_host() brings them back.
 template <class B>
-concept backend_type = std::copyable<B> && backend_has_allocate<B> && backend_has_for_each<B>;
+concept backend_type = std::copyable<B> && backend_has_allocate<B> && backend_has_for_each<B> &&
+                       backend_has_reductions<B> && backend_has_compaction<B> && backend_has_transfers<B>;
 
 // -- the engine contract ---------------------------------------------------------------
 //
@@ -211,6 +259,14 @@ consteval bool check_policies() {
                 "gradcomp: the backend has no member template allocate<T>(n) returning buffer<T>");
   static_assert(backend_has_for_each<Backend>,
                 "gradcomp: the backend has no member template for_each(n, body) calling body(i) for every i < n");
+  static_assert(backend_has_reductions<Backend>,
+                "gradcomp: the backend lacks the reductions reduce_or(n, body, bits) and sum(n, term, chunk, total)");
+  static_assert(backend_has_compaction<Backend>,
+                "gradcomp: the backend lacks the ordered compaction compact(n, keep, out, workspace, count) and "
+                "compact_workspace<Keep>(n)");
+  static_assert(backend_has_transfers<Backend>,
+                "gradcomp: the backend lacks host_accessible, clear(p, n), read(p), to_host(from, n, to) or "
+                "to_device(from, n, to)");
   static_assert(policy_has_name<Selector>, "gradcomp: the selector has no member name()");
   static_assert(selector_has_validate<Selector>, "gradcomp: the selector has no member validate(n)");
   static_assert(selector_has_max_selected<Selector>,

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <gradcomp/config.hpp>
+#include <gradcomp/detail/cuda/compaction.cuh>
 #include <gradcomp/detail/cuda/device_buffer.cuh>
 #include <gradcomp/detail/cuda/launch.cuh>
 #include <gradcomp/error.hpp>
@@ -74,6 +75,47 @@ struct cuda {
         n, body);
     detail::cuda_check(cudaGetLastError(), "for_each (launch)");
   }
+
+  /// Queues `body(i)` -> std::uint32_t for every i in [0, n), ORing the results into
+  /// `*bits` (device memory, never cleared here).
+  template <class Body>
+  void reduce_or(std::size_t n, const Body& body, std::uint32_t* bits) const {
+    if (n == 0) return;
+    detail::cuda_launch::reduce_or<<<detail::cuda_launch::grid_for(n), detail::cuda_launch::block_threads, 0, stream>>>(
+        n, body, bits);
+    detail::cuda_check(cudaGetLastError(), "reduce_or (launch)");
+  }
+
+  /// Queues the sum of `term(i)` (a double) over [0, n) into `*total` (device memory),
+  /// added in the order of detail/fixed_order_sum.hpp, exactly as the host adds it;
+  /// `chunk` is device workspace of chunk_count(n) doubles.
+  template <class Term>
+  void sum(std::size_t n, const Term& term, double* chunk, double* total) const {
+    if (n != 0) {
+      detail::cuda_launch::chunk_sums<<<detail::cuda_launch::chunk_sum_blocks(n), detail::cuda_launch::block_threads, 0,
+                                        stream>>>(n, term, chunk);
+      detail::cuda_check(cudaGetLastError(), "sum (launch)");
+    }
+    detail::cuda_launch::sum_of_chunks<<<1, 1, 0, stream>>>(chunk, detail::chunk_count(n), total);
+    detail::cuda_check(cudaGetLastError(), "sum (launch)");
+  }
+
+  /// Bytes of workspace that compact() needs for n indices and a predicate of type Keep.
+  template <class Keep>
+  [[nodiscard]] std::size_t compact_workspace(std::size_t n) const {
+    return detail::cuda_launch::select_if_scratch<Keep>(n, stream);
+  }
+  /// Queues the indices i < n with keep(i), ascending, into `out` (room for every kept
+  /// index) and their number into `*count` (device memory), by cub::DeviceSelect::If;
+  /// `workspace` holds compact_workspace<Keep>(n) bytes.
+  template <class Keep>
+  void compact(std::size_t n, const Keep& keep, std::uint32_t* out, std::span<std::byte> workspace,
+               std::uint32_t* count) const {
+    detail::cuda_launch::select_if(workspace.data(), workspace.size(), keep, n, out, count, stream);
+  }
+
+  /// Device memory: the host reaches it only through read(), to_host() and to_device().
+  static constexpr bool host_accessible = false;
 
   /// This backend with `device` resolved: the current device if it is -1.
   /// \throws gradcomp::error (invalid_argument) if it names a device that is not current.
@@ -136,10 +178,8 @@ struct cuda {
 GRADCOMP_NAMESPACE_END
 
 #include <gradcomp/detail/cuda/chunk_local.cuh>
-#include <gradcomp/detail/cuda/correctors.cuh>
 #include <gradcomp/detail/cuda/exact_topk.cuh>
 #include <gradcomp/detail/cuda/given_indices.cuh>
 #include <gradcomp/detail/cuda/index_value.cuh>
 #include <gradcomp/detail/cuda/random_k.cuh>
 #include <gradcomp/detail/cuda/sampled_threshold.cuh>
-#include <gradcomp/detail/cuda/threshold.cuh>

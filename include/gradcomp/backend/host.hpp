@@ -4,10 +4,14 @@
 #pragma once
 
 #include <gradcomp/config.hpp>
+#include <gradcomp/detail/fixed_order_sum.hpp>
 #include <gradcomp/error.hpp>
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <span>
+#include <utility>
 #include <vector>
 
 #if GRADCOMP_HAS_OPENMP
@@ -16,13 +20,6 @@
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
-
-/// Elements per work unit of the host backend. Sized so that the arrays a corrector
-/// touches for one chunk (old state, gradient, new state) stay in a 512 KiB L2 and the
-/// selector's first pass re-reads the chunk from cache (see compressor::compress).
-inline constexpr std::size_t host_chunk = std::size_t{1} << 15;
-
-inline std::size_t chunk_count(std::size_t n) noexcept { return (n + host_chunk - 1) / host_chunk; }
 
 /// A flag any thread of a parallel region may raise (a NaN seen, say).
 class shared_flag {
@@ -107,6 +104,87 @@ struct host {
     detail::for_each_chunk(concurrency(), n, [&](int, std::size_t, std::size_t begin, std::size_t end) {
       for (std::size_t i = begin; i < end; ++i) body(i);
     });
+  }
+
+  /// Calls `body(i)` -> std::uint32_t for every i in [0, n) and ORs the results into
+  /// `*bits` (which it never clears): a pass that also raises a flag, a NaN seen, say.
+  template <class Body>
+  void reduce_or(std::size_t n, const Body& body, std::uint32_t* bits) const {
+    detail::for_each_chunk(concurrency(), n, [&](int, std::size_t, std::size_t begin, std::size_t end) {
+      std::uint32_t seen = 0;
+      for (std::size_t i = begin; i < end; ++i) seen |= body(i);
+      if (seen != 0) {
+#if GRADCOMP_HAS_OPENMP
+#pragma omp atomic
+#endif
+        *bits |= seen;
+      }
+    });
+  }
+
+  /// Writes to `*total` the sum of `term(i)` (a double) over [0, n), added in the order
+  /// of detail/fixed_order_sum.hpp that every backend shares. `chunk` is workspace of
+  /// chunk_count(n) doubles.
+  template <class Term>
+  void sum(std::size_t n, const Term& term, double* chunk, double* total) const {
+    detail::for_each_chunk(concurrency(), n, [&](int, std::size_t c, std::size_t begin, std::size_t end) {
+      chunk[c] = detail::chunk_sum(term, begin, end);
+    });
+    *total = detail::sum_of_chunks(chunk, detail::chunk_count(n));
+  }
+
+  /// Bytes of workspace that compact() needs for n indices.
+  template <class Keep>
+  [[nodiscard]] std::size_t compact_workspace(std::size_t n) const {
+    return detail::chunk_count(n) * sizeof(std::size_t);
+  }
+  /// Writes the indices i < n with keep(i), ascending, to `out` (room for every kept
+  /// index) and their number to `*count`: each chunk counts, an exclusive scan of the
+  /// counts gives each chunk where it writes, each chunk writes. `workspace` holds
+  /// compact_workspace<Keep>(n) bytes.
+  template <class Keep>
+  void compact(std::size_t n, const Keep& keep, std::uint32_t* out, std::span<std::byte> workspace,
+               std::uint32_t* count) const {
+    auto* at = reinterpret_cast<std::size_t*>(workspace.data());  // allocation-aligned bytes, reused as counts
+    const int workers = concurrency();
+    detail::for_each_chunk(workers, n, [&](int, std::size_t c, std::size_t begin, std::size_t end) {
+      std::size_t kept = 0;
+      for (std::size_t i = begin; i < end; ++i) kept += keep(i) ? 1 : 0;
+      at[c] = kept;
+    });
+    std::size_t total = 0;
+    for (std::size_t c = 0; c < detail::chunk_count(n); ++c) total += std::exchange(at[c], total);
+    detail::for_each_chunk(workers, n, [&](int, std::size_t c, std::size_t begin, std::size_t end) {
+      std::size_t w = at[c];
+      for (std::size_t i = begin; i < end; ++i) {
+        if (keep(i)) out[w++] = static_cast<std::uint32_t>(i);
+      }
+    });
+    *count = static_cast<std::uint32_t>(total);
+  }
+
+  /// Memory of this backend is host memory: read() and the copies are plain accesses.
+  static constexpr bool host_accessible = true;
+
+  /// Sets `count` elements at `p` to zero.
+  template <class T>
+  void clear(T* p, std::size_t count) const {
+    std::fill(p, p + count, T{});
+  }
+  /// The value at `p`.
+  template <class T>
+  [[nodiscard]] T read(const T* p) const {
+    return *p;
+  }
+  /// Copies `count` elements of this backend's memory at `from` to host memory at `to`.
+  template <class T>
+  void to_host(const T* from, std::size_t count, T* to) const {
+    std::copy(from, from + count, to);
+  }
+  /// Copies `count` elements of host memory at `from` to this backend's memory at `to`.
+  template <class T>
+  void to_device(const T* from, std::size_t count, T* to) const {
+    std::copy(from, from + count, to);
   }
 
   /// Threads that a parallel region of this backend uses.

@@ -8,6 +8,9 @@
 #pragma once
 
 #include <gradcomp/config.hpp>
+#include <gradcomp/detail/fixed_order_sum.hpp>
+#include <gradcomp/detail/kokkos/primitives.hpp>
+#include <gradcomp/detail/radix_select.hpp>
 #include <gradcomp/error.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -16,6 +19,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace backend {
@@ -44,16 +48,139 @@ struct kokkos {
   /// must be callable in the space (GRADCOMP_HOST_DEVICE) and must not throw.
   template <class Body>
   void for_each(std::size_t n, const Body& body) const {
-    Kokkos::parallel_for("gradcomp::for_each", Kokkos::RangePolicy<ExecSpace>(space, 0, n), index_body<Body>{body});
+    Kokkos::parallel_for("gradcomp::for_each", range(n), index_body<Body>{body});
+    space.fence();
+  }
+
+  /// Calls `body(i)` -> std::uint32_t for every i in [0, n) and ORs the results into
+  /// `*bits` (space memory, never cleared here), then waits.
+  template <class Body>
+  void reduce_or(std::size_t n, const Body& body, std::uint32_t* bits) const {
+    Kokkos::parallel_for("gradcomp::reduce_or", range(n), or_body<Body>{body, bits});
+    space.fence();
+  }
+
+  /// Writes to `*total` (space memory) the sum of `term(i)` (a double) over [0, n) in
+  /// the order of detail/fixed_order_sum.hpp; `chunk` is workspace of chunk_count(n)
+  /// doubles in space memory. Waits.
+  template <class Term>
+  void sum(std::size_t n, const Term& term, double* chunk, double* total) const {
+    const std::size_t chunks = detail::chunk_count(n);
+    Kokkos::parallel_for("gradcomp::chunk_sums", range(chunks), chunk_sum_body<Term>{term, n, chunk});
+    Kokkos::parallel_for("gradcomp::sum_of_chunks", range(1), chunks_total{chunk, chunks, total});
+    space.fence();
+  }
+
+  /// Bytes of workspace that compact() needs: none (Kokkos scans without it).
+  template <class Keep>
+  [[nodiscard]] std::size_t compact_workspace(std::size_t) const {
+    return 0;
+  }
+  /// Writes the indices i < n with keep(i), ascending, to `out` (room for every kept
+  /// index) and their number to `*count` (space memory), by one parallel_scan. Waits.
+  template <class Keep>
+  void compact(std::size_t n, const Keep& keep, std::uint32_t* out, std::span<std::byte>, std::uint32_t* count) const {
+    if (n == 0) return clear(count, 1);
+    if constexpr (std::is_same_v<Keep, detail::magnitude_at_least>) {
+      // A threshold on magnitudes: sixteen entries per work item with the SIMD mask of
+      // detail/host/simd.hpp, so groups without a hit cost one compare (bench_kokkos).
+      const auto kept = static_cast<std::uint32_t>(
+          detail::kk::compact_at_least(space, space_view<const float>(keep.acc, n), keep.key, space_view<std::uint32_t>(out, n)));
+      to_device(&kept, 1, count);
+    } else {
+      Kokkos::parallel_scan("gradcomp::compact", range(n), compact_body<Keep>{keep, out, count, n});
+      space.fence();
+    }
+  }
+
+  /// Whether the host may read and write the space's memory directly.
+  static constexpr bool host_accessible = Kokkos::SpaceAccessibility<Kokkos::HostSpace, memory_space>::accessible;
+
+  /// Sets `count` elements at `p` (space memory) to zero, then waits.
+  template <class T>
+  void clear(T* p, std::size_t count) const {
+    Kokkos::parallel_for("gradcomp::clear", range(count), clear_body<T>{p});
+    space.fence();
+  }
+  /// Waits for the instance and returns the value at `p` (space memory).
+  template <class T>
+  [[nodiscard]] T read(const T* p) const {
+    T value{};
+    to_host(p, 1, &value);
+    return value;
+  }
+  /// Copies `count` elements at `from` (space memory) to host memory at `to`.
+  template <class T>
+  void to_host(const T* from, std::size_t count, T* to) const {
+    Kokkos::deep_copy(space, host_view<T>(to, count), space_view<const T>(from, count));
+    space.fence();
+  }
+  /// Copies `count` elements of host memory at `from` to space memory at `to`.
+  template <class T>
+  void to_device(const T* from, std::size_t count, T* to) const {
+    Kokkos::deep_copy(space, space_view<T>(to, count), host_view<const T>(from, count));
     space.fence();
   }
 
  private:
+  template <class T>
+  using space_view = Kokkos::View<T*, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  template <class T>
+  using host_view = Kokkos::View<T*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
+  Kokkos::RangePolicy<ExecSpace> range(std::size_t n) const { return Kokkos::RangePolicy<ExecSpace>(space, 0, n); }
+
   // Kokkos hands a range policy's body a signed index.
   template <class Body>
   struct index_body {
     Body body;
     KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const { body(static_cast<std::size_t>(i)); }
+  };
+  template <class Body>
+  struct or_body {
+    Body body;
+    std::uint32_t* bits;
+    KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const {
+      const std::uint32_t seen = body(static_cast<std::size_t>(i));
+      if (seen != 0) Kokkos::atomic_fetch_or(bits, seen);  // rare: a flag raised
+    }
+  };
+  template <class Term>
+  struct chunk_sum_body {
+    Term term;
+    std::size_t n;
+    double* chunk;
+    KOKKOS_INLINE_FUNCTION void operator()(std::int64_t c) const {
+      const std::size_t begin = static_cast<std::size_t>(c) * detail::host_chunk;
+      const std::size_t end = begin + detail::host_chunk < n ? begin + detail::host_chunk : n;
+      chunk[c] = detail::chunk_sum(term, begin, end);
+    }
+  };
+  template <class Keep>
+  struct compact_body {
+    using value_type = std::uint32_t;
+    Keep keep;
+    std::uint32_t* out;
+    std::uint32_t* count;
+    std::size_t n;
+    KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, std::uint32_t& at, bool final) const {
+      if (keep(static_cast<std::size_t>(i))) {
+        if (final) out[at] = static_cast<std::uint32_t>(i);
+        at += 1;
+      }
+      if (final && static_cast<std::size_t>(i) + 1 == n) *count = at;  // the last index knows the total
+    }
+  };
+  struct chunks_total {
+    const double* chunk;
+    std::size_t chunks;
+    double* total;
+    KOKKOS_INLINE_FUNCTION void operator()(std::int64_t) const { *total = detail::sum_of_chunks(chunk, chunks); }
+  };
+  template <class T>
+  struct clear_body {
+    T* p;
+    KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const { p[i] = T{}; }
   };
 };
 
@@ -74,6 +201,5 @@ GRADCOMP_NAMESPACE_END
 
 
 // The engines, after the backend type they specialise for (they include this header too).
-#include <gradcomp/detail/kokkos/correctors.hpp>
 #include <gradcomp/detail/kokkos/index_value.hpp>
 #include <gradcomp/detail/kokkos/selectors.hpp>

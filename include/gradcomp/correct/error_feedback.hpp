@@ -51,4 +51,5 @@ struct error_feedback {
 }  // namespace correct
 GRADCOMP_NAMESPACE_END
 
-#include <gradcomp/detail/host/elementwise_corrector.hpp>
+#include <gradcomp/detail/correct_elementwise.hpp>       // the algorithm, on every backend
+#include <gradcomp/detail/host/elementwise_corrector.hpp>  // backend::host's fused fast path

@@ -45,4 +45,5 @@ struct low_pass {
 }  // namespace correct
 GRADCOMP_NAMESPACE_END
 
-#include <gradcomp/detail/host/elementwise_corrector.hpp>
+#include <gradcomp/detail/correct_elementwise.hpp>       // the algorithm, on every backend
+#include <gradcomp/detail/host/elementwise_corrector.hpp>  // backend::host's fused fast path

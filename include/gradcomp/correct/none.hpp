@@ -22,4 +22,5 @@ struct none {
 }  // namespace correct
 GRADCOMP_NAMESPACE_END
 
-#include <gradcomp/detail/host/none.hpp>
+#include <gradcomp/detail/correct_none.hpp>     // the algorithm, on every backend
+#include <gradcomp/detail/host/none.hpp>     // backend::host's fused pass

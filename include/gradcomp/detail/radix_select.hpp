@@ -28,6 +28,14 @@ GRADCOMP_HOST_DEVICE inline std::uint32_t magnitude_key(float x) noexcept {
 /// Keys >= this belong to infinities and NaNs.
 inline constexpr std::uint32_t non_finite_key = 0x7F800000u;
 
+/// Whether |acc_i| >= the magnitude `key` (keys order as the floats' magnitudes): the
+/// predicate of the compactions that select by a threshold.
+struct magnitude_at_least {
+  const float* acc;
+  std::uint32_t key;
+  GRADCOMP_HOST_DEVICE bool operator()(std::size_t i) const noexcept { return magnitude_key(acc[i]) >= key; }
+};
+
 /// The three digits of a key, most significant first: 11 + 10 + 10 = 31 bits.
 struct radix_digit {
   int shift;

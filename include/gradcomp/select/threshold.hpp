@@ -30,4 +30,5 @@ struct threshold {
 }  // namespace select
 GRADCOMP_NAMESPACE_END
 
-#include <gradcomp/detail/host/threshold.hpp>
+#include <gradcomp/detail/select_threshold.hpp>  // the algorithm, on every backend
+#include <gradcomp/detail/host/threshold.hpp>   // backend::host's fast path, fused with the corrector's pass

@@ -18,29 +18,40 @@
 GRADCOMP_NAMESPACE_BEGIN
 namespace detail::cuda_launch {
 
+/// Scratch bytes that select_if needs for n indices.
+template <class Predicate>
+std::size_t select_if_scratch(std::size_t n, cudaStream_t stream) {
+  std::size_t bytes = 0;
+  cuda_check(cub::DeviceSelect::If(nullptr, bytes, thrust::counting_iterator<std::uint32_t>(0),
+                                   static_cast<std::uint32_t*>(nullptr), static_cast<std::uint32_t*>(nullptr),
+                                   static_cast<std::int64_t>(n), Predicate{}, stream),
+             "cub::DeviceSelect::If (scratch size)");
+  return std::max<std::size_t>(bytes, 1);
+}
+
+/// Queues the indices i < n with keep(i), ascending, into out (device memory, room for
+/// all n) and their number into *count (device memory); `scratch` holds
+/// select_if_scratch<Predicate>(n) bytes.
+template <class Predicate>
+void select_if(std::byte* scratch, std::size_t scratch_bytes, const Predicate& keep, std::size_t n, std::uint32_t* out,
+               std::uint32_t* count, cudaStream_t stream) {
+  cuda_check(cub::DeviceSelect::If(scratch, scratch_bytes, thrust::counting_iterator<std::uint32_t>(0), out, count,
+                                   static_cast<std::int64_t>(n), keep, stream),
+             "cub::DeviceSelect::If");
+}
+
 /// Compacts [0, n) by `Predicate` (a device functor of the index) on one stream; the
 /// scratch is allocated once, here.
 template <class Predicate>
 class index_compaction {
-  using indices = thrust::counting_iterator<std::uint32_t>;
-
  public:
-  index_compaction(std::size_t n, cudaStream_t stream) : n_(n), stream_(stream) {
-    std::size_t bytes = 0;
-    cuda_check(cub::DeviceSelect::If(nullptr, bytes, indices(0), static_cast<std::uint32_t*>(nullptr),
-                                     static_cast<std::uint32_t*>(nullptr), static_cast<std::int64_t>(n), Predicate{},
-                                     stream),
-               "cub::DeviceSelect::If (scratch size)");
-    scratch_ = device_buffer<std::byte>(std::max<std::size_t>(bytes, 1));
-  }
+  index_compaction(std::size_t n, cudaStream_t stream)
+      : n_(n), stream_(stream), scratch_(select_if_scratch<Predicate>(n, stream)) {}
 
   /// Queues the kept indices into out (device memory, room for all n) and their
   /// number into *count (device memory).
   void operator()(const Predicate& keep, std::uint32_t* out, std::uint32_t* count) {
-    std::size_t bytes = scratch_.size();
-    cuda_check(cub::DeviceSelect::If(scratch_.data(), bytes, indices(0), out, count, static_cast<std::int64_t>(n_),
-                                     keep, stream_),
-               "cub::DeviceSelect::If");
+    select_if(scratch_.data(), scratch_.size(), keep, n_, out, count, stream_);
   }
 
  private:

@@ -1,13 +1,14 @@
 /// \file detail/cuda/launch.cuh
 /// Grid sizing and the grid-stride loop that gradcomp's element-wise kernels share, the
-/// small kernels that move a step's status along, and the threshold predicate of the
-/// compactions. (An engine header cannot rely on another being complete when it is
+/// kernels of backend::cuda's primitives, and the small kernels that move a step's
+/// status along. (An engine header cannot rely on another being complete when it is
 /// read, since they reach each other through backend/cuda.cuh: what engines share
 /// lives here.) Not API.
 #pragma once
 
 #include <gradcomp/config.hpp>
 #include <gradcomp/detail/cuda/device_buffer.cuh>
+#include <gradcomp/detail/fixed_order_sum.hpp>
 #include <gradcomp/detail/radix_select.hpp>
 #include <gradcomp/detail/step_input.hpp>
 
@@ -48,6 +49,47 @@ __global__ void for_each(std::uint64_t n, Body body) {
   grid_stride(n, [&](std::uint64_t i) { body(static_cast<std::size_t>(i)); });
 }
 
+/// backend::cuda::reduce_or's kernel: ORs body(i) over [0, n) into *bits, one atomic
+/// per thread that saw a nonzero result.
+template <class Body>
+__global__ void reduce_or(std::uint64_t n, Body body, std::uint32_t* bits) {
+  std::uint32_t seen = 0;
+  grid_stride(n, [&](std::uint64_t i) { seen |= body(static_cast<std::size_t>(i)); });
+  if (seen != 0) atomicOr(bits, seen);
+}
+
+/// Threads of chunk_sums for n terms: eight per chunk.
+inline unsigned chunk_sum_blocks(std::size_t n) {
+  return static_cast<unsigned>((chunk_count(n) * 8 + block_threads - 1) / block_threads);
+}
+
+/// The chunk sums of backend::cuda::sum in the order of fixed_order_sum.hpp: thread
+/// 8c + l adds lane l of chunk c, and the chunk's first thread combines the lanes.
+template <class Term>
+__global__ void chunk_sums(std::uint64_t n, Term term, double* chunk) {
+  const std::uint64_t chunks = chunk_count(n);
+  const std::uint64_t thread = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::uint64_t c = thread / 8;
+  const unsigned lane = static_cast<unsigned>(thread % 8);
+  double part = 0.0;
+  if (c < chunks) {
+    const std::uint64_t begin = c * host_chunk;
+    const std::uint64_t end = begin + host_chunk < n ? begin + host_chunk : n;
+    for (std::uint64_t i = begin + lane; i < end; i += 8) part = add_rn(part, term(static_cast<std::size_t>(i)));
+  }
+  // Lanes 8c..8c+7 sit in one warp (blocks are multiples of 32 threads).
+  const unsigned base = threadIdx.x & ~7u;
+  double lanes[8];
+  for (unsigned l = 0; l < 8; ++l) lanes[l] = __shfl_sync(0xFFFFFFFFu, part, static_cast<int>((base + l) % 32));
+  if (c < chunks && lane == 0) chunk[c] = combine_lanes(lanes);
+}
+
+/// The chunk sums added in chunk order, by one thread.
+template <class = void>
+__global__ void sum_of_chunks(const double* chunk, std::uint64_t chunks, double* total) {
+  *total = detail::sum_of_chunks(chunk, chunks);
+}
+
 /// Raises the step's non-finite flag once per thread that saw one.
 __device__ inline void flag_non_finite(bool seen, step_status* status) {
   if (seen) atomicOr(&status->non_finite, 1u);
@@ -56,14 +98,6 @@ __device__ inline void flag_non_finite(bool seen, step_status* status) {
 // Kernels that are not templates otherwise take an unused template parameter: a plain
 // __global__ function defined in a header would be defined again by every translation
 // unit that includes it, and nvcc ignores `inline` on kernels.
-
-/// Whether |acc_i| >= the magnitude key `key` (keys order as the host's floats): the
-/// predicate of cub::DeviceSelect::If over the index sequence.
-struct at_least {
-  const float* acc;
-  std::uint32_t key;
-  __device__ bool operator()(std::uint32_t i) const { return magnitude_key(acc[i]) >= key; }
-};
 
 /// Sets the count of a selection whose size the host knows.
 template <class = void>

@@ -127,7 +127,7 @@ class engine<select::sampled_threshold, backend::cuda> : public carries_threshol
 
   // C = {i : key_i >= key}, ascending, into candidates_; returns |C| (read back).
   std::size_t compact_at_least(const float* acc, std::uint32_t key) {
-    compact_(cuda_launch::at_least{acc, key}, candidates_.data(), found_.data());
+    compact_(magnitude_at_least{acc, key}, candidates_.data(), found_.data());
     return backend_.read(found_.data());
   }
 
@@ -142,7 +142,7 @@ class engine<select::sampled_threshold, backend::cuda> : public carries_threshol
   unsigned grid_;
   device_buffer<float> sample_;  // the strided sample, or all of acc for the exact fallback
   device_buffer<std::uint32_t> candidates_, keys_, found_;
-  cuda_launch::index_compaction<cuda_launch::at_least> compact_;
+  cuda_launch::index_compaction<magnitude_at_least> compact_;
   std::vector<float> sample_host_;
   std::vector<std::uint32_t> candidates_host_, keys_host_;
 };

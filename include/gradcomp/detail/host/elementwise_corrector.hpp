@@ -1,12 +1,16 @@
 /// \file detail/host/elementwise_corrector.hpp
-/// One engine on backend::host for every corrector defined element by element
-/// (error_feedback, momentum, clip_norm, low_pass, chain): the policy supplies
-/// `update(state, g) -> acc` and `commit(state, old_state, acc, sent)` for one element;
-/// this engine supplies the passes, the threads and the double-buffered state.
+/// backend::host's fast path for the element-wise correctors (error_feedback, momentum,
+/// clip_norm, low_pass, chain): the algorithm of detail/correct_elementwise.hpp fused
+/// with the selector's first pass (each chunk of acc is handed over while in cache),
+/// with an optimistic clipping order and in-place updates when a step cannot be
+/// rejected. The conformance tests prove it bit-identical to the generic algorithm on
+/// backend::host; bench_kokkos measures what it gains.
 #pragma once
 
 #include <gradcomp/backend/host.hpp>
 #include <gradcomp/concepts.hpp>
+#include <gradcomp/detail/correct_elementwise.hpp>
+#include <gradcomp/detail/fixed_order_sum.hpp>
 #include <gradcomp/detail/host/corrector_state.hpp>
 #include <gradcomp/detail/step_input.hpp>
 
@@ -22,14 +26,6 @@
 GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 
-/// What a corrector must offer to run element by element.
-template <class P>
-concept elementwise_corrector = requires(const P& p, float* s, const float* old, float x) {
-  { P::acc_state } -> std::convertible_to<int>;
-  { p.update(s, x) } -> std::same_as<float>;
-  p.commit(s, old, x, x);
-};
-
 /// A corrector whose update can be bounded: `magnitude_bound(state_max, g_max)` is an
 /// upper bound of every |new state| and |acc| given bounds of |state| and |g|, and its
 /// commit moves a state entry by at most |sent|.
@@ -37,28 +33,6 @@ template <class P>
 concept bounded_update = requires(const P& p, const double* state_max, double g_max) {
   { p.magnitude_bound(state_max, g_max) } -> std::convertible_to<double>;
 };
-
-template <class P>
-constexpr bool scales_gradient() {
-  if constexpr (requires { P::scales_gradient; }) {
-    return P::scales_gradient;
-  } else {
-    return false;
-  }
-}
-
-/// Sum of x_i^2 over len values in double with eight independent partial sums (so the
-/// loop vectorises and is not bound by the latency of one accumulator), combined in a
-/// fixed order. Every backend sums each chunk with this function.
-GRADCOMP_HOST_DEVICE inline double sum_of_squares(const float* x, std::size_t len) noexcept {
-  double part[8] = {};
-  std::size_t i = 0;
-  for (; i + 8 <= len; i += 8) {
-    for (std::size_t l = 0; l < 8; ++l) part[l] += static_cast<double>(x[i + l]) * static_cast<double>(x[i + l]);
-  }
-  for (std::size_t l = 0; i < len; ++i, ++l) part[l] += static_cast<double>(x[i]) * static_cast<double>(x[i]);
-  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-}
 
 // Loops over the state arrays test `a != arrays`: nvcc warns that `a < arrays` is
 // pointless for the stateless correctors (arrays = 0).

@@ -1,6 +1,6 @@
 /// \file detail/kokkos/primitives.hpp
 /// The data-parallel pieces the Kokkos engines share: unmanaged views of spans, ordered
-/// compaction by parallel_scan, finiteness by parallel_reduce, host staging. Not API.
+/// compaction by parallel_scan, host staging. Not API.
 #pragma once
 
 #include <gradcomp/config.hpp>
@@ -82,17 +82,6 @@ std::size_t compact_at_least(const Space& space, const view<const float, Space>&
       total);
   space.fence();
   return total;
-}
-
-/// True when every x(i) is finite.
-template <class Space>
-bool all_finite(const Space& space, const view<const float, Space>& x) {
-  int bad = 0;
-  Kokkos::parallel_reduce(
-      "gradcomp::all_finite", range(space, x.extent(0)),
-      KOKKOS_LAMBDA(const std::size_t i, int& b) { b |= magnitude_key(x(i)) >= non_finite_key ? 1 : 0; },
-      Kokkos::BOr<int>(bad));
-  return bad == 0;
 }
 
 /// Copies between a span in the space's memory and host memory; nothing to do when

@@ -195,21 +195,6 @@ class engine<select::exact_topk, backend::kokkos<Space>> : public kokkos_no_obse
   kokkos_topk<Space> topk_;
 };
 
-template <class Space>
-class engine<select::threshold, backend::kokkos<Space>> : public kokkos_no_observe {
- public:
-  engine(const backend::kokkos<Space>& be, const select::threshold&, std::size_t) : space_(be.space) {}
-  selection select(const select::threshold& policy, const select_input& in, std::span<std::uint32_t> out) {
-    const auto acc = kk::wrap<Space>(in.acc);
-    const std::uint32_t tau = magnitude_key(policy.tau);
-    return {kk::compact_at_least(space_, acc, tau, kk::wrap<Space>(out))};
-  }
-  void accept() noexcept {}
-
- private:
-  Space space_;
-};
-
 /// The indices of one chunk_local bin (acc and g point at it): written from `out` on
 /// (up to out_end) and counted, or only counted when `out` is null. On the host this is
 /// backend::host's SIMD kernel.

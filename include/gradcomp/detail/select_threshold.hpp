@@ -1,0 +1,69 @@
+/// \file detail/select_threshold.hpp
+/// select::threshold's algorithm over the backend primitives: one ordered compaction of
+/// the indices with |acc_i| >= tau, whose count goes straight into the step's status.
+/// What backend::kokkos and backend::cuda run; backend::host's engine
+/// (detail/host/threshold.hpp) collects during the corrector's pass instead, a fast
+/// path the tests prove equal to this. Not API.
+#pragma once
+
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/config.hpp>
+#include <gradcomp/detail/radix_select.hpp>
+#include <gradcomp/detail/step_input.hpp>
+#include <gradcomp/detail/step_record.hpp>
+#include <gradcomp/select/threshold.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace detail {
+
+/// select::threshold on any backend, in both step protocols (see elementwise_correction).
+/// A NaN or infinity is above every tau: it is selected, and the corrector's pass
+/// rejects the step.
+template <class Backend>
+class threshold_selection {
+ public:
+  threshold_selection(const Backend& be, const select::threshold&, std::size_t n)
+      : backend_(be),
+        n_(n),
+        workspace_(be.template allocate<std::byte>(be.template compact_workspace<magnitude_at_least>(n))),
+        record_(be) {}
+
+  /// Queues the compaction: ascending indices in out, their count in the status.
+  queued_selection select(const select::threshold& policy, const select_input& in, std::span<std::uint32_t> out,
+                          step_status* status) {
+    backend_.compact(n_, magnitude_at_least{in.acc.data(), magnitude_key(policy.tau)}, out.data(),
+                     std::span<std::byte>(workspace_.data(), static_cast<std::size_t>(workspace_.size())),
+                     &status->count);
+    return {};
+  }
+  /// select() at once.
+  selection select(const select::threshold& policy, const select_input& in, std::span<std::uint32_t> out) {
+    const step_status done = record_.run_now([&](step_status* status) { select(policy, in, out, status); });
+    return {done.count, 1.0f, true};
+  }
+
+  /// Nothing to do during the corrector's pass.
+  void begin_observe(const select::threshold&, std::uint64_t) noexcept {}
+  void observe(int, std::size_t, std::span<const float>, std::span<const float>) noexcept {}
+  void accept() noexcept {}
+
+ private:
+  Backend backend_;
+  std::size_t n_;
+  typename Backend::template buffer<std::byte> workspace_;
+  step_record<Backend> record_;
+};
+
+/// Every backend without an engine of its own for select::threshold runs the one above.
+template <class Backend>
+class engine<select::threshold, Backend> : public threshold_selection<Backend> {
+ public:
+  using threshold_selection<Backend>::threshold_selection;
+};
+
+}  // namespace detail
+GRADCOMP_NAMESPACE_END
