@@ -53,11 +53,17 @@ struct kokkos {
   }
 
   /// Calls `body(i)` -> std::uint32_t for every i in [0, n) and ORs the results into
-  /// `*bits` (space memory, never cleared here), then waits.
+  /// `*bits` (space memory, never cleared here); returns when done.
   template <class Body>
   void reduce_or(std::size_t n, const Body& body, std::uint32_t* bits) const {
-    Kokkos::parallel_for("gradcomp::reduce_or", range(n), or_body<Body>{body, bits});
-    space.fence();
+    // A reduction (which vectorises; a conditional atomic in the loop does not), then
+    // one read-modify-write of *bits when something was seen.
+    std::uint32_t seen = 0;
+    Kokkos::parallel_reduce("gradcomp::reduce_or", range(n), or_body<Body>{body}, Kokkos::BOr<std::uint32_t>(seen));
+    if (seen != 0) {
+      const std::uint32_t now = read(bits) | seen;
+      to_device(&now, 1, bits);
+    }
   }
 
   /// Writes to `*total` (space memory) the sum of `term(i)` (a double) over [0, n) in
@@ -139,10 +145,8 @@ struct kokkos {
   template <class Body>
   struct or_body {
     Body body;
-    std::uint32_t* bits;
-    KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const {
-      const std::uint32_t seen = body(static_cast<std::size_t>(i));
-      if (seen != 0) Kokkos::atomic_fetch_or(bits, seen);  // rare: a flag raised
+    KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, std::uint32_t& seen) const {
+      seen |= body(static_cast<std::size_t>(i));
     }
   };
   template <class Term>
