@@ -1,6 +1,7 @@
 /// \file detail/kokkos/primitives.hpp
-/// The data-parallel pieces the Kokkos engines share: unmanaged views of spans, ordered
-/// compaction by parallel_scan, host staging. Not API.
+/// The data-parallel pieces the Kokkos engines share: unmanaged views of spans, the
+/// SIMD-masked compaction by a magnitude threshold, host staging. (The general ordered
+/// compaction is backend::kokkos::compact.) Not API.
 #pragma once
 
 #include <gradcomp/config.hpp>
@@ -37,27 +38,10 @@ Kokkos::RangePolicy<Space> range(const Space& space, std::size_t n) {
   return Kokkos::RangePolicy<Space>(space, 0, n);
 }
 
-/// Writes, ascending, every i < n with keep(i) to out (up to its extent); returns how
-/// many there are (possibly more than out holds).
-template <class Space, class Keep>
-std::size_t compact(const Space& space, std::size_t n, const Keep& keep, const view<std::uint32_t, Space>& out) {
-  std::size_t total = 0;
-  const std::size_t capacity = out.extent(0);
-  Kokkos::parallel_scan(
-      "gradcomp::compact", range(space, n),
-      KOKKOS_LAMBDA(const std::size_t i, std::size_t& at, const bool final) {
-        if (keep(i)) {
-          if (final && at < capacity) out(at) = static_cast<std::uint32_t>(i);
-          at += 1;
-        }
-      },
-      total);
-  space.fence();
-  return total;
-}
-
-/// compact() for keep(i) = magnitude_key(x(i)) >= low, sixteen entries per work item
-/// with the SIMD mask of detail/host/simd.hpp: groups without a hit cost one compare.
+/// Writes, ascending, every i with magnitude_key(x(i)) >= low to out (up to its
+/// extent) and returns how many there are (possibly more than out holds). Sixteen
+/// entries per work item with the SIMD mask of detail/host/simd.hpp: groups without a
+/// hit cost one compare.
 template <class Space>
 std::size_t compact_at_least(const Space& space, const view<const float, Space>& x, std::uint32_t low,
                              const view<std::uint32_t, Space>& out) {
