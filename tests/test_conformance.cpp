@@ -242,3 +242,85 @@ TEST_CASE("backend::host's threshold fast path equals the generic algorithm on b
   }
 }
 #endif
+
+#if !defined(GRADCOMP_TEST_KOKKOS)
+// backend::host's sampled_threshold engine (sampling directly, collecting by thread
+// slices, ranking in place) against the generic algorithm
+// (detail/select_sampled_threshold.hpp) on backend::host, step after accepted step so
+// that a reused threshold carries over, the exact fallback (n = 1, 7) included.
+TEST_CASE("backend::host's sampled_threshold fast path equals the generic algorithm on backend::host") {
+  using case_type = conformance::sampled_threshold_case;
+  for (int variant = 0; variant < case_type::variants; ++variant) {
+    for (const int threads : {1, 2}) {
+      for (const std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{70003}}) {
+        for (const double density : {0.001, 0.05, 0.5}) {
+          const gc::backend::host be{.threads = threads};
+          const auto policy = case_type::make(variant, n, density).first;
+          gc::detail::engine<gc::select::sampled_threshold, gc::backend::host> fast(be, policy, n);
+          gc::detail::sampled_threshold_selection<gc::backend::host> generic(be, policy, n);
+          for (std::uint64_t t = 0; t < 6; ++t) {
+            const auto shape = inputs::all_shapes[(t + static_cast<std::uint64_t>(variant)) % std::size(inputs::all_shapes)];
+            const auto acc = inputs::make(shape, n, 500 + t);
+            std::vector<std::uint32_t> out_fast(n), out_generic(n, 0xFFFFFFFFu);
+            const auto a = fast.select(policy, {acc, acc, t}, out_fast);
+            const auto b = generic.select(policy, {acc, acc, t}, out_generic);
+            CAPTURE(case_type::name(variant));
+            CAPTURE(threads);
+            CAPTURE(n);
+            CAPTURE(density);
+            CAPTURE(t);
+            REQUIRE(a.finite);
+            REQUIRE(b.finite);
+            REQUIRE(a.count == b.count);
+            REQUIRE(std::equal(out_fast.begin(), out_fast.begin() + static_cast<std::ptrdiff_t>(a.count),
+                               out_generic.begin()));
+            fast.accept();
+            generic.accept();
+            REQUIRE(fast.saved_state() == generic.saved_state());  // the carried threshold
+          }
+        }
+      }
+    }
+  }
+}
+#endif
+
+#if !defined(GRADCOMP_TEST_KOKKOS)
+// backend::host's exact_topk engine (a SIMD radix select) against the generic algorithm
+// (detail/select_exact_topk.hpp) on backend::host: sizes on both sides of the sampled
+// bracket's threshold (2^16), counts from 1 to n, ties (the "ties" and "zeros" shapes)
+// and inputs on which the sample's bracket misses (a sorted ramp whose every 512th
+// entry sits apart).
+TEST_CASE("backend::host's exact_topk fast path equals the generic algorithm on backend::host") {
+  for (const int threads : {1, 2}) {
+    for (const std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{70003},
+                                std::size_t{300000}}) {
+      for (const std::size_t k : {std::size_t{1}, std::size_t{2}, n / 1000 + 1, n / 7 + 1, n - n / 3, n}) {
+        for (std::size_t s = 0; s <= std::size(inputs::all_shapes); ++s) {
+          std::vector<float> acc;
+          if (s < std::size(inputs::all_shapes)) {
+            acc = inputs::make(inputs::all_shapes[s], n, 900 + s);
+          } else {  // the sample (every 512th entry) holds the largest values only
+            acc.resize(n);
+            for (std::size_t i = 0; i < n; ++i) acc[i] = i % 512 == 0 ? 1e3f + static_cast<float>(i) : 1.0f / (1.0f + static_cast<float>(i % 977));
+          }
+          const gc::backend::host be{.threads = threads};
+          const gc::select::exact_topk policy{.count = std::min(k, n)};
+          gc::detail::engine<gc::select::exact_topk, gc::backend::host> fast(be, policy, n);
+          gc::detail::exact_topk_selection<gc::backend::host> generic(be, policy, n);
+          std::vector<std::uint32_t> out_fast(n), out_generic(n, 0xFFFFFFFFu);
+          const auto a = fast.select(policy, {acc, acc, 0}, out_fast);
+          const auto b = generic.select(policy, {acc, acc, 0}, out_generic);
+          CAPTURE(threads);
+          CAPTURE(n);
+          CAPTURE(k);
+          CAPTURE(s);
+          REQUIRE(a.count == b.count);
+          REQUIRE(std::equal(out_fast.begin(), out_fast.begin() + static_cast<std::ptrdiff_t>(a.count),
+                             out_generic.begin()));
+        }
+      }
+    }
+  }
+}
+#endif

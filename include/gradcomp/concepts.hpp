@@ -84,6 +84,10 @@ struct no_flag_body {
 struct no_index_kept {
   GRADCOMP_HOST_DEVICE bool operator()(std::size_t) const noexcept { return false; }
 };
+/// A bin for histogram: 0.
+struct bin_zero {
+  GRADCOMP_HOST_DEVICE std::size_t operator()(std::size_t) const noexcept { return 0; }
+};
 /// A term for sum: zero.
 struct zero_term {
   GRADCOMP_HOST_DEVICE double operator()(std::size_t) const noexcept { return 0.0; }
@@ -94,6 +98,7 @@ template <class B>
 concept backend_has_reductions = requires(const B& b, std::size_t n, std::uint32_t* bits, double* d) {
   b.reduce_or(n, detail::no_flag_body{}, bits);
   b.sum(n, detail::zero_term{}, d, d);
+  b.histogram(n, detail::bin_zero{}, bits);
 };
 
 template <class B>
@@ -260,7 +265,8 @@ consteval bool check_policies() {
   static_assert(backend_has_for_each<Backend>,
                 "gradcomp: the backend has no member template for_each(n, body) calling body(i) for every i < n");
   static_assert(backend_has_reductions<Backend>,
-                "gradcomp: the backend lacks the reductions reduce_or(n, body, bits) and sum(n, term, chunk, total)");
+                "gradcomp: the backend lacks the reductions reduce_or(n, body, bits), sum(n, term, chunk, total) or "
+                "histogram(n, bin_of, counts)");
   static_assert(backend_has_compaction<Backend>,
                 "gradcomp: the backend lacks the ordered compaction compact(n, keep, out, workspace, count) and "
                 "compact_workspace<Keep>(n)");

@@ -86,6 +86,16 @@ struct cuda {
     detail::cuda_check(cudaGetLastError(), "reduce_or (launch)");
   }
 
+  /// Queues counts[bin_of(i)] += 1 for every i in [0, n) (atomic increments); `counts`
+  /// is device memory, never cleared here.
+  template <class BinOf>
+  void histogram(std::size_t n, const BinOf& bin_of, std::uint32_t* counts) const {
+    if (n == 0) return;
+    detail::cuda_launch::histogram<<<detail::cuda_launch::grid_for(n), detail::cuda_launch::block_threads, 0, stream>>>(
+        n, bin_of, counts);
+    detail::cuda_check(cudaGetLastError(), "histogram (launch)");
+  }
+
   /// Queues the sum of `term(i)` (a double) over [0, n) into `*total` (device memory),
   /// added in the order of detail/fixed_order_sum.hpp, exactly as the host adds it;
   /// `chunk` is device workspace of chunk_count(n) doubles.
@@ -179,7 +189,4 @@ GRADCOMP_NAMESPACE_END
 
 #include <gradcomp/detail/cuda/chunk_local.cuh>
 #include <gradcomp/detail/cuda/exact_topk.cuh>
-#include <gradcomp/detail/cuda/given_indices.cuh>
 #include <gradcomp/detail/cuda/index_value.cuh>
-#include <gradcomp/detail/cuda/random_k.cuh>
-#include <gradcomp/detail/cuda/sampled_threshold.cuh>

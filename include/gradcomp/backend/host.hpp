@@ -122,6 +122,20 @@ struct host {
     });
   }
 
+  /// Adds 1 to counts[bin_of(i)] for every i in [0, n); `counts` is never cleared here.
+  template <class BinOf>
+  void histogram(std::size_t n, const BinOf& bin_of, std::uint32_t* counts) const {
+    detail::for_each_chunk(concurrency(), n, [&](int, std::size_t, std::size_t begin, std::size_t end) {
+      for (std::size_t i = begin; i < end; ++i) {
+        const std::size_t bin = bin_of(i);
+#if GRADCOMP_HAS_OPENMP
+#pragma omp atomic
+#endif
+        ++counts[bin];
+      }
+    });
+  }
+
   /// Writes to `*total` the sum of `term(i)` (a double) over [0, n), added in the order
   /// of detail/fixed_order_sum.hpp that every backend shares. `chunk` is workspace of
   /// chunk_count(n) doubles.

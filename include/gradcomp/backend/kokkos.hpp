@@ -66,6 +66,14 @@ struct kokkos {
     }
   }
 
+  /// Adds 1 to counts[bin_of(i)] for every i in [0, n) (atomic increments); `counts` is
+  /// space memory, never cleared here. Waits.
+  template <class BinOf>
+  void histogram(std::size_t n, const BinOf& bin_of, std::uint32_t* counts) const {
+    Kokkos::parallel_for("gradcomp::histogram", range(n), histogram_body<BinOf>{bin_of, counts});
+    space.fence();
+  }
+
   /// Writes to `*total` (space memory) the sum of `term(i)` (a double) over [0, n) in
   /// the order of detail/fixed_order_sum.hpp; `chunk` is workspace of chunk_count(n)
   /// doubles in space memory. Waits.
@@ -147,6 +155,14 @@ struct kokkos {
     Body body;
     KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, std::uint32_t& seen) const {
       seen |= body(static_cast<std::size_t>(i));
+    }
+  };
+  template <class BinOf>
+  struct histogram_body {
+    BinOf bin_of;
+    std::uint32_t* counts;
+    KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const {
+      Kokkos::atomic_increment(counts + bin_of(static_cast<std::size_t>(i)));
     }
   };
   template <class Term>

@@ -8,9 +8,9 @@
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/config.hpp>
+#include <gradcomp/detail/queued_selector.hpp>
 #include <gradcomp/detail/radix_select.hpp>
 #include <gradcomp/detail/step_input.hpp>
-#include <gradcomp/detail/step_record.hpp>
 #include <gradcomp/select/threshold.hpp>
 
 #include <cstddef>
@@ -20,18 +20,19 @@
 GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 
-/// select::threshold on any backend, in both step protocols (see elementwise_correction).
+/// select::threshold on any backend, in both step protocols (see queued_selector).
 /// A NaN or infinity is above every tau: it is selected, and the corrector's pass
 /// rejects the step.
 template <class Backend>
-class threshold_selection {
+class threshold_selection : public queued_selector<threshold_selection<Backend>, Backend> {
  public:
   threshold_selection(const Backend& be, const select::threshold&, std::size_t n)
-      : backend_(be),
+      : queued_selector<threshold_selection, Backend>(be),
+        backend_(be),
         n_(n),
-        workspace_(be.template allocate<std::byte>(be.template compact_workspace<magnitude_at_least>(n))),
-        record_(be) {}
+        workspace_(be.template allocate<std::byte>(be.template compact_workspace<magnitude_at_least>(n))) {}
 
+  using queued_selector<threshold_selection, Backend>::select;
   /// Queues the compaction: ascending indices in out, their count in the status.
   queued_selection select(const select::threshold& policy, const select_input& in, std::span<std::uint32_t> out,
                           step_status* status) {
@@ -40,22 +41,12 @@ class threshold_selection {
                      &status->count);
     return {};
   }
-  /// select() at once.
-  selection select(const select::threshold& policy, const select_input& in, std::span<std::uint32_t> out) {
-    const step_status done = record_.run_now([&](step_status* status) { select(policy, in, out, status); });
-    return {done.count, 1.0f, true};
-  }
-
-  /// Nothing to do during the corrector's pass.
-  void begin_observe(const select::threshold&, std::uint64_t) noexcept {}
-  void observe(int, std::size_t, std::span<const float>, std::span<const float>) noexcept {}
   void accept() noexcept {}
 
  private:
   Backend backend_;
   std::size_t n_;
   typename Backend::template buffer<std::byte> workspace_;
-  step_record<Backend> record_;
 };
 
 /// Every backend without an engine of its own for select::threshold runs the one above.

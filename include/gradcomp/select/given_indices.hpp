@@ -31,4 +31,4 @@ struct given_indices {
 }  // namespace select
 GRADCOMP_NAMESPACE_END
 
-#include <gradcomp/detail/host/given_indices.hpp>
+#include <gradcomp/detail/select_given_indices.hpp>  // the algorithm, on every backend

@@ -45,4 +45,4 @@ struct random_k {
 }  // namespace select
 GRADCOMP_NAMESPACE_END
 
-#include <gradcomp/detail/host/random_k.hpp>
+#include <gradcomp/detail/select_random_k.hpp>  // the algorithm, on every backend

@@ -75,4 +75,5 @@ struct sampled_threshold {
 }  // namespace select
 GRADCOMP_NAMESPACE_END
 
-#include <gradcomp/detail/host/sampled_threshold.hpp>
+#include <gradcomp/detail/select_sampled_threshold.hpp>  // the algorithm, on every backend
+#include <gradcomp/detail/host/sampled_threshold.hpp>       // backend::host's fast path, sampling ahead of the corrector's pass

@@ -58,6 +58,12 @@ __global__ void reduce_or(std::uint64_t n, Body body, std::uint32_t* bits) {
   if (seen != 0) atomicOr(bits, seen);
 }
 
+/// backend::cuda::histogram's kernel: counts[bin_of(i)] += 1 for every i in [0, n).
+template <class BinOf>
+__global__ void histogram(std::uint64_t n, BinOf bin_of, std::uint32_t* counts) {
+  grid_stride(n, [&](std::uint64_t i) { atomicAdd(counts + bin_of(static_cast<std::size_t>(i)), 1u); });
+}
+
 /// Threads of chunk_sums for n terms: eight per chunk.
 inline unsigned chunk_sum_blocks(std::size_t n) {
   return static_cast<unsigned>((chunk_count(n) * 8 + block_threads - 1) / block_threads);

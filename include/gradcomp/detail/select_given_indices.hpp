@@ -1,0 +1,75 @@
+/// \file detail/select_given_indices.hpp
+/// select::given_indices's algorithm, on every backend: the set lives in the backend's
+/// memory, put there by set_indices after the host has checked it, and each step
+/// copies it into the index workspace. Not API.
+#pragma once
+
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/config.hpp>
+#include <gradcomp/detail/queued_selector.hpp>
+#include <gradcomp/detail/step_input.hpp>
+#include <gradcomp/error.hpp>
+#include <gradcomp/select/given_indices.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace detail {
+
+/// Throws unless `indices` ascend strictly, are below n and number at most max_count.
+inline void check_given_indices(std::span<const std::uint32_t> indices, std::size_t n, std::size_t max_count) {
+  require(indices.size() <= max_count, errc::invalid_argument, "set_indices: ", indices.size(),
+          " indices exceed max_count = ", max_count);
+  for (std::size_t j = 0; j < indices.size(); ++j) {
+    require(indices[j] < n, errc::invalid_argument, "set_indices: indices[", j, "] = ", indices[j],
+            " is not below n = ", n);
+    require(j == 0 || indices[j] > indices[j - 1], errc::invalid_argument, "set_indices: indices[", j, "] = ",
+            indices[j], " does not exceed indices[", j - 1, "] = ", indices[j - 1]);
+  }
+}
+
+/// select::given_indices on any backend, in both step protocols (see queued_selector).
+template <class Backend>
+class given_indices_selection : public queued_selector<given_indices_selection<Backend>, Backend> {
+ public:
+  given_indices_selection(const Backend& be, const select::given_indices& policy, std::size_t n)
+      : queued_selector<given_indices_selection, Backend>(be),
+        backend_(be),
+        n_(n),
+        given_(be.template allocate<std::uint32_t>(policy.max_count)) {}
+
+  /// Replaces the index set (checked on the host first; on error nothing changes).
+  void set_indices(const select::given_indices& policy, std::span<const std::uint32_t> indices) {
+    check_given_indices(indices, n_, policy.max_count);
+    backend_.to_device(indices.data(), indices.size(), given_.data());
+    count_ = indices.size();
+  }
+
+  using queued_selector<given_indices_selection, Backend>::select;
+  /// Queues the copy of the set into out and its count.
+  queued_selection select(const select::given_indices&, const select_input&, std::span<std::uint32_t> out,
+                          step_status* status) {
+    backend_.for_each(count_, copy_elements<std::uint32_t>{given_.data(), out.data()});
+    queue_count(backend_, status, count_);
+    return {};
+  }
+  void accept() noexcept {}
+
+ private:
+  Backend backend_;
+  std::size_t n_;
+  typename Backend::template buffer<std::uint32_t> given_;
+  std::size_t count_ = 0;
+};
+
+/// Every backend runs the one above.
+template <class Backend>
+class engine<select::given_indices, Backend> : public given_indices_selection<Backend> {
+ public:
+  using given_indices_selection<Backend>::given_indices_selection;
+};
+
+}  // namespace detail
+GRADCOMP_NAMESPACE_END
