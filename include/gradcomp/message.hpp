@@ -254,17 +254,50 @@ inline sparse_vector decode(std::span<const std::byte> bytes) {
   return out;
 }
 
-/// `dense[i] += scale * value` for every entry of the message. The whole message is
-/// validated first; on error `dense` is unchanged.
+namespace detail {
+/// dense[index[j]] += scale * values[j]: the scatter-add of accumulate (a message's
+/// indices are distinct, so no two j write one entry).
+struct scatter_add {
+  const std::uint32_t* index;
+  const float* values;
+  float scale;
+  float* dense;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const { dense[index[j]] += scale * values[j]; }
+};
+}  // namespace detail
+
+/// `dense[i] += scale * value` for every entry of the message (host memory), into
+/// `dense` in the backend's memory (backend::host, backend::kokkos; device messages:
+/// device_messages.cuh). The whole message is validated first; on error `dense` is
+/// unchanged.
 /// \throws gradcomp::error if the message is corrupt, `dense.size()` differs from the
 ///         message's n, or `scale` is not finite.
-inline void accumulate(const backend::host&, std::span<const std::byte> bytes, std::span<float> dense, float scale) {
+template <class Backend>
+  requires(!requires { Backend::device_memory; })
+void accumulate(const Backend& be, std::span<const std::byte> bytes, std::span<float> dense, float scale) {
   detail::require(std::isfinite(scale), errc::invalid_argument, "accumulate: scale must be finite, got ", scale);
   const detail::message_reader reader(bytes);
   detail::require(reader.header().n == dense.size(), errc::invalid_argument, "accumulate: dense.size() = ",
                   dense.size(), " does not match the message's n = ", reader.header().n);
   reader.validate_entries();
-  reader.visit([&](std::uint32_t index, float value) { dense[index] += scale * value; });
+  if constexpr (Backend::host_accessible) {
+    reader.visit([&](std::uint32_t index, float value) { dense[index] += scale * value; });
+  } else {  // decoded on the host, scattered by the backend
+    const auto count = static_cast<std::size_t>(reader.header().count);
+    std::vector<std::uint32_t> index_host;
+    std::vector<float> values_host;
+    index_host.reserve(count);
+    values_host.reserve(count);
+    reader.visit([&](std::uint32_t index, float value) {
+      index_host.push_back(index);
+      values_host.push_back(value);
+    });
+    auto index = be.template allocate<std::uint32_t>(count);
+    auto values = be.template allocate<float>(count);
+    be.to_device(index_host.data(), count, index.data());
+    be.to_device(values_host.data(), count, values.data());
+    be.for_each(count, detail::scatter_add{index.data(), values.data(), scale, dense.data()});
+  }
 }
 
 GRADCOMP_NAMESPACE_END

@@ -221,5 +221,4 @@ GRADCOMP_NAMESPACE_END
 
 
 // The engines, after the backend type they specialise for (they include this header too).
-#include <gradcomp/detail/kokkos/index_value.hpp>
 #include <gradcomp/detail/kokkos/selectors.hpp>

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 GRADCOMP_NAMESPACE_BEGIN
@@ -61,7 +62,7 @@ void queue_count(const Backend& backend, step_status* status, std::size_t count)
 /// `count` elements of the backend's memory at `p`, readable on the host: the memory
 /// itself where the host may touch it, else a copy in `staging` (sized by the caller).
 template <class Backend, class T>
-std::span<T> on_host(const Backend& backend, T* p, std::size_t count, std::vector<T>& staging) {
+std::span<T> on_host(const Backend& backend, T* p, std::size_t count, std::vector<std::remove_const_t<T>>& staging) {
   if constexpr (Backend::host_accessible) {
     return {p, count};
   } else {

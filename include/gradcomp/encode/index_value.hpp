@@ -54,4 +54,4 @@ struct index_value {
 }  // namespace encode
 GRADCOMP_NAMESPACE_END
 
-#include <gradcomp/detail/host/index_value.hpp>
+#include <gradcomp/detail/encode_index_value.hpp>  // the algorithm, for messages in host memory

@@ -14,7 +14,7 @@
 #include <gradcomp/detail/cuda/device_buffer.cuh>
 #include <gradcomp/detail/cuda/launch.cuh>
 #include <gradcomp/detail/float_formats.hpp>
-#include <gradcomp/detail/host/index_value.hpp>
+#include <gradcomp/detail/encode_index_value.hpp>
 #include <gradcomp/detail/radix_select.hpp>
 #include <gradcomp/detail/step_input.hpp>
 #include <gradcomp/detail/wire.hpp>
