@@ -324,3 +324,35 @@ TEST_CASE("backend::host's exact_topk fast path equals the generic algorithm on 
   }
 }
 #endif
+
+#if !defined(GRADCOMP_TEST_KOKKOS)
+// backend::host's chunk_local engine (bins inside the corrector's chunks, straddling
+// bins stitched in select) against the generic expansion over the bins
+// (detail/select_chunk_local.hpp) on backend::host, with g apart from acc.
+TEST_CASE("backend::host's chunk_local fast path equals the generic algorithm on backend::host") {
+  for (const int threads : {1, 2}) {
+    for (const std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{70003}}) {
+      for (const std::size_t bin : {std::size_t{1}, std::size_t{7}, std::size_t{50}, std::size_t{5000}, std::size_t{100000}}) {
+        for (std::size_t s = 0; s < std::size(inputs::all_shapes); ++s) {
+          const gc::backend::host be{.threads = threads};
+          const gc::select::chunk_local policy{.bin = bin};
+          gc::detail::engine<gc::select::chunk_local, gc::backend::host> fast(be, policy, n);
+          gc::detail::chunk_local_selection<gc::backend::host> generic(be, policy, n);
+          const auto acc = inputs::make(inputs::all_shapes[s], n, 1300 + s);
+          const auto g = inputs::make(inputs::all_shapes[(s + 3) % std::size(inputs::all_shapes)], n, 1400 + s);
+          std::vector<std::uint32_t> out_fast(n), out_generic(n, 0xFFFFFFFFu);
+          const auto a = fast.select(policy, {acc, g, 0}, out_fast);
+          const auto b = generic.select(policy, {acc, g, 0}, out_generic);
+          CAPTURE(threads);
+          CAPTURE(n);
+          CAPTURE(bin);
+          CAPTURE(inputs::name(inputs::all_shapes[s]));
+          REQUIRE(a.count == b.count);
+          REQUIRE(std::equal(out_fast.begin(), out_fast.begin() + static_cast<std::ptrdiff_t>(a.count),
+                             out_generic.begin()));
+        }
+      }
+    }
+  }
+}
+#endif

@@ -84,6 +84,10 @@ struct no_flag_body {
 struct no_index_kept {
   GRADCOMP_HOST_DEVICE bool operator()(std::size_t) const noexcept { return false; }
 };
+/// A body for expand: makes nothing.
+struct nothing_made {
+  GRADCOMP_HOST_DEVICE std::size_t operator()(std::size_t, std::uint32_t*) const noexcept { return 0; }
+};
 /// A bin for histogram: 0.
 struct bin_zero {
   GRADCOMP_HOST_DEVICE std::size_t operator()(std::size_t) const noexcept { return 0; }
@@ -105,6 +109,8 @@ template <class B>
 concept backend_has_compaction = requires(const B& b, std::size_t n, std::uint32_t* out, std::span<std::byte> w) {
   { b.template compact_workspace<detail::no_index_kept>(n) } -> std::same_as<std::size_t>;
   b.compact(n, detail::no_index_kept{}, out, w, out);
+  { b.expand_workspace(n) } -> std::same_as<std::size_t>;
+  b.expand(n, detail::nothing_made{}, out, w, out);
 };
 
 template <class B>
@@ -269,7 +275,8 @@ consteval bool check_policies() {
                 "histogram(n, bin_of, counts)");
   static_assert(backend_has_compaction<Backend>,
                 "gradcomp: the backend lacks the ordered compaction compact(n, keep, out, workspace, count) and "
-                "compact_workspace<Keep>(n)");
+                "compact_workspace<Keep>(n), or the ordered expansion expand(m, body, out, workspace, count) and "
+                "expand_workspace(m)");
   static_assert(backend_has_transfers<Backend>,
                 "gradcomp: the backend lacks host_accessible, clear(p, n), read(p), to_host(from, n, to) or "
                 "to_device(from, n, to)");

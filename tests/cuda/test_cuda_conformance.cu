@@ -36,4 +36,54 @@ TEST_CASE_TEMPLATE_DEFINE("cuda: every selector x corrector x value coding match
 }
 TEST_CASE_TEMPLATE_INVOKE(grid, GRADCOMP_CONFORMANCE_SELECTORS);
 
+namespace {
+
+// Runs one selector engine to the queued protocol on device copies of acc and g:
+// the count from the status, and the indices.
+template <class Engine, class Policy>
+std::vector<std::uint32_t> queued_indices(Engine& engine, const Policy& policy, thrust::device_vector<float>& acc,
+                                          thrust::device_vector<float>& g) {
+  thrust::device_vector<std::uint32_t> out(acc.size(), 0xFFFFFFFFu);
+  thrust::device_vector<gradcomp::detail::step_status> status(1);
+  const auto a = device::span_of(acc);
+  engine.select(policy, {a, device::span_of(g), 0}, device::span_of(out), device::span_of(status).data());
+  const std::uint32_t count = device::host_copy(status)[0].count;
+  auto indices = device::host_copy(out);
+  REQUIRE(count <= indices.size());
+  indices.resize(count);
+  return indices;
+}
+
+}  // namespace
+
+// backend::cuda's exact_topk (the device radix select) and chunk_local (reduce-by-key
+// and one compaction) are fast paths: each must select what the generic algorithm
+// over the backend primitives (detail/select_<name>.hpp) selects on backend::cuda.
+TEST_CASE("cuda: the exact_topk and chunk_local fast paths equal the generic algorithms on backend::cuda") {
+  namespace gc = gradcomp;
+  const gc::backend::cuda be{};
+  for (const std::size_t n : {std::size_t{7}, std::size_t{1000}, std::size_t{70003}, std::size_t{300000}}) {
+    for (std::size_t s = 0; s < std::size(inputs::all_shapes); ++s) {
+      auto acc = device::copy_of(inputs::make(inputs::all_shapes[s], n, 2100 + s));
+      auto g = device::copy_of(inputs::make(inputs::all_shapes[(s + 3) % std::size(inputs::all_shapes)], n, 2200 + s));
+      CAPTURE(n);
+      CAPTURE(inputs::name(inputs::all_shapes[s]));
+      for (const std::size_t k : {std::size_t{1}, n / 1000 + 1, n / 7 + 1, n}) {
+        const gc::select::exact_topk policy{.count = k};
+        gc::detail::engine<gc::select::exact_topk, gc::backend::cuda> fast(be, policy, n);
+        gc::detail::exact_topk_selection<gc::backend::cuda> generic(be, policy, n);
+        CAPTURE(k);
+        REQUIRE(queued_indices(fast, policy, acc, acc) == queued_indices(generic, policy, acc, acc));
+      }
+      for (const std::size_t bin : {std::size_t{1}, std::size_t{50}, std::size_t{5000}, n}) {
+        const gc::select::chunk_local policy{.bin = bin};
+        gc::detail::engine<gc::select::chunk_local, gc::backend::cuda> fast(be, policy, n);
+        gc::detail::chunk_local_selection<gc::backend::cuda> generic(be, policy, n);
+        CAPTURE(bin);
+        REQUIRE(queued_indices(fast, policy, acc, g) == queued_indices(generic, policy, acc, g));
+      }
+    }
+  }
+}
+
 int main(int argc, char** argv) { return device::run_tests(argc, argv); }

@@ -124,6 +124,31 @@ struct cuda {
     detail::cuda_launch::select_if(workspace.data(), workspace.size(), keep, n, out, count, stream);
   }
 
+  /// Bytes of workspace that expand() needs for m items.
+  [[nodiscard]] std::size_t expand_workspace(std::size_t m) const { return detail::cuda_launch::expand_scratch(m, stream); }
+  /// Queues the ordered expansion: item b < m makes body(b, at) -> std::size_t outputs,
+  /// written from `at` on, or only counted when `at` is null; the outputs land in `out`
+  /// in item order and their number in `*count` (device memory). A counting kernel, an
+  /// exclusive scan of the counts (CUB), a writing kernel; `workspace` holds
+  /// expand_workspace(m) bytes.
+  template <class Body>
+  void expand(std::size_t m, const Body& body, std::uint32_t* out, std::span<std::byte> workspace,
+              std::uint32_t* count) const {
+    if (m == 0) return clear(count, 1);
+    auto* counts = reinterpret_cast<std::uint32_t*>(workspace.data());  // allocation-aligned
+    std::uint32_t* offsets = counts + m;
+    std::byte* scratch = workspace.data() + 2 * m * sizeof(std::uint32_t);
+    std::size_t scratch_bytes = workspace.size() - 2 * m * sizeof(std::uint32_t);
+    const auto blocks = static_cast<unsigned>((m + detail::cuda_launch::block_threads - 1) / detail::cuda_launch::block_threads);
+    detail::cuda_launch::expand_counts<<<blocks, detail::cuda_launch::block_threads, 0, stream>>>(m, body, counts);
+    detail::cuda_check(cudaGetLastError(), "expand (launch)");
+    detail::cuda_check(cub::DeviceScan::ExclusiveSum(scratch, scratch_bytes, counts, offsets, static_cast<std::int64_t>(m), stream),
+                       "cub::DeviceScan::ExclusiveSum");
+    detail::cuda_launch::expand_write<<<blocks, detail::cuda_launch::block_threads, 0, stream>>>(m, body, counts, offsets,
+                                                                                                  out, count);
+    detail::cuda_check(cudaGetLastError(), "expand (launch)");
+  }
+
   /// Device memory: the host reaches it only through read(), to_host() and to_device().
   static constexpr bool host_accessible = false;
 

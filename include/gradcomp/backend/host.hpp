@@ -4,6 +4,7 @@
 #pragma once
 
 #include <gradcomp/config.hpp>
+#include <gradcomp/detail/expansion.hpp>
 #include <gradcomp/detail/fixed_order_sum.hpp>
 #include <gradcomp/error.hpp>
 
@@ -147,34 +148,44 @@ struct host {
     *total = detail::sum_of_chunks(chunk, detail::chunk_count(n));
   }
 
+  /// Bytes of workspace that expand() needs for m items.
+  [[nodiscard]] std::size_t expand_workspace(std::size_t m) const { return detail::chunk_count(m) * sizeof(std::size_t); }
+  /// Ordered expansion: item b < m makes body(b, at) -> std::size_t outputs, written
+  /// from `at` on, or only counted when `at` is null; the outputs land in `out` in item
+  /// order and their number in `*count`. Each chunk of items counts, an exclusive scan
+  /// of the counts gives each chunk where it writes, each chunk writes. `workspace`
+  /// holds expand_workspace(m) bytes.
+  template <class Body>
+  void expand(std::size_t m, const Body& body, std::uint32_t* out, std::span<std::byte> workspace,
+              std::uint32_t* count) const {
+    auto* at = reinterpret_cast<std::size_t*>(workspace.data());  // allocation-aligned bytes, reused as counts
+    const int workers = concurrency();
+    detail::for_each_chunk(workers, m, [&](int, std::size_t c, std::size_t begin, std::size_t end) {
+      std::size_t made = 0;
+      for (std::size_t b = begin; b < end; ++b) made += body(b, nullptr);
+      at[c] = made;
+    });
+    std::size_t total = 0;
+    for (std::size_t c = 0; c < detail::chunk_count(m); ++c) total += std::exchange(at[c], total);
+    detail::for_each_chunk(workers, m, [&](int, std::size_t c, std::size_t begin, std::size_t end) {
+      std::size_t w = at[c];
+      for (std::size_t b = begin; b < end; ++b) w += body(b, out + w);
+    });
+    *count = static_cast<std::uint32_t>(total);
+  }
+
   /// Bytes of workspace that compact() needs for n indices.
   template <class Keep>
   [[nodiscard]] std::size_t compact_workspace(std::size_t n) const {
-    return detail::chunk_count(n) * sizeof(std::size_t);
+    return expand_workspace(n);
   }
   /// Writes the indices i < n with keep(i), ascending, to `out` (room for every kept
-  /// index) and their number to `*count`: each chunk counts, an exclusive scan of the
-  /// counts gives each chunk where it writes, each chunk writes. `workspace` holds
-  /// compact_workspace<Keep>(n) bytes.
+  /// index) and their number to `*count`: the expansion in which index i makes itself
+  /// if kept. `workspace` holds compact_workspace<Keep>(n) bytes.
   template <class Keep>
   void compact(std::size_t n, const Keep& keep, std::uint32_t* out, std::span<std::byte> workspace,
                std::uint32_t* count) const {
-    auto* at = reinterpret_cast<std::size_t*>(workspace.data());  // allocation-aligned bytes, reused as counts
-    const int workers = concurrency();
-    detail::for_each_chunk(workers, n, [&](int, std::size_t c, std::size_t begin, std::size_t end) {
-      std::size_t kept = 0;
-      for (std::size_t i = begin; i < end; ++i) kept += keep(i) ? 1 : 0;
-      at[c] = kept;
-    });
-    std::size_t total = 0;
-    for (std::size_t c = 0; c < detail::chunk_count(n); ++c) total += std::exchange(at[c], total);
-    detail::for_each_chunk(workers, n, [&](int, std::size_t c, std::size_t begin, std::size_t end) {
-      std::size_t w = at[c];
-      for (std::size_t i = begin; i < end; ++i) {
-        if (keep(i)) out[w++] = static_cast<std::uint32_t>(i);
-      }
-    });
-    *count = static_cast<std::uint32_t>(total);
+    expand(n, detail::kept_index<Keep>{keep}, out, workspace, count);
   }
 
   /// Memory of this backend is host memory: read() and the copies are plain accesses.

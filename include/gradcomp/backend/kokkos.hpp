@@ -8,6 +8,7 @@
 #pragma once
 
 #include <gradcomp/config.hpp>
+#include <gradcomp/detail/expansion.hpp>
 #include <gradcomp/detail/fixed_order_sum.hpp>
 #include <gradcomp/detail/kokkos/primitives.hpp>
 #include <gradcomp/detail/radix_select.hpp>
@@ -102,9 +103,20 @@ struct kokkos {
           detail::kk::compact_at_least(space, space_view<const float>(keep.acc, n), keep.key, space_view<std::uint32_t>(out, n)));
       to_device(&kept, 1, count);
     } else {
-      Kokkos::parallel_scan("gradcomp::compact", range(n), compact_body<Keep>{keep, out, count, n});
-      space.fence();
+      expand(n, detail::kept_index<Keep>{keep}, out, {}, count);
     }
+  }
+
+  /// Bytes of workspace that expand() needs: none (Kokkos scans without it).
+  [[nodiscard]] std::size_t expand_workspace(std::size_t) const { return 0; }
+  /// Ordered expansion: item b < m makes body(b, at) -> std::size_t outputs, written
+  /// from `at` on, or only counted when `at` is null; the outputs land in `out` in item
+  /// order and their number in `*count` (space memory), by one parallel_scan. Waits.
+  template <class Body>
+  void expand(std::size_t m, const Body& body, std::uint32_t* out, std::span<std::byte>, std::uint32_t* count) const {
+    if (m == 0) return clear(count, 1);
+    Kokkos::parallel_scan("gradcomp::expand", range(m), expand_body<Body>{body, out, count, m});
+    space.fence();
   }
 
   /// Whether the host may read and write the space's memory directly.
@@ -176,19 +188,16 @@ struct kokkos {
       chunk[c] = detail::chunk_sum(term, begin, end);
     }
   };
-  template <class Keep>
-  struct compact_body {
-    using value_type = std::uint32_t;
-    Keep keep;
+  template <class Body>
+  struct expand_body {
+    using value_type = std::size_t;
+    Body body;
     std::uint32_t* out;
     std::uint32_t* count;
-    std::size_t n;
-    KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, std::uint32_t& at, bool final) const {
-      if (keep(static_cast<std::size_t>(i))) {
-        if (final) out[at] = static_cast<std::uint32_t>(i);
-        at += 1;
-      }
-      if (final && static_cast<std::size_t>(i) + 1 == n) *count = at;  // the last index knows the total
+    std::size_t m;
+    KOKKOS_INLINE_FUNCTION void operator()(std::int64_t b, std::size_t& at, bool final) const {
+      at += body(static_cast<std::size_t>(b), final ? out + at : nullptr);
+      if (final && static_cast<std::size_t>(b) + 1 == m) *count = static_cast<std::uint32_t>(at);  // the last item knows the total
     }
   };
   struct chunks_total {
@@ -219,6 +228,3 @@ auto as_span(const View& v) {
 
 GRADCOMP_NAMESPACE_END
 
-
-// The engines, after the backend type they specialise for (they include this header too).
-#include <gradcomp/detail/kokkos/selectors.hpp>

@@ -35,4 +35,5 @@ struct chunk_local {
 }  // namespace select
 GRADCOMP_NAMESPACE_END
 
-#include <gradcomp/detail/host/chunk_local.hpp>
+#include <gradcomp/detail/select_chunk_local.hpp>  // the algorithm, on every backend
+#include <gradcomp/detail/host/chunk_local.hpp>    // backend::host's fast path, inside the corrector's pass

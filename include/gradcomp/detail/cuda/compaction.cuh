@@ -7,6 +7,7 @@
 #include <gradcomp/config.hpp>
 #include <gradcomp/detail/cuda/device_buffer.cuh>
 
+#include <cub/device/device_scan.cuh>
 #include <cub/device/device_select.cuh>
 #include <cuda_runtime.h>
 #include <thrust/iterator/counting_iterator.h>
@@ -38,6 +39,34 @@ void select_if(std::byte* scratch, std::size_t scratch_bytes, const Predicate& k
   cuda_check(cub::DeviceSelect::If(scratch, scratch_bytes, thrust::counting_iterator<std::uint32_t>(0), out, count,
                                    static_cast<std::int64_t>(n), keep, stream),
              "cub::DeviceSelect::If");
+}
+
+/// backend::cuda::expand's first kernel: counts[b] = body(b, nullptr).
+template <class Body>
+__global__ void expand_counts(std::uint64_t m, Body body, std::uint32_t* counts) {
+  const std::uint64_t b = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b < m) counts[b] = static_cast<std::uint32_t>(body(static_cast<std::size_t>(b), nullptr));
+}
+
+/// backend::cuda::expand's last kernel: item b writes from out + offsets[b]; the last
+/// item stores the total.
+template <class Body>
+__global__ void expand_write(std::uint64_t m, Body body, const std::uint32_t* counts, const std::uint32_t* offsets,
+                             std::uint32_t* out, std::uint32_t* count) {
+  const std::uint64_t b = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= m) return;
+  body(static_cast<std::size_t>(b), out + offsets[b]);
+  if (b + 1 == m) *count = offsets[b] + counts[b];
+}
+
+/// Bytes of workspace for backend::cuda::expand of m items: m counts, m offsets, and
+/// cub::DeviceScan::ExclusiveSum's scratch after them.
+inline std::size_t expand_scratch(std::size_t m, cudaStream_t stream) {
+  std::size_t bytes = 0;
+  cuda_check(cub::DeviceScan::ExclusiveSum(nullptr, bytes, static_cast<const std::uint32_t*>(nullptr),
+                                           static_cast<std::uint32_t*>(nullptr), static_cast<std::int64_t>(m), stream),
+             "cub::DeviceScan::ExclusiveSum (scratch size)");
+  return 2 * m * sizeof(std::uint32_t) + std::max<std::size_t>(bytes, 1);
 }
 
 /// Compacts [0, n) by `Predicate` (a device functor of the index) on one stream; the
