@@ -214,6 +214,24 @@ TEST_CASE("backend::host's corrector fast paths equal the generic algorithm on b
 #endif
 
 #if !defined(GRADCOMP_TEST_KOKKOS)
+namespace {
+// A selector's fast path and its generic algorithm select the same entries from `in`,
+// standalone, and both see a finite input.
+template <class Fast, class Generic, class Policy>
+void require_same_selection(Fast& fast, Generic& generic, const Policy& policy, const gc::detail::select_input& in) {
+  const std::size_t n = in.acc.size();
+  std::vector<std::uint32_t> out_fast(n), out_generic(n, 0xFFFFFFFFu);
+  const auto a = fast.select(policy, in, out_fast);
+  const auto b = generic.select(policy, in, out_generic);
+  REQUIRE(a.finite);
+  REQUIRE(b.finite);
+  REQUIRE(a.count == b.count);
+  REQUIRE(std::equal(out_fast.begin(), out_fast.begin() + static_cast<std::ptrdiff_t>(a.count), out_generic.begin()));
+}
+}  // namespace
+#endif
+
+#if !defined(GRADCOMP_TEST_KOKKOS)
 // backend::host's threshold engine (collecting in the corrector's pass, SIMD skipping)
 // against the generic compaction (detail/select_threshold.hpp) on backend::host.
 TEST_CASE("backend::host's threshold fast path equals the generic algorithm on backend::host") {
@@ -226,16 +244,11 @@ TEST_CASE("backend::host's threshold fast path equals the generic algorithm on b
           gc::detail::engine<gc::select::threshold, gc::backend::host> fast(be, policy, n);
           gc::detail::threshold_selection<gc::backend::host> generic(be, policy, n);
           const auto acc = inputs::make(shape, n, 31);
-          std::vector<std::uint32_t> out_fast(n), out_generic(n, 0xFFFFFFFFu);
-          const auto a = fast.select(policy, {acc, acc, 0}, out_fast);
-          const auto b = generic.select(policy, {acc, acc, 0}, out_generic);
           CAPTURE(threads);
           CAPTURE(n);
           CAPTURE(inputs::name(shape));
           CAPTURE(tau);
-          REQUIRE(a.count == b.count);
-          REQUIRE(std::equal(out_fast.begin(), out_fast.begin() + static_cast<std::ptrdiff_t>(a.count),
-                             out_generic.begin()));
+          require_same_selection(fast, generic, policy, {acc, acc, 0});
         }
       }
     }
@@ -261,19 +274,12 @@ TEST_CASE("backend::host's sampled_threshold fast path equals the generic algori
           for (std::uint64_t t = 0; t < 6; ++t) {
             const auto shape = inputs::all_shapes[(t + static_cast<std::uint64_t>(variant)) % std::size(inputs::all_shapes)];
             const auto acc = inputs::make(shape, n, 500 + t);
-            std::vector<std::uint32_t> out_fast(n), out_generic(n, 0xFFFFFFFFu);
-            const auto a = fast.select(policy, {acc, acc, t}, out_fast);
-            const auto b = generic.select(policy, {acc, acc, t}, out_generic);
             CAPTURE(case_type::name(variant));
             CAPTURE(threads);
             CAPTURE(n);
             CAPTURE(density);
             CAPTURE(t);
-            REQUIRE(a.finite);
-            REQUIRE(b.finite);
-            REQUIRE(a.count == b.count);
-            REQUIRE(std::equal(out_fast.begin(), out_fast.begin() + static_cast<std::ptrdiff_t>(a.count),
-                               out_generic.begin()));
+            require_same_selection(fast, generic, policy, {acc, acc, t});
             fast.accept();
             generic.accept();
             REQUIRE(fast.saved_state() == generic.saved_state());  // the carried threshold
@@ -308,16 +314,11 @@ TEST_CASE("backend::host's exact_topk fast path equals the generic algorithm on 
           const gc::select::exact_topk policy{.count = std::min(k, n)};
           gc::detail::engine<gc::select::exact_topk, gc::backend::host> fast(be, policy, n);
           gc::detail::exact_topk_selection<gc::backend::host> generic(be, policy, n);
-          std::vector<std::uint32_t> out_fast(n), out_generic(n, 0xFFFFFFFFu);
-          const auto a = fast.select(policy, {acc, acc, 0}, out_fast);
-          const auto b = generic.select(policy, {acc, acc, 0}, out_generic);
           CAPTURE(threads);
           CAPTURE(n);
           CAPTURE(k);
           CAPTURE(s);
-          REQUIRE(a.count == b.count);
-          REQUIRE(std::equal(out_fast.begin(), out_fast.begin() + static_cast<std::ptrdiff_t>(a.count),
-                             out_generic.begin()));
+          require_same_selection(fast, generic, policy, {acc, acc, 0});
         }
       }
     }
@@ -340,16 +341,11 @@ TEST_CASE("backend::host's chunk_local fast path equals the generic algorithm on
           gc::detail::chunk_local_selection<gc::backend::host> generic(be, policy, n);
           const auto acc = inputs::make(inputs::all_shapes[s], n, 1300 + s);
           const auto g = inputs::make(inputs::all_shapes[(s + 3) % std::size(inputs::all_shapes)], n, 1400 + s);
-          std::vector<std::uint32_t> out_fast(n), out_generic(n, 0xFFFFFFFFu);
-          const auto a = fast.select(policy, {acc, g, 0}, out_fast);
-          const auto b = generic.select(policy, {acc, g, 0}, out_generic);
           CAPTURE(threads);
           CAPTURE(n);
           CAPTURE(bin);
           CAPTURE(inputs::name(inputs::all_shapes[s]));
-          REQUIRE(a.count == b.count);
-          REQUIRE(std::equal(out_fast.begin(), out_fast.begin() + static_cast<std::ptrdiff_t>(a.count),
-                             out_generic.begin()));
+          require_same_selection(fast, generic, policy, {acc, g, 0});
         }
       }
     }

@@ -53,6 +53,13 @@ struct keys_at {
   GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const { keys[j] = magnitude_key(acc[list[j]]); }
 };
 
+/// The bytes of a workspace buffer of any backend (std::vector, Kokkos::View,
+/// device_buffer: data() and size()).
+template <class Buffer>
+std::span<std::byte> workspace_bytes(Buffer& buffer) {
+  return {buffer.data(), static_cast<std::size_t>(buffer.size())};
+}
+
 /// Queues `status->count = count` on `backend`.
 template <class Backend>
 void queue_count(const Backend& backend, step_status* status, std::size_t count) {

@@ -78,7 +78,7 @@ class chunk_local_selection : public queued_selector<chunk_local_selection<Backe
   queued_selection select(const select::chunk_local& policy, const select_input& in, std::span<std::uint32_t> out,
                           step_status* status) {
     backend_.expand(bins_, chunk_local_bins{in.acc.data(), in.grad.data(), n_, policy.bin_for(n_), out.data() + out.size()},
-                    out.data(), std::span<std::byte>(workspace_.data(), static_cast<std::size_t>(workspace_.size())),
+                    out.data(), workspace_bytes(workspace_),
                     &status->count);
     return {};
   }

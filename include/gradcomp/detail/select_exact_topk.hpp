@@ -110,7 +110,7 @@ class exact_topk_selection : public queued_selector<exact_topk_selection<Backend
   // The entries with key >= lo, ascending, and their keys, readable on the host.
   std::pair<std::span<std::uint32_t>, std::span<std::uint32_t>> collect(const float* acc, std::uint32_t lo) {
     backend_.compact(n_, magnitude_at_least{acc, lo}, candidates_.data(),
-                     std::span<std::byte>(workspace_.data(), static_cast<std::size_t>(workspace_.size())),
+                     workspace_bytes(workspace_),
                      found_.data());
     const std::size_t count = backend_.read(static_cast<const std::uint32_t*>(found_.data()));
     backend_.for_each(count, keys_at{acc, candidates_.data(), keys_.data()});

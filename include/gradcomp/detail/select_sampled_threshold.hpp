@@ -73,7 +73,7 @@ class sampled_threshold_selection : public queued_selector<sampled_threshold_sel
     if (plan.exact) return select_exact(k, in, out, status);
     const float* acc = in.acc.data();
     const auto collect = [&](std::uint32_t key) -> std::size_t {
-      backend_.compact(n_, magnitude_at_least{acc, key}, candidates_.data(), workspace(), found_.data());
+      backend_.compact(n_, magnitude_at_least{acc, key}, candidates_.data(), workspace_bytes(workspace_), found_.data());
       return backend_.read(static_cast<const std::uint32_t*>(found_.data()));
     };
     std::uint32_t key = memory_.key();
@@ -118,10 +118,6 @@ class sampled_threshold_selection : public queued_selector<sampled_threshold_sel
   queued_selection finish(step_status* status, std::size_t count) {
     queue_count(backend_, status, count);
     return {};
-  }
-
-  std::span<std::byte> workspace() noexcept {
-    return {workspace_.data(), static_cast<std::size_t>(workspace_.size())};
   }
 
   Backend backend_;

@@ -37,7 +37,7 @@ class threshold_selection : public queued_selector<threshold_selection<Backend>,
   queued_selection select(const select::threshold& policy, const select_input& in, std::span<std::uint32_t> out,
                           step_status* status) {
     backend_.compact(n_, magnitude_at_least{in.acc.data(), magnitude_key(policy.tau)}, out.data(),
-                     std::span<std::byte>(workspace_.data(), static_cast<std::size_t>(workspace_.size())),
+                     workspace_bytes(workspace_),
                      &status->count);
     return {};
   }
