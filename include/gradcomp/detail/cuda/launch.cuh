@@ -90,24 +90,15 @@ __global__ void chunk_sums(std::uint64_t n, Term term, double* chunk) {
   if (c < chunks && lane == 0) chunk[c] = combine_lanes(lanes);
 }
 
+// Kernels that are not templates otherwise take an unused template parameter: a plain
+// __global__ function defined in a header would be defined again by every translation
+// unit that includes it, and nvcc ignores `inline` on kernels.
+
 /// The chunk sums added in chunk order, by one thread.
 template <class = void>
 __global__ void sum_of_chunks(const double* chunk, std::uint64_t chunks, double* total) {
   *total = detail::sum_of_chunks(chunk, chunks);
 }
-
-/// Raises the step's non-finite flag once per thread that saw one.
-__device__ inline void flag_non_finite(bool seen, step_status* status) {
-  if (seen) atomicOr(&status->non_finite, 1u);
-}
-
-// Kernels that are not templates otherwise take an unused template parameter: a plain
-// __global__ function defined in a header would be defined again by every translation
-// unit that includes it, and nvcc ignores `inline` on kernels.
-
-/// Sets the count of a selection whose size the host knows.
-template <class = void>
-__global__ void set_count(step_status* status, std::uint32_t count) { status->count = count; }
 
 }  // namespace detail::cuda_launch
 GRADCOMP_NAMESPACE_END
