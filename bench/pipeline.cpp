@@ -132,8 +132,8 @@ void BM_momentum_traffic(benchmark::State& state) {
   account(state, step_n);
 }
 
-// delta_bitpack on the indices exact top-k selects; bytes processed = 4 bytes of index
-// data per entry, one thread.
+// delta_bitpack on the indices exact top-k selects: a whole message (f32 values) written
+// by index_value's writer; bytes processed = 4 bytes of index data per entry, one thread.
 std::vector<std::uint32_t> topk_indices(double density) {
   const auto& g = bench::gradient(step_n);
   gc::compressor c{gc::backend::host{}, g.size(), gc::select::exact_topk{.density = density}, gc::correct::none{},
@@ -144,28 +144,34 @@ std::vector<std::uint32_t> topk_indices(double density) {
 
 void BM_delta_encode(benchmark::State& state) {
   const auto idx = topk_indices(static_cast<double>(state.range(0)) * 1e-4);
-  std::vector<std::byte> out(gc::detail::max_index_section_bytes(gc::index_coding::delta_bitpack, step_n, idx.size()));
+  const gc::encode::index_value policy{.index = gc::index_coding::delta_bitpack};
+  const std::vector<float> values(idx.size(), 1.0f);
+  std::vector<float> sent(idx.size());
+  std::vector<std::byte> out(policy.max_bytes(step_n, idx.size()));
   std::size_t bytes = 0;
   for (auto _ : state) {
-    bytes = gc::detail::write_index_section(gc::index_coding::delta_bitpack, step_n, idx, out.data());
+    bytes = gc::detail::encode_message(policy, step_n, idx, values, out, sent, 0);
     benchmark::DoNotOptimize(out.data());
   }
+  if (gc::decode(std::span<const std::byte>(out.data(), bytes)).indices != idx) state.SkipWithError("round trip failed");
+  const auto index_bytes = gc::detail::load_le<std::uint64_t>(out.data() + 32);  // the header's index section size
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * idx.size() * 4));
-  state.counters["bits_per_index"] = 8.0 * static_cast<double>(bytes) / static_cast<double>(idx.size());
+  state.counters["bits_per_index"] = 8.0 * static_cast<double>(index_bytes) / static_cast<double>(idx.size());
 }
 
 void BM_delta_decode(benchmark::State& state) {
   const auto idx = topk_indices(static_cast<double>(state.range(0)) * 1e-4);
-  std::vector<std::byte> section(gc::detail::max_index_section_bytes(gc::index_coding::delta_bitpack, step_n, idx.size()));
-  gc::message_header h;
-  h.index = gc::index_coding::delta_bitpack;
-  h.n = step_n;
-  h.count = idx.size();
-  h.index_bytes = gc::detail::write_index_section(h.index, step_n, idx, section.data());
+  const gc::encode::index_value policy{.index = gc::index_coding::delta_bitpack};
+  const std::vector<float> values(idx.size(), 1.0f);
+  std::vector<float> sent(idx.size());
+  std::vector<std::byte> message(policy.max_bytes(step_n, idx.size()));
+  message.resize(gc::detail::encode_message(policy, step_n, idx, values, message, sent, 0));
+  const gc::message_header h = gc::detail::read_header(message, message.size());
+  const std::byte* section = message.data() + gc::message_header::size;
   std::vector<std::uint32_t> back(idx.size());
   for (auto _ : state) {
     std::size_t j = 0;
-    gc::detail::validate_index_section(h, section.data(), [&](std::uint64_t i) { back[j++] = static_cast<std::uint32_t>(i); });
+    gc::detail::validate_index_section(h, section, [&](std::uint64_t i) { back[j++] = static_cast<std::uint32_t>(i); });
     benchmark::DoNotOptimize(back.data());
   }
   if (back != idx) state.SkipWithError("delta_bitpack round trip failed");

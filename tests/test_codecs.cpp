@@ -101,18 +101,15 @@ TEST_CASE("delta_bitpack handles gaps of every width, up to the full 32 bits") {
     }
   }
   indices.push_back(0xFFFFFFFEu);
-  // Exercise the codec directly: a tensor of 2^32 - 1 floats does not fit this machine.
-  std::vector<std::byte> section(gc::detail::max_index_section_bytes(index_coding::delta_bitpack, n, indices.size()));
-  const std::size_t bytes = gc::detail::write_index_section(index_coding::delta_bitpack, n, indices, section.data());
-  CHECK(bytes == gc::detail::delta_bitpack_bytes(indices));
-  gc::message_header h;
-  h.index = index_coding::delta_bitpack;
-  h.n = n;
-  h.count = indices.size();
-  h.index_bytes = bytes;
-  std::vector<std::uint32_t> back;
-  gc::detail::validate_index_section(h, section.data(), [&](std::uint64_t i) { back.push_back(static_cast<std::uint32_t>(i)); });
-  CHECK(back == indices);
+  // Write the message from its entries: a tensor of 2^32 - 1 floats does not fit this machine.
+  const gc::encode::index_value policy{.index = index_coding::delta_bitpack};
+  const std::vector<float> values(indices.size(), 1.0f);
+  std::vector<float> sent(indices.size());
+  std::vector<std::byte> message(policy.max_bytes(n, indices.size()));
+  message.resize(gc::detail::encode_message(policy, n, indices, values, message, sent, 0));
+  const gc::message_header h = gc::detail::read_header(message, message.size());
+  CHECK(h.index_bytes == reference::index_section_bytes(reference::indices::delta_bitpack, n, indices));
+  CHECK(gc::decode(message).indices == indices);
 }
 
 TEST_CASE("auto picks the smallest index coding") {

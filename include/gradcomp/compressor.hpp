@@ -183,8 +183,8 @@ class compressor {
   /// Queues one step on backend::cuda's stream and returns at once, reading nothing
   /// back, so that the step can be captured in a CUDA graph and replayed. For
   /// configurations whose message size is known in advance: a selector with a fixed
-  /// count (exact_topk), an encoder written on the device (raw32 indices; f32, f16 or
-  /// bf16 values; no checksum) and a corrector without state. Whether the step met a
+  /// count (exact_topk), an index coding of fixed size (raw32 or bitmap; any value
+  /// coding) and a corrector without state. Whether the step met a
   /// NaN or infinity (and so wrote nothing to `out`) is last_step_finite()'s answer.
   /// \throws gradcomp::error if grad.size() != n, `out` is too small, or the encoder's
   ///         message size depends on the data.
@@ -194,10 +194,9 @@ class compressor {
   {
     check_step(grad, out);
     const std::size_t count = select_.fixed_count(selector_);
-    const auto bytes = encode_.fixed_bytes(encoder_, count);
+    const auto bytes = encode_.fixed_bytes(encoder_, n_, count);
     detail::require(bytes.has_value(), errc::invalid_argument, "compress_async: the size of ", encoder_.name(),
-                    " messages depends on the data; use compress (raw32 indices with f32, f16 or bf16 values have"
-                    " a fixed size)");
+                    " messages depends on the data; use compress (raw32 or bitmap indices give a fixed size)");
     queue_step(grad, out);
     finish_step();
     return message(out.first(*bytes), n_, count);

@@ -101,6 +101,7 @@ struct zero_term {
 template <class B>
 concept backend_has_reductions = requires(const B& b, std::size_t n, std::uint32_t* bits, double* d) {
   b.reduce_or(n, detail::no_flag_body{}, bits);
+  b.reduce_max(n, detail::no_flag_body{}, bits);
   b.sum(n, detail::zero_term{}, d, d);
   b.histogram(n, detail::bin_zero{}, bits);
 };
@@ -146,10 +147,14 @@ concept encoder = std::copyable<E> && policy_has_name<E> && encoder_has_validate
 /// - allocate<T>(n): n zeroed elements of the backend's memory;
 /// - for_each(n, body): body(i) for every i < n;
 /// - reduce_or(n, body, bits): ORs body(i) -> std::uint32_t over every i < n into *bits;
+/// - reduce_max(n, body, word): raises *word to the largest body(i) -> std::uint32_t;
+/// - histogram(n, bin_of, counts): adds 1 to counts[bin_of(i)] for every i < n;
 /// - sum(n, term, chunk, total): *total = the sum of term(i) -> double in the order of
 ///   detail/fixed_order_sum.hpp (identical on every backend and for any thread count);
 /// - compact(n, keep, out, workspace, count): the i < n with keep(i) -> bool, ascending,
 ///   to out and their number to *count; compact_workspace<Keep>(n) bytes of workspace;
+/// - expand(m, body, out, workspace, count): item b < m writes body(b, at) outputs, all
+///   concatenated in item order; expand_workspace(m) bytes of workspace;
 /// - host_accessible, clear(p, n), read(p), to_host(from, n, to), to_device(from, n, to):
 ///   whether the host may touch the backend's memory, and the small transfers.
 /// Results written to pointers stay in the backend's memory (nothing waits for them on
@@ -271,7 +276,8 @@ consteval bool check_policies() {
   static_assert(backend_has_for_each<Backend>,
                 "gradcomp: the backend has no member template for_each(n, body) calling body(i) for every i < n");
   static_assert(backend_has_reductions<Backend>,
-                "gradcomp: the backend lacks the reductions reduce_or(n, body, bits), sum(n, term, chunk, total) or "
+                "gradcomp: the backend lacks the reductions reduce_or(n, body, bits), reduce_max(n, body, word), "
+                "sum(n, term, chunk, total) or "
                 "histogram(n, bin_of, counts)");
   static_assert(backend_has_compaction<Backend>,
                 "gradcomp: the backend lacks the ordered compaction compact(n, keep, out, workspace, count) and "

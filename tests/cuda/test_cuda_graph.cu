@@ -1,6 +1,7 @@
-// A fixed-size configuration (exact_topk, raw32 indices, f32 values, no corrector) is
-// captured once in a CUDA graph and replayed on new gradients: every replay writes the
-// message the host compressor writes, and a NaN replay writes nothing and is reported.
+// A fixed-size configuration (exact_topk; raw32 or bitmap indices, any value coding; no
+// corrector) is captured once in a CUDA graph and replayed on new gradients: every
+// replay writes the message the host compressor writes, and a NaN replay writes nothing
+// and is reported.
 // Needs a GPU (exit 77 without one).
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "device.cuh"
@@ -14,14 +15,13 @@
 
 namespace gc = gradcomp;
 
-TEST_CASE("compress_async is captured in a CUDA graph and replayed") {
+void capture_and_replay(const gc::encode::index_value& encoder) {
   const std::size_t n = (std::size_t{1} << 20) + 3;
   const gc::select::exact_topk topk{.density = 0.01};
-  const gc::encode::index_value raw{.index = gc::index_coding::raw32, .value = gc::value_coding::f32};
   cudaStream_t stream = nullptr;
   gc::detail::cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  gc::compressor gpu{gc::backend::cuda{stream}, n, topk, gc::correct::none{}, raw};
-  gc::compressor host{gc::backend::host{}, n, topk, gc::correct::none{}, raw};
+  gc::compressor gpu{gc::backend::cuda{stream}, n, topk, gc::correct::none{}, encoder};
+  gc::compressor host{gc::backend::host{}, n, topk, gc::correct::none{}, encoder};
   thrust::device_vector<float> g(n);
   thrust::device_vector<std::byte> out(gpu.max_message_bytes());
   std::vector<std::byte> host_out(host.max_message_bytes());
@@ -33,7 +33,7 @@ TEST_CASE("compress_async is captured in a CUDA graph and replayed") {
   gc::detail::cuda_check(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
   gc::detail::cuda_check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
   CHECK(captured.count() == topk.k(n));
-  CHECK(captured.bytes().size() == 56 + 8 * topk.k(n));
+  CHECK(captured.bytes().size() == encoder.max_bytes(n, topk.k(n)));
 
   std::vector<std::byte> last;
   for (int replay = 0; replay < 6; ++replay) {
@@ -66,6 +66,13 @@ TEST_CASE("compress_async is captured in a CUDA graph and replayed") {
   CHECK_THROWS_WITH_AS((void)automatic.compress_async(device::span_of(g), device::span_of(out)),
                        doctest::Contains("compress_async"), gc::error);
   cudaStreamDestroy(stream);
+}
+
+TEST_CASE("compress_async is captured in a CUDA graph and replayed") {
+  capture_and_replay({.index = gc::index_coding::raw32, .value = gc::value_coding::f32});
+  // Every coding is written on the device: a bitmap with qsgd values and a checksum too.
+  capture_and_replay(
+      {.index = gc::index_coding::bitmap, .value = gc::value_coding::qsgd, .levels = 7, .seed = 5, .checksum = true});
 }
 
 int main(int argc, char** argv) { return device::run_tests(argc, argv); }

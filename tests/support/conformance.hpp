@@ -254,6 +254,7 @@ struct run {
   int variant;  // which variant of the selector and of the corrector
   gc::index_coding index;
   value_case value;
+  bool checksum;  // a CRC-32C in the header (every third run)
 };
 
 // Every value coding meets every shape at n = 1, 7, 1000 and one shape at n = 70003
@@ -267,15 +268,19 @@ inline std::vector<run> runs() {
     for (std::size_t s = 0; s < std::size(inputs::all_shapes); ++s) {
       const double small_densities[] = {0.2, 0.5, 1.0};
       const double mid_densities[] = {0.01, 0.05, 0.3};
-      out.push_back({gradients[(vc + s) % 3], inputs::all_shapes[s], 1, 0.5, 3, counter++, index_cases[(vc + s) % 4],
-                     value_cases[vc]});
-      out.push_back({gradients[(vc + s + 1) % 3], inputs::all_shapes[s], 7, small_densities[s % 3], 6, counter++,
-                     index_cases[(vc + s + 1) % 4], value_cases[vc]});
-      out.push_back({gradients[(vc + s + 2) % 3], inputs::all_shapes[s], 1000, mid_densities[s % 3], 6, counter++,
-                     index_cases[(vc + s + 2) % 4], value_cases[vc]});
+      out.push_back({gradients[(vc + s) % 3], inputs::all_shapes[s], 1, 0.5, 3, counter, index_cases[(vc + s) % 4],
+                     value_cases[vc], counter % 3 == 2});
+      ++counter;
+      out.push_back({gradients[(vc + s + 1) % 3], inputs::all_shapes[s], 7, small_densities[s % 3], 6, counter,
+                     index_cases[(vc + s + 1) % 4], value_cases[vc], counter % 3 == 2});
+      ++counter;
+      out.push_back({gradients[(vc + s + 2) % 3], inputs::all_shapes[s], 1000, mid_densities[s % 3], 6, counter,
+                     index_cases[(vc + s + 2) % 4], value_cases[vc], counter % 3 == 2});
+      ++counter;
     }
+    // Large messages, with a checksum every other value coding (many of its kilobyte pieces).
     out.push_back({gradients[vc % 3], inputs::all_shapes[vc % std::size(inputs::all_shapes)], 70003,
-                   vc % 2 == 0 ? 0.001 : 0.01, 3, counter++, index_cases[vc % 4], value_cases[vc]});
+                   vc % 2 == 0 ? 0.001 : 0.01, 3, counter++, index_cases[vc % 4], value_cases[vc], vc % 2 == 1});
   }
   return out;
 }
@@ -345,8 +350,16 @@ std::string difference(const Compressor& c, std::size_t count, const std::vector
       break;
     }
   }
+  if (std::to_integer<std::uint32_t>(bytes[8]) != (r.checksum ? 1u : 0u)) out << "checksum flag differs; ";
+  std::uint32_t crc = 0;
+  std::memcpy(&crc, bytes.data() + 12, 4);
+  if (crc != (r.checksum ? reference::message_crc32c(bytes) : 0u)) out << "checksum differs; ";
   if (r.index == gc::index_coding::raw32 && r.value.coding == gc::value_coding::f32) {
-    const auto want = expected_raw32_f32(r.n, index, sent);
+    auto want = expected_raw32_f32(r.n, index, sent);
+    if (r.checksum) {
+      want[8] = std::byte{1};
+      std::memcpy(want.data() + 12, &crc, 4);
+    }
     if (bytes.size() != want.size() || std::memcmp(bytes.data(), want.data(), want.size()) != 0) {
       out << "bytes differ from the raw32/f32 layout; ";
     }
@@ -406,7 +419,7 @@ void run_grid() {
       auto [selector, selector_model] = Selector::make(selector_variant, r.n, r.density);
       auto [corrector, memory] = Corrector::make(corrector_variant);
       const gc::encode::index_value encoder{.index = r.index, .value = r.value.coding, .levels = r.value.levels,
-                                            .seed = qsgd_seed};
+                                            .seed = qsgd_seed, .checksum = r.checksum};
       gc::compressor c{backend, r.n, selector, corrector, encoder};
       auto out = Target::template copy_of<std::byte>(std::vector<std::byte>(c.max_message_bytes()));
       for (int t = 0; t < r.steps; ++t) {

@@ -14,6 +14,28 @@
 
 namespace reference {
 
+// The sum of `terms` in the order every gradcomp backend adds (docs/design.md): chunks of
+// 2^15 terms; in a chunk, lane l < 8 adds the terms at l, l + 8, l + 16, ...; the lanes
+// combined as ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)); the chunks added in order.
+inline double ordered_sum(const std::vector<double>& terms) {
+  const std::size_t chunk = std::size_t{1} << 15;
+  double total = 0.0;
+  for (std::size_t begin = 0; begin < terms.size(); begin += chunk) {
+    double lane[8] = {};
+    for (std::size_t i = begin; i < std::min(terms.size(), begin + chunk); ++i) lane[(i - begin) % 8] += terms[i];
+    total += ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+  }
+  return total;
+}
+
+// The sum of f(x) over x in v, in that order.
+template <class F>
+double ordered_sum_of(const std::vector<float>& v, F f) {
+  std::vector<double> terms(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) terms[i] = f(static_cast<double>(v[i]));
+  return ordered_sum(terms);
+}
+
 // k = clamp(ceil(d n), 1, n), as ALGORITHMS.md defines it.
 inline std::size_t k_for(double density, std::size_t n) {
   const auto k = static_cast<std::size_t>(std::ceil(density * static_cast<double>(n)));
@@ -116,9 +138,7 @@ struct corrector {
   // g * min(1, (max_norm / sqrt(workers)) / ||g||), ||g|| summed in double.
   std::vector<float> clipped(std::vector<float> g) const {
     if (!std::isfinite(max_norm)) return g;
-    double squares = 0.0;
-    for (const float x : g) squares += static_cast<double>(x) * static_cast<double>(x);
-    const double norm = std::sqrt(squares);
+    const double norm = std::sqrt(ordered_sum_of(g, [](double x) { return x * x; }));
     const double limit = static_cast<double>(max_norm) / std::sqrt(static_cast<double>(workers));
     const float scale = norm > limit ? static_cast<float>(limit / norm) : 1.0f;
     for (float& x : g) x *= scale;
@@ -329,6 +349,17 @@ inline std::uint16_t bfloat16_bits(float v) {
 
 enum class values { f32, f16, bf16, int8, ternary, qsgd };
 
+// CRC-32C (reflected polynomial 0x82F63B78, start and final xor ~0) of a message with its
+// checksum field (bytes 12 to 15) read as zero, bit by bit.
+inline std::uint32_t message_crc32c(const std::vector<std::byte>& message) {
+  std::uint32_t c = 0xFFFFFFFFu;
+  for (std::size_t i = 0; i < message.size(); ++i) {
+    c ^= (i >= 12 && i < 16) ? 0u : std::to_integer<std::uint32_t>(message[i]);
+    for (int k = 0; k < 8; ++k) c = (c & 1u) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+  }
+  return c ^ 0xFFFFFFFFu;
+}
+
 // What the receiver decodes for values v of one message; `levels` and `seed` are qsgd's.
 inline std::vector<float> sent_values(values coding, const std::vector<float>& v, std::uint32_t levels,
                                       std::uint64_t seed, std::uint64_t step) {
@@ -354,15 +385,13 @@ inline std::vector<float> sent_values(values coding, const std::vector<float>& v
       return out;
     }
     case values::ternary: {  // sign times the mean magnitude
-      double sum = 0.0;
-      for (const float x : v) sum += std::fabs(static_cast<double>(x));
+      const double sum = ordered_sum_of(v, [](double x) { return std::fabs(x); });
       const float scale = v.empty() ? 0.0f : static_cast<float>(sum / static_cast<double>(v.size()));
       for (std::size_t j = 0; j < v.size(); ++j) out[j] = std::signbit(v[j]) ? -scale : scale;
       return out;
     }
     case values::qsgd: {  // |v| / ||v|| rounded stochastically to levels, times ||v||
-      double squares = 0.0;
-      for (const float x : v) squares += static_cast<double>(x) * static_cast<double>(x);
+      const double squares = ordered_sum_of(v, [](double x) { return x * x; });
       const auto norm = static_cast<float>(std::min(std::sqrt(squares), static_cast<double>(std::numeric_limits<float>::max())));
       for (std::size_t j = 0; j < v.size(); ++j) {
         std::uint32_t level = 0;

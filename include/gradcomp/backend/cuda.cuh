@@ -7,7 +7,8 @@
 /// and workspace are device memory allocated once, by the compressor's constructor.
 /// Gradients, messages and dense tensors are raw device memory (std::span over device
 /// pointers): a thrust::device_vector's data or a PyTorch CUDA tensor's data_ptr work
-/// without copies. compress() reads one status record back to the host per step.
+/// without copies. compress() reads one status record back to the host per step (and
+/// sampled_threshold its sample and counts).
 /// Messages in device memory are decoded and accumulated by device_messages.cuh.
 ///
 /// Results equal backend::host's bit for bit when the policies' arithmetic is not
@@ -16,9 +17,8 @@
 ///
 /// Policies: every selector (exact_topk, sampled_threshold, threshold, chunk_local,
 /// random_k, given_indices); correct::none and every element-wise corrector
-/// (error_feedback, momentum, clip_norm, low_pass, chain); the index_value encoder (raw32
-/// indices with f32, f16 or bf16 values are written by the device; other codings are
-/// written by the host code from the selected entries, which costs a second read).
+/// (error_feedback, momentum, clip_norm, low_pass, chain); the index_value encoder, every
+/// coding and the checksum written by the device (detail/encode_index_value.hpp).
 #pragma once
 
 #include <gradcomp/config.hpp>
@@ -84,6 +84,16 @@ struct cuda {
     detail::cuda_launch::reduce_or<<<detail::cuda_launch::grid_for(n), detail::cuda_launch::block_threads, 0, stream>>>(
         n, body, bits);
     detail::cuda_check(cudaGetLastError(), "reduce_or (launch)");
+  }
+
+  /// Queues `body(i)` -> std::uint32_t for every i in [0, n), raising `*word` (device
+  /// memory, never lowered here) to the largest result.
+  template <class Body>
+  void reduce_max(std::size_t n, const Body& body, std::uint32_t* word) const {
+    if (n == 0) return;
+    detail::cuda_launch::reduce_max<<<detail::cuda_launch::grid_for(n), detail::cuda_launch::block_threads, 0, stream>>>(
+        n, body, word);
+    detail::cuda_check(cudaGetLastError(), "reduce_max (launch)");
   }
 
   /// Queues counts[bin_of(i)] += 1 for every i in [0, n) (atomic increments); `counts`

@@ -9,6 +9,7 @@
 #include <gradcomp/error.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -103,7 +104,10 @@ struct host {
   template <class Body>
   void for_each(std::size_t n, const Body& body) const {
     detail::for_each_chunk(concurrency(), n, [&](int, std::size_t, std::size_t begin, std::size_t end) {
-      for (std::size_t i = begin; i < end; ++i) body(i);
+      // A copy that the body's stores cannot alias (a store through a std::byte* may
+      // reach any object whose address escaped): its members stay in registers.
+      const Body local = body;
+      for (std::size_t i = begin; i < end; ++i) local(i);
     });
   }
 
@@ -119,6 +123,19 @@ struct host {
 #pragma omp atomic
 #endif
         *bits |= seen;
+      }
+    });
+  }
+
+  /// Calls `body(i)` -> std::uint32_t for every i in [0, n) and raises `*word` (which it
+  /// never lowers) to the largest result.
+  template <class Body>
+  void reduce_max(std::size_t n, const Body& body, std::uint32_t* word) const {
+    detail::for_each_chunk(concurrency(), n, [&](int, std::size_t, std::size_t begin, std::size_t end) {
+      std::uint32_t largest = 0;
+      for (std::size_t i = begin; i < end; ++i) largest = std::max(largest, body(i));
+      std::atomic_ref<std::uint32_t> shared(*word);
+      for (std::uint32_t seen = shared.load(); seen < largest && !shared.compare_exchange_weak(seen, largest);) {
       }
     });
   }

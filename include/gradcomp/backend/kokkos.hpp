@@ -67,6 +67,15 @@ struct kokkos {
     }
   }
 
+  /// Calls `body(i)` -> std::uint32_t for every i in [0, n) and raises `*word` (space
+  /// memory, never lowered here) to the largest result; returns when done.
+  template <class Body>
+  void reduce_max(std::size_t n, const Body& body, std::uint32_t* word) const {
+    std::uint32_t largest = 0;
+    Kokkos::parallel_reduce("gradcomp::reduce_max", range(n), max_body<Body>{body}, Kokkos::Max<std::uint32_t>(largest));
+    if (largest > read(word)) to_device(&largest, 1, word);
+  }
+
   /// Adds 1 to counts[bin_of(i)] for every i in [0, n) (atomic increments); `counts` is
   /// space memory, never cleared here. Waits.
   template <class BinOf>
@@ -167,6 +176,14 @@ struct kokkos {
     Body body;
     KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, std::uint32_t& seen) const {
       seen |= body(static_cast<std::size_t>(i));
+    }
+  };
+  template <class Body>
+  struct max_body {
+    Body body;
+    KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, std::uint32_t& largest) const {
+      const std::uint32_t v = body(static_cast<std::size_t>(i));
+      if (v > largest) largest = v;
     }
   };
   template <class BinOf>

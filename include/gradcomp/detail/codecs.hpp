@@ -37,33 +37,6 @@ constexpr bool is_wire_value_coding(value_coding c) noexcept {
 
 // -- bit streams ----------------------------------------------------------------------
 
-/// Appends fields of up to 32 bits to a byte array.
-class bit_writer {
- public:
-  explicit bit_writer(std::byte* out) noexcept : out_(out) {}
-  void put(std::uint32_t value, unsigned bits) noexcept {
-    buffer_ |= static_cast<std::uint64_t>(value) << filled_;
-    filled_ += bits;
-    while (filled_ >= 8) {
-      *out_++ = static_cast<std::byte>(buffer_ & 0xFFu);
-      buffer_ >>= 8;
-      filled_ -= 8;
-    }
-  }
-  /// Writes the last partial byte (zero-padded); returns one past the last byte written.
-  std::byte* finish() noexcept {
-    if (filled_ > 0) *out_++ = static_cast<std::byte>(buffer_ & 0xFFu);
-    buffer_ = 0;
-    filled_ = 0;
-    return out_;
-  }
-
- private:
-  std::byte* out_;
-  std::uint64_t buffer_ = 0;
-  unsigned filled_ = 0;
-};
-
 /// Reads `bits` (<= 32) bits at `bit_offset`, touching only the bytes that hold them.
 inline std::uint32_t read_bits(const std::byte* data, std::uint64_t bit_offset, unsigned bits) noexcept {
   if (bits == 0) return 0;
@@ -90,42 +63,35 @@ inline bool padding_is_zero(const std::byte* data, std::uint64_t used, std::uint
 
 // -- section sizes --------------------------------------------------------------------
 
-constexpr std::uint64_t bitmap_bytes(std::uint64_t n) noexcept { return (n + 7) / 8; }
+GRADCOMP_HOST_DEVICE constexpr std::uint64_t bitmap_bytes(std::uint64_t n) noexcept { return (n + 7) / 8; }
 
-/// Bits per qsgd entry: a sign bit and a level in [0, levels].
-constexpr unsigned qsgd_entry_bits(std::uint32_t levels) noexcept {
-  return 1u + static_cast<unsigned>(std::bit_width(levels));
+/// Bits needed to write v (0 for 0), in host and device code.
+GRADCOMP_HOST_DEVICE constexpr unsigned bit_width_of(std::uint32_t v) noexcept {
+  unsigned width = 0;
+  while ((std::uint64_t{v} >> width) != 0) ++width;
+  return width;
 }
 
-/// Exact delta_bitpack section size for ascending `indices`.
-inline std::size_t delta_bitpack_bytes(std::span<const std::uint32_t> indices) noexcept {
-  std::size_t bytes = 0;
-  std::uint64_t previous_plus_one = 0;
-  for (std::size_t start = 0; start < indices.size(); start += delta_block) {
-    const std::size_t len = std::min(delta_block, indices.size() - start);
-    std::uint32_t widest = 0;
-    for (std::size_t j = start; j < start + len; ++j) {
-      widest |= static_cast<std::uint32_t>(indices[j] - previous_plus_one);
-      previous_plus_one = std::uint64_t{indices[j]} + 1;
-    }
-    bytes += 1 + (len * static_cast<std::size_t>(std::bit_width(widest)) + 7) / 8;
-  }
-  return bytes;
+/// Bits per qsgd entry: a sign bit and a level in [0, levels].
+GRADCOMP_HOST_DEVICE constexpr unsigned qsgd_entry_bits(std::uint32_t levels) noexcept {
+  return 1u + bit_width_of(levels);
 }
 
 /// Largest index section a coding can need for `count` of `n` entries.
-constexpr std::uint64_t max_index_section_bytes(index_coding c, std::uint64_t n, std::uint64_t count) noexcept {
+GRADCOMP_HOST_DEVICE constexpr std::uint64_t max_index_section_bytes(index_coding c, std::uint64_t n,
+                                                                    std::uint64_t count) noexcept {
   switch (c) {
     case index_coding::raw32: return 4 * count;
     case index_coding::delta_bitpack: return 4 * count + (count + delta_block - 1) / delta_block;
     case index_coding::bitmap: return bitmap_bytes(n);
-    case index_coding::automatic: return std::min(4 * count, bitmap_bytes(n));  // auto never exceeds either
+    case index_coding::automatic:  // auto never exceeds either
+      return 4 * count < bitmap_bytes(n) ? 4 * count : bitmap_bytes(n);
   }
   return 0;
 }
 
 /// Exact value-section size for `count` entries (`levels` for qsgd).
-constexpr std::uint64_t value_section_bytes(value_coding c, std::uint64_t count, std::uint32_t levels) noexcept {
+GRADCOMP_HOST_DEVICE constexpr std::uint64_t value_section_bytes(value_coding c, std::uint64_t count, std::uint32_t levels) noexcept {
   switch (c) {
     case value_coding::f32: return 4 * count;
     case value_coding::f16:
@@ -292,152 +258,6 @@ class value_decoder {
   float param_;
   std::uint32_t levels_;
 };
-
-// -- encoding -------------------------------------------------------------------------
-
-/// The smallest coding for these indices (ties: delta_bitpack, raw32, bitmap).
-inline index_coding smallest_index_coding(std::uint64_t n, std::span<const std::uint32_t> indices) noexcept {
-  const std::uint64_t raw = 4 * indices.size();
-  const std::uint64_t bitmap = bitmap_bytes(n);
-  if (bitmap < raw && bitmap <= delta_bitpack_bytes(indices)) return index_coding::bitmap;
-  return delta_bitpack_bytes(indices) <= raw ? index_coding::delta_bitpack : index_coding::raw32;
-}
-
-/// Writes the index section for ascending `indices` of a tensor of n; returns its size.
-inline std::size_t write_index_section(index_coding c, std::uint64_t n, std::span<const std::uint32_t> indices,
-                                       std::byte* out) noexcept {
-  switch (c) {
-    case index_coding::raw32:
-      for (std::size_t j = 0; j < indices.size(); ++j) store_le<std::uint32_t>(out + 4 * j, indices[j]);
-      return 4 * indices.size();
-    case index_coding::bitmap: {
-      const auto bytes = static_cast<std::size_t>(bitmap_bytes(n));
-      std::memset(out, 0, bytes);
-      for (const std::uint32_t i : indices) out[i / 8] |= static_cast<std::byte>(1u << (i % 8));
-      return bytes;
-    }
-    case index_coding::delta_bitpack: {
-      std::byte* p = out;
-      std::uint64_t previous_plus_one = 0;
-      for (std::size_t start = 0; start < indices.size(); start += delta_block) {
-        const std::size_t len = std::min(delta_block, indices.size() - start);
-        std::uint32_t widest = 0;
-        std::uint64_t scan = previous_plus_one;
-        for (std::size_t j = start; j < start + len; ++j) {
-          widest |= static_cast<std::uint32_t>(indices[j] - scan);
-          scan = std::uint64_t{indices[j]} + 1;
-        }
-        const auto width = static_cast<unsigned>(std::bit_width(widest));
-        *p++ = static_cast<std::byte>(width);
-        bit_writer bits(p);
-        for (std::size_t j = start; j < start + len; ++j) {
-          bits.put(static_cast<std::uint32_t>(indices[j] - previous_plus_one), width);
-          previous_plus_one = std::uint64_t{indices[j]} + 1;
-        }
-        p = bits.finish();
-      }
-      return static_cast<std::size_t>(p - out);
-    }
-    case index_coding::automatic: break;
-  }
-  return 0;
-}
-
-/// What a value coding wrote besides the section itself.
-struct value_section_info {
-  std::size_t bytes = 0;
-  float value_param = 0.0f;
-  std::uint32_t codec_param = 0;
-};
-
-/// Parameters of the stochastic value codings.
-struct value_coding_options {
-  std::uint32_t levels = 0;  ///< qsgd levels
-  std::uint64_t seed = 0;    ///< qsgd rounding: with the step, the only source of randomness
-  std::uint64_t step = 0;
-};
-
-/// Writes `values` (finite) and stores in `sent[j]` exactly what the receiver will
-/// decode for entry j, so correctors keep the quantisation error.
-inline value_section_info write_value_section(value_coding c, std::span<const float> values, std::byte* out,
-                                              std::span<float> sent, const value_coding_options& opt) noexcept {
-  const std::size_t count = values.size();
-  switch (c) {
-    case value_coding::f32:
-      for (std::size_t j = 0; j < count; ++j) {
-        store_le<float>(out + 4 * j, values[j]);
-        sent[j] = values[j];
-      }
-      return {4 * count, 0.0f, 0};
-    case value_coding::f16:
-      for (std::size_t j = 0; j < count; ++j) {
-        const std::uint16_t h = float_to_half(values[j]);
-        store_le<std::uint16_t>(out + 2 * j, h);
-        sent[j] = half_to_float(h);
-      }
-      return {2 * count, 0.0f, 0};
-    case value_coding::bf16:
-      for (std::size_t j = 0; j < count; ++j) {
-        const std::uint16_t b = float_to_bfloat(values[j]);
-        store_le<std::uint16_t>(out + 2 * j, b);
-        sent[j] = bfloat_to_float(b);
-      }
-      return {2 * count, 0.0f, 0};
-    case value_coding::int8: {
-      float largest = 0.0f;
-      for (const float v : values) largest = std::max(largest, std::fabs(v));
-      float scale = largest / 127.0f;
-      // 127 * scale must stay finite, as the receiver computes it (max|v| = FLT_MAX
-      // would round it up to infinity).
-      while (!std::isfinite(127.0f * scale)) scale = std::nextafter(scale, 0.0f);
-      for (std::size_t j = 0; j < count; ++j) {
-        // Through the integer, as the receiver decodes it: a -0 rounding becomes +0.
-        const auto q = static_cast<std::int8_t>(
-            scale > 0.0f ? std::clamp(std::nearbyint(values[j] / scale), -127.0f, 127.0f) : 0.0f);
-        out[j] = static_cast<std::byte>(q);
-        sent[j] = static_cast<float>(q) * scale;
-      }
-      return {count, scale, 0};
-    }
-    case value_coding::ternary: {
-      double magnitude = 0.0;
-      for (const float v : values) magnitude += std::fabs(static_cast<double>(v));
-      const float scale = count > 0 ? static_cast<float>(magnitude / static_cast<double>(count)) : 0.0f;
-      bit_writer bits(out);
-      for (std::size_t j = 0; j < count; ++j) {
-        const bool negative = std::signbit(values[j]);
-        bits.put(negative ? 1u : 0u, 1);
-        sent[j] = negative ? -scale : scale;
-      }
-      return {static_cast<std::size_t>(bits.finish() - out), scale, 0};
-    }
-    case value_coding::qsgd: {
-      double squares = 0.0;
-      for (const float v : values) squares += static_cast<double>(v) * static_cast<double>(v);
-      // The norm goes on the wire as a float: saturate it there (values near FLT_MAX
-      // would overflow it). Levels are then rounded against the saturated norm, so each
-      // entry still decodes to the nearest representable value, and the corrector keeps
-      // the rest.
-      const auto norm = static_cast<float>(std::min(std::sqrt(squares), static_cast<double>(largest_float)));
-      const unsigned entry_bits = qsgd_entry_bits(opt.levels);
-      bit_writer bits(out);
-      for (std::size_t j = 0; j < count; ++j) {
-        std::uint32_t level = 0;
-        if (norm > 0.0f) {
-          const double r = std::fabs(static_cast<double>(values[j])) / norm * opt.levels;
-          const double floor_r = std::floor(r);
-          level = static_cast<std::uint32_t>(floor_r) + (random_unit(opt.seed, opt.step, j) < r - floor_r ? 1u : 0u);
-          level = std::min(level, opt.levels);
-        }
-        const bool negative = std::signbit(values[j]);
-        bits.put((level << 1) | (negative ? 1u : 0u), entry_bits);
-        sent[j] = qsgd_value(norm, level, opt.levels, negative);
-      }
-      return {static_cast<std::size_t>(bits.finish() - out), norm, opt.levels};
-    }
-  }
-  return {};
-}
 
 }  // namespace detail
 GRADCOMP_NAMESPACE_END

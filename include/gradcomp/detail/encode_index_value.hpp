@@ -1,102 +1,596 @@
 /// \file detail/encode_index_value.hpp
-/// encode::index_value's algorithm for every backend whose messages are host memory
-/// (backend::host, backend::kokkos): the selected values gathered (and scaled) by a
-/// `for_each` in the backend's memory, then the message written on the host by
-/// encode_message, the writer backend::cuda's engine also ends in for the codings it
-/// does not write on the device, so every backend writes the same bytes. Not API.
+/// encode::index_value's algorithm, once for every backend: the message is written in
+/// the backend's memory by passes of its primitives, every index coding (raw32,
+/// delta_bitpack, bitmap, automatic) and every value coding included, and its header is
+/// decided there too, by one work item that reads what the passes found. Nothing is read
+/// back to the host: the message's size lands in the step's status, next to the count
+/// the selector left there. Not API.
+///
+/// The passes, in order (each skips its work once the status holds a NaN, and each runs
+/// over the workspace's capacity, guarded by the count in the status):
+///  1. gather: values[j] = acc[index[j]] times the selector's value scale;
+///  2. what the value coding needs of all values: int8 the largest magnitude
+///     (reduce_max), ternary the sum of magnitudes, qsgd the sum of squares (sum, in
+///     the fixed order, so every backend gets the same bits);
+///  3. delta_bitpack (and automatic): each block of 128 gaps its bit width, and groups
+///     of 64 blocks their total, which the plan scans into each block's offset;
+///  4. the plan (one item): the index coding (automatic: the smallest), the section
+///     sizes, the value coding's parameter, the header, the size into the status;
+///  5. the index section: raw32 by entry, bitmap by the entry that owns each byte (after
+///     clearing the bitmap), delta_bitpack by block;
+///  6. the value section: f32, f16, bf16 and int8 by entry; ternary and qsgd by byte,
+///     each byte assembling the bits of the entries that overlap it;
+///  7. the checksum: a CRC-32C register per kilobyte, then one item chains them.
 #pragma once
 
+#include <gradcomp/backend/host.hpp>
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/config.hpp>
+#include <gradcomp/detail/bits.hpp>
 #include <gradcomp/detail/codecs.hpp>
+#include <gradcomp/detail/fixed_order_sum.hpp>
 #include <gradcomp/detail/float_formats.hpp>
 #include <gradcomp/detail/queued_selector.hpp>
+#include <gradcomp/detail/radix_select.hpp>
+#include <gradcomp/detail/random.hpp>
 #include <gradcomp/detail/step_input.hpp>
+#include <gradcomp/detail/step_record.hpp>
+#include <gradcomp/detail/wire.hpp>
 #include <gradcomp/encode/index_value.hpp>
 #include <gradcomp/message.hpp>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
-#include <vector>
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 
-/// Writes the message for ascending `index` with `values` (already scaled) of a tensor of
-/// n elements to `out` (at least policy.max_bytes long) and the decoded value of each
-/// entry to `sent`. Returns the message size.
-inline std::size_t encode_message(const encode::index_value& policy, std::size_t n, std::span<const std::uint32_t> index,
-                                  std::span<const float> values, std::span<std::byte> out, std::span<float> sent,
-                                  std::uint64_t step) {
-  message_header h;
-  h.index = policy.index == index_coding::automatic ? smallest_index_coding(n, index) : policy.index;
-  h.value = policy.value;
-  h.n = n;
-  h.count = index.size();
-  std::byte* sections = out.data() + message_header::size;
-  h.index_bytes = write_index_section(h.index, n, index, sections);
-  const value_section_info info = write_value_section(h.value, values, sections + h.index_bytes, sent,
-                                                      {.levels = policy.levels, .seed = policy.seed, .step = step});
-  h.value_bytes = info.bytes;
-  h.value_param = info.value_param;
-  h.codec_param = info.codec_param;
-  const std::size_t bytes = message_header::size + static_cast<std::size_t>(h.index_bytes + h.value_bytes);
-  if (policy.checksum) h.flags |= message_header::flag_checksum;
-  write_header(out.data(), h);
-  if (policy.checksum) store_le<std::uint32_t>(out.data() + 12, message_checksum(out.first(bytes)));
-  return bytes;
+/// What the passes over the selected entries find and the plan decides, in the
+/// backend's memory (cleared before each message).
+struct message_plan {
+  double moment;              ///< ternary: the sum of |v|; qsgd: the sum of v^2
+  std::uint64_t index_bytes;  ///< the index section's size
+  std::uint64_t value_bytes;  ///< the value section's size
+  std::uint64_t bytes;        ///< the whole message's
+  std::uint32_t max_key;      ///< int8: the largest magnitude key of the values
+  std::uint32_t index;        ///< the index coding written (an index_coding)
+  float value_param;          ///< the header's value_param (a scale, a norm)
+};
+
+inline constexpr std::size_t delta_group = 64;       // delta blocks per group of the offsets' scan
+inline constexpr std::size_t checksum_chunk = 1024;  // message bytes per CRC register
+
+GRADCOMP_HOST_DEVICE constexpr std::size_t blocks_of(std::size_t items, std::size_t per_block) noexcept {
+  return (items + per_block - 1) / per_block;
 }
 
+/// Entry j of the step: whether it exists (the selector chose it, and no stage met a NaN).
+struct step_entries {
+  const step_status* status;
+  GRADCOMP_HOST_DEVICE bool live(std::size_t j) const noexcept {
+    return status->non_finite == 0 && j < status->count;
+  }
+};
+
+// -- 1, 2: the values and what their coding needs of all of them ----------------------
+
 /// values[j] = acc[index[j]] times the selector's value scale (saturating).
-struct gather_scaled {
+struct gather_selected : step_entries {
   const float* acc;
   const std::uint32_t* index;
   float scale;
   float* values;
-  GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const { values[j] = scaled_value(acc[index[j]], scale); }
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
+    if (live(j)) values[j] = scaled_value(acc[index[j]], scale);
+  }
 };
 
-/// encode::index_value on a backend whose messages are host memory.
+/// For reduce_max: the magnitude key of value j (0 past the count).
+struct value_key : step_entries {
+  const float* values;
+  GRADCOMP_HOST_DEVICE std::uint32_t operator()(std::size_t j) const { return live(j) ? magnitude_key(values[j]) : 0u; }
+};
+
+/// For sum: |v_j| (ternary) or v_j^2 (qsgd) in double, 0 past the count (a zero added to
+/// a sum of non-negative terms leaves it as it was, so the sum is that of the count).
+struct value_moment : step_entries {
+  const float* values;
+  bool squared;
+  GRADCOMP_HOST_DEVICE double operator()(std::size_t j) const {
+    if (!live(j)) return 0.0;
+    const double v = values[j];
+    return squared ? mul_rn(v, v) : (v < 0.0 ? -v : v);
+  }
+};
+
+// -- 3: delta_bitpack's blocks ----------------------------------------------------------
+
+/// widths[b] = the bit width of block b's gaps (0 for a block past the count).
+struct delta_block_width : step_entries {
+  const std::uint32_t* index;
+  std::uint32_t* widths;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t b) const {
+    const std::size_t first = b * delta_block;
+    std::uint32_t widest = 0;
+    if (live(first)) {
+      const std::size_t last = first + delta_block < status->count ? first + delta_block : status->count;
+      widest = first == 0 ? index[0] : index[first] - index[first - 1] - 1;
+      // Gaps from neighbours, with no value carried from one to the next: this loop
+      // vectorises.
+      for (std::size_t j = first + 1; j < last; ++j) widest |= index[j] - index[j - 1] - 1;
+    }
+    widths[b] = bit_width_of(widest);
+  }
+};
+
+/// group_width[g] = the widths of the blocks of group g added (the plan scans them).
+struct delta_group_width {
+  const std::uint32_t* widths;
+  std::size_t blocks;
+  std::uint64_t* group_width;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t g) const {
+    std::uint64_t total = 0;
+    const std::size_t end = (g + 1) * delta_group < blocks ? (g + 1) * delta_group : blocks;
+    for (std::size_t b = g * delta_group; b < end; ++b) total += widths[b];
+    group_width[g] = total;
+  }
+};
+
+// -- 4: the plan ------------------------------------------------------------------------
+
+/// The one work item that decides the message: scans the delta groups (when `groups`
+/// is not 0) into where each group starts, picks the index coding, sizes the sections,
+/// computes the value coding's parameter, writes the header (the checksum field 0) and
+/// the message's size into the status.
+struct plan_message : step_entries {
+  index_coding requested;
+  value_coding value;
+  std::uint32_t levels;
+  bool checksum;
+  std::uint64_t n;
+  const std::uint32_t* widths;
+  std::uint64_t* group_width;  // in: each group's widths added; out: the groups before it
+  std::size_t groups;
+  message_plan* plan;
+  std::byte* out;
+  step_status* writable_status;
+
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t) const {
+    if (status->non_finite != 0) return;
+    const std::uint64_t count = status->count;
+    // A block of 128 gaps of w bits takes 1 + 16 w bytes; only the last may be shorter.
+    std::uint64_t widths_before = 0;
+    for (std::size_t g = 0; g < groups; ++g) {
+      const std::uint64_t w = group_width[g];
+      group_width[g] = widths_before;
+      widths_before += w;
+    }
+    std::uint64_t delta = 0;
+    if (groups != 0 && count != 0) {
+      const std::uint64_t blocks = blocks_of(count, delta_block);
+      const std::uint64_t last_width = widths[blocks - 1];
+      const std::uint64_t last_len = count - (blocks - 1) * delta_block;
+      delta = blocks + 16 * (widths_before - last_width) + (last_len * last_width + 7) / 8;
+    }
+    index_coding index = requested;
+    if (index == index_coding::automatic) {  // the smallest; ties: delta_bitpack, raw32, bitmap
+      const std::uint64_t raw = 4 * count;
+      const std::uint64_t bitmap = bitmap_bytes(n);
+      index = bitmap < raw && bitmap <= delta ? index_coding::bitmap
+                                              : (delta <= raw ? index_coding::delta_bitpack : index_coding::raw32);
+    }
+    const std::uint64_t index_bytes = index == index_coding::delta_bitpack ? delta
+                                                                            : max_index_section_bytes(index, n, count);
+    float param = 0.0f;
+    if (value == value_coding::int8) {
+      // max|v| / 127, lowered until 127 times it stays finite, as the receiver computes it.
+      param = float_of(plan->max_key) / 127.0f;
+      while (magnitude_key(127.0f * param) >= non_finite_key) param = float_of(bits_of(param) - 1);
+    } else if (value == value_coding::ternary) {
+      param = count > 0 ? static_cast<float>(plan->moment / static_cast<double>(count)) : 0.0f;
+    } else if (value == value_coding::qsgd) {
+      // The norm goes on the wire as a float: saturated there.
+      const double norm = std::sqrt(plan->moment);
+      param = static_cast<float>(norm < static_cast<double>(largest_float) ? norm : static_cast<double>(largest_float));
+    }
+    message_header h;
+    h.index = index;
+    h.value = value;
+    h.flags = checksum ? message_header::flag_checksum : 0u;
+    h.n = n;
+    h.count = count;
+    h.index_bytes = index_bytes;
+    h.value_bytes = value_section_bytes(value, count, levels);
+    h.value_param = param;
+    h.codec_param = value == value_coding::qsgd ? levels : 0u;
+    write_header(out, h);
+    plan->index = static_cast<std::uint32_t>(index);
+    plan->index_bytes = h.index_bytes;
+    plan->value_bytes = h.value_bytes;
+    plan->value_param = param;
+    plan->bytes = message_header::size + h.index_bytes + h.value_bytes;
+    writable_status->bytes = plan->bytes;
+  }
+};
+
+// -- 5: the index section ---------------------------------------------------------------
+
+/// What a section writer needs to know of the plan: whether it is its coding's turn.
+struct planned_section : step_entries {
+  const message_plan* plan;
+  GRADCOMP_HOST_DEVICE bool writes(index_coding c) const noexcept {
+    return status->non_finite == 0 && plan->index == static_cast<std::uint32_t>(c);
+  }
+};
+
+/// raw32: entry j's index at 4 j.
+struct write_raw32 : planned_section {
+  const std::uint32_t* index;
+  std::byte* section;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
+    if (writes(index_coding::raw32) && live(j)) store_le<std::uint32_t>(section + 4 * j, index[j]);
+  }
+};
+
+/// bitmap, first pass: byte b cleared.
+struct clear_bitmap : planned_section {
+  std::byte* section;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t b) const {
+    if (writes(index_coding::bitmap)) section[b] = std::byte{0};
+  }
+};
+
+/// bitmap, second pass: the first entry in each byte writes the bits of all its
+/// entries there (at most eight, ascending), so every byte has one writer.
+struct write_bitmap : planned_section {
+  const std::uint32_t* index;
+  std::byte* section;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
+    if (!writes(index_coding::bitmap) || !live(j)) return;
+    const std::uint32_t byte = index[j] / 8;
+    if (j > 0 && index[j - 1] / 8 == byte) return;
+    unsigned bits = 0;
+    for (std::size_t e = j; e < status->count && index[e] / 8 == byte; ++e) bits |= 1u << (index[e] % 8);
+    section[byte] = static_cast<std::byte>(bits);
+  }
+};
+
+/// delta_bitpack: block b's width byte, then its gaps at that width (LSB-first), from
+/// b + 16 * (the widths of the blocks before it).
+struct write_delta_block : planned_section {
+  const std::uint32_t* index;
+  const std::uint32_t* widths;
+  const std::uint64_t* group_start;  // the plan's scan: the widths of the groups before
+  std::byte* section;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t b) const {
+    const std::size_t first = b * delta_block;
+    if (!writes(index_coding::delta_bitpack) || !live(first)) return;
+    std::uint64_t widths_before = group_start[b / delta_group];
+    for (std::size_t e = b / delta_group * delta_group; e < b; ++e) widths_before += widths[e];
+    std::byte* p = section + b + 16 * widths_before;
+    const unsigned width = widths[b];
+    *p++ = static_cast<std::byte>(width);
+    const std::size_t last = first + delta_block < status->count ? first + delta_block : status->count;
+    std::uint64_t next = first == 0 ? 0 : std::uint64_t{index[first - 1]} + 1;
+    std::uint64_t buffer = 0;  // bits not yet stored, LSB first: fewer than 32 between gaps
+    unsigned filled = 0;
+    for (std::size_t j = first; j < last; ++j) {
+      buffer |= (index[j] - next) << filled;
+      next = std::uint64_t{index[j]} + 1;
+      filled += width;
+      if (filled >= 32) {
+        store_le<std::uint32_t>(p, static_cast<std::uint32_t>(buffer));
+        p += 4;
+        buffer >>= 32;
+        filled -= 32;
+      }
+    }
+    for (; filled > 0; filled = filled > 8 ? filled - 8 : 0, buffer >>= 8) *p++ = static_cast<std::byte>(buffer & 0xFFu);
+  }
+};
+
+// -- 6: the value section ---------------------------------------------------------------
+
+/// Where the value section starts: after the index section the plan sized.
+GRADCOMP_HOST_DEVICE inline std::byte* value_section(std::byte* out, const message_plan* plan) noexcept {
+  return out + message_header::size + plan->index_bytes;
+}
+
+/// f32, f16, bf16 and int8 (the template argument, so that the loop has no switch):
+/// entry j at its own bytes; sent[j] what the receiver decodes.
+template <value_coding Coding>
+struct write_value : step_entries {
+  const message_plan* plan;
+  const float* values;
+  std::byte* out;
+  float* sent;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
+    if (!live(j)) return;
+    std::byte* section = value_section(out, plan);
+    const float v = values[j];
+    if constexpr (Coding == value_coding::f16) {
+      const std::uint16_t h = float_to_half(v);
+      store_le<std::uint16_t>(section + 2 * j, h);
+      sent[j] = half_to_float(h);
+    } else if constexpr (Coding == value_coding::bf16) {
+      const std::uint16_t b = float_to_bfloat(v);
+      store_le<std::uint16_t>(section + 2 * j, b);
+      sent[j] = bfloat_to_float(b);
+    } else if constexpr (Coding == value_coding::int8) {
+      // Through the integer, as the receiver decodes it: a -0 rounding becomes +0.
+      const float scale = plan->value_param;
+      float q = scale > 0.0f ? std::nearbyint(v / scale) : 0.0f;
+      q = q < -127.0f ? -127.0f : (q > 127.0f ? 127.0f : q);
+      const auto code = static_cast<std::int8_t>(q);
+      section[j] = static_cast<std::byte>(code);
+      sent[j] = mul_rn(static_cast<float>(code), scale);
+    } else {
+      store_le<float>(section + 4 * j, v);
+      sent[j] = v;
+    }
+  }
+};
+
+/// ternary and qsgd: byte b assembles the bits of every entry that overlaps it, and
+/// sets sent[j] for the entries that start in it (each entry starts in one byte).
+struct write_packed_byte : step_entries {
+  const message_plan* plan;
+  value_coding coding;
+  std::uint32_t levels;
+  std::uint64_t seed, step;
+  const float* values;
+  std::byte* out;
+  float* sent;
+
+  // Entry j's field (sign in bit 0; qsgd's level above it) and its decoded value.
+  GRADCOMP_HOST_DEVICE std::uint32_t field(std::size_t j, float& decoded) const {
+    const float v = values[j];
+    const bool negative = (bits_of(v) >> 31) != 0;
+    const float param = plan->value_param;
+    if (coding == value_coding::ternary) {
+      decoded = negative ? -param : param;
+      return negative ? 1u : 0u;
+    }
+    std::uint32_t level = 0;
+    if (param > 0.0f) {
+      const double r = mul_rn(static_cast<double>(magnitude_of(v)) / static_cast<double>(param), static_cast<double>(levels));
+      const double below = std::floor(r);
+      level = static_cast<std::uint32_t>(below) + (random_unit(seed, step, j) < r - below ? 1u : 0u);
+      level = level < levels ? level : levels;
+    }
+    decoded = qsgd_value(param, level, levels, negative);
+    return (level << 1) | (negative ? 1u : 0u);
+  }
+  GRADCOMP_HOST_DEVICE static float magnitude_of(float v) noexcept { return float_of(magnitude_key(v)); }
+
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t b) const {
+    if (status->non_finite != 0 || b >= plan->value_bytes) return;
+    const std::uint64_t bits = coding == value_coding::ternary ? 1 : qsgd_entry_bits(levels);
+    const std::uint64_t first_bit = 8 * std::uint64_t{b};
+    std::uint32_t byte = 0;
+    for (std::uint64_t j = first_bit / bits; j < status->count && j * bits < first_bit + 8; ++j) {
+      float decoded = 0.0f;
+      const std::uint32_t f = field(static_cast<std::size_t>(j), decoded);
+      if (j * bits >= first_bit) {
+        byte |= f << (j * bits - first_bit);
+        sent[j] = decoded;
+      } else {
+        byte |= f >> (first_bit - j * bits);
+      }
+    }
+    value_section(out, plan)[b] = static_cast<std::byte>(byte & 0xFFu);
+  }
+};
+
+// -- 7: the checksum --------------------------------------------------------------------
+
+/// parts[c] = the CRC-32C register that message bytes [16 + c * chunk, ...) give from 0.
+struct checksum_part : step_entries {
+  const message_plan* plan;
+  const std::byte* out;
+  std::uint32_t* parts;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t c) const {
+    if (status->non_finite != 0) return;
+    const std::uint64_t begin = 16 + c * checksum_chunk;
+    const std::uint64_t end = begin + checksum_chunk < plan->bytes ? begin + checksum_chunk : plan->bytes;
+    std::uint32_t reg = 0;
+    for (std::uint64_t i = begin; i < end; ++i) reg = crc32c_byte(reg, out[i]);
+    parts[c] = reg;
+  }
+};
+
+/// The message's CRC-32C with its checksum field read as 0 (message_checksum): the
+/// first 12 bytes and four zeros, then each chunk's register chained on.
+struct checksum_finish : step_entries {
+  const message_plan* plan;
+  const std::uint32_t* parts;
+  std::byte* out;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t) const {
+    if (status->non_finite != 0) return;
+    std::uint32_t reg = crc32c_init;
+    for (std::size_t i = 0; i < 12; ++i) reg = crc32c_byte(reg, out[i]);
+    for (std::size_t i = 0; i < 4; ++i) reg = crc32c_byte(reg, std::byte{0});
+    const std::uint64_t body = plan->bytes - 16;
+    const std::uint32_t full_chunk = crc32c_zeros_factor(checksum_chunk);
+    for (std::uint64_t c = 0; c * checksum_chunk < body; ++c) {
+      const std::uint64_t len = body - c * checksum_chunk < checksum_chunk ? body - c * checksum_chunk : checksum_chunk;
+      const std::uint32_t factor = len == checksum_chunk ? full_chunk : crc32c_zeros_factor(len);
+      reg = crc32c_multiply(factor, reg) ^ parts[c];
+    }
+    store_le<std::uint32_t>(out + 12, crc32c_final(reg));
+  }
+};
+
+// -- the writer -------------------------------------------------------------------------
+
+/// Writes messages of encode::index_value on `Backend`, in its memory, from the values
+/// already gathered; workspace for up to `capacity` entries is allocated here, once.
 template <class Backend>
-class index_value_encoding {
-  static constexpr bool staged = !Backend::host_accessible;  // host copies of index, values and sent
-
+class message_writer {
  public:
-  index_value_encoding(const Backend& be, const encode::index_value&, std::size_t /*n*/, std::size_t capacity)
+  message_writer(const Backend& be, const encode::index_value& policy, std::size_t n, std::size_t capacity)
       : backend_(be),
-        values_(be.template allocate<float>(capacity)),
-        index_host_(staged ? capacity : 0),
-        values_host_(staged ? capacity : 0),
-        sent_host_(staged ? capacity : 0) {}
+        n_(n),
+        capacity_(capacity),
+        blocks_(blocks_of(capacity, delta_block)),
+        groups_(blocks_of(blocks_, delta_group)),
+        plan_(be.template allocate<message_plan>(1)),
+        widths_(be.template allocate<std::uint32_t>(blocks_)),
+        group_width_(be.template allocate<std::uint64_t>(groups_)),
+        chunk_(be.template allocate<double>(chunk_count(capacity))),
+        parts_(be.template allocate<std::uint32_t>(blocks_of(policy.max_bytes(n, capacity), checksum_chunk))) {}
 
-  /// Writes the message to `out` (host memory, at least max_bytes long) and the decoded
-  /// value of each entry to `sent` (the backend's memory). Returns the message size.
-  std::size_t encode(const encode::index_value& policy, const encode_input& in, std::span<std::byte> out,
-                     std::span<float> sent) {
-    const std::size_t count = in.index.size();
-    backend_.for_each(count, gather_scaled{in.acc.data(), in.index.data(), in.value_scale, values_.data()});
-    const std::span<const std::uint32_t> index = on_host(backend_, in.index.data(), count, index_host_);
-    const std::span<const float> values = on_host(backend_, values_.data(), count, values_host_);
-    const std::span<float> sent_host = staged ? std::span<float>(sent_host_).first(count) : sent.first(count);
-    const std::size_t bytes = encode_message(policy, in.acc.size(), index, values, out, sent_host, in.step);
-    if constexpr (staged) backend_.to_device(sent_host.data(), count, sent.data());
-    return bytes;
+  /// Queues the message of the status's count entries, index[j] with values[j], into
+  /// `out` (the backend's memory, policy.max_bytes(n, capacity) bytes) and what the
+  /// receiver decodes into sent[j]; its size goes to the status. Writes nothing if the
+  /// status holds a NaN.
+  void queue(const encode::index_value& policy, const std::uint32_t* index, const float* values, std::uint64_t step,
+             std::byte* out, float* sent, step_status* status) {
+    const step_entries entries{status};
+    message_plan* plan = plan_.data();
+    backend_.clear(plan, 1);
+    switch (policy.value) {
+      case value_coding::int8: backend_.reduce_max(capacity_, value_key{entries, values}, &plan->max_key); break;
+      case value_coding::ternary:
+      case value_coding::qsgd:
+        backend_.sum(capacity_, value_moment{entries, values, policy.value == value_coding::qsgd}, chunk_.data(),
+                     &plan->moment);
+        break;
+      default: break;
+    }
+    const bool delta = policy.index == index_coding::delta_bitpack || policy.index == index_coding::automatic;
+    if (delta) {
+      backend_.for_each(blocks_, delta_block_width{entries, index, widths_.data()});
+      backend_.for_each(groups_, delta_group_width{widths_.data(), blocks_, group_width_.data()});
+    }
+    backend_.for_each(1, plan_message{entries, policy.index, policy.value, policy.levels, policy.checksum, n_,
+                                      widths_.data(), group_width_.data(), delta ? groups_ : 0, plan, out, status});
+
+    const planned_section section{entries, plan};
+    std::byte* index_section = out + message_header::size;
+    if (policy.index == index_coding::raw32 || policy.index == index_coding::automatic) {
+      backend_.for_each(capacity_, write_raw32{section, index, index_section});
+    }
+    // automatic picks a bitmap only when it is smaller than raw32 (4 bytes an entry).
+    const std::uint64_t bitmap = bitmap_bytes(n_);
+    if (policy.index == index_coding::bitmap || (policy.index == index_coding::automatic && bitmap < 4 * capacity_)) {
+      backend_.for_each(bitmap, clear_bitmap{section, index_section});
+      backend_.for_each(capacity_, write_bitmap{section, index, index_section});
+    }
+    if (delta) {
+      backend_.for_each(blocks_, write_delta_block{section, index, widths_.data(), group_width_.data(), index_section});
+    }
+
+    if (policy.value == value_coding::ternary || policy.value == value_coding::qsgd) {
+      const auto bytes = static_cast<std::size_t>(value_section_bytes(policy.value, capacity_, policy.levels));
+      backend_.for_each(bytes, write_packed_byte{entries, plan, policy.value, policy.levels, policy.seed, step, values,
+                                                 out, sent});
+    } else {
+      const auto write = [&]<value_coding Coding>() {
+        backend_.for_each(capacity_, write_value<Coding>{entries, plan, values, out, sent});
+      };
+      switch (policy.value) {
+        case value_coding::f16: write.template operator()<value_coding::f16>(); break;
+        case value_coding::bf16: write.template operator()<value_coding::bf16>(); break;
+        case value_coding::int8: write.template operator()<value_coding::int8>(); break;
+        default: write.template operator()<value_coding::f32>(); break;
+      }
+    }
+
+    if (policy.checksum) {
+      backend_.for_each(parts_.size(), checksum_part{entries, plan, out, parts_.data()});
+      backend_.for_each(1, checksum_finish{entries, plan, parts_.data(), out});
+    }
   }
 
  private:
   Backend backend_;
-  typename Backend::template buffer<float> values_;  // the gathered, scaled values
-  std::vector<std::uint32_t> index_host_;
-  std::vector<float> values_host_, sent_host_;
+  std::size_t n_, capacity_, blocks_, groups_;
+  typename Backend::template buffer<message_plan> plan_;
+  typename Backend::template buffer<std::uint32_t> widths_;       // delta: each block's bit width
+  typename Backend::template buffer<std::uint64_t> group_width_;  // delta: each group's widths, then where it starts
+  typename Backend::template buffer<double> chunk_;               // the fixed-order sum's chunk sums
+  typename Backend::template buffer<std::uint32_t> parts_;        // the checksum's registers
 };
 
-/// Every backend without an engine of its own for encode::index_value runs the one above.
+/// encode::index_value on every backend. Messages are the backend's memory where the
+/// compressor queues its steps (device memory on backend::cuda) and host memory where it
+/// runs them at once (backend::host; backend::kokkos, through a copy where the host
+/// cannot reach the space's memory).
 template <class Backend>
-class engine<encode::index_value, Backend> : public index_value_encoding<Backend> {
+class engine<encode::index_value, Backend> {
+  static constexpr bool queued = requires { Backend::device_memory; };
+  static constexpr bool staged = !queued && !Backend::host_accessible;  // the message copied out of the space
+
  public:
-  using index_value_encoding<Backend>::index_value_encoding;
+  engine(const Backend& be, const encode::index_value& policy, std::size_t n, std::size_t capacity)
+      : backend_(be),
+        writer_(be, policy, n, capacity),
+        values_(be.template allocate<float>(capacity)),
+        record_(be),
+        message_(be.template allocate<std::byte>(staged ? policy.max_bytes(n, capacity) : 0)) {}
+
+  /// The size of every message of `count` entries when it does not depend on the
+  /// values or which indices they are: raw32 or bitmap indices.
+  [[nodiscard]] static std::optional<std::size_t> fixed_bytes(const encode::index_value& policy, std::size_t n,
+                                                              std::size_t count) {
+    if (policy.index != index_coding::raw32 && policy.index != index_coding::bitmap) return std::nullopt;
+    return policy.max_bytes(n, count);
+  }
+
+  /// Queues the message of the selected entries (`in.index` spans the workspace; the
+  /// count is in the status) into `out` and what the receiver decodes into `sent`, both
+  /// the backend's memory, and its size into the status.
+  void encode(const encode::index_value& policy, const encode_input& in, std::span<std::byte> out,
+              std::span<float> sent, step_status* status) {
+    backend_.for_each(in.index.size(),
+                      gather_selected{{status}, in.acc.data(), in.index.data(), in.value_scale, values_.data()});
+    writer_.queue(policy, in.index.data(), values_.data(), in.step, out.data(), sent.data(), status);
+  }
+
+  /// Writes the message of in.index (all of it selected) to `out` (host memory) and
+  /// returns its size.
+  std::size_t encode(const encode::index_value& policy, const encode_input& in, std::span<std::byte> out,
+                     std::span<float> sent)
+    requires(!queued)
+  {
+    const std::span<std::byte> target = staged ? std::span<std::byte>(message_.data(), message_.size()) : out;
+    const step_status done = record_.run_now([&](step_status* status) {
+      queue_count(backend_, status, in.index.size());
+      encode(policy, in, target, sent, status);
+    });
+    if constexpr (staged) backend_.to_host(message_.data(), done.bytes, out.data());
+    return static_cast<std::size_t>(done.bytes);
+  }
+
+ private:
+  Backend backend_;
+  message_writer<Backend> writer_;
+  typename Backend::template buffer<float> values_;  // the gathered, scaled values
+  step_record<Backend> record_;
+  typename Backend::template buffer<std::byte> message_;  // staged: the message in the space's memory
 };
+
+/// Writes the message of ascending `index` with `values` (already scaled) of a tensor
+/// of n elements on backend::host (one thread) into `out` (at least policy.max_bytes
+/// long) and what the receiver decodes into `sent`; returns the message's size. For
+/// tools and tests that hold entries rather than a compressor.
+inline std::size_t encode_message(const encode::index_value& policy, std::size_t n, std::span<const std::uint32_t> index,
+                                  std::span<const float> values, std::span<std::byte> out, std::span<float> sent,
+                                  std::uint64_t step) {
+  const backend::host one_thread{.threads = 1};
+  message_writer<backend::host> writer(one_thread, policy, n, index.size());
+  return static_cast<std::size_t>(step_record<backend::host>(one_thread)
+                                      .run_now([&](step_status* status) {
+                                        queue_count(one_thread, status, index.size());
+                                        writer.queue(policy, index.data(), values.data(), step, out.data(), sent.data(),
+                                                     status);
+                                      })
+                                      .bytes);
+}
 
 }  // namespace detail
 GRADCOMP_NAMESPACE_END

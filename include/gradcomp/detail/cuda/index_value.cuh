@@ -1,12 +1,11 @@
 /// \file detail/cuda/index_value.cuh
-/// The index_value encoder on backend::cuda, and the device decoder behind
-/// device_messages.cuh's decode and accumulate.
+/// The device decoder behind device_messages.cuh's decode and accumulate. (Every
+/// backend's encoder, backend::cuda's included, is detail/encode_index_value.hpp.)
 ///
-/// Messages with raw32 indices and f32, f16 or bf16 values, without checksum, are
-/// written and read by kernels: the header by one thread, entry j by thread j. Every
-/// other coding goes through the host code (detail::encode_message, message_reader) on
-/// a copy of the selected entries or of the message, so all backends write and accept
-/// exactly the same bytes. Not API.
+/// Messages with raw32 indices and f32, f16 or bf16 values, without checksum, are read
+/// by kernels, entry j by thread j, after the header is checked on the host. Every other
+/// coding goes through the host's message_reader on a copy of the message, so all
+/// backends accept exactly the same bytes. Not API.
 #pragma once
 
 #include <gradcomp/backend/cuda.cuh>
@@ -14,7 +13,6 @@
 #include <gradcomp/detail/cuda/device_buffer.cuh>
 #include <gradcomp/detail/cuda/launch.cuh>
 #include <gradcomp/detail/float_formats.hpp>
-#include <gradcomp/detail/encode_index_value.hpp>
 #include <gradcomp/detail/radix_select.hpp>
 #include <gradcomp/detail/step_input.hpp>
 #include <gradcomp/detail/wire.hpp>
@@ -27,7 +25,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 #include <span>
 #include <vector>
 
@@ -35,31 +32,10 @@ GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 namespace cuda_messages {
 
-/// Whether kernels write and read messages of these codings themselves.
-constexpr bool device_coded(index_coding index, value_coding value, bool checksum) noexcept {
+/// Whether kernels read messages of these codings themselves.
+constexpr bool device_read(index_coding index, value_coding value, bool checksum) noexcept {
   return index == index_coding::raw32 && !checksum &&
          (value == value_coding::f32 || value == value_coding::f16 || value == value_coding::bf16);
-}
-
-GRADCOMP_HOST_DEVICE constexpr std::uint64_t value_size(value_coding value) noexcept { return value == value_coding::f32 ? 4 : 2; }
-
-/// Writes value j of a device-coded value section; returns what the receiver decodes.
-__device__ inline float put_value(value_coding coding, std::byte* section, std::uint64_t j, float v) {
-  switch (coding) {
-    case value_coding::f16: {
-      const std::uint16_t h = float_to_half(v);
-      store_le<std::uint16_t>(section + 2 * j, h);
-      return half_to_float(h);
-    }
-    case value_coding::bf16: {
-      const std::uint16_t b = float_to_bfloat(v);
-      store_le<std::uint16_t>(section + 2 * j, b);
-      return bfloat_to_float(b);
-    }
-    default:
-      store_le<float>(section + 4 * j, v);
-      return v;
-  }
 }
 
 __device__ inline float get_value(value_coding coding, const std::byte* section, std::uint64_t j) {
@@ -68,40 +44,6 @@ __device__ inline float get_value(value_coding coding, const std::byte* section,
     case value_coding::bf16: return bfloat_to_float(load_le<std::uint16_t>(section + 2 * j));
     default: return load_le<float>(section + 4 * j);
   }
-}
-
-/// The whole message of a step, written unless the step's status holds a NaN.
-template <class = void>
-__global__ void write_message(const float* acc, const std::uint32_t* index, float value_scale, value_coding coding,
-                              std::uint64_t n, std::byte* out, float* sent, step_status* status) {
-  if (status->non_finite != 0) return;
-  const std::uint64_t count = status->count;
-  std::byte* indices = out + message_header::size;
-  std::byte* values = indices + 4 * count;
-  cuda_launch::grid_stride(count, [&](std::uint64_t j) {
-    const std::uint32_t i = index[j];
-    store_le<std::uint32_t>(indices + 4 * j, i);
-    sent[j] = put_value(coding, values, j, scaled_value(acc[i], value_scale));
-  });
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    message_header h;
-    h.index = index_coding::raw32;
-    h.value = coding;
-    h.n = n;
-    h.count = count;
-    h.index_bytes = 4 * count;
-    h.value_bytes = value_size(coding) * count;
-    write_header(out, h);
-    status->bytes = message_header::size + h.index_bytes + h.value_bytes;
-  }
-}
-
-/// values[j] = acc[index[j]] * value_scale for the selected entries (host-coded path).
-template <class = void>
-__global__ void gather_values(const float* acc, const std::uint32_t* index, float value_scale, float* values,
-                              const step_status* status) {
-  cuda_launch::grid_stride(status->count,
-                           [&](std::uint64_t j) { values[j] = scaled_value(acc[index[j]], value_scale); });
 }
 
 /// The first entry positions that break the rules; ~0 where none does.
@@ -152,71 +94,6 @@ __global__ void add_entries(const std::uint32_t* index, const float* values, std
 
 }  // namespace cuda_messages
 
-template <>
-class engine<encode::index_value, backend::cuda> {
- public:
-  engine(const backend::cuda& be, const encode::index_value& policy, std::size_t n, std::size_t capacity)
-      : backend_(be), n_(n), grid_(cuda_launch::grid_for(capacity)) {
-    if (!on_device(policy)) {
-      values_ = device_buffer<float>(capacity);
-      index_host_.resize(capacity);
-      values_host_.resize(capacity);
-      sent_host_.resize(capacity);
-      out_host_.resize(policy.max_bytes(n, capacity));
-    }
-  }
-
-  /// The size of every message of `count` entries when it does not depend on the data.
-  [[nodiscard]] std::optional<std::size_t> fixed_bytes(const encode::index_value& policy, std::size_t count) const {
-    if (!on_device(policy)) return std::nullopt;
-    return message_header::size + count * (4 + cuda_messages::value_size(policy.value));
-  }
-
-  /// Writes the message of the selected entries (index spans the workspace; the count
-  /// is in the status) to `out` and what the receiver decodes to `sent`, both device
-  /// memory, and its size into the status. Writes nothing if the status holds a NaN.
-  void encode(const encode::index_value& policy, const encode_input& in, std::span<std::byte> out,
-              std::span<float> sent, step_status* status) {
-    const unsigned grid = grid_;  // computed once: no device query while a graph is captured
-    if (on_device(policy)) {
-      cuda_messages::write_message<<<grid, cuda_launch::block_threads, 0, backend_.stream>>>(
-          in.acc.data(), in.index.data(), in.value_scale, policy.value, n_, out.data(), sent.data(), status);
-      cuda_check(cudaGetLastError(), "write_message (launch)");
-      return;
-    }
-    // Host-coded: one read of the status, then the entries, written by the host code.
-    const step_status seen = backend_.read(status);
-    if (seen.non_finite != 0) return;
-    const std::size_t count = seen.count;
-    cuda_messages::gather_values<<<grid, cuda_launch::block_threads, 0, backend_.stream>>>(
-        in.acc.data(), in.index.data(), in.value_scale, values_.data(), status);
-    cuda_check(cudaGetLastError(), "gather_values (launch)");
-    backend_.to_host(in.index.data(), count, index_host_.data());
-    backend_.to_host(values_.data(), count, values_host_.data());
-    const std::uint64_t bytes =
-        encode_message(policy, n_, std::span<const std::uint32_t>(index_host_.data(), count),
-                       std::span<const float>(values_host_.data(), count), out_host_,
-                       std::span<float>(sent_host_.data(), count), in.step);
-    backend_.to_device(out_host_.data(), bytes, out.data());
-    backend_.to_device(sent_host_.data(), count, sent.data());
-    backend_.to_device(&bytes, 1, &status->bytes);
-  }
-
- private:
-  static bool on_device(const encode::index_value& policy) noexcept {
-    return cuda_messages::device_coded(policy.index, policy.value, policy.checksum);
-  }
-
-  backend::cuda backend_;
-  std::size_t n_;
-  unsigned grid_;
-  device_buffer<float> values_;  // host-coded path: gathered values, then their host copies
-  std::vector<std::uint32_t> index_host_;
-  std::vector<float> values_host_;
-  std::vector<float> sent_host_;
-  std::vector<std::byte> out_host_;
-};
-
 /// Checks messages in device memory and adds them to device tensors. Workspace grows
 /// to the largest message seen.
 class device_decoder {
@@ -238,7 +115,7 @@ class device_decoder {
     if (bytes.size() >= message_header::size) backend_.to_host(bytes.data(), message_header::size, head);
     const message_header h = read_header(std::span<const std::byte>(head, sizeof head), bytes.size());
     // The host's order: header, checksum, n, entries (the same error for the same bytes).
-    if (!cuda_messages::device_coded(h.index, h.value, (h.flags & message_header::flag_checksum) != 0)) {
+    if (!cuda_messages::device_read(h.index, h.value, (h.flags & message_header::flag_checksum) != 0)) {
       const message_reader reader(host_copy(bytes));
       require_size(h, n, who);
       reader.validate_entries();
@@ -269,7 +146,7 @@ class device_decoder {
     const message_header& h = m.header;
     if (h.count == 0) return;
     const unsigned grid = cuda_launch::grid_for(h.count);
-    if (cuda_messages::device_coded(h.index, h.value, (h.flags & message_header::flag_checksum) != 0)) {
+    if (cuda_messages::device_read(h.index, h.value, (h.flags & message_header::flag_checksum) != 0)) {
       cuda_messages::add_message<<<grid, cuda_launch::block_threads, 0, backend_.stream>>>(m.bytes.data(), h.count,
                                                                                           h.value, scale, dense.data());
       cuda_check(cudaGetLastError(), "add_message (launch)");
@@ -295,7 +172,7 @@ class device_decoder {
     const message_header& h = m.header;
     const std::size_t count = std::min<std::size_t>(out.size(), h.count);
     if (count == 0) return;
-    if (cuda_messages::device_coded(h.index, h.value, (h.flags & message_header::flag_checksum) != 0)) {
+    if (cuda_messages::device_read(h.index, h.value, (h.flags & message_header::flag_checksum) != 0)) {
       cuda_messages::message_values<<<cuda_launch::grid_for(count), cuda_launch::block_threads, 0, backend_.stream>>>(
           m.bytes.data(), h.count, h.value, count, out.data());
       cuda_check(cudaGetLastError(), "message_values (launch)");

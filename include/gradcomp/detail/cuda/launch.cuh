@@ -58,6 +58,15 @@ __global__ void reduce_or(std::uint64_t n, Body body, std::uint32_t* bits) {
   if (seen != 0) atomicOr(bits, seen);
 }
 
+/// backend::cuda::reduce_max's kernel: the largest body(i) over [0, n) into *word, one
+/// atomic per thread that saw more than 0.
+template <class Body>
+__global__ void reduce_max(std::uint64_t n, Body body, std::uint32_t* word) {
+  std::uint32_t largest = 0;
+  grid_stride(n, [&](std::uint64_t i) { largest = max(largest, body(static_cast<std::size_t>(i))); });
+  if (largest != 0) atomicMax(word, largest);
+}
+
 /// backend::cuda::histogram's kernel: counts[bin_of(i)] += 1 for every i in [0, n).
 template <class BinOf>
 __global__ void histogram(std::uint64_t n, BinOf bin_of, std::uint32_t* counts) {
