@@ -434,63 +434,63 @@ class message_writer {
   message_writer(const Backend& be, const encode::index_value& policy, std::size_t n, std::size_t capacity)
       : backend_(be),
         n_(n),
-        capacity_(capacity),
-        blocks_(blocks_of(capacity, delta_block)),
-        groups_(blocks_of(blocks_, delta_group)),
         plan_(be.template allocate<message_plan>(1)),
-        widths_(be.template allocate<std::uint32_t>(blocks_)),
-        group_width_(be.template allocate<std::uint64_t>(groups_)),
+        widths_(be.template allocate<std::uint32_t>(blocks_of(capacity, delta_block))),
+        group_width_(be.template allocate<std::uint64_t>(blocks_of(blocks_of(capacity, delta_block), delta_group))),
         chunk_(be.template allocate<double>(chunk_count(capacity))),
         parts_(be.template allocate<std::uint32_t>(blocks_of(policy.max_bytes(n, capacity), checksum_chunk))) {}
 
   /// Queues the message of the status's count entries, index[j] with values[j], into
   /// `out` (the backend's memory, policy.max_bytes(n, capacity) bytes) and what the
-  /// receiver decodes into sent[j]; its size goes to the status. Writes nothing if the
-  /// status holds a NaN.
-  void queue(const encode::index_value& policy, const std::uint32_t* index, const float* values, std::uint64_t step,
-             std::byte* out, float* sent, step_status* status) {
+  /// receiver decodes into sent[j]; its size goes to the status. Every pass runs over
+  /// `bound` entries (at most the capacity; the count where the host knows it, else the
+  /// capacity), guarded by the count. Writes nothing if the status holds a NaN.
+  void queue(const encode::index_value& policy, std::size_t bound, const std::uint32_t* index, const float* values,
+             std::uint64_t step, std::byte* out, float* sent, step_status* status) {
     const step_entries entries{status};
+    const std::size_t blocks = blocks_of(bound, delta_block);
+    const std::size_t groups = blocks_of(blocks, delta_group);
     message_plan* plan = plan_.data();
     backend_.clear(plan, 1);
     switch (policy.value) {
-      case value_coding::int8: backend_.reduce_max(capacity_, value_key{entries, values}, &plan->max_key); break;
+      case value_coding::int8: backend_.reduce_max(bound, value_key{entries, values}, &plan->max_key); break;
       case value_coding::ternary:
       case value_coding::qsgd:
-        backend_.sum(capacity_, value_moment{entries, values, policy.value == value_coding::qsgd}, chunk_.data(),
+        backend_.sum(bound, value_moment{entries, values, policy.value == value_coding::qsgd}, chunk_.data(),
                      &plan->moment);
         break;
       default: break;
     }
     const bool delta = policy.index == index_coding::delta_bitpack || policy.index == index_coding::automatic;
     if (delta) {
-      backend_.for_each(blocks_, delta_block_width{entries, index, widths_.data()});
-      backend_.for_each(groups_, delta_group_width{widths_.data(), blocks_, group_width_.data()});
+      backend_.for_each(blocks, delta_block_width{entries, index, widths_.data()});
+      backend_.for_each(groups, delta_group_width{widths_.data(), blocks, group_width_.data()});
     }
     backend_.for_each(1, plan_message{entries, policy.index, policy.value, policy.levels, policy.checksum, n_,
-                                      widths_.data(), group_width_.data(), delta ? groups_ : 0, plan, out, status});
+                                      widths_.data(), group_width_.data(), delta ? groups : 0, plan, out, status});
 
     const planned_section section{entries, plan};
     std::byte* index_section = out + message_header::size;
     if (policy.index == index_coding::raw32 || policy.index == index_coding::automatic) {
-      backend_.for_each(capacity_, write_raw32{section, index, index_section});
+      backend_.for_each(bound, write_raw32{section, index, index_section});
     }
     // automatic picks a bitmap only when it is smaller than raw32 (4 bytes an entry).
     const std::uint64_t bitmap = bitmap_bytes(n_);
-    if (policy.index == index_coding::bitmap || (policy.index == index_coding::automatic && bitmap < 4 * capacity_)) {
+    if (policy.index == index_coding::bitmap || (policy.index == index_coding::automatic && bitmap < 4 * bound)) {
       backend_.for_each(bitmap, clear_bitmap{section, index_section});
-      backend_.for_each(capacity_, write_bitmap{section, index, index_section});
+      backend_.for_each(bound, write_bitmap{section, index, index_section});
     }
     if (delta) {
-      backend_.for_each(blocks_, write_delta_block{section, index, widths_.data(), group_width_.data(), index_section});
+      backend_.for_each(blocks, write_delta_block{section, index, widths_.data(), group_width_.data(), index_section});
     }
 
     if (policy.value == value_coding::ternary || policy.value == value_coding::qsgd) {
-      const auto bytes = static_cast<std::size_t>(value_section_bytes(policy.value, capacity_, policy.levels));
+      const auto bytes = static_cast<std::size_t>(value_section_bytes(policy.value, bound, policy.levels));
       backend_.for_each(bytes, write_packed_byte{entries, plan, policy.value, policy.levels, policy.seed, step, values,
                                                  out, sent});
     } else {
       const auto write = [&]<value_coding Coding>() {
-        backend_.for_each(capacity_, write_value<Coding>{entries, plan, values, out, sent});
+        backend_.for_each(bound, write_value<Coding>{entries, plan, values, out, sent});
       };
       switch (policy.value) {
         case value_coding::f16: write.template operator()<value_coding::f16>(); break;
@@ -501,14 +501,15 @@ class message_writer {
     }
 
     if (policy.checksum) {
-      backend_.for_each(parts_.size(), checksum_part{entries, plan, out, parts_.data()});
+      const std::size_t parts = blocks_of(policy.max_bytes(n_, bound), checksum_chunk);
+      backend_.for_each(parts, checksum_part{entries, plan, out, parts_.data()});
       backend_.for_each(1, checksum_finish{entries, plan, parts_.data(), out});
     }
   }
 
  private:
   Backend backend_;
-  std::size_t n_, capacity_, blocks_, groups_;
+  std::size_t n_;
   typename Backend::template buffer<message_plan> plan_;
   typename Backend::template buffer<std::uint32_t> widths_;       // delta: each block's bit width
   typename Backend::template buffer<std::uint64_t> group_width_;  // delta: each group's widths, then where it starts
@@ -548,7 +549,7 @@ class engine<encode::index_value, Backend> {
               std::span<float> sent, step_status* status) {
     backend_.for_each(in.index.size(),
                       gather_selected{{status}, in.acc.data(), in.index.data(), in.value_scale, values_.data()});
-    writer_.queue(policy, in.index.data(), values_.data(), in.step, out.data(), sent.data(), status);
+    writer_.queue(policy, in.index.size(), in.index.data(), values_.data(), in.step, out.data(), sent.data(), status);
   }
 
   /// Writes the message of in.index (all of it selected) to `out` (host memory) and
@@ -586,8 +587,8 @@ inline std::size_t encode_message(const encode::index_value& policy, std::size_t
   return static_cast<std::size_t>(step_record<backend::host>(one_thread)
                                       .run_now([&](step_status* status) {
                                         queue_count(one_thread, status, index.size());
-                                        writer.queue(policy, index.data(), values.data(), step, out.data(), sent.data(),
-                                                     status);
+                                        writer.queue(policy, index.size(), index.data(), values.data(), step,
+                                                     out.data(), sent.data(), status);
                                       })
                                       .bytes);
 }
