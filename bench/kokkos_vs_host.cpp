@@ -5,6 +5,7 @@
 // backend::host: what backend::host's fused fast path gains over it.
 // Family "host" is the baseline: "speed-up vs host" below 1 means slower than the host.
 #include <gradcomp/backend/kokkos.hpp>
+#include <gradcomp/detail/stages_at_once.hpp>
 #include <gradcomp/gradcomp.hpp>
 
 #include "bench_common.hpp"
@@ -25,7 +26,7 @@ void run(benchmark::State& state, const Backend& be, const Policy& policy) {
   std::uint64_t step = 0;
   std::size_t sent = 0;
   for (auto _ : state) {
-    sent = engine.select(policy, {g, g, step++}, std::span<std::uint32_t>(out.data(), out.size())).count;
+    sent = gc::detail::select_now(engine, policy, {g, g, step++}, std::span<std::uint32_t>(out.data(), out.size())).count;
     benchmark::DoNotOptimize(out.data());
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * n * 4);
@@ -40,8 +41,8 @@ void run_corrector(benchmark::State& state, Engine& engine, const Policy& policy
   for (std::uint32_t i = 0; i < n; i += 1000) index.push_back(i);
   const std::vector<float> sent(index.size(), 0.25f);
   for (auto _ : state) {
-    const bool finite = engine.update(policy, g, gc::detail::ignore_chunk{});
-    engine.commit(policy, index, sent);
+    const bool finite = gc::detail::update_now(engine, policy, g);
+    gc::detail::commit_now(engine, policy, index, sent);
     engine.accept();
     benchmark::DoNotOptimize(finite);
   }

@@ -2,6 +2,7 @@
 // fused (the compressor: the selector's first pass rides on the corrector's) and
 // unfused (the same engines run one after the other), against the streaming read; and
 // delta_bitpack index coding throughput on one core.
+#include <gradcomp/detail/stages_at_once.hpp>
 #include <gradcomp/gradcomp.hpp>
 
 #include <bit>
@@ -59,13 +60,13 @@ void run_unfused(benchmark::State& state, std::size_t n, Selector s, Corrector c
   std::vector<std::byte> buf(e.max_bytes(n, index.size()));
   std::uint64_t step = 0;
   auto one_step = [&] {
-    const bool finite = correct.update(c, g, [](int, std::size_t, std::span<const float>) {});
+    const bool finite = gc::detail::update_now(correct, c, g);
     benchmark::DoNotOptimize(finite);
     const auto acc = correct.acc(g);
-    const auto chosen = select.select(s, {acc, g, step}, index);
+    const auto chosen = gc::detail::select_now(select, s, {acc, g, step}, index);
     const std::span<const std::uint32_t> idx(index.data(), chosen.count);
-    encode.encode(e, {acc, idx, step, chosen.value_scale}, buf, sent);
-    correct.commit(c, idx, std::span<const float>(sent.data(), chosen.count));
+    gc::detail::encode_now(encode, e, {acc, idx, step, chosen.value_scale}, buf, sent);
+    gc::detail::commit_now(correct, c, idx, std::span<const float>(sent.data(), chosen.count));
     correct.accept();
     select.accept();
     ++step;

@@ -5,6 +5,7 @@
 // Selectors run standalone (the selection step given acc = g, as with correct::none),
 // so each does its own passes over memory; inside a compressor the first pass is fused
 // into the corrector's (see pipeline.cpp).
+#include <gradcomp/detail/stages_at_once.hpp>
 #include <gradcomp/gradcomp.hpp>
 
 #include <algorithm>
@@ -42,7 +43,7 @@ void run_selector(benchmark::State& state, const Policy& policy) {
   std::uint64_t step = 0;
   std::size_t sent = 0;
   for (auto _ : state) {
-    sent = engine.select(policy, {g, g, step++}, out).count;
+    sent = gc::detail::select_now(engine, policy, {g, g, step++}, out).count;
     benchmark::DoNotOptimize(out.data());
   }
   account(state, sent);
@@ -61,7 +62,7 @@ void BM_sampled_threshold_reuse(benchmark::State& s) {
   std::uint64_t step = 0;
   std::size_t sent = 0;
   for (auto _ : s) {
-    sent = engine.select(policy, {g, g, step++}, out).count;
+    sent = gc::detail::select_now(engine, policy, {g, g, step++}, out).count;
     engine.accept();
   }
   account(s, sent);

@@ -2,6 +2,7 @@
 // threads, or, built with GRADCOMP_TEST_KOKKOS, on backend::kokkos<DefaultExecutionSpace>;
 // and the properties that hold over many steps.
 #include <doctest/doctest.h>
+#include <gradcomp/detail/stages_at_once.hpp>
 #include <gradcomp/gradcomp.hpp>
 
 #include <cstring>
@@ -167,12 +168,12 @@ void fast_path_matches_generic() {
           CAPTURE(t);
 
           std::vector<float> preview_fast(n), preview_generic(n);
-          const bool preview_ok = fast.preview(policy, g, preview_fast);
-          REQUIRE(generic.preview(policy, g, preview_generic) == preview_ok);
+          const bool preview_ok = gc::detail::preview_now(fast, policy, g, preview_fast);
+          REQUIRE(gc::detail::preview_now(generic, policy, g, preview_generic) == preview_ok);
           if (preview_ok) REQUIRE(std::memcmp(preview_fast.data(), preview_generic.data(), 4 * n) == 0);
 
-          const bool ok = fast.update(policy, g, gc::detail::ignore_chunk{});
-          REQUIRE(generic.update(policy, g, gc::detail::ignore_chunk{}) == ok);
+          const bool ok = gc::detail::update_now(fast, policy, g);
+          REQUIRE(gc::detail::update_now(generic, policy, g) == ok);
           REQUIRE(ok == (t != 5));
           if (!ok) continue;  // rejected: nothing committed, nothing accepted
           const auto acc_fast = fast.acc(g);
@@ -187,8 +188,8 @@ void fast_path_matches_generic() {
               sent.push_back(t % 2 == 1 ? acc_fast[i] * 0.5f : acc_fast[i]);  // lossy and lossless values
             }
           }
-          fast.commit(policy, index, sent);
-          generic.commit(policy, index, sent);
+          gc::detail::commit_now(fast, policy, index, sent);
+          gc::detail::commit_now(generic, policy, index, sent);
           fast.accept();
           generic.accept();
           for (std::size_t a = 0; a != policy_type::state_arrays; ++a) {
@@ -221,8 +222,8 @@ template <class Fast, class Generic, class Policy>
 void require_same_selection(Fast& fast, Generic& generic, const Policy& policy, const gc::detail::select_input& in) {
   const std::size_t n = in.acc.size();
   std::vector<std::uint32_t> out_fast(n), out_generic(n, 0xFFFFFFFFu);
-  const auto a = fast.select(policy, in, out_fast);
-  const auto b = generic.select(policy, in, out_generic);
+  const auto a = gc::detail::select_now(fast, policy, in, out_fast);
+  const auto b = gc::detail::select_now(generic, policy, in, out_generic);
   REQUIRE(a.finite);
   REQUIRE(b.finite);
   REQUIRE(a.count == b.count);

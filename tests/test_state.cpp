@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstring>
 #include <sstream>
+#include <string>
 
 #include "support/inputs.hpp"
 
@@ -163,4 +165,99 @@ TEST_CASE("a bfloat16 gradient stages, previews and compresses as its float32 va
   wide.save_state(a);
   narrow.save_state(c);
   CHECK(a.str() == c.str());
+}
+
+namespace {
+
+// A checkpoint record cut open where the selector's state starts (a compressor without
+// a corrector: no arrays before it), and sealed again with a recomputed CRC.
+struct opened_record {
+  std::string head;  // everything before the selector's record
+  std::string selector;
+  explicit opened_record(const auto& c) {
+    std::stringstream out;
+    c.save_state(out);
+    const std::string bytes = out.str();
+    std::uint32_t signature = 0;
+    std::memcpy(&signature, bytes.data() + 8, 4);
+    const std::size_t at = 12 + signature + 8 + 8 + 8 + 4;  // n, step, density, arrays (0)
+    head = bytes.substr(0, at);
+    selector = bytes.substr(at, bytes.size() - 4 - at);
+  }
+  template <class T>
+  static std::string bytes_of(T v) {
+    std::string s(sizeof v, '\0');
+    std::memcpy(s.data(), &v, sizeof v);
+    return s;
+  }
+  std::string sealed(std::uint16_t version, const std::string& selector_part) const {
+    std::string all = head;
+    std::memcpy(all.data() + 4, &version, 2);
+    all += selector_part;
+    return all + bytes_of(gc::detail::crc32c(reinterpret_cast<const std::byte*>(all.data()), all.size()));
+  }
+};
+
+template <class Compressor>
+void refused(Compressor& c, const std::string& record, const char* what) {
+  std::stringstream before, after;
+  c.save_state(before);
+  std::stringstream in(record);
+  CHECK_THROWS_WITH_AS(c.load_state(in), doctest::Contains(what), gc::error);
+  c.save_state(after);
+  CHECK(after.str() == before.str());
+}
+
+}  // namespace
+
+TEST_CASE("the selector's typed state record: written field by field, checked on load, version 1 still read") {
+  const std::size_t n = 50000;
+  const gc::select::sampled_threshold policy{.density = 0.01, .reuse_threshold = true};
+  gc::compressor original{gc::backend::host{}, n, policy};
+  for (std::uint64_t t = 0; t < 3; ++t) (void)run(original, t);
+  const opened_record r(original);
+
+  // Version 2: two fields, {has, key}, each u8 width 4 and a u32.
+  using rec = opened_record;
+  REQUIRE(r.selector.size() == 4 + 2 * 5);
+  CHECK(r.selector.substr(0, 4) == rec::bytes_of(std::uint32_t{2}));
+  CHECK(r.selector.substr(4, 5) == rec::bytes_of(std::uint8_t{4}) + rec::bytes_of(std::uint32_t{1}));
+  std::uint32_t key = 0;
+  std::memcpy(&key, r.selector.data() + 10, 4);
+  CHECK(key > 0);
+  CHECK(key < 0x7F800000u);  // a finite magnitude's key
+
+  // The same state as version 1 wrote it (f64 values) continues identically.
+  const std::string v1 =
+      r.sealed(1, rec::bytes_of(std::uint32_t{2}) + rec::bytes_of(1.0) + rec::bytes_of(static_cast<double>(key)));
+  gc::compressor from_v1{gc::backend::host{}, n, policy};
+  std::stringstream in(v1);
+  from_v1.load_state(in);
+  for (std::uint64_t t = 3; t < 8; ++t) CHECK(run(original, t) == run(from_v1, t));
+
+  // Doctored records are refused, naming what is wrong, and change nothing.
+  gc::compressor target{gc::backend::host{}, n, policy};
+  (void)run(target, 1);
+  const auto field32 = [](std::uint32_t v) { return rec::bytes_of(std::uint8_t{4}) + rec::bytes_of(v); };
+  refused(target, r.sealed(2, rec::bytes_of(std::uint32_t{2}) + rec::bytes_of(std::uint8_t{8}) +
+                                  rec::bytes_of(std::uint64_t{1}) + field32(key)),
+          "field 0 of sampled_threshold's saved state is 8 bytes wide, expected 4");
+  refused(target, r.sealed(2, rec::bytes_of(std::uint32_t{3}) + field32(1) + field32(key) + field32(0)),
+          "has 3 fields, sampled_threshold keeps 2");
+  refused(target, r.sealed(2, rec::bytes_of(std::uint32_t{1}) + field32(1)), "has 1 fields, too few");
+  refused(target, r.sealed(2, rec::bytes_of(std::uint32_t{2}) + field32(2) + field32(key)),
+          "the saved state of sampled_threshold is invalid");
+  refused(target, r.sealed(2, rec::bytes_of(std::uint32_t{2}) + field32(1) + field32(0x7F800000u)),
+          "the saved state of sampled_threshold is invalid");
+  refused(target, r.sealed(2, rec::bytes_of(std::uint32_t{1}) + rec::bytes_of(std::uint8_t{3}) + "abc"),
+          "a field of the selector's state is 3 bytes wide");
+  refused(target, r.sealed(1, rec::bytes_of(std::uint32_t{2}) + rec::bytes_of(1.5) + rec::bytes_of(1.0)),
+          "the selector's saved value 1.5 is not an unsigned integer");
+
+  // A selector that keeps no state refuses a record that has some.
+  gc::compressor stateless{gc::backend::host{}, n, gc::select::exact_topk{.density = 0.01}};
+  const opened_record s(stateless);
+  CHECK(s.selector == rec::bytes_of(std::uint32_t{0}));
+  refused(stateless, s.sealed(2, rec::bytes_of(std::uint32_t{1}) + field32(1)),
+          "the record holds selector state, exact_topk keeps none");
 }

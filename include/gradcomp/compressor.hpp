@@ -6,6 +6,7 @@
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/config.hpp>
 #include <gradcomp/correct/none.hpp>
+#include <gradcomp/detail/selector_work.hpp>
 #include <gradcomp/detail/state_io.hpp>
 #include <gradcomp/detail/step_input.hpp>
 #include <gradcomp/encode/index_value.hpp>
@@ -13,6 +14,7 @@
 #include <gradcomp/float16.hpp>
 #include <gradcomp/message.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -38,9 +40,16 @@ class compressor {
   static_assert(detail::check_policies<Backend, Selector, Corrector, Encoder>());
   static_assert(detail::check_engines<Backend, Selector, Corrector, Encoder>());
 
-  // Backends whose memory the host cannot read (backend::cuda): compress queues the
-  // step on the device and reads back one detail::step_status.
+  // Backends whose steps run on a device (backend::cuda): messages and gradients are
+  // device memory, and a step can be queued without reading anything back.
   static constexpr bool on_device = requires { Backend::device_memory; };
+
+  using select_engine = detail::engine<Selector, Backend>;
+  using correct_engine = detail::engine<Corrector, Backend>;
+  // The selector watches the corrector's pass chunk by chunk where both engines can
+  // (backend::host's fast paths), so that acc is read while it is in cache.
+  static constexpr bool fused_pass = detail::selector_engine_observes<select_engine, Selector> &&
+                                     detail::corrector_engine_visits<correct_engine, Corrector>;
 
  public:
   using backend_type = Backend;      ///< where it runs
@@ -61,7 +70,7 @@ class compressor {
         encode_(backend_, encoder_, n, capacity_),
         index_(backend_.template allocate<std::uint32_t>(capacity_)),
         sent_(backend_.template allocate<float>(capacity_)),
-        status_(make_status(backend_)) {}
+        status_(backend_.template allocate<detail::step_status>(2)) {}  // a step's, a preview's
 
   /// Elements of the tensor.
   [[nodiscard]] std::size_t size() const noexcept { return n_; }
@@ -167,16 +176,10 @@ class compressor {
                     " does not match the compressor's n = ", n_);
     if (static_cast<std::size_t>(preview_.size()) != n_) preview_ = backend_.template allocate<float>(n_);
     const std::span<float> acc(preview_.data(), n_);
-    if constexpr (on_device) {
-      detail::step_status* status = status_.data() + 1;  // [0] is the step's (last_step_finite)
-      backend_.clear(status, 1);
-      correct_.preview(corrector_, grad, acc, status);
-      if (backend_.read(status).non_finite != 0) {
-        report_non_finite("preview", backend_.to_host(grad), backend_.to_host(std::span<const float>(acc)));
-      }
-    } else {
-      if (!correct_.preview(corrector_, grad, acc)) report_non_finite("preview", grad, acc);
-    }
+    detail::step_status* status = status_.data() + 1;  // [0] is the step's (last_step_finite)
+    backend_.clear(status, 1);
+    correct_.preview(corrector_, grad, acc, status);
+    if (backend_.read(status).non_finite != 0) report_non_finite("preview", grad, acc);
     return acc;
   }
 
@@ -189,8 +192,7 @@ class compressor {
   /// \throws gradcomp::error if grad.size() != n, `out` is too small, or the encoder's
   ///         message size depends on the data.
   message compress_async(std::span<const float> grad, std::span<std::byte> out)
-    requires(on_device && Corrector::state_arrays == 0 &&
-             requires(const detail::engine<Selector, Backend>& e, const Selector& s) { e.fixed_count(s); })
+    requires(on_device && Corrector::state_arrays == 0 && detail::engine_has_fixed_count<select_engine, Selector>)
   {
     check_step(grad, out);
     const std::size_t count = select_.fixed_count(selector_);
@@ -243,9 +245,12 @@ class compressor {
     detail::state_writer w;
     w.header(signature(), n_, step_, density());
     for (std::size_t a = 0; a != Corrector::state_arrays; ++a) w.array(correct_.committed(a));
-    std::vector<double> selector_state;
-    if constexpr (detail::engine_saves_state<detail::engine<Selector, Backend>>) selector_state = select_.saved_state();
-    w.finish(out, selector_state);
+    if constexpr (detail::engine_saves_state<select_engine>) {
+      w.selector_record(select_.saved_state());
+    } else {
+      w.no_selector_record();
+    }
+    w.finish(out);
   }
 
   /// Restores what save_state wrote, for a compressor of the same policies and n. The
@@ -254,13 +259,7 @@ class compressor {
   void load_state(std::istream& in) {
     check_device("load_state");
     detail::state_reader r(in, signature(), n_, Corrector::state_arrays);
-    const auto selector_state = r.selector_state();
-    if constexpr (detail::engine_restores_state<detail::engine<Selector, Backend>>) {
-      detail::require(decltype(select_)::valid_state(selector_state), errc::corrupt_message,
-                      "load_state: the selector's saved state is invalid");
-    } else {
-      detail::require(selector_state.empty(), errc::corrupt_message, "load_state: unexpected selector state");
-    }
+    [[maybe_unused]] const auto saved_selector = read_selector_record(r);
     // The record's values must be ones compress could have left: a density in (0, 1]
     // (0 where the selector has none, or counts instead), finite memory.
     const double saved_density = r.density();
@@ -287,33 +286,31 @@ class compressor {
                       " belongs to no parameter of ", selector_.name());
     }
     for (std::size_t a = 0; a != Corrector::state_arrays; ++a) correct_.load_committed(a, r.array(a));
-    if constexpr (detail::engine_restores_state<detail::engine<Selector, Backend>>) select_.restore_state(selector_state);
+    if constexpr (detail::engine_restores_state<select_engine>) select_.restore_state(saved_selector);
     selector_ = next;
     step_ = r.step();
     staged_ = false;
   }
 
  private:
+  // The selector's state record in `r`, checked (nullptr where its engine keeps none).
+  auto read_selector_record(const detail::state_reader& r) const {
+    if constexpr (detail::engine_restores_state<select_engine>) {
+      return r.template selector_record<decltype(select_.saved_state())>(selector_.name());
+    } else {
+      detail::require(!r.has_selector_state(), errc::corrupt_message, "load_state: the record holds selector state, ",
+                      selector_.name(), " keeps none");
+      return nullptr;
+    }
+  }
+
   static constexpr bool skips_update = [] {
-    if constexpr (requires { detail::engine<Selector, Backend>::checks_finite; }) {
-      return std::is_same_v<Corrector, correct::none> && detail::engine<Selector, Backend>::checks_finite;
+    if constexpr (requires { select_engine::checks_finite; }) {
+      return std::is_same_v<Corrector, correct::none> && select_engine::checks_finite;
     } else {
       return false;
     }
   }();
-
-  struct no_status {
-    static constexpr std::nullptr_t data() noexcept { return nullptr; }
-  };
-  using status_buffer =
-      std::conditional_t<on_device, typename Backend::template buffer<detail::step_status>, no_status>;
-  static status_buffer make_status(const Backend& backend) {
-    if constexpr (on_device) {
-      return backend.template allocate<detail::step_status>(2);  // a step's, a preview's
-    } else {
-      return {};
-    }
-  }
 
   // On a device backend, every call that touches the compressor's memory must run with
   // the device it was made on current.
@@ -330,63 +327,67 @@ class compressor {
                     " bytes is smaller than max_message_bytes() = ", need);
   }
 
-  // One step up to (not including) making it current: check, update, select, encode,
-  // commit into the next state. finish_step() makes it current.
+  // One step up to (not including) making it current: check, then the step queued
+  // (run, on the host) and its status read once. finish_step() makes it current.
   message run_step(std::span<const float> grad, std::span<std::byte> out) {
     staged_ = false;
     check_step(grad, out);
-    if constexpr (on_device) {
-      queue_step(grad, out);
-      const detail::step_status status = backend_.read(status_.data());
-      if (status.non_finite != 0) {
-        report_non_finite("compress", backend_.to_host(grad), backend_.to_host(correct_.acc(grad)));
-      }
-      return message(out.first(static_cast<std::size_t>(status.bytes)), n_, status.count);
-    } else {
-      // The selector's first pass rides on the corrector's: each chunk of acc is handed
-      // over while it is still in cache, and a selector may look ahead at acc before the
-      // pass (sampled_threshold samples it, then collects in the pass). Without a
-      // corrector (acc = g), a selector that reads every entry checks finiteness itself
-      // and g is read once.
-      std::span<const float> acc = grad;
-      if constexpr (!skips_update) {
-        select_.begin_observe(selector_, step_);
-        const auto observe = [&](int thread, std::size_t begin, auto acc_chunk) {
-          select_.observe(thread, begin, acc_chunk, grad.subspan(begin, acc_chunk.size()));
-        };
-        const auto before_pass = [&](auto&& acc_at) { detail::look_ahead(select_, selector_, acc_at); };
-        const bool finite = correct_.update(corrector_, grad, observe, before_pass);
-        acc = correct_.acc(grad);
-        if (!finite) report_non_finite("compress", grad, acc);
-      }
-
-      const detail::selection chosen = select_.select(selector_, {acc, grad, step_}, index_span());
-      if (!chosen.finite) report_non_finite("compress", grad, acc);
-      const std::span<const std::uint32_t> index(index_.data(), chosen.count);
-      const std::size_t bytes = encode_.encode(encoder_, {acc, index, step_, chosen.value_scale}, out, sent_span());
-      correct_.commit(corrector_, index, std::span<const float>(sent_.data(), chosen.count));
-      return message(out.first(bytes), n_, chosen.count);
-    }
+    queue_step(grad, out);
+    const detail::step_status status = backend_.read(status_.data());
+    if (status.non_finite != 0) report_non_finite("compress", grad, correct_.acc(grad));
+    return message(out.first(static_cast<std::size_t>(status.bytes)), n_, status.count);
   }
 
   void in_place_allowed(bool allowed) noexcept {
     if constexpr (requires { correct_.allow_in_place(allowed); }) correct_.allow_in_place(allowed);
   }
 
-  // The whole step on a device backend, queued: every stage after the first NaN writes
-  // nothing (the engines read the status), so a rejected step changes neither `out` nor
-  // the committed state, and only finish_step() makes the new state current.
+  // The whole step, each stage queued with the step's status: every stage after the
+  // first NaN writes nothing (the engines read the status), so a rejected step changes
+  // neither `out` nor the committed state, and only finish_step() makes the new state
+  // current. Without a corrector (acc = g), a selector that reads every entry checks
+  // finiteness itself and g is read once.
   void queue_step(std::span<const float> grad, std::span<std::byte> out) {
     detail::step_status* status = status_.data();
     backend_.clear(status, 1);
     std::span<const float> acc = grad;
     if constexpr (!skips_update) {
-      correct_.update(corrector_, grad, status);
+      queue_update(grad, status);
       acc = correct_.acc(grad);
     }
     const detail::queued_selection chosen = select_.select(selector_, {acc, grad, step_}, index_span(), status);
-    encode_.encode(encoder_, {acc, index_span(), step_, chosen.value_scale}, out, sent_span(), status);
-    correct_.commit(corrector_, index_span(), sent_span(), status);
+    const std::span<const std::uint32_t> index = selected(status);
+    const std::span<float> sent = sent_span().first(index.size());
+    encode_.encode(encoder_, {acc, index, step_, chosen.value_scale}, out, sent, status);
+    correct_.commit(corrector_, index, sent, status);
+  }
+
+  // The corrector's pass. In a fused pass the selector's first pass rides on it: each
+  // chunk of acc is handed over while it is still in cache, and the selector may look
+  // ahead at acc before the pass (sampled_threshold samples it, then collects in it).
+  void queue_update(std::span<const float> grad, detail::step_status* status) {
+    if constexpr (fused_pass) {
+      select_.begin_observe(selector_, step_);
+      const auto observe = [&](int thread, std::size_t begin, auto acc_chunk) {
+        select_.observe(thread, begin, acc_chunk, grad.subspan(begin, acc_chunk.size()));
+      };
+      const auto before_pass = [&](auto&& acc_at) { detail::look_ahead(select_, selector_, acc_at); };
+      correct_.update(corrector_, grad, status, observe, before_pass);
+    } else {
+      correct_.update(corrector_, grad, status);
+    }
+  }
+
+  // The selected indices as far as the host knows them: their count where the host can
+  // read the status (so that the later stages run over the count, not the capacity,
+  // which is n for threshold), else the whole workspace, the count staying on the device.
+  std::span<const std::uint32_t> selected(const detail::step_status* status) {
+    const std::span<const std::uint32_t> all = index_span();
+    if constexpr (Backend::host_accessible) {
+      return all.first(std::min<std::size_t>(all.size(), backend_.read(status).count));
+    } else {
+      return all;
+    }
   }
 
   void finish_step() {
@@ -451,7 +452,13 @@ class compressor {
     return {wide_.data(), n_};
   }
 
-  [[noreturn]] void report_non_finite(const char* who, std::span<const float> grad, std::span<const float> acc) const {
+  // Names the first NaN or infinity of grad, else of acc (both the backend's memory).
+  [[noreturn]] void report_non_finite(const char* who, std::span<const float> grad_at,
+                                      std::span<const float> acc_at) const {
+    std::vector<float> grad_copy(Backend::host_accessible ? 0 : grad_at.size());
+    std::vector<float> acc_copy(Backend::host_accessible ? 0 : acc_at.size());
+    const std::span<const float> grad = detail::on_host(backend_, grad_at.data(), grad_at.size(), grad_copy);
+    const std::span<const float> acc = detail::on_host(backend_, acc_at.data(), acc_at.size(), acc_copy);
     for (std::size_t i = 0; i < grad.size(); ++i) {
       detail::require(std::isfinite(grad[i]), errc::non_finite, who, ": grad[", i, "] = ", grad[i], " is not finite");
     }
@@ -468,12 +475,12 @@ class compressor {
   Corrector corrector_;
   Encoder encoder_;
   std::size_t capacity_;
-  detail::engine<Selector, Backend> select_;
-  detail::engine<Corrector, Backend> correct_;
+  select_engine select_;
+  correct_engine correct_;
   detail::engine<Encoder, Backend> encode_;
   typename Backend::template buffer<std::uint32_t> index_;
   typename Backend::template buffer<float> sent_;
-  status_buffer status_;
+  typename Backend::template buffer<detail::step_status> status_;  // [0] a step's, [1] a preview's
   typename Backend::template buffer<float> preview_;
   typename Backend::template buffer<float> wide_;  // a 16-bit gradient widened to float32
   std::uint64_t step_ = 0;

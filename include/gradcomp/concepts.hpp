@@ -166,10 +166,11 @@ concept backend_type = std::copyable<B> && backend_has_allocate<B> && backend_ha
 // -- the engine contract ---------------------------------------------------------------
 //
 // What compressor calls on detail::engine<Policy, Backend>, the code that runs a policy on
-// a backend. Host-memory backends (host, kokkos) run a step as it is called; device
-// backends (cuda: Backend::device_memory) queue it and report through a step_status in
-// device memory. Each capability below is checked by detail::check_engines with a message
-// that names it.
+// a backend. One step protocol on every backend: each stage of a step is queued on the
+// backend with the step's step_status (in the backend's memory), reads it, and writes
+// nothing once it holds a NaN verdict; the compressor reads the status once, at the end.
+// On the host, queueing a stage runs it. The protocol and each optional capability are
+// checked by detail::check_engines with a message that names them.
 
 namespace detail {
 
@@ -180,69 +181,54 @@ struct ignore_chunk {
   void operator()(int /*thread*/, std::size_t /*begin*/, Chunk&& /*acc_chunk*/) const noexcept {}
 };
 
-/// Selector engine, host memory: observes the corrector's pass chunk by chunk, then
-/// selects into `out` and reports the count.
+/// Selector engine: queues the ascending indices into `out` and their count into the
+/// status; returns the factor on the values sent.
 template <class E, class S>
-concept host_selector_engine = requires(E& e, const S& s, std::uint64_t step, int thread, std::size_t begin,
-                                        std::span<const float> chunk, const select_input& in,
-                                        std::span<std::uint32_t> out) {
-  e.begin_observe(s, step);
-  e.observe(thread, begin, chunk, chunk);
-  { e.select(s, in, out) } -> std::same_as<selection>;
-  e.accept();
-};
-
-/// Selector engine, device memory: queues the selection; the count stays on the device.
-template <class E, class S>
-concept device_selector_engine = requires(E& e, const S& s, const select_input& in, std::span<std::uint32_t> out,
-                                          step_status* status) {
+concept selector_engine = requires(E& e, const S& s, const select_input& in, std::span<std::uint32_t> out,
+                                   step_status* status) {
   { e.select(s, in, out, status) } -> std::same_as<queued_selection>;
   e.accept();
 };
 
-/// The memory a corrector engine keeps: committed arrays readable and loadable (for
-/// corrector_state and checkpoints), the next state made current by accept().
-template <class E>
-concept corrector_engine_memory = requires(E& e, const E& ce, std::size_t a, std::span<const float> values) {
+/// Corrector engine: the update, preview and commit stages, each queued with the status
+/// (commit's index and sent span the entries the host knows of: the count where the
+/// host can read the status, the workspace where it cannot; the status has the count),
+/// the committed arrays readable and loadable (corrector_state and checkpoints), and
+/// accept() making the step's state current.
+template <class E, class C>
+concept corrector_engine = requires(E& e, const E& ce, const C& c, std::span<const float> g, std::span<float> out,
+                                    std::span<const std::uint32_t> index, step_status* status, std::size_t a) {
+  e.update(c, g, status);
+  { e.acc(g) } -> std::convertible_to<std::span<const float>>;
+  e.preview(c, g, out, status);
+  e.commit(c, index, g, status);
   { ce.committed(a) } -> std::convertible_to<std::span<const float>>;
-  e.load_committed(a, values);
+  e.load_committed(a, g);
   e.accept();
 };
 
-/// Corrector engine, host memory: update() returns false on a NaN or infinity.
-template <class E, class C>
-concept host_corrector_engine =
-    corrector_engine_memory<E> && requires(E& e, const C& c, std::span<const float> g, std::span<float> out,
-                                           std::span<const std::uint32_t> index) {
-      { e.update(c, g, ignore_chunk{}, ignore_before_pass{}) } -> std::same_as<bool>;
-      { e.acc(g) } -> std::convertible_to<std::span<const float>>;
-      { e.preview(c, g, out) } -> std::same_as<bool>;
-      e.commit(c, index, g);
-    };
-
-/// Corrector engine, device memory: every stage reads and sets the step_status.
-template <class E, class C>
-concept device_corrector_engine =
-    corrector_engine_memory<E> && requires(E& e, const C& c, std::span<const float> g, std::span<float> out,
-                                           std::span<const std::uint32_t> index, step_status* status) {
-      e.update(c, g, status);
-      { e.acc(g) } -> std::convertible_to<std::span<const float>>;
-      e.preview(c, g, out, status);
-      e.commit(c, index, g, status);
-    };
-
-/// Encoder engine, host memory: writes the message and returns its size.
+/// Encoder engine: queues the message of the selected entries into `out` and what the
+/// receiver decodes into `sent`, and the message's size into the status.
 template <class E, class P>
-concept host_encoder_engine = requires(E& e, const P& p, const encode_input& in, std::span<std::byte> out,
-                                       std::span<float> sent) {
-  { e.encode(p, in, out, sent) } -> std::same_as<std::size_t>;
+concept encoder_engine = requires(E& e, const P& p, const encode_input& in, std::span<std::byte> out,
+                                  std::span<float> sent, step_status* status) {
+  e.encode(p, in, out, sent, status);
 };
 
-/// Encoder engine, device memory: queues the message; its size goes to the step_status.
-template <class E, class P>
-concept device_encoder_engine = requires(E& e, const P& p, const encode_input& in, std::span<std::byte> out,
-                                         std::span<float> sent, step_status* status) {
-  e.encode(p, in, out, sent, status);
+/// Capability, a fused first pass (backend::host): the selector engine watches the
+/// corrector's pass chunk by chunk (begin_observe, then observe for every chunk of acc
+/// while it is in cache) and may look at acc before it (before_pass, through
+/// look_ahead); the corrector engine's update hands it each chunk. Used where both
+/// engines have it; a selector engine that was not shown the pass makes its own.
+template <class E, class S>
+concept selector_engine_begins_observing = requires(E& e, const S& s, std::uint64_t step) { e.begin_observe(s, step); };
+template <class E, class S>
+concept selector_engine_observes =
+    selector_engine_begins_observing<E, S> &&
+    requires(E& e, int thread, std::size_t begin, std::span<const float> chunk) { e.observe(thread, begin, chunk, chunk); };
+template <class E, class C>
+concept corrector_engine_visits = requires(E& e, const C& c, std::span<const float> g, step_status* status) {
+  e.update(c, g, status, ignore_chunk{}, ignore_before_pass{});
 };
 
 /// A selector whose density set_density() and checkpoints change.
@@ -254,18 +240,34 @@ concept selector_has_density = requires(S& s) { s.density = 1.0; };
 template <class E, class S>
 concept engine_has_reserve = requires(E& e, const S& s) { e.reserve(s); };
 
+/// Capability: a count known before the step (exact_topk), which compress_async needs.
+template <class E, class S>
+concept engine_has_fixed_count = requires(const E& e, const S& s) {
+  { e.fixed_count(s) } -> std::same_as<std::size_t>;
+};
+
+/// A selector engine's state carried between steps, as a checkpoint writes it: a record
+/// of unsigned integer fields, which `fields(f)` lists as f(field) in a fixed order, and
+/// `valid()` says whether compress could have left it.
+struct ignore_field {
+  template <class T>
+  void operator()(T&) const noexcept {}
+};
+template <class R>
+concept state_record = std::default_initializable<R> && std::copyable<R> && requires(R& r, const R& cr) {
+  r.fields(ignore_field{});
+  { cr.valid() } -> std::same_as<bool>;
+};
+
 /// Capability: state carried from step to step beyond the corrector's arrays (the
-/// sampled threshold's last estimate), written into and checked and read from
-/// checkpoints.
+/// sampled threshold's last estimate), saved into checkpoints as a typed record and
+/// restored from one.
 template <class E>
 concept engine_saves_state = requires(const E& e) {
-  { e.saved_state() } -> std::convertible_to<std::vector<double>>;
+  { e.saved_state() } -> state_record;
 };
 template <class E>
-concept engine_restores_state = requires(E& e, std::span<const double> saved) {
-  { E::valid_state(saved) } -> std::same_as<bool>;
-  e.restore_state(saved);
-};
+concept engine_restores_state = engine_saves_state<E> && requires(E& e, const E& ce) { e.restore_state(ce.saved_state()); };
 
 /// Static assertions that name the first missing member of each policy. Called from
 /// compressor's class body so a misuse fails with these words, not a wall of templates.
@@ -305,43 +307,34 @@ consteval bool check_policies() {
 }
 
 /// Static assertions that name what an engine lacks of the contract above: the step
-/// protocol of its backend's kind, and each capability its policy needs. (Only once
-/// every engine exists: check_policies has said so otherwise.)
+/// protocol, and each capability its policy needs. (Only once every engine exists:
+/// check_policies has said so otherwise.)
 template <class Backend, class Selector, class Corrector, class Encoder>
 consteval bool check_engines() {
   if constexpr (has_engine<Selector, Backend> && has_engine<Corrector, Backend> && has_engine<Encoder, Backend>) {
     using select_engine = engine<Selector, Backend>;
     using correct_engine = engine<Corrector, Backend>;
     using encode_engine = engine<Encoder, Backend>;
-    if constexpr (requires { Backend::device_memory; }) {
-      static_assert(device_selector_engine<select_engine, Selector>,
-                    "gradcomp: the selector's engine lacks the device step protocol: "
-                    "select(policy, select_input, out, step_status*) -> queued_selection, and accept()");
-      static_assert(device_corrector_engine<correct_engine, Corrector>,
-                    "gradcomp: the corrector's engine lacks the device step protocol: update, acc, preview and "
-                    "commit taking a step_status*, committed(a), load_committed(a, values) and accept()");
-      static_assert(device_encoder_engine<encode_engine, Encoder>,
-                    "gradcomp: the encoder's engine lacks the device step protocol: "
-                    "encode(policy, encode_input, out, sent, step_status*)");
-    } else {
-      static_assert(host_selector_engine<select_engine, Selector>,
-                    "gradcomp: the selector's engine lacks the host step protocol: begin_observe(policy, step), "
-                    "observe(thread, begin, acc_chunk, grad_chunk), select(policy, select_input, out) -> selection, "
-                    "and accept()");
-      static_assert(host_corrector_engine<correct_engine, Corrector>,
-                    "gradcomp: the corrector's engine lacks the host step protocol: update(policy, g, visit, "
-                    "before_pass) -> bool, acc(g), preview(policy, g, out) -> bool, commit(policy, index, sent), "
-                    "committed(a), load_committed(a, values) and accept()");
-      static_assert(host_encoder_engine<encode_engine, Encoder>,
-                    "gradcomp: the encoder's engine lacks the host step protocol: "
-                    "encode(policy, encode_input, out, sent) -> std::size_t");
-    }
+    static_assert(selector_engine<select_engine, Selector>,
+                  "gradcomp: the selector's engine lacks the step protocol: "
+                  "select(policy, select_input, out, step_status*) -> queued_selection, and accept()");
+    static_assert(corrector_engine<correct_engine, Corrector>,
+                  "gradcomp: the corrector's engine lacks the step protocol: update(policy, g, step_status*), "
+                  "acc(g), preview(policy, g, out, step_status*), commit(policy, index, sent, step_status*), "
+                  "committed(a), load_committed(a, values) and accept()");
+    static_assert(encoder_engine<encode_engine, Encoder>,
+                  "gradcomp: the encoder's engine lacks the step protocol: "
+                  "encode(policy, encode_input, out, sent, step_status*)");
+    static_assert(!selector_engine_begins_observing<select_engine, Selector> ||
+                      selector_engine_observes<select_engine, Selector>,
+                  "gradcomp: the selector's engine has begin_observe(policy, step) but not "
+                  "observe(thread, begin, acc_chunk, grad_chunk): the fused pass needs both");
     static_assert(!selector_has_density<Selector> || engine_has_reserve<select_engine, Selector>,
                   "gradcomp: the selector has a density, so set_density() and load_state() need its engine's "
                   "reserve(policy) (a no-op where the engine's workspace does not depend on the count)");
     static_assert(engine_saves_state<select_engine> == engine_restores_state<select_engine>,
-                  "gradcomp: the selector's engine must have all of saved_state(), static valid_state(saved) and "
-                  "restore_state(saved), or none: checkpoints would lose or refuse its state");
+                  "gradcomp: the selector's engine must have both saved_state() -> a state_record and "
+                  "restore_state(record), or neither: checkpoints would lose or refuse its state");
   }
   return true;
 }

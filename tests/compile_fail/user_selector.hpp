@@ -1,6 +1,6 @@
 // A selector written outside gradcomp, with its host engine, for the compile-fail tests of
 // the engine contract (concepts.hpp). Each test leaves out one piece: USER_SELECTOR_NO_RESERVE,
-// USER_SELECTOR_NO_SELECT, USER_SELECTOR_NO_RESTORE. With none left out it compiles
+// USER_SELECTOR_NO_SELECT, USER_SELECTOR_NO_OBSERVE, USER_SELECTOR_NO_RESTORE. With none left out it compiles
 // (control_complete_policies.cpp).
 #pragma once
 
@@ -19,6 +19,16 @@ struct first_entries {
   std::size_t max_selected(std::size_t n) const { return n; }
 };
 
+/// What the user's engine carries between steps: the steps it has selected in.
+struct first_entries_state {
+  std::uint64_t steps = 0;
+  template <class Field>
+  void fields(Field&& f) {
+    f(steps);
+  }
+  bool valid() const { return true; }
+};
+
 GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 template <>
@@ -29,20 +39,27 @@ class engine<first_entries, backend::host> {
   void reserve(const first_entries&) noexcept {}
 #endif
   void begin_observe(const first_entries&, std::uint64_t) noexcept {}
+#ifndef USER_SELECTOR_NO_OBSERVE
   void observe(int, std::size_t, std::span<const float>, std::span<const float>) noexcept {}
+#endif
 #ifndef USER_SELECTOR_NO_SELECT
-  selection select(const first_entries& policy, const select_input& in, std::span<std::uint32_t> out) {
+  // backend::host's memory is host memory: the count goes straight into the status.
+  queued_selection select(const first_entries& policy, const select_input& in, std::span<std::uint32_t> out,
+                          step_status* status) {
     const auto count = static_cast<std::size_t>(policy.density * static_cast<double>(in.acc.size()));
     for (std::size_t i = 0; i < count; ++i) out[i] = static_cast<std::uint32_t>(i);
-    return {count};
+    status->count = static_cast<std::uint32_t>(count);
+    return {};
   }
 #endif
-  void accept() noexcept {}
-  [[nodiscard]] std::vector<double> saved_state() const { return {}; }
+  void accept() noexcept { ++state_.steps; }
+  [[nodiscard]] first_entries_state saved_state() const { return state_; }
 #ifndef USER_SELECTOR_NO_RESTORE
-  static bool valid_state(std::span<const double> saved) { return saved.empty(); }
-  void restore_state(std::span<const double>) noexcept {}
+  void restore_state(const first_entries_state& saved) noexcept { state_ = saved; }
 #endif
+
+ private:
+  first_entries_state state_;
 };
 }  // namespace detail
 GRADCOMP_NAMESPACE_END

@@ -1,4 +1,4 @@
-// Must not compile: the engine of a user's selector lacks select(), part of the host step
+// Must not compile: the engine of a user's selector lacks select(), part of the step
 // protocol. The diagnostic names it.
 #define USER_SELECTOR_NO_SELECT
 #include "user_selector.hpp"

@@ -14,7 +14,6 @@
 #include <gradcomp/detail/fixed_order_sum.hpp>
 #include <gradcomp/detail/radix_select.hpp>
 #include <gradcomp/detail/step_input.hpp>
-#include <gradcomp/detail/step_record.hpp>
 
 #include <array>
 #include <concepts>
@@ -85,8 +84,8 @@ struct update {
   }
 };
 
-/// The policy's commit of the j-th sent entry. With a status (a queued step), entries
-/// past its count, and every entry of a step that met a NaN, are left alone.
+/// The policy's commit of the j-th sent entry. Entries past the status's count, and
+/// every entry of a step that met a NaN, are left alone.
 template <class Policy, std::size_t Arrays>
 struct commit {
   Policy policy;
@@ -96,7 +95,7 @@ struct commit {
   const float* sent;
   const step_status* status;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
-    if (status != nullptr && (status->non_finite != 0 || j >= status->count)) return;
+    if (status->non_finite != 0 || j >= status->count) return;
     const std::uint32_t i = index[j];
     float s[Arrays + 1], before[Arrays + 1];
     for (std::size_t a = 0; a != Arrays; ++a) {
@@ -117,9 +116,7 @@ struct copy {
 
 }  // namespace elementwise
 
-/// An element-wise corrector on any backend. Both step protocols: queued (each stage
-/// takes the step's status; a device backend) and at once (update and preview return
-/// whether acc is finite), the latter by queueing into a record of its own and reading it.
+/// An element-wise corrector on any backend: each stage queued with the step's status.
 template <elementwise_corrector Policy, class Backend>
 class elementwise_correction {
   static constexpr std::size_t arrays = Policy::state_arrays;
@@ -135,7 +132,6 @@ class elementwise_correction {
         chunk_sums_(be.template allocate<double>(scales_gradient<Policy>() ? chunk_count(n) : 0)),
         sum_of_squares_(be.template allocate<double>(scales_gradient<Policy>() ? 1 : 0)),
         scale_(be.template allocate<float>(scales_gradient<Policy>() ? 1 : 0)),
-        record_(be),
         staging_(Backend::host_accessible ? 0 : n) {
     for (std::size_t a = 0; a != arrays; ++a) {
       committed_[a] = be.template allocate<float>(n);
@@ -160,12 +156,6 @@ class elementwise_correction {
                        &status->non_finite);
   }
 
-  /// update() at once: false if acc is not all finite. (A selector's visit and look-ahead
-  /// are for backend::host's fused pass; this pass hands nothing over.)
-  template <class Visit, class BeforePass = ignore_before_pass>
-  bool update(const Policy& policy, std::span<const float> g, Visit&&, BeforePass&& = {}) {
-    return record_.finite_now([&](step_status* status) { update(policy, g, status); });
-  }
 
   /// acc of the step in progress.
   std::span<const float> acc(std::span<const float>) const noexcept {
@@ -183,10 +173,6 @@ class elementwise_correction {
     update(policy, g, status);
     backend_.for_each(n_, elementwise::copy{acc({}).data(), out.data()});
   }
-  /// preview() at once: false if the value is not all finite.
-  bool preview(const Policy& policy, std::span<const float> g, std::span<float> out) {
-    return record_.finite_now([&](step_status* status) { preview(policy, g, out, status); });
-  }
 
   /// Queues the commit of the sent entries: index and sent span the workspace and the
   /// count is the status's; nothing is written if the step met a NaN.
@@ -195,10 +181,6 @@ class elementwise_correction {
     backend_.for_each(index.size(), elementwise::commit<Policy, arrays>{policy, addresses(committed_), addresses(next_),
                                                                          acc({}).data(), index.data(), sent.data(),
                                                                          status});
-  }
-  /// commit() at once, of exactly index.size() entries.
-  void commit(const Policy& policy, std::span<const std::uint32_t> index, std::span<const float> sent) {
-    commit(policy, index, sent, nullptr);
   }
 
   /// Makes the step's state the committed one.
@@ -234,7 +216,6 @@ class elementwise_correction {
   typename Backend::template buffer<double> chunk_sums_;
   typename Backend::template buffer<double> sum_of_squares_;
   buffer scale_;
-  step_record<Backend> record_;
   mutable std::vector<float> staging_;
 };
 

@@ -10,7 +10,6 @@
 #include <gradcomp/correct/none.hpp>
 #include <gradcomp/detail/radix_select.hpp>
 #include <gradcomp/detail/step_input.hpp>
-#include <gradcomp/detail/step_record.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -31,20 +30,15 @@ struct check {
 };
 }  // namespace no_correction_work
 
-/// correct::none on any backend, in both step protocols (see elementwise_correction).
+/// correct::none on any backend.
 template <class Backend>
 class no_correction {
  public:
-  no_correction(const Backend& be, const correct::none&, std::size_t) : backend_(be), record_(be) {}
+  no_correction(const Backend& be, const correct::none&, std::size_t) : backend_(be) {}
 
   /// Queues the finiteness check of g.
   void update(const correct::none&, std::span<const float> g, step_status* status) {
     backend_.reduce_or(g.size(), no_correction_work::check{g.data(), nullptr}, &status->non_finite);
-  }
-  /// update() at once: false if g is not all finite.
-  template <class Visit, class BeforePass = ignore_before_pass>
-  bool update(const correct::none& policy, std::span<const float> g, Visit&&, BeforePass&& = {}) {
-    return record_.finite_now([&](step_status* status) { update(policy, g, status); });
   }
   std::span<const float> acc(std::span<const float> g) const noexcept { return g; }
 
@@ -52,21 +46,15 @@ class no_correction {
   void preview(const correct::none&, std::span<const float> g, std::span<float> out, step_status* status) {
     backend_.reduce_or(g.size(), no_correction_work::check{g.data(), out.data()}, &status->non_finite);
   }
-  /// preview() at once: false if g is not all finite.
-  bool preview(const correct::none& policy, std::span<const float> g, std::span<float> out) {
-    return record_.finite_now([&](step_status* status) { preview(policy, g, out, status); });
-  }
 
   void commit(const correct::none&, std::span<const std::uint32_t>, std::span<const float>,
               const step_status*) noexcept {}
-  void commit(const correct::none&, std::span<const std::uint32_t>, std::span<const float>) noexcept {}
   void accept() noexcept {}
   std::span<const float> committed(std::size_t) const noexcept { return {}; }
   void load_committed(std::size_t, std::span<const float>) noexcept {}
 
  private:
   Backend backend_;
-  step_record<Backend> record_;
 };
 
 /// Every backend without an engine of its own for correct::none runs the one above.

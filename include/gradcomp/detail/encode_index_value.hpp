@@ -30,11 +30,10 @@
 #include <gradcomp/detail/codecs.hpp>
 #include <gradcomp/detail/fixed_order_sum.hpp>
 #include <gradcomp/detail/float_formats.hpp>
-#include <gradcomp/detail/queued_selector.hpp>
 #include <gradcomp/detail/radix_select.hpp>
 #include <gradcomp/detail/random.hpp>
+#include <gradcomp/detail/selector_work.hpp>
 #include <gradcomp/detail/step_input.hpp>
-#include <gradcomp/detail/step_record.hpp>
 #include <gradcomp/detail/wire.hpp>
 #include <gradcomp/encode/index_value.hpp>
 #include <gradcomp/message.hpp>
@@ -517,21 +516,18 @@ class message_writer {
   typename Backend::template buffer<std::uint32_t> parts_;        // the checksum's registers
 };
 
-/// encode::index_value on every backend. Messages are the backend's memory where the
-/// compressor queues its steps (device memory on backend::cuda) and host memory where it
-/// runs them at once (backend::host; backend::kokkos, through a copy where the host
-/// cannot reach the space's memory).
+/// encode::index_value on every backend. Messages are the backend's memory, except on
+/// a Kokkos space the host cannot reach, whose messages are host memory, as that
+/// backend's compressor documents: written in the space, then copied out.
 template <class Backend>
 class engine<encode::index_value, Backend> {
-  static constexpr bool queued = requires { Backend::device_memory; };
-  static constexpr bool staged = !queued && !Backend::host_accessible;  // the message copied out of the space
+  static constexpr bool staged = !Backend::host_accessible && !requires { Backend::device_memory; };
 
  public:
   engine(const Backend& be, const encode::index_value& policy, std::size_t n, std::size_t capacity)
       : backend_(be),
         writer_(be, policy, n, capacity),
         values_(be.template allocate<float>(capacity)),
-        record_(be),
         message_(be.template allocate<std::byte>(staged ? policy.max_bytes(n, capacity) : 0)) {}
 
   /// The size of every message of `count` entries when it does not depend on the
@@ -542,36 +538,26 @@ class engine<encode::index_value, Backend> {
     return policy.max_bytes(n, count);
   }
 
-  /// Queues the message of the selected entries (`in.index` spans the workspace; the
-  /// count is in the status) into `out` and what the receiver decodes into `sent`, both
-  /// the backend's memory, and its size into the status.
+  /// Queues the message of the selected entries into `out` and what the receiver
+  /// decodes into `sent`, and its size into the status. `in.index` spans the entries
+  /// the host knows of (the count where the host can read the status, else the whole
+  /// workspace); the count is the status's.
   void encode(const encode::index_value& policy, const encode_input& in, std::span<std::byte> out,
               std::span<float> sent, step_status* status) {
+    const std::span<std::byte> target = staged ? std::span<std::byte>(message_.data(), message_.size()) : out;
     backend_.for_each(in.index.size(),
                       gather_selected{{status}, in.acc.data(), in.index.data(), in.value_scale, values_.data()});
-    writer_.queue(policy, in.index.size(), in.index.data(), values_.data(), in.step, out.data(), sent.data(), status);
-  }
-
-  /// Writes the message of in.index (all of it selected) to `out` (host memory) and
-  /// returns its size.
-  std::size_t encode(const encode::index_value& policy, const encode_input& in, std::span<std::byte> out,
-                     std::span<float> sent)
-    requires(!queued)
-  {
-    const std::span<std::byte> target = staged ? std::span<std::byte>(message_.data(), message_.size()) : out;
-    const step_status done = record_.run_now([&](step_status* status) {
-      queue_count(backend_, status, in.index.size());
-      encode(policy, in, target, sent, status);
-    });
-    if constexpr (staged) backend_.to_host(message_.data(), done.bytes, out.data());
-    return static_cast<std::size_t>(done.bytes);
+    writer_.queue(policy, in.index.size(), in.index.data(), values_.data(), in.step, target.data(), sent.data(),
+                  status);
+    if constexpr (staged) {  // a second read of the status, for this configuration only
+      backend_.to_host(message_.data(), static_cast<std::size_t>(backend_.read(status).bytes), out.data());
+    }
   }
 
  private:
   Backend backend_;
   message_writer<Backend> writer_;
   typename Backend::template buffer<float> values_;  // the gathered, scaled values
-  step_record<Backend> record_;
   typename Backend::template buffer<std::byte> message_;  // staged: the message in the space's memory
 };
 
@@ -584,13 +570,10 @@ inline std::size_t encode_message(const encode::index_value& policy, std::size_t
                                   std::uint64_t step) {
   const backend::host one_thread{.threads = 1};
   message_writer<backend::host> writer(one_thread, policy, n, index.size());
-  return static_cast<std::size_t>(step_record<backend::host>(one_thread)
-                                      .run_now([&](step_status* status) {
-                                        queue_count(one_thread, status, index.size());
-                                        writer.queue(policy, index.size(), index.data(), values.data(), step,
-                                                     out.data(), sent.data(), status);
-                                      })
-                                      .bytes);
+  step_status status;  // host memory
+  status.count = static_cast<std::uint32_t>(index.size());
+  writer.queue(policy, index.size(), index.data(), values.data(), step, out.data(), sent.data(), &status);
+  return static_cast<std::size_t>(status.bytes);
 }
 
 }  // namespace detail

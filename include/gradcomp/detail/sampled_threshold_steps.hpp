@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdint>
 #include <span>
 #include <utility>
 #include <vector>
@@ -78,32 +79,32 @@ bool within_bounds(const Policy& p, std::size_t k, std::size_t count) {
          c <= static_cast<double>(p.upper) * static_cast<double>(k);
 }
 
-/// What sampled_threshold carries from step to step (reuse_threshold): the final
-/// threshold key of the last accepted step. Every backend's engine keeps one, and
-/// checkpoints save it.
+/// What sampled_threshold carries from step to step (reuse_threshold), as checkpoints
+/// write it (a state_record of concepts.hpp).
+struct threshold_record {
+  std::uint32_t has = 0;  ///< 1 once a step was accepted
+  std::uint32_t key = 0;  ///< the final threshold key of the last accepted step
+  template <class Field>
+  void fields(Field&& f) {
+    f(has);
+    f(key);
+  }
+  [[nodiscard]] bool valid() const noexcept { return has <= 1 && key < non_finite_key; }
+  friend bool operator==(const threshold_record&, const threshold_record&) = default;
+};
+
+/// The carried threshold: every backend's engine keeps one, and checkpoints save it.
 class threshold_memory {
  public:
-  [[nodiscard]] bool has() const noexcept { return has_; }
-  [[nodiscard]] std::uint32_t key() const noexcept { return key_; }
+  [[nodiscard]] bool has() const noexcept { return record_.has != 0; }
+  [[nodiscard]] std::uint32_t key() const noexcept { return record_.key; }
   void propose(std::uint32_t key) noexcept { next_ = key; }  // this step's, if it succeeds
-  void accept() noexcept {
-    key_ = next_;
-    has_ = true;
-  }
-
-  [[nodiscard]] std::vector<double> saved_state() const { return {has_ ? 1.0 : 0.0, static_cast<double>(key_)}; }
-  void restore_state(std::span<const double> s) noexcept {
-    has_ = s[0] != 0.0;
-    key_ = static_cast<std::uint32_t>(s[1]);
-  }
-  [[nodiscard]] static bool valid_state(std::span<const double> s) noexcept {
-    return s.size() == 2 && (s[0] == 0.0 || s[0] == 1.0) && s[1] >= 0.0 && s[1] < static_cast<double>(non_finite_key) &&
-           s[1] == static_cast<double>(static_cast<std::uint32_t>(s[1]));
-  }
+  void accept() noexcept { record_ = {1, next_}; }
+  [[nodiscard]] threshold_record saved_state() const noexcept { return record_; }
+  void restore_state(const threshold_record& saved) noexcept { record_ = saved; }
 
  private:
-  bool has_ = false;
-  std::uint32_t key_ = 0;
+  threshold_record record_;
   std::uint32_t next_ = 0;
 };
 
@@ -112,9 +113,8 @@ class threshold_memory {
 class carries_threshold {
  public:
   void accept() noexcept { memory_.accept(); }
-  [[nodiscard]] std::vector<double> saved_state() const { return memory_.saved_state(); }
-  void restore_state(std::span<const double> s) noexcept { memory_.restore_state(s); }
-  [[nodiscard]] static bool valid_state(std::span<const double> s) noexcept { return threshold_memory::valid_state(s); }
+  [[nodiscard]] threshold_record saved_state() const noexcept { return memory_.saved_state(); }
+  void restore_state(const threshold_record& saved) noexcept { memory_.restore_state(saved); }
 
  protected:
   threshold_memory memory_;

@@ -13,7 +13,7 @@
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/config.hpp>
-#include <gradcomp/detail/queued_selector.hpp>
+#include <gradcomp/detail/selector_work.hpp>
 #include <gradcomp/detail/radix_select.hpp>
 #include <gradcomp/detail/step_input.hpp>
 #include <gradcomp/select/exact_topk.hpp>
@@ -43,19 +43,18 @@ struct top_digit_of {
   }
 };
 
-/// select::exact_topk on any backend, in both step protocols (see queued_selector).
+/// select::exact_topk on any backend.
 /// A NaN or infinity ranks above every finite value; the corrector's pass rejects the
 /// step.
 template <class Backend>
-class exact_topk_selection : public queued_selector<exact_topk_selection<Backend>, Backend> {
+class exact_topk_selection {
   static constexpr std::size_t sample_stride = 512;
   static constexpr std::size_t min_sampled_n = std::size_t{1} << 16;  // below, the histogram at once
   static constexpr bool staged = !Backend::host_accessible;            // host copies of what the host reads
 
  public:
   exact_topk_selection(const Backend& be, const select::exact_topk&, std::size_t n)
-      : queued_selector<exact_topk_selection, Backend>(be),
-        backend_(be),
+      : backend_(be),
         n_(n),
         candidates_(be.template allocate<std::uint32_t>(n)),
         keys_(be.template allocate<std::uint32_t>(n)),
@@ -70,7 +69,6 @@ class exact_topk_selection : public queued_selector<exact_topk_selection<Backend
 
   void reserve(const select::exact_topk&) noexcept {}  // the workspace is sized by n, not k
 
-  using queued_selector<exact_topk_selection, Backend>::select;
   /// Runs the selection: the k ascending indices in out, k queued in the status.
   queued_selection select(const select::exact_topk& policy, const select_input& in, std::span<std::uint32_t> out,
                           step_status* status) {

@@ -6,7 +6,7 @@
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/config.hpp>
-#include <gradcomp/detail/queued_selector.hpp>
+#include <gradcomp/detail/selector_work.hpp>
 #include <gradcomp/detail/step_input.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/select/given_indices.hpp>
@@ -30,13 +30,12 @@ inline void check_given_indices(std::span<const std::uint32_t> indices, std::siz
   }
 }
 
-/// select::given_indices on any backend, in both step protocols (see queued_selector).
+/// select::given_indices on any backend.
 template <class Backend>
-class given_indices_selection : public queued_selector<given_indices_selection<Backend>, Backend> {
+class given_indices_selection {
  public:
   given_indices_selection(const Backend& be, const select::given_indices& policy, std::size_t n)
-      : queued_selector<given_indices_selection, Backend>(be),
-        backend_(be),
+      : backend_(be),
         n_(n),
         given_(be.template allocate<std::uint32_t>(policy.max_count)) {}
 
@@ -47,7 +46,6 @@ class given_indices_selection : public queued_selector<given_indices_selection<B
     count_ = indices.size();
   }
 
-  using queued_selector<given_indices_selection, Backend>::select;
   /// Queues the copy of the set into out and its count.
   queued_selection select(const select::given_indices&, const select_input&, std::span<std::uint32_t> out,
                           step_status* status) {

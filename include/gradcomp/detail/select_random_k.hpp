@@ -8,7 +8,7 @@
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/config.hpp>
-#include <gradcomp/detail/queued_selector.hpp>
+#include <gradcomp/detail/selector_work.hpp>
 #include <gradcomp/detail/random.hpp>
 #include <gradcomp/detail/step_input.hpp>
 #include <gradcomp/select/random_k.hpp>
@@ -52,12 +52,12 @@ inline void random_k_indices(std::uint64_t seed, std::uint64_t step, std::size_t
   }
 }
 
-/// select::random_k on any backend, in both step protocols (see queued_selector).
+/// select::random_k on any backend.
 template <class Backend>
-class random_k_selection : public queued_selector<random_k_selection<Backend>, Backend> {
+class random_k_selection {
  public:
   random_k_selection(const Backend& be, const select::random_k& policy, std::size_t n)
-      : queued_selector<random_k_selection, Backend>(be), backend_(be), n_(n), taken_((n + 63) / 64) {
+      : backend_(be), n_(n), taken_((n + 63) / 64) {
     reserve(policy);
   }
 
@@ -67,7 +67,6 @@ class random_k_selection : public queued_selector<random_k_selection<Backend>, B
     if constexpr (!Backend::host_accessible) drawn_.resize(std::max(drawn_.size(), policy.k(n_)));
   }
 
-  using queued_selector<random_k_selection, Backend>::select;
   /// Draws the indices into out and queues their count.
   queued_selection select(const select::random_k& policy, const select_input& in, std::span<std::uint32_t> out,
                           step_status* status) {

@@ -13,7 +13,7 @@
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/config.hpp>
-#include <gradcomp/detail/queued_selector.hpp>
+#include <gradcomp/detail/selector_work.hpp>
 #include <gradcomp/detail/radix_select.hpp>
 #include <gradcomp/detail/sampled_threshold_steps.hpp>
 #include <gradcomp/detail/step_input.hpp>
@@ -30,18 +30,15 @@
 GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 
-/// select::sampled_threshold on any backend, in both step protocols (see
-/// queued_selector). A NaN or infinity is the corrector's to flag; meeting one in the
-/// sample only ends the selection early (count 0).
+/// select::sampled_threshold on any backend. A NaN or infinity is the corrector's to
+/// flag; meeting one in the sample only ends the selection early (count 0).
 template <class Backend>
-class sampled_threshold_selection : public queued_selector<sampled_threshold_selection<Backend>, Backend>,
-                                    public carries_threshold {
+class sampled_threshold_selection : public carries_threshold {
   static constexpr bool staged = !Backend::host_accessible;  // host copies of what the host steps read
 
  public:
   sampled_threshold_selection(const Backend& be, const select::sampled_threshold& policy, std::size_t n)
-      : queued_selector<sampled_threshold_selection, Backend>(be),
-        backend_(be),
+      : backend_(be),
         n_(n),
         topk_(be, select::exact_topk{.count = policy.k(n)}, n),
         candidates_(be.template allocate<std::uint32_t>(n)),
@@ -64,7 +61,6 @@ class sampled_threshold_selection : public queued_selector<sampled_threshold_sel
     }
   }
 
-  using queued_selector<sampled_threshold_selection, Backend>::select;
   /// Runs the selection: ascending indices in out, their count queued in the status.
   queued_selection select(const select::sampled_threshold& policy, const select_input& in,
                           std::span<std::uint32_t> out, step_status* status) {
@@ -108,7 +104,7 @@ class sampled_threshold_selection : public queued_selector<sampled_threshold_sel
   // the threshold carried to the next step.
   queued_selection select_exact(std::size_t k, const select_input& in, std::span<std::uint32_t> out,
                                 step_status* status) {
-    queue_selection(topk_, select::exact_topk{.count = k}, in, out, status, backend_);
+    topk_.select(select::exact_topk{.count = k}, in, out, status);
     backend_.for_each(k, keys_at{in.acc.data(), out.data(), keys_.data()});
     const std::span<std::uint32_t> keys = on_host(backend_, keys_.data(), k, keys_host_);
     memory_.propose(*std::min_element(keys.begin(), keys.end()));

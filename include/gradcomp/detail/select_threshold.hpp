@@ -8,7 +8,7 @@
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/config.hpp>
-#include <gradcomp/detail/queued_selector.hpp>
+#include <gradcomp/detail/selector_work.hpp>
 #include <gradcomp/detail/radix_select.hpp>
 #include <gradcomp/detail/step_input.hpp>
 #include <gradcomp/select/threshold.hpp>
@@ -20,19 +20,17 @@
 GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 
-/// select::threshold on any backend, in both step protocols (see queued_selector).
+/// select::threshold on any backend.
 /// A NaN or infinity is above every tau: it is selected, and the corrector's pass
 /// rejects the step.
 template <class Backend>
-class threshold_selection : public queued_selector<threshold_selection<Backend>, Backend> {
+class threshold_selection {
  public:
   threshold_selection(const Backend& be, const select::threshold&, std::size_t n)
-      : queued_selector<threshold_selection, Backend>(be),
-        backend_(be),
+      : backend_(be),
         n_(n),
         workspace_(be.template allocate<std::byte>(be.template compact_workspace<magnitude_at_least>(n))) {}
 
-  using queued_selector<threshold_selection, Backend>::select;
   /// Queues the compaction: ascending indices in out, their count in the status.
   queued_selection select(const select::threshold& policy, const select_input& in, std::span<std::uint32_t> out,
                           step_status* status) {

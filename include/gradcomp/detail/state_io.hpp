@@ -3,8 +3,10 @@
 ///
 /// Little-endian: magic "GCST", u16 version, u16 0, u32 signature length, signature
 /// (the policies' names), u64 n, u64 step, f64 density (0 when none), u32 arrays, then
-/// per array u64 length and the floats, u32 count and the selector's f64 values (its
-/// memory between steps), then a CRC-32C of everything before it.
+/// per array u64 length and the floats, then the selector's state record (its memory
+/// between steps): u32 field count and per field u8 width in bytes and the unsigned
+/// value, then a CRC-32C of everything before it. Version 1 had the record's fields as
+/// f64 values (u32 count, then the values); it is still read.
 #pragma once
 
 #include <gradcomp/config.hpp>
@@ -14,16 +16,18 @@
 #include <cstddef>
 #include <cstdint>
 #include <istream>
+#include <limits>
 #include <ostream>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 
 inline constexpr std::uint32_t state_magic = 0x54534347u;  // "GCST"
-inline constexpr std::uint16_t state_version = 1;
+inline constexpr std::uint16_t state_version = 2;
 
 class state_writer {
  public:
@@ -44,9 +48,22 @@ class state_writer {
     for (const float v : values) put<float>(v);
     store_le<std::uint32_t>(bytes_.data() + arrays_at_, ++arrays_);
   }
-  void finish(std::ostream& out, std::span<const double> selector_state) {
-    put<std::uint32_t>(static_cast<std::uint32_t>(selector_state.size()));
-    for (const double v : selector_state) put<double>(v);
+  /// The selector's state record (a state_record of concepts.hpp); none for a selector
+  /// without state.
+  template <class Record>
+  void selector_record(Record record) {
+    std::uint32_t fields = 0;
+    record.fields([&](auto&) { ++fields; });
+    put<std::uint32_t>(fields);
+    record.fields([&]<class T>(T& value) {
+      static_assert(std::is_unsigned_v<T>, "gradcomp: a state record's fields are unsigned integers");
+      put<std::uint8_t>(sizeof(T));
+      put<T>(value);
+    });
+  }
+  void no_selector_record() { put<std::uint32_t>(0); }
+
+  void finish(std::ostream& out) {
     put<std::uint32_t>(crc32c(bytes_.data(), bytes_.size()));
     out.write(reinterpret_cast<const char*>(bytes_.data()), static_cast<std::streamsize>(bytes_.size()));
     require(static_cast<bool>(out), errc::io, "save_state: writing ", bytes_.size(), " bytes to the stream failed");
@@ -72,8 +89,8 @@ class state_reader {
     require(get<std::uint32_t>() == state_magic, errc::corrupt_message,
             "load_state: the stream does not start with a gradcomp state record");
     const auto version = get<std::uint16_t>();
-    require(version == state_version, errc::corrupt_message, "load_state: state version ", version,
-            ", this build reads ", state_version);
+    require(version == 1 || version == state_version, errc::corrupt_message, "load_state: state version ", version,
+            ", this build reads 1 and ", state_version);
     (void)get<std::uint16_t>();
     const auto length = get<std::uint32_t>();
     require(length <= 4096, errc::corrupt_message, "load_state: signature length ", length, " is implausible");
@@ -96,18 +113,57 @@ class state_reader {
       a.resize(static_cast<std::size_t>(size));
       for (auto& v : a) v = get<float>();
     }
-    const auto selector_values = get<std::uint32_t>();
-    require(selector_values <= 64, errc::corrupt_message, "load_state: ", selector_values,
-            " selector values is implausible");
-    selector_.resize(selector_values);
-    for (auto& v : selector_) v = get<double>();
+    const auto fields = get<std::uint32_t>();
+    require(fields <= 64, errc::corrupt_message, "load_state: ", fields, " fields of selector state is implausible");
+    selector_.resize(fields);
+    for (field& f : selector_) {
+      if (version == 1) {  // an f64 holding an unsigned integer
+        const double v = get<double>();
+        require(v >= 0.0 && v < 0x1p64 && v == static_cast<double>(static_cast<std::uint64_t>(v)), errc::corrupt_message,
+                "load_state: the selector's saved value ", v, " is not an unsigned integer");
+        f = {0, static_cast<std::uint64_t>(v)};
+        continue;
+      }
+      f.width = get<std::uint8_t>();
+      switch (f.width) {
+        case 1: f.value = get<std::uint8_t>(); break;
+        case 2: f.value = get<std::uint16_t>(); break;
+        case 4: f.value = get<std::uint32_t>(); break;
+        case 8: f.value = get<std::uint64_t>(); break;
+        default: fail(errc::corrupt_message, "load_state: a field of the selector's state is ", unsigned{f.width}, " bytes wide");
+      }
+    }
     const std::uint32_t crc = crc32c(seen_.data(), seen_.size());
     require(get<std::uint32_t>() == crc, errc::corrupt_message, "load_state: the record's checksum does not match");
   }
 
   [[nodiscard]] std::uint64_t step() const noexcept { return step_; }
   [[nodiscard]] double density() const noexcept { return density_; }
-  [[nodiscard]] std::span<const double> selector_state() const noexcept { return selector_; }
+  /// Whether the record holds selector state.
+  [[nodiscard]] bool has_selector_state() const noexcept { return !selector_.empty(); }
+  /// The selector's state record, of type `Record` (a state_record): its fields must be
+  /// the record's, in number and width, and the record valid.
+  /// \throws gradcomp::error (corrupt_message) otherwise, naming `selector`.
+  template <class Record>
+  [[nodiscard]] Record selector_record(const std::string& selector) const {
+    Record record;
+    std::size_t at = 0;
+    record.fields([&](auto& value) {
+      using T = std::remove_reference_t<decltype(value)>;
+      require(at < selector_.size(), errc::corrupt_message, "load_state: the saved state of ", selector, " has ",
+              selector_.size(), " fields, too few");
+      const field& f = selector_[at++];
+      require(f.width == 0 || f.width == sizeof(T), errc::corrupt_message, "load_state: field ", at - 1, " of ",
+              selector, "'s saved state is ", unsigned{f.width}, " bytes wide, expected ", sizeof(T));
+      require(f.value <= std::numeric_limits<T>::max(), errc::corrupt_message, "load_state: field ", at - 1, " of ",
+              selector, "'s saved state holds ", f.value, ", above its type's maximum");
+      value = static_cast<T>(f.value);
+    });
+    require(at == selector_.size(), errc::corrupt_message, "load_state: the saved state of ", selector, " has ",
+            selector_.size(), " fields, ", selector, " keeps ", at);
+    require(record.valid(), errc::corrupt_message, "load_state: the saved state of ", selector, " is invalid");
+    return record;
+  }
   [[nodiscard]] std::span<const float> array(std::size_t a) const noexcept { return arrays_[a]; }
 
  private:
@@ -125,7 +181,11 @@ class state_reader {
   std::uint64_t step_ = 0;
   double density_ = 0.0;
   std::vector<std::vector<float>> arrays_;
-  std::vector<double> selector_;
+  struct field {
+    std::uint8_t width = 0;  // bytes; 0: read from a version 1 record (an f64)
+    std::uint64_t value = 0;
+  };
+  std::vector<field> selector_;
 };
 
 }  // namespace detail

@@ -33,20 +33,28 @@ struct ignore_before_pass {
   void operator()(AccAt&&) const noexcept {}
 };
 
-/// What a step on a device backend (backend::cuda) leaves in device memory, so that the
-/// host learns its outcome with one read. Engines set `non_finite` as they find a NaN or
-/// infinity; every later stage of the step then writes nothing.
+/// What a step leaves in the backend's memory, so that the host learns its outcome with
+/// one read (on backend::cuda, from device memory). Engines set `non_finite` as they find
+/// a NaN or infinity; every later stage of the step then writes nothing.
 struct step_status {
   std::uint32_t non_finite = 0;  ///< nonzero: grad or acc held a NaN or infinity
   std::uint32_t count = 0;       ///< entries the selector chose
   std::uint64_t bytes = 0;       ///< size of the message written
 };
 
-/// What a device selector engine queued: the indices and their count (in the
-/// step_status) stay in device memory.
+/// What a selector engine queued: the indices and their count (in the step_status) stay
+/// in the backend's memory.
 struct queued_selection {
   float value_scale = 1.0f;  ///< factor on the values sent
 };
+
+/// Puts a selection made at once into the step's status, which must be host memory:
+/// how backend::host's fast paths answer the queued protocol.
+inline queued_selection record_selection(const selection& chosen, step_status* status) noexcept {
+  status->count = static_cast<std::uint32_t>(chosen.count);
+  if (!chosen.finite) status->non_finite = 1;
+  return {chosen.value_scale};
+}
 
 /// Lets a selector engine that has a `before_pass(policy, acc_at)` look at acc before
 /// the corrector's pass; nothing for the others. (A function rather than a

@@ -39,7 +39,16 @@ class engine<select::chunk_local, backend::host> {
     if (chunk_bad) observe_bad_.raise();
   }
 
-  selection select(const select::chunk_local& policy, const select_input& in, std::span<std::uint32_t> out) {
+  /// Selects at once (the pass, or what observe() collected in the corrector's): the
+  /// indices into out, their count and NaN verdict into the status (host memory).
+  queued_selection select(const select::chunk_local& policy, const select_input& in, std::span<std::uint32_t> out,
+                          step_status* status) {
+    return record_selection(select_now(policy, in, out), status);
+  }
+  void accept() noexcept {}
+
+ private:
+  selection select_now(const select::chunk_local& policy, const select_input& in, std::span<std::uint32_t> out) {
     if (!std::exchange(observed_, false)) return select_in_place(policy.bin_for(n_), in, out);
     bool straddle_bad = false;
     std::uint32_t* w = out.data();
@@ -56,9 +65,7 @@ class engine<select::chunk_local, backend::host> {
     }
     return {static_cast<std::size_t>(w - out.data()), 1.0f, !observe_bad_.raised() && !straddle_bad};
   }
-  void accept() noexcept {}
 
- private:
   // Standalone (no corrector pass to ride on): every thread takes a contiguous run of
   // bins and writes its hits straight into `out`, from the index of its first bin on
   // (a bin never yields more hits than it has entries, so runs cannot collide); then

@@ -53,8 +53,8 @@ class engine<Policy, backend::host> {
         chunk_max_(in_place_capable ? chunk_count(n) : 0) {}
 
   /// Computes the new state and acc for every element, handing each finished chunk of
-  /// acc to `visit(thread, begin, acc_chunk)`. Returns false if acc is not all finite.
-  /// Before each pass, `before_pass(acc_at)` may look ahead: `acc_at(i)` is the value
+  /// acc to `visit(thread, begin, acc_chunk)`; a NaN or infinity in acc sets the
+  /// status's verdict (host memory). Before each pass, `before_pass(acc_at)` may look ahead: `acc_at(i)` is the value
   /// that pass is about to produce at i (a selector samples acc with it, so that it
   /// can collect candidates during the pass instead of reading acc again after it).
   ///
@@ -71,7 +71,72 @@ class engine<Policy, backend::host> {
   /// committed state (whose bound is tracked step by step), the step cannot be
   /// rejected, and the new state overwrites the committed one: no second copy to write.
   template <class Visit, class BeforePass = ignore_before_pass>
-  bool update(const Policy& policy, std::span<const float> g, Visit&& visit, BeforePass&& before_pass = {}) {
+  void update(const Policy& policy, std::span<const float> g, step_status* status, Visit&& visit,
+              BeforePass&& before_pass = {}) {
+    if (!updated(policy, g, visit, before_pass)) status->non_finite = 1;
+  }
+  /// update() with no selector watching the pass.
+  void update(const Policy& policy, std::span<const float> g, step_status* status) {
+    update(policy, g, status, ignore_chunk{});
+  }
+
+  /// acc of the step in progress.
+  std::span<const float> acc(std::span<const float>) noexcept {
+    if constexpr (own_acc) {
+      return acc_;
+    } else {
+      return state_.next(static_cast<std::size_t>(Policy::acc_state));
+    }
+  }
+
+  /// Applies the policy's commit to every sent element (the first status->count of
+  /// index); nothing if the step met a NaN or infinity.
+  void commit(const Policy& policy, std::span<const std::uint32_t> index, std::span<const float> sent,
+              const step_status* status) {
+    if (status->non_finite != 0) return;
+    index = index.first(std::min<std::size_t>(index.size(), status->count));
+    sent = sent.first(index.size());
+    const std::span<const float> values = acc({});
+    if constexpr (in_place_capable) {
+      const float largest = max_magnitude(sent.data(), sent.size());
+      for (std::size_t a = 0; a != arrays; ++a) next_max_[a] += largest;
+    }
+    for (std::size_t j = 0; j < index.size(); ++j) {
+      const std::uint32_t i = index[j];
+      std::array<float, arrays + 1> s;
+      std::array<float, arrays + 1> before;
+      for (std::size_t a = 0; a != arrays; ++a) {
+        s[a] = state_.next(a)[i];
+        before[a] = state_.committed(a)[i];
+      }
+      policy.commit(s.data(), before.data(), values[i], sent[j]);
+      for (std::size_t a = 0; a != arrays; ++a) state_.next(a)[i] = s[a];
+    }
+  }
+
+  /// Writes to `out` the acc that update() would compute now from the committed state
+  /// (clipping included) and changes nothing else; the status gets the NaN verdict.
+  void preview(const Policy& policy, std::span<const float> g, std::span<float> out, step_status* status) {
+    if (!previewed(policy, g, out)) status->non_finite = 1;
+  }
+
+  void accept() noexcept {
+    state_.accept();
+    committed_max_ = next_max_;
+  }
+  /// Whether a step that cannot be rejected may update the committed state in place
+  /// (not when the caller may still drop the step: compressor::stage).
+  void allow_in_place(bool allowed) noexcept { allow_in_place_ = allowed; }
+  std::span<const float> committed(std::size_t a) const noexcept { return state_.committed(a); }
+  void load_committed(std::size_t a, std::span<const float> values) noexcept {
+    std::copy(values.begin(), values.end(), state_.committed(a).begin());
+    if constexpr (in_place_capable) committed_max_[a] = max_magnitude(values.data(), values.size());
+  }
+
+ private:
+  // update()'s passes; false if acc is not all finite.
+  template <class Visit, class BeforePass>
+  bool updated(const Policy& policy, std::span<const float> g, Visit&& visit, BeforePass&& before_pass) {
     state_.begin_step(false);
     if constexpr (scales_gradient<Policy>()) {
       if (policy.needs_norm()) {
@@ -95,38 +160,8 @@ class engine<Policy, backend::host> {
     return run(policy, g, 1.0f, false, visit, before_pass);
   }
 
-  /// acc of the step in progress.
-  std::span<const float> acc(std::span<const float>) noexcept {
-    if constexpr (own_acc) {
-      return acc_;
-    } else {
-      return state_.next(static_cast<std::size_t>(Policy::acc_state));
-    }
-  }
-
-  /// Applies the policy's commit to every sent element.
-  void commit(const Policy& policy, std::span<const std::uint32_t> index, std::span<const float> sent) {
-    const std::span<const float> values = acc({});
-    if constexpr (in_place_capable) {
-      const float largest = max_magnitude(sent.data(), sent.size());
-      for (std::size_t a = 0; a != arrays; ++a) next_max_[a] += largest;
-    }
-    for (std::size_t j = 0; j < index.size(); ++j) {
-      const std::uint32_t i = index[j];
-      std::array<float, arrays + 1> s;
-      std::array<float, arrays + 1> before;
-      for (std::size_t a = 0; a != arrays; ++a) {
-        s[a] = state_.next(a)[i];
-        before[a] = state_.committed(a)[i];
-      }
-      policy.commit(s.data(), before.data(), values[i], sent[j]);
-      for (std::size_t a = 0; a != arrays; ++a) state_.next(a)[i] = s[a];
-    }
-  }
-
-  /// Writes to `out` the acc that update() would compute now from the committed state
-  /// (clipping included) and changes nothing else. Returns false if it is not all finite.
-  bool preview(const Policy& policy, std::span<const float> g, std::span<float> out) {
+  // preview()'s passes; false if the value is not all finite.
+  bool previewed(const Policy& policy, std::span<const float> g, std::span<float> out) {
     float scale = 1.0f;
     if constexpr (scales_gradient<Policy>()) {
       if (policy.needs_norm()) {
@@ -150,20 +185,6 @@ class engine<Policy, backend::host> {
     return !bad.raised();
   }
 
-  void accept() noexcept {
-    state_.accept();
-    committed_max_ = next_max_;
-  }
-  /// Whether a step that cannot be rejected may update the committed state in place
-  /// (not when the caller may still drop the step: compressor::stage).
-  void allow_in_place(bool allowed) noexcept { allow_in_place_ = allowed; }
-  std::span<const float> committed(std::size_t a) const noexcept { return state_.committed(a); }
-  void load_committed(std::size_t a, std::span<const float> values) noexcept {
-    std::copy(values.begin(), values.end(), state_.committed(a).begin());
-    if constexpr (in_place_capable) committed_max_[a] = max_magnitude(values.data(), values.size());
-  }
-
- private:
   // acc at i from the state arrays `old` and the (scaled) gradient value g_i.
   static float acc_from(const Policy& policy, const std::array<const float*, arrays + 1>& old, std::size_t i,
                         float g_i) noexcept {

@@ -257,14 +257,21 @@ class engine<select::exact_topk, backend::host> {
   void observe(int thread, std::size_t begin, std::span<const float> acc_chunk, std::span<const float>) noexcept {
     topk_.observe(thread, begin, acc_chunk);
   }
-  selection select(const select::exact_topk& policy, const select_input& in, std::span<std::uint32_t> out) {
-    const std::size_t k = policy.k(in.acc.size());
-    const bool finite = topk_.select(in.acc, k, out);
-    return {k, 1.0f, finite};
+  /// Selects at once (the pass, or what observe() collected in the corrector's): the
+  /// indices into out, their count and NaN verdict into the status (host memory).
+  queued_selection select(const select::exact_topk& policy, const select_input& in, std::span<std::uint32_t> out,
+                          step_status* status) {
+    return record_selection(select_now(policy, in, out), status);
   }
   void accept() noexcept {}
 
  private:
+  selection select_now(const select::exact_topk& policy, const select_input& in, std::span<std::uint32_t> out) {
+    const std::size_t k = policy.k(in.acc.size());
+    const bool finite = topk_.select(in.acc, k, out);
+    return {k, 1.0f, finite};
+  }
+
   host_topk topk_;
 };
 

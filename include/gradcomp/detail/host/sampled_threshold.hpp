@@ -86,7 +86,15 @@ class engine<select::sampled_threshold, backend::host> : public carries_threshol
     }
   }
 
-  selection select(const select::sampled_threshold& policy, const select_input& in, std::span<std::uint32_t> out) {
+  /// Selects at once (the pass, or what observe() collected in the corrector's): the
+  /// indices into out, their count and NaN verdict into the status (host memory).
+  queued_selection select(const select::sampled_threshold& policy, const select_input& in, std::span<std::uint32_t> out,
+                          step_status* status) {
+    return record_selection(select_now(policy, in, out), status);
+  }
+
+ private:
+  selection select_now(const select::sampled_threshold& policy, const select_input& in, std::span<std::uint32_t> out) {
     const std::size_t k = policy.k(n_);
     bool finite = true;
     const bool observed = std::exchange(observed_, false);
@@ -139,7 +147,6 @@ class engine<select::sampled_threshold, backend::host> : public carries_threshol
     return {count};
   }
 
- private:
   int threads_;
   std::size_t n_;
   host_topk topk_;

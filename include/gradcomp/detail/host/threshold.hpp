@@ -30,7 +30,16 @@ class engine<select::threshold, backend::host> {
     bool chunk_bad = false;  // the corrector reports non-finite acc itself
     slices_.collect_chunk(begin / host_chunk, begin, acc, key_, chunk_bad);
   }
-  selection select(const select::threshold& policy, const select_input& in, std::span<std::uint32_t> out) {
+  /// Selects at once (the pass, or what observe() collected in the corrector's): the
+  /// indices into out, their count and NaN verdict into the status (host memory).
+  queued_selection select(const select::threshold& policy, const select_input& in, std::span<std::uint32_t> out,
+                          step_status* status) {
+    return record_selection(select_now(policy, in, out), status);
+  }
+  void accept() noexcept {}
+
+ private:
+  selection select_now(const select::threshold& policy, const select_input& in, std::span<std::uint32_t> out) {
     bool finite = true;
     if (!std::exchange(observed_, false)) {
       begin_observe(policy, in.step);
@@ -39,9 +48,7 @@ class engine<select::threshold, backend::host> {
     }
     return {slices_.gather(out.data()), 1.0f, finite};
   }
-  void accept() noexcept {}
 
- private:
   int threads_;
   host_slices slices_;
   std::uint32_t key_ = 0;
