@@ -26,7 +26,7 @@ void run(benchmark::State& state, const Backend& be, const Policy& policy) {
   std::uint64_t step = 0;
   std::size_t sent = 0;
   for (auto _ : state) {
-    sent = gc::detail::select_now(engine, policy, {g, g, step++}, std::span<std::uint32_t>(out.data(), out.size())).count;
+    sent = gc::detail::select_now(engine, be, policy, {g, g, step++}, std::span<std::uint32_t>(out.data(), out.size())).count;
     benchmark::DoNotOptimize(out.data());
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * n * 4);
@@ -34,15 +34,15 @@ void run(benchmark::State& state, const Backend& be, const Policy& policy) {
 }
 
 // One corrector step per iteration: update from g, commit every 1000th entry, accept.
-template <class Engine, class Policy>
-void run_corrector(benchmark::State& state, Engine& engine, const Policy& policy) {
+template <class Engine, class Backend, class Policy>
+void run_corrector(benchmark::State& state, Engine& engine, const Backend& be, const Policy& policy) {
   const auto& g = bench::gradient(n);
   std::vector<std::uint32_t> index;
   for (std::uint32_t i = 0; i < n; i += 1000) index.push_back(i);
   const std::vector<float> sent(index.size(), 0.25f);
   for (auto _ : state) {
-    const bool finite = gc::detail::update_now(engine, policy, g);
-    gc::detail::commit_now(engine, policy, index, sent);
+    const bool finite = gc::detail::update_now(engine, be, policy, g);
+    gc::detail::commit_now(engine, be, policy, index, sent);
     engine.accept();
     benchmark::DoNotOptimize(finite);
   }
@@ -57,12 +57,12 @@ void BM_corrector(benchmark::State& state, const Backend& be) {
     state.SetLabel("error_feedback");
     const gc::correct::error_feedback policy{};
     Engine<gc::correct::error_feedback, Backend> engine(be, policy, g.size());
-    return run_corrector(state, engine, policy);
+    return run_corrector(state, engine, be, policy);
   }
   state.SetLabel("chain{clip_norm, momentum}");
   const gc::correct::chain policy{gc::correct::clip_norm{.max_norm = 1.0f}, gc::correct::momentum{}};
   Engine<std::remove_const_t<decltype(policy)>, Backend> engine(be, policy, g.size());
-  run_corrector(state, engine, policy);
+  run_corrector(state, engine, be, policy);
 }
 
 template <class Backend>

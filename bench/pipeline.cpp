@@ -60,13 +60,13 @@ void run_unfused(benchmark::State& state, std::size_t n, Selector s, Corrector c
   std::vector<std::byte> buf(e.max_bytes(n, index.size()));
   std::uint64_t step = 0;
   auto one_step = [&] {
-    const bool finite = gc::detail::update_now(correct, c, g);
+    const bool finite = gc::detail::update_now(correct, host, c, g);
     benchmark::DoNotOptimize(finite);
     const auto acc = correct.acc(g);
-    const auto chosen = gc::detail::select_now(select, s, {acc, g, step}, index);
+    const auto chosen = gc::detail::select_now(select, host, s, {acc, g, step}, index);
     const std::span<const std::uint32_t> idx(index.data(), chosen.count);
-    gc::detail::encode_now(encode, e, {acc, idx, step, chosen.value_scale}, buf, sent);
-    gc::detail::commit_now(correct, c, idx, std::span<const float>(sent.data(), chosen.count));
+    gc::detail::encode_now(encode, host, e, {acc, idx, step, chosen.value_scale}, buf, sent);
+    gc::detail::commit_now(correct, host, c, idx, std::span<const float>(sent.data(), chosen.count));
     correct.accept();
     select.accept();
     ++step;

@@ -43,7 +43,7 @@ void run_selector(benchmark::State& state, const Policy& policy) {
   std::uint64_t step = 0;
   std::size_t sent = 0;
   for (auto _ : state) {
-    sent = gc::detail::select_now(engine, policy, {g, g, step++}, out).count;
+    sent = gc::detail::select_now(engine, host, policy, {g, g, step++}, out).count;
     benchmark::DoNotOptimize(out.data());
   }
   account(state, sent);
@@ -57,12 +57,13 @@ void BM_sampled_threshold_reuse(benchmark::State& s) {
   // Steady state of reuse_threshold: last step's threshold is kept (accept()).
   const auto& g = bench::gradient(n_of(s));
   const gc::select::sampled_threshold policy{.density = density_of(s), .reuse_threshold = true};
-  gc::detail::engine<gc::select::sampled_threshold, gc::backend::host> engine(gc::backend::host{}, policy, g.size());
+  const gc::backend::host host{};
+  gc::detail::engine<gc::select::sampled_threshold, gc::backend::host> engine(host, policy, g.size());
   std::vector<std::uint32_t> out(policy.max_selected(g.size()));
   std::uint64_t step = 0;
   std::size_t sent = 0;
   for (auto _ : s) {
-    sent = gc::detail::select_now(engine, policy, {g, g, step++}, out).count;
+    sent = gc::detail::select_now(engine, host, policy, {g, g, step++}, out).count;
     engine.accept();
   }
   account(s, sent);

@@ -168,12 +168,12 @@ void fast_path_matches_generic() {
           CAPTURE(t);
 
           std::vector<float> preview_fast(n), preview_generic(n);
-          const bool preview_ok = gc::detail::preview_now(fast, policy, g, preview_fast);
-          REQUIRE(gc::detail::preview_now(generic, policy, g, preview_generic) == preview_ok);
+          const bool preview_ok = gc::detail::preview_now(fast, be, policy, g, preview_fast);
+          REQUIRE(gc::detail::preview_now(generic, be, policy, g, preview_generic) == preview_ok);
           if (preview_ok) REQUIRE(std::memcmp(preview_fast.data(), preview_generic.data(), 4 * n) == 0);
 
-          const bool ok = gc::detail::update_now(fast, policy, g);
-          REQUIRE(gc::detail::update_now(generic, policy, g) == ok);
+          const bool ok = gc::detail::update_now(fast, be, policy, g);
+          REQUIRE(gc::detail::update_now(generic, be, policy, g) == ok);
           REQUIRE(ok == (t != 5));
           if (!ok) continue;  // rejected: nothing committed, nothing accepted
           const auto acc_fast = fast.acc(g);
@@ -188,8 +188,8 @@ void fast_path_matches_generic() {
               sent.push_back(t % 2 == 1 ? acc_fast[i] * 0.5f : acc_fast[i]);  // lossy and lossless values
             }
           }
-          gc::detail::commit_now(fast, policy, index, sent);
-          gc::detail::commit_now(generic, policy, index, sent);
+          gc::detail::commit_now(fast, be, policy, index, sent);
+          gc::detail::commit_now(generic, be, policy, index, sent);
           fast.accept();
           generic.accept();
           for (std::size_t a = 0; a != policy_type::state_arrays; ++a) {
@@ -219,11 +219,11 @@ namespace {
 // A selector's fast path and its generic algorithm select the same entries from `in`,
 // standalone, and both see a finite input.
 template <class Fast, class Generic, class Policy>
-void require_same_selection(Fast& fast, Generic& generic, const Policy& policy, const gc::detail::select_input& in) {
+void require_same_selection(const gc::backend::host& be, Fast& fast, Generic& generic, const Policy& policy, const gc::detail::select_input& in) {
   const std::size_t n = in.acc.size();
   std::vector<std::uint32_t> out_fast(n), out_generic(n, 0xFFFFFFFFu);
-  const auto a = gc::detail::select_now(fast, policy, in, out_fast);
-  const auto b = gc::detail::select_now(generic, policy, in, out_generic);
+  const auto a = gc::detail::select_now(fast, be, policy, in, out_fast);
+  const auto b = gc::detail::select_now(generic, be, policy, in, out_generic);
   REQUIRE(a.finite);
   REQUIRE(b.finite);
   REQUIRE(a.count == b.count);
@@ -249,7 +249,7 @@ TEST_CASE("backend::host's threshold fast path equals the generic algorithm on b
           CAPTURE(n);
           CAPTURE(inputs::name(shape));
           CAPTURE(tau);
-          require_same_selection(fast, generic, policy, {acc, acc, 0});
+          require_same_selection(be, fast, generic, policy, {acc, acc, 0});
         }
       }
     }
@@ -280,7 +280,7 @@ TEST_CASE("backend::host's sampled_threshold fast path equals the generic algori
             CAPTURE(n);
             CAPTURE(density);
             CAPTURE(t);
-            require_same_selection(fast, generic, policy, {acc, acc, t});
+            require_same_selection(be, fast, generic, policy, {acc, acc, t});
             fast.accept();
             generic.accept();
             REQUIRE(fast.saved_state() == generic.saved_state());  // the carried threshold
@@ -319,7 +319,7 @@ TEST_CASE("backend::host's exact_topk fast path equals the generic algorithm on 
           CAPTURE(n);
           CAPTURE(k);
           CAPTURE(s);
-          require_same_selection(fast, generic, policy, {acc, acc, 0});
+          require_same_selection(be, fast, generic, policy, {acc, acc, 0});
         }
       }
     }
@@ -346,7 +346,7 @@ TEST_CASE("backend::host's chunk_local fast path equals the generic algorithm on
           CAPTURE(n);
           CAPTURE(bin);
           CAPTURE(inputs::name(inputs::all_shapes[s]));
-          require_same_selection(fast, generic, policy, {acc, g, 0});
+          require_same_selection(be, fast, generic, policy, {acc, g, 0});
         }
       }
     }

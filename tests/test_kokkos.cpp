@@ -175,3 +175,22 @@ TEST_CASE("preview: kokkos equals host, and changes nothing") {
     return gc::compressor{be, n, gc::select::exact_topk{.density = 0.01}, gc::correct::low_pass{.beta = 0.5f}};
   });
 }
+
+TEST_CASE("an execution-space instance per call: the same steps as the compressor's own") {
+  const std::size_t n = 70'001;
+  auto plain = gc::presets::dgc(gc::backend::kokkos<space>{}, n, {.density = 0.01, .max_norm = 600.0f});
+  auto with_context = gc::presets::dgc(gc::backend::kokkos<space>{}, n, {.density = 0.01, .max_norm = 600.0f});
+  std::vector<std::byte> a(plain.max_message_bytes()), b(with_context.max_message_bytes());
+  for (int t = 0; t < 5; ++t) {
+    auto x = inputs::make(inputs::shape::student_t3, n, 900 + static_cast<std::uint64_t>(t));
+    for (auto& v : x) v *= 1.0f + 0.5f * static_cast<float>(t % 3);
+    const gc::backend::kokkos<space> context{space{}};
+    const auto pa = plain.preview(x);
+    const auto pb = with_context.preview(context, x);
+    REQUIRE(std::equal(pa.begin(), pa.end(), pb.begin(), pb.end()));
+    const auto ma = plain.compress(x, a).bytes();
+    const auto mb = with_context.compress(context, x, b).bytes();
+    CAPTURE(t);
+    REQUIRE(std::equal(ma.begin(), ma.end(), mb.begin(), mb.end()));
+  }
+}

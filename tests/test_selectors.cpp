@@ -144,13 +144,13 @@ std::vector<std::vector<std::uint32_t>> unfused_steps(std::size_t n, Selector s,
   std::vector<std::vector<std::uint32_t>> out;
   for (std::uint64_t step = 0; step < grads.size(); ++step) {
     const auto& g = grads[step];
-    REQUIRE(gc::detail::update_now(correct, c, g));
+    REQUIRE(gc::detail::update_now(correct, host, c, g));
     const auto acc = correct.acc(g);
-    const auto chosen = gc::detail::select_now(select, s, {acc, g, step}, index);
+    const auto chosen = gc::detail::select_now(select, host, s, {acc, g, step}, index);
     REQUIRE(chosen.finite);
     const std::span<const std::uint32_t> idx(index.data(), chosen.count);
-    gc::detail::encode_now(encode, e, {acc, idx, step, chosen.value_scale}, buf, sent);
-    gc::detail::commit_now(correct, c, idx, std::span<const float>(sent.data(), chosen.count));
+    gc::detail::encode_now(encode, host, e, {acc, idx, step, chosen.value_scale}, buf, sent);
+    gc::detail::commit_now(correct, host, c, idx, std::span<const float>(sent.data(), chosen.count));
     correct.accept();
     select.accept();
     out.emplace_back(idx.begin(), idx.end());

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <memory>
 #include <sstream>
 #include <string>
 
@@ -260,4 +261,93 @@ TEST_CASE("the selector's typed state record: written field by field, checked on
   CHECK(s.selector == rec::bytes_of(std::uint32_t{0}));
   refused(stateless, s.sealed(2, rec::bytes_of(std::uint32_t{1}) + field32(1)),
           "the record holds selector state, exact_topk keeps none");
+}
+
+TEST_CASE("an execution context per call: any host threads up to the constructor's give the same steps") {
+  auto plain = make(2);
+  auto with_context = make(2);
+  const std::size_t n = plain.size();
+  std::vector<std::byte> a(plain.max_message_bytes()), b(with_context.max_message_bytes());
+  for (std::uint64_t t = 0; t < 6; ++t) {
+    const auto g = inputs::make(inputs::shape::student_t3, n, 300 + t);
+    const gc::backend::host context{.threads = 1 + static_cast<int>(t % 2)};
+    CAPTURE(context.threads);
+    CHECK(std::equal(plain.preview(g).begin(), plain.preview(g).end(), with_context.preview(context, g).begin()));
+    const auto want = plain.compress(g, a).bytes();
+    if (t % 3 == 2) {  // stage, then accept
+      const auto got = with_context.stage(context, g, b).bytes();
+      REQUIRE(std::equal(want.begin(), want.end(), got.begin(), got.end()));
+      with_context.accept_staged();
+    } else {
+      const auto got = with_context.compress(context, g, b).bytes();
+      REQUIRE(std::equal(want.begin(), want.end(), got.begin(), got.end()));
+    }
+  }
+  // A bfloat16 gradient on a context: as its float32 values on the compressor's threads.
+  const auto g = inputs::make(inputs::shape::normal, n, 400);
+  std::vector<gc::bfloat16> narrow(n);
+  std::vector<float> wide(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    narrow[i] = {static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(g[i]) >> 16)};
+    wide[i] = std::bit_cast<float>(std::uint32_t{narrow[i].bits} << 16);
+  }
+  const auto want = plain.compress(wide, a).bytes();
+  const auto got = with_context.compress(gc::backend::host{.threads = 1}, narrow, b).bytes();
+  CHECK(std::equal(want.begin(), want.end(), got.begin(), got.end()));
+
+  // More threads than the workspace was sized for: refused, naming them; nothing changes.
+  std::stringstream before, after;
+  with_context.save_state(before);
+  std::vector<std::byte> untouched(b.size(), std::byte{0x5A});
+  CHECK_THROWS_WITH_AS(with_context.compress(gc::backend::host{.threads = 3}, g, untouched),
+                       "gradcomp: compress: the context's threads = 3 (3 threads) exceed the 2 the compressor was "
+                       "made with, which sized its workspace",
+                       gc::error);
+  CHECK_THROWS_WITH_AS((void)with_context.preview(gc::backend::host{.threads = 3}, g),
+                       doctest::Contains("preview: the context's threads = 3"), gc::error);
+  with_context.save_state(after);
+  CHECK(after.str() == before.str());
+  CHECK(std::all_of(untouched.begin(), untouched.end(), [](std::byte x) { return x == std::byte{0x5A}; }));
+}
+
+namespace {
+// backend::host that counts the primitives queued on it: which backend value a call's
+// work runs on, the context or the one the compressor was made with. A type of its own,
+// so the generic engines run (backend::host's fast paths are specialisations).
+struct counting_host : gc::backend::host {
+  std::shared_ptr<int> queued = std::make_shared<int>(0);
+  template <class Body>
+  void for_each(std::size_t n, const Body& body) const {
+    ++*queued;
+    host::for_each(n, body);
+  }
+  template <class Body>
+  void reduce_or(std::size_t n, const Body& body, std::uint32_t* bits) const {
+    ++*queued;
+    host::reduce_or(n, body, bits);
+  }
+  counting_host context_for(const char* who, const counting_host& context) const {
+    (void)host::context_for(who, context);
+    return context;
+  }
+};
+}  // namespace
+
+TEST_CASE("a call's work runs on its context, every stage of the step") {
+  const counting_host own{};
+  auto c = gc::compressor{own, 5000, gc::select::threshold{.tau = 1.0f}, gc::correct::error_feedback{}};
+  const auto g = inputs::make(inputs::shape::normal, 5000, 1);
+  std::vector<std::byte> out(c.max_message_bytes());
+  (void)c.compress(g, out);
+  const int own_before = *own.queued;
+  CHECK(own_before > 0);
+  const counting_host context{};
+  const auto m = c.compress(context, g, out);
+  CHECK(m.size() > 0);
+  CHECK(*own.queued == own_before);  // nothing on the compressor's own backend
+  CHECK(*context.queued >= 3);       // the corrector's pass, the encoder's passes
+  const int after_compress = *context.queued;
+  (void)c.preview(context, g);
+  CHECK(*context.queued > after_compress);
+  CHECK(*own.queued == own_before);
 }

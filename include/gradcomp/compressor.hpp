@@ -48,8 +48,8 @@ class compressor {
   using correct_engine = detail::engine<Corrector, Backend>;
   // The selector watches the corrector's pass chunk by chunk where both engines can
   // (backend::host's fast paths), so that acc is read while it is in cache.
-  static constexpr bool fused_pass = detail::selector_engine_observes<select_engine, Selector> &&
-                                     detail::corrector_engine_visits<correct_engine, Corrector>;
+  static constexpr bool fused_pass = detail::selector_engine_observes<select_engine, Selector, Backend> &&
+                                     detail::corrector_engine_visits<correct_engine, Corrector, Backend>;
 
  public:
   using backend_type = Backend;      ///< where it runs
@@ -105,11 +105,95 @@ class compressor {
   /// \returns a view of the message written at the front of `out`
   /// \throws gradcomp::error if grad.size() != n, `out` is too small, or grad (or the
   ///         accumulated value) holds a NaN or infinity; state and `out` are then unchanged.
-  message compress(std::span<const float> grad, std::span<std::byte> out) {
-    const message m = run_step(grad, out);
+  message compress(std::span<const float> grad, std::span<std::byte> out) { return compress(backend_, grad, out); }
+
+  /// \name An execution context per call
+  /// compress(), stage(), preview() and compress_async() run on the backend the
+  /// compressor was made with, or on `context`, given first: a value of the same backend
+  /// type that shares its memory and says where this call's work is queued (as Kokkos
+  /// Kernels takes an execution-space instance first). backend::host: the call's threads,
+  /// at most the constructor's, which sized the per-thread workspace; results are
+  /// identical for any thread count. backend::kokkos: an execution-space instance.
+  /// backend::cuda: a stream (PyTorch's current stream, which changes from call to
+  /// call) on the compressor's device (`device` -1 takes it). They throw as the calls
+  /// without a context do, and gradcomp::error (invalid_argument) naming the context's
+  /// threads or device where it does not fit the compressor; nothing changes then.
+  /// @{
+
+  /// compress() on `context`.
+  message compress(const Backend& context, std::span<const float> grad, std::span<std::byte> out) {
+    const message m = run_step(checked_context("compress", context), grad, out);
     finish_step();
     return m;
   }
+  /// compress() of an IEEE half gradient on `context`.
+  message compress(const Backend& context, std::span<const half> grad, std::span<std::byte> out) {
+    return narrow_step(context, grad, out, false);
+  }
+  /// compress() of a bfloat16 gradient on `context`.
+  message compress(const Backend& context, std::span<const bfloat16> grad, std::span<std::byte> out) {
+    return narrow_step(context, grad, out, false);
+  }
+  /// stage() on `context`.
+  message stage(const Backend& context, std::span<const float> grad, std::span<std::byte> out) {
+    const Backend on = checked_context("compress", context);
+    staged_ = false;
+    in_place_allowed(false);
+    struct restore {
+      compressor& c;
+      ~restore() { c.in_place_allowed(true); }
+    } guard{*this};
+    const message m = run_step(on, grad, out);
+    staged_ = true;
+    return m;
+  }
+  /// stage() of an IEEE half gradient on `context`.
+  message stage(const Backend& context, std::span<const half> grad, std::span<std::byte> out) {
+    return narrow_step(context, grad, out, true);
+  }
+  /// stage() of a bfloat16 gradient on `context`.
+  message stage(const Backend& context, std::span<const bfloat16> grad, std::span<std::byte> out) {
+    return narrow_step(context, grad, out, true);
+  }
+  /// preview() on `context`.
+  std::span<const float> preview(const Backend& context, std::span<const float> grad) {
+    const Backend on = checked_context("preview", context);
+    check_device("preview");
+    detail::require(grad.size() == n_, errc::invalid_argument, "preview: grad.size() = ", grad.size(),
+                    " does not match the compressor's n = ", n_);
+    if (static_cast<std::size_t>(preview_.size()) != n_) preview_ = backend_.template allocate<float>(n_);
+    const std::span<float> acc(preview_.data(), n_);
+    detail::step_status* status = status_.data() + 1;  // [0] is the step's (last_step_finite)
+    on.clear(status, 1);
+    correct_.preview(on, corrector_, grad, acc, status);
+    if (on.read(status).non_finite != 0) report_non_finite(on, "preview", grad, acc);
+    return acc;
+  }
+  /// preview() of an IEEE half gradient on `context`.
+  std::span<const float> preview(const Backend& context, std::span<const half> grad) {
+    return narrow_preview(context, grad);
+  }
+  /// preview() of a bfloat16 gradient on `context`.
+  std::span<const float> preview(const Backend& context, std::span<const bfloat16> grad) {
+    return narrow_preview(context, grad);
+  }
+  /// compress_async() on `context`: the step is queued on its stream (capture that
+  /// stream into a CUDA graph); last_step_finite() reads the status on it.
+  message compress_async(const Backend& context, std::span<const float> grad, std::span<std::byte> out)
+    requires(on_device && Corrector::state_arrays == 0 && detail::engine_has_fixed_count<select_engine, Selector>)
+  {
+    const Backend on = checked_context("compress_async", context);
+    check_step(grad, out);
+    const std::size_t count = select_.fixed_count(selector_);
+    const auto bytes = encode_.fixed_bytes(encoder_, n_, count);
+    detail::require(bytes.has_value(), errc::invalid_argument, "compress_async: the size of ", encoder_.name(),
+                    " messages depends on the data; use compress (raw32 or bitmap indices give a fixed size)");
+    queue_step(on, grad, out);
+    finish_step();
+    last_async_ = on;
+    return message(out.first(*bytes), n_, count);
+  }
+  /// @}
 
   // Gradients in 16 bits: compress(), stage() and preview() for a gradient in IEEE half
   // or bfloat16 (in the backend's memory). Its values are widened to float32 exactly,
@@ -118,19 +202,17 @@ class compressor {
   // They throw as the float32 overloads do; a NaN or infinity is named by its index.
 
   /// compress() of an IEEE half gradient, widened to float32 exactly (see float16.hpp).
-  message compress(std::span<const half> grad, std::span<std::byte> out) { return compress(widened("compress", grad), out); }
+  message compress(std::span<const half> grad, std::span<std::byte> out) { return compress(backend_, grad, out); }
   /// compress() of a bfloat16 gradient, widened to float32 exactly.
-  message compress(std::span<const bfloat16> grad, std::span<std::byte> out) {
-    return compress(widened("compress", grad), out);
-  }
+  message compress(std::span<const bfloat16> grad, std::span<std::byte> out) { return compress(backend_, grad, out); }
   /// stage() of an IEEE half gradient, widened to float32 exactly.
-  message stage(std::span<const half> grad, std::span<std::byte> out) { return stage(widened("compress", grad), out); }
+  message stage(std::span<const half> grad, std::span<std::byte> out) { return stage(backend_, grad, out); }
   /// stage() of a bfloat16 gradient, widened to float32 exactly.
-  message stage(std::span<const bfloat16> grad, std::span<std::byte> out) { return stage(widened("compress", grad), out); }
+  message stage(std::span<const bfloat16> grad, std::span<std::byte> out) { return stage(backend_, grad, out); }
   /// preview() of an IEEE half gradient, widened to float32 exactly.
-  std::span<const float> preview(std::span<const half> grad) { return preview(widened("preview", grad)); }
+  std::span<const float> preview(std::span<const half> grad) { return preview(backend_, grad); }
   /// preview() of a bfloat16 gradient, widened to float32 exactly.
-  std::span<const float> preview(std::span<const bfloat16> grad) { return preview(widened("preview", grad)); }
+  std::span<const float> preview(std::span<const bfloat16> grad) { return preview(backend_, grad); }
 
   /// Runs one step like compress() but keeps its outcome aside: the message is written
   /// to `out` and the new state is computed, yet until accept_staged() the compressor's
@@ -140,17 +222,7 @@ class compressor {
   /// before any commits (the PyTorch DDP hook): stage, agree, then accept or drop.
   /// (The in-place update of a clipping step is not used: it could not be dropped.)
   /// \throws gradcomp::error as compress() does; nothing is staged then.
-  message stage(std::span<const float> grad, std::span<std::byte> out) {
-    staged_ = false;
-    in_place_allowed(false);
-    struct restore {
-      compressor& c;
-      ~restore() { c.in_place_allowed(true); }
-    } guard{*this};
-    const message m = run_step(grad, out);
-    staged_ = true;
-    return m;
-  }
+  message stage(std::span<const float> grad, std::span<std::byte> out) { return stage(backend_, grad, out); }
 
   /// Makes the step of the last stage() current, as compress() would have.
   /// \throws gradcomp::error (invalid_argument) if no step is staged.
@@ -170,18 +242,7 @@ class compressor {
   /// call.
   /// \throws gradcomp::error if grad.size() != n, or the value holds a NaN or infinity
   ///         (the error compress would raise).
-  std::span<const float> preview(std::span<const float> grad) {
-    check_device("preview");
-    detail::require(grad.size() == n_, errc::invalid_argument, "preview: grad.size() = ", grad.size(),
-                    " does not match the compressor's n = ", n_);
-    if (static_cast<std::size_t>(preview_.size()) != n_) preview_ = backend_.template allocate<float>(n_);
-    const std::span<float> acc(preview_.data(), n_);
-    detail::step_status* status = status_.data() + 1;  // [0] is the step's (last_step_finite)
-    backend_.clear(status, 1);
-    correct_.preview(corrector_, grad, acc, status);
-    if (backend_.read(status).non_finite != 0) report_non_finite("preview", grad, acc);
-    return acc;
-  }
+  std::span<const float> preview(std::span<const float> grad) { return preview(backend_, grad); }
 
   /// Queues one step on backend::cuda's stream and returns at once, reading nothing
   /// back, so that the step can be captured in a CUDA graph and replayed. For
@@ -194,22 +255,15 @@ class compressor {
   message compress_async(std::span<const float> grad, std::span<std::byte> out)
     requires(on_device && Corrector::state_arrays == 0 && detail::engine_has_fixed_count<select_engine, Selector>)
   {
-    check_step(grad, out);
-    const std::size_t count = select_.fixed_count(selector_);
-    const auto bytes = encode_.fixed_bytes(encoder_, n_, count);
-    detail::require(bytes.has_value(), errc::invalid_argument, "compress_async: the size of ", encoder_.name(),
-                    " messages depends on the data; use compress (raw32 or bitmap indices give a fixed size)");
-    queue_step(grad, out);
-    finish_step();
-    return message(out.first(*bytes), n_, count);
+    return compress_async(backend_, grad, out);
   }
 
   /// Whether the last step queued by compress_async met no NaN or infinity (a read
-  /// from the device that waits for the stream).
+  /// from the device that waits for that step's stream).
   [[nodiscard]] bool last_step_finite() const
     requires on_device
   {
-    return backend_.read(status_.data()).non_finite == 0;
+    return last_async_.read(status_.data()).non_finite == 0;
   }
 
   /// Changes the selector's density from the next step on (warm-up schedules).
@@ -327,14 +381,24 @@ class compressor {
                     " bytes is smaller than max_message_bytes() = ", need);
   }
 
-  // One step up to (not including) making it current: check, then the step queued
-  // (run, on the host) and its status read once. finish_step() makes it current.
-  message run_step(std::span<const float> grad, std::span<std::byte> out) {
+  // The execution context of one call, checked against the backend the compressor was
+  // made with (backend::host: its threads; backend::cuda: its device).
+  Backend checked_context(const char* who, const Backend& context) const {
+    if constexpr (requires { backend_.context_for(who, context); }) {
+      return backend_.context_for(who, context);
+    } else {
+      return context;
+    }
+  }
+
+  // One step up to (not including) making it current: check, then the step queued on
+  // `on` (run, on the host) and its status read once. finish_step() makes it current.
+  message run_step(const Backend& on, std::span<const float> grad, std::span<std::byte> out) {
     staged_ = false;
     check_step(grad, out);
-    queue_step(grad, out);
-    const detail::step_status status = backend_.read(status_.data());
-    if (status.non_finite != 0) report_non_finite("compress", grad, correct_.acc(grad));
+    queue_step(on, grad, out);
+    const detail::step_status status = on.read(status_.data());
+    if (status.non_finite != 0) report_non_finite(on, "compress", grad, correct_.acc(grad));
     return message(out.first(static_cast<std::size_t>(status.bytes)), n_, status.count);
   }
 
@@ -347,44 +411,44 @@ class compressor {
   // neither `out` nor the committed state, and only finish_step() makes the new state
   // current. Without a corrector (acc = g), a selector that reads every entry checks
   // finiteness itself and g is read once.
-  void queue_step(std::span<const float> grad, std::span<std::byte> out) {
+  void queue_step(const Backend& on, std::span<const float> grad, std::span<std::byte> out) {
     detail::step_status* status = status_.data();
-    backend_.clear(status, 1);
+    on.clear(status, 1);
     std::span<const float> acc = grad;
     if constexpr (!skips_update) {
-      queue_update(grad, status);
+      queue_update(on, grad, status);
       acc = correct_.acc(grad);
     }
-    const detail::queued_selection chosen = select_.select(selector_, {acc, grad, step_}, index_span(), status);
-    const std::span<const std::uint32_t> index = selected(status);
+    const detail::queued_selection chosen = select_.select(on, selector_, {acc, grad, step_}, index_span(), status);
+    const std::span<const std::uint32_t> index = selected(on, status);
     const std::span<float> sent = sent_span().first(index.size());
-    encode_.encode(encoder_, {acc, index, step_, chosen.value_scale}, out, sent, status);
-    correct_.commit(corrector_, index, sent, status);
+    encode_.encode(on, encoder_, {acc, index, step_, chosen.value_scale}, out, sent, status);
+    correct_.commit(on, corrector_, index, sent, status);
   }
 
   // The corrector's pass. In a fused pass the selector's first pass rides on it: each
   // chunk of acc is handed over while it is still in cache, and the selector may look
   // ahead at acc before the pass (sampled_threshold samples it, then collects in it).
-  void queue_update(std::span<const float> grad, detail::step_status* status) {
+  void queue_update(const Backend& on, std::span<const float> grad, detail::step_status* status) {
     if constexpr (fused_pass) {
-      select_.begin_observe(selector_, step_);
+      select_.begin_observe(on, selector_, step_);
       const auto observe = [&](int thread, std::size_t begin, auto acc_chunk) {
         select_.observe(thread, begin, acc_chunk, grad.subspan(begin, acc_chunk.size()));
       };
       const auto before_pass = [&](auto&& acc_at) { detail::look_ahead(select_, selector_, acc_at); };
-      correct_.update(corrector_, grad, status, observe, before_pass);
+      correct_.update(on, corrector_, grad, status, observe, before_pass);
     } else {
-      correct_.update(corrector_, grad, status);
+      correct_.update(on, corrector_, grad, status);
     }
   }
 
   // The selected indices as far as the host knows them: their count where the host can
   // read the status (so that the later stages run over the count, not the capacity,
   // which is n for threshold), else the whole workspace, the count staying on the device.
-  std::span<const std::uint32_t> selected(const detail::step_status* status) {
+  std::span<const std::uint32_t> selected(const Backend& on, const detail::step_status* status) {
     const std::span<const std::uint32_t> all = index_span();
     if constexpr (Backend::host_accessible) {
-      return all.first(std::min<std::size_t>(all.size(), backend_.read(status).count));
+      return all.first(std::min<std::size_t>(all.size(), on.read(status).count));
     } else {
       return all;
     }
@@ -440,25 +504,39 @@ class compressor {
     capacity_ = capacity;
   }
 
+  // compress() (or stage()) of a 16-bit gradient on `context`: widened, then the float32 step.
+  template <detail::narrow_float T>
+  message narrow_step(const Backend& context, std::span<const T> grad, std::span<std::byte> out, bool stage_it) {
+    const Backend on = checked_context("compress", context);
+    const std::span<const float> wide = widened(on, "compress", grad);
+    return stage_it ? stage(on, wide, out) : compress(on, wide, out);
+  }
+  // preview() of a 16-bit gradient on `context`.
+  template <detail::narrow_float T>
+  std::span<const float> narrow_preview(const Backend& context, std::span<const T> grad) {
+    const Backend on = checked_context("preview", context);
+    return preview(on, widened(on, "preview", grad));
+  }
+
   // The float32 values of a 16-bit gradient, in the widening workspace (allocated by
   // the first call; if that throws, nothing has changed).
   template <detail::narrow_float T>
-  std::span<const float> widened(const char* who, std::span<const T> grad) {
+  std::span<const float> widened(const Backend& on, const char* who, std::span<const T> grad) {
     check_device(who);
     detail::require(grad.size() == n_, errc::invalid_argument, who, ": grad.size() = ", grad.size(),
                     " does not match the compressor's n = ", n_);
     if (static_cast<std::size_t>(wide_.size()) != n_) wide_ = backend_.template allocate<float>(n_);
-    backend_.for_each(n_, detail::widen_to_float<T>{grad.data(), wide_.data()});
+    on.for_each(n_, detail::widen_to_float<T>{grad.data(), wide_.data()});
     return {wide_.data(), n_};
   }
 
   // Names the first NaN or infinity of grad, else of acc (both the backend's memory).
-  [[noreturn]] void report_non_finite(const char* who, std::span<const float> grad_at,
+  [[noreturn]] void report_non_finite(const Backend& on, const char* who, std::span<const float> grad_at,
                                       std::span<const float> acc_at) const {
     std::vector<float> grad_copy(Backend::host_accessible ? 0 : grad_at.size());
     std::vector<float> acc_copy(Backend::host_accessible ? 0 : acc_at.size());
-    const std::span<const float> grad = detail::on_host(backend_, grad_at.data(), grad_at.size(), grad_copy);
-    const std::span<const float> acc = detail::on_host(backend_, acc_at.data(), acc_at.size(), acc_copy);
+    const std::span<const float> grad = detail::on_host(on, grad_at.data(), grad_at.size(), grad_copy);
+    const std::span<const float> acc = detail::on_host(on, acc_at.data(), acc_at.size(), acc_copy);
     for (std::size_t i = 0; i < grad.size(); ++i) {
       detail::require(std::isfinite(grad[i]), errc::non_finite, who, ": grad[", i, "] = ", grad[i], " is not finite");
     }
@@ -483,6 +561,7 @@ class compressor {
   typename Backend::template buffer<detail::step_status> status_;  // [0] a step's, [1] a preview's
   typename Backend::template buffer<float> preview_;
   typename Backend::template buffer<float> wide_;  // a 16-bit gradient widened to float32
+  Backend last_async_ = backend_;  // the context of the last compress_async (last_step_finite)
   std::uint64_t step_ = 0;
   bool staged_ = false;  // a stage()d step waits for accept_staged()
 };

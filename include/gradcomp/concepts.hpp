@@ -166,10 +166,12 @@ concept backend_type = std::copyable<B> && backend_has_allocate<B> && backend_ha
 // -- the engine contract ---------------------------------------------------------------
 //
 // What compressor calls on detail::engine<Policy, Backend>, the code that runs a policy on
-// a backend. One step protocol on every backend: each stage of a step is queued on the
-// backend with the step's step_status (in the backend's memory), reads it, and writes
-// nothing once it holds a NaN verdict; the compressor reads the status once, at the end.
-// On the host, queueing a stage runs it. The protocol and each optional capability are
+// a backend. One step protocol on every backend: each stage of a step takes the execution
+// context of the call first (a Backend value: host threads, a Kokkos instance, a CUDA
+// stream), is queued on it with the step's step_status (in the backend's memory), reads
+// the status, and writes nothing once it holds a NaN verdict; the compressor reads the
+// status once, at the end. On the host, queueing a stage runs it. An engine allocates
+// with the backend it was made with; a context shares that backend's memory. The protocol and each optional capability are
 // checked by detail::check_engines with a message that names them.
 
 namespace detail {
@@ -183,10 +185,10 @@ struct ignore_chunk {
 
 /// Selector engine: queues the ascending indices into `out` and their count into the
 /// status; returns the factor on the values sent.
-template <class E, class S>
-concept selector_engine = requires(E& e, const S& s, const select_input& in, std::span<std::uint32_t> out,
+template <class E, class S, class B>
+concept selector_engine = requires(E& e, const B& b, const S& s, const select_input& in, std::span<std::uint32_t> out,
                                    step_status* status) {
-  { e.select(s, in, out, status) } -> std::same_as<queued_selection>;
+  { e.select(b, s, in, out, status) } -> std::same_as<queued_selection>;
   e.accept();
 };
 
@@ -195,13 +197,14 @@ concept selector_engine = requires(E& e, const S& s, const select_input& in, std
 /// host can read the status, the workspace where it cannot; the status has the count),
 /// the committed arrays readable and loadable (corrector_state and checkpoints), and
 /// accept() making the step's state current.
-template <class E, class C>
-concept corrector_engine = requires(E& e, const E& ce, const C& c, std::span<const float> g, std::span<float> out,
-                                    std::span<const std::uint32_t> index, step_status* status, std::size_t a) {
-  e.update(c, g, status);
+template <class E, class C, class B>
+concept corrector_engine = requires(E& e, const E& ce, const B& b, const C& c, std::span<const float> g,
+                                    std::span<float> out, std::span<const std::uint32_t> index, step_status* status,
+                                    std::size_t a) {
+  e.update(b, c, g, status);
   { e.acc(g) } -> std::convertible_to<std::span<const float>>;
-  e.preview(c, g, out, status);
-  e.commit(c, index, g, status);
+  e.preview(b, c, g, out, status);
+  e.commit(b, c, index, g, status);
   { ce.committed(a) } -> std::convertible_to<std::span<const float>>;
   e.load_committed(a, g);
   e.accept();
@@ -209,10 +212,10 @@ concept corrector_engine = requires(E& e, const E& ce, const C& c, std::span<con
 
 /// Encoder engine: queues the message of the selected entries into `out` and what the
 /// receiver decodes into `sent`, and the message's size into the status.
-template <class E, class P>
-concept encoder_engine = requires(E& e, const P& p, const encode_input& in, std::span<std::byte> out,
+template <class E, class P, class B>
+concept encoder_engine = requires(E& e, const B& b, const P& p, const encode_input& in, std::span<std::byte> out,
                                   std::span<float> sent, step_status* status) {
-  e.encode(p, in, out, sent, status);
+  e.encode(b, p, in, out, sent, status);
 };
 
 /// Capability, a fused first pass (backend::host): the selector engine watches the
@@ -220,15 +223,17 @@ concept encoder_engine = requires(E& e, const P& p, const encode_input& in, std:
 /// while it is in cache) and may look at acc before it (before_pass, through
 /// look_ahead); the corrector engine's update hands it each chunk. Used where both
 /// engines have it; a selector engine that was not shown the pass makes its own.
-template <class E, class S>
-concept selector_engine_begins_observing = requires(E& e, const S& s, std::uint64_t step) { e.begin_observe(s, step); };
-template <class E, class S>
+template <class E, class S, class B>
+concept selector_engine_begins_observing = requires(E& e, const B& b, const S& s, std::uint64_t step) {
+  e.begin_observe(b, s, step);
+};
+template <class E, class S, class B>
 concept selector_engine_observes =
-    selector_engine_begins_observing<E, S> &&
+    selector_engine_begins_observing<E, S, B> &&
     requires(E& e, int thread, std::size_t begin, std::span<const float> chunk) { e.observe(thread, begin, chunk, chunk); };
-template <class E, class C>
-concept corrector_engine_visits = requires(E& e, const C& c, std::span<const float> g, step_status* status) {
-  e.update(c, g, status, ignore_chunk{}, ignore_before_pass{});
+template <class E, class C, class B>
+concept corrector_engine_visits = requires(E& e, const B& b, const C& c, std::span<const float> g, step_status* status) {
+  e.update(b, c, g, status, ignore_chunk{}, ignore_before_pass{});
 };
 
 /// A selector whose density set_density() and checkpoints change.
@@ -315,19 +320,19 @@ consteval bool check_engines() {
     using select_engine = engine<Selector, Backend>;
     using correct_engine = engine<Corrector, Backend>;
     using encode_engine = engine<Encoder, Backend>;
-    static_assert(selector_engine<select_engine, Selector>,
+    static_assert(selector_engine<select_engine, Selector, Backend>,
                   "gradcomp: the selector's engine lacks the step protocol: "
-                  "select(policy, select_input, out, step_status*) -> queued_selection, and accept()");
-    static_assert(corrector_engine<correct_engine, Corrector>,
-                  "gradcomp: the corrector's engine lacks the step protocol: update(policy, g, step_status*), "
-                  "acc(g), preview(policy, g, out, step_status*), commit(policy, index, sent, step_status*), "
-                  "committed(a), load_committed(a, values) and accept()");
-    static_assert(encoder_engine<encode_engine, Encoder>,
+                  "select(context, policy, select_input, out, step_status*) -> queued_selection, and accept()");
+    static_assert(corrector_engine<correct_engine, Corrector, Backend>,
+                  "gradcomp: the corrector's engine lacks the step protocol: update(context, policy, g, step_status*), "
+                  "acc(g), preview(context, policy, g, out, step_status*), commit(context, policy, index, sent, "
+                  "step_status*), committed(a), load_committed(a, values) and accept()");
+    static_assert(encoder_engine<encode_engine, Encoder, Backend>,
                   "gradcomp: the encoder's engine lacks the step protocol: "
-                  "encode(policy, encode_input, out, sent, step_status*)");
-    static_assert(!selector_engine_begins_observing<select_engine, Selector> ||
-                      selector_engine_observes<select_engine, Selector>,
-                  "gradcomp: the selector's engine has begin_observe(policy, step) but not "
+                  "encode(context, policy, encode_input, out, sent, step_status*)");
+    static_assert(!selector_engine_begins_observing<select_engine, Selector, Backend> ||
+                      selector_engine_observes<select_engine, Selector, Backend>,
+                  "gradcomp: the selector's engine has begin_observe(context, policy, step) but not "
                   "observe(thread, begin, acc_chunk, grad_chunk): the fused pass needs both");
     static_assert(!selector_has_density<Selector> || engine_has_reserve<select_engine, Selector>,
                   "gradcomp: the selector has a density, so set_density() and load_state() need its engine's "

@@ -38,14 +38,14 @@ class engine<first_entries, backend::host> {
 #ifndef USER_SELECTOR_NO_RESERVE
   void reserve(const first_entries&) noexcept {}
 #endif
-  void begin_observe(const first_entries&, std::uint64_t) noexcept {}
+  void begin_observe(const backend::host&, const first_entries&, std::uint64_t) noexcept {}
 #ifndef USER_SELECTOR_NO_OBSERVE
   void observe(int, std::size_t, std::span<const float>, std::span<const float>) noexcept {}
 #endif
 #ifndef USER_SELECTOR_NO_SELECT
   // backend::host's memory is host memory: the count goes straight into the status.
-  queued_selection select(const first_entries& policy, const select_input& in, std::span<std::uint32_t> out,
-                          step_status* status) {
+  queued_selection select(const backend::host&, const first_entries& policy, const select_input& in,
+                          std::span<std::uint32_t> out, step_status* status) {
     const auto count = static_cast<std::size_t>(policy.density * static_cast<double>(in.acc.size()));
     for (std::size_t i = 0; i < count; ++i) out[i] = static_cast<std::uint32_t>(i);
     status->count = static_cast<std::uint32_t>(count);

@@ -315,6 +315,38 @@ TEST_CASE("set_density and checkpoints carry over between cuda and host") {
   both(4);
 }
 
+TEST_CASE("cuda: a stream per call runs the steps of the compressor's own stream; another device is refused") {
+  int current = 0;
+  REQUIRE(cudaGetDevice(&current) == cudaSuccess);
+  const std::size_t n = 100'003;
+  cudaStream_t stream = nullptr;
+  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  auto own = gc::presets::dgc(gc::backend::cuda{}, n, {.density = 0.01, .max_norm = 1.0f});
+  auto per_call = gc::presets::dgc(gc::backend::cuda{}, n, {.density = 0.01, .max_norm = 1.0f});
+  thrust::device_vector<std::byte> a(own.max_message_bytes()), b(per_call.max_message_bytes());
+  const gc::backend::cuda context{.stream = stream};  // device -1: the compressor's
+  for (int step = 0; step < 4; ++step) {
+    CAPTURE(step);
+    auto g = device::copy_of(inputs::make(inputs::shape::student_t3, n, 60 + static_cast<std::uint64_t>(step)));
+    REQUIRE(device::same_bits(device::host_copy(per_call.preview(context, device::span_of(g))),
+                              device::host_copy(own.preview(device::span_of(g)))));
+    const auto want = own.compress(device::span_of(g), device::span_of(a));
+    const auto got = per_call.compress(context, device::span_of(g), device::span_of(b));
+    REQUIRE(device::host_copy(got.bytes()) == device::host_copy(want.bytes()));
+  }
+  auto g = device::copy_of(inputs::make(inputs::shape::normal, n, 70));
+  std::stringstream before, after;
+  per_call.save_state(before);
+  const std::string want = "compress: the context is on CUDA device " + std::to_string(current + 1) +
+                           " but the compressor's memory is on device " + std::to_string(current);
+  CHECK_THROWS_WITH_AS(per_call.compress(gc::backend::cuda{.stream = stream, .device = current + 1},
+                                         device::span_of(g), device::span_of(b)),
+                       doctest::Contains(want.c_str()), gc::error);
+  per_call.save_state(after);
+  CHECK(after.str() == before.str());
+  REQUIRE(cudaStreamDestroy(stream) == cudaSuccess);
+}
+
 TEST_CASE("cuda: a compressor records its device and refuses calls made with another current") {
   int current = 0;
   int devices = 0;

@@ -41,12 +41,12 @@ namespace {
 // Runs one selector engine to the queued protocol on device copies of acc and g:
 // the count from the status, and the indices.
 template <class Engine, class Policy>
-std::vector<std::uint32_t> queued_indices(Engine& engine, const Policy& policy, thrust::device_vector<float>& acc,
-                                          thrust::device_vector<float>& g) {
+std::vector<std::uint32_t> queued_indices(Engine& engine, const gradcomp::backend::cuda& be, const Policy& policy,
+                                          thrust::device_vector<float>& acc, thrust::device_vector<float>& g) {
   thrust::device_vector<std::uint32_t> out(acc.size(), 0xFFFFFFFFu);
   thrust::device_vector<gradcomp::detail::step_status> status(1);
   const auto a = device::span_of(acc);
-  engine.select(policy, {a, device::span_of(g), 0}, device::span_of(out), device::span_of(status).data());
+  engine.select(be, policy, {a, device::span_of(g), 0}, device::span_of(out), device::span_of(status).data());
   const std::uint32_t count = device::host_copy(status)[0].count;
   auto indices = device::host_copy(out);
   REQUIRE(count <= indices.size());
@@ -73,14 +73,14 @@ TEST_CASE("cuda: the exact_topk and chunk_local fast paths equal the generic alg
         gc::detail::engine<gc::select::exact_topk, gc::backend::cuda> fast(be, policy, n);
         gc::detail::exact_topk_selection<gc::backend::cuda> generic(be, policy, n);
         CAPTURE(k);
-        REQUIRE(queued_indices(fast, policy, acc, acc) == queued_indices(generic, policy, acc, acc));
+        REQUIRE(queued_indices(fast, be, policy, acc, acc) == queued_indices(generic, be, policy, acc, acc));
       }
       for (const std::size_t bin : {std::size_t{1}, std::size_t{50}, std::size_t{5000}, n}) {
         const gc::select::chunk_local policy{.bin = bin};
         gc::detail::engine<gc::select::chunk_local, gc::backend::cuda> fast(be, policy, n);
         gc::detail::chunk_local_selection<gc::backend::cuda> generic(be, policy, n);
         CAPTURE(bin);
-        REQUIRE(queued_indices(fast, policy, acc, g) == queued_indices(generic, policy, acc, g));
+        REQUIRE(queued_indices(fast, be, policy, acc, g) == queued_indices(generic, be, policy, acc, g));
       }
     }
   }

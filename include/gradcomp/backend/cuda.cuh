@@ -174,6 +174,18 @@ struct cuda {
     return bound;
   }
 
+  /// `context` (its stream) checked as the execution context of one call of a
+  /// compressor made with this backend: it must be on this backend's device (-1 takes
+  /// it), where the compressor's memory lives.
+  /// \throws gradcomp::error (invalid_argument) naming both devices otherwise.
+  [[nodiscard]] cuda context_for(const char* who, const cuda& context) const {
+    cuda bound = context;
+    if (bound.device < 0) bound.device = device;
+    detail::require(bound.device == device, errc::invalid_argument, who, ": the context is on CUDA device ", bound.device,
+                    " but the compressor's memory is on device ", device);
+    return bound;
+  }
+
   /// \throws gradcomp::error (invalid_argument) unless `device` is the current device,
   ///         naming both: kernels would otherwise run on memory of another device.
   void require_current_device(const char* who) const {

@@ -229,6 +229,18 @@ struct host {
     std::copy(from, from + count, to);
   }
 
+  /// `context` checked as the execution context of one call of a compressor made with
+  /// this backend: it may use at most this backend's threads, for which the compressor
+  /// sized its per-thread workspace.
+  /// \throws gradcomp::error (invalid_argument) naming both otherwise.
+  [[nodiscard]] host context_for(const char* who, const host& context) const {
+    const int mine = concurrency();
+    const int theirs = context.concurrency();
+    detail::require(theirs <= mine, errc::invalid_argument, who, ": the context's threads = ", context.threads, " (",
+                    theirs, " threads) exceed the ", mine, " the compressor was made with, which sized its workspace");
+    return context;
+  }
+
   /// Threads that a parallel region of this backend uses.
   [[nodiscard]] int concurrency() const {
     detail::require(threads >= 0, errc::invalid_argument, "backend::host::threads must be >= 0, got ", threads);

@@ -141,21 +141,20 @@ class elementwise_correction {
 
   /// Queues the new state and acc of every element; a NaN or infinity in acc raises
   /// the status's flag. A clip's factor is computed on the backend (no read-back).
-  void update(const Policy& policy, std::span<const float> g, step_status* status) {
+  void update(const Backend& be, const Policy& policy, std::span<const float> g, step_status* status) {
     const float* scale = nullptr;
     if constexpr (scales_gradient<Policy>()) {
       if (policy.needs_norm()) {
-        backend_.sum(n_, square_of{g.data()}, chunk_sums_.data(), sum_of_squares_.data());
-        backend_.for_each(1, elementwise::scale_from_norm<Policy>{policy, sum_of_squares_.data(), scale_.data()});
+        be.sum(n_, square_of{g.data()}, chunk_sums_.data(), sum_of_squares_.data());
+        be.for_each(1, elementwise::scale_from_norm<Policy>{policy, sum_of_squares_.data(), scale_.data()});
         scale = scale_.data();
       }
     }
-    backend_.reduce_or(n_,
+    be.reduce_or(n_,
                        elementwise::update<Policy, arrays, own_acc>{policy, addresses(committed_), addresses(next_),
                                                                      acc_.data(), g.data(), scale},
                        &status->non_finite);
   }
-
 
   /// acc of the step in progress.
   std::span<const float> acc(std::span<const float>) const noexcept {
@@ -169,16 +168,17 @@ class elementwise_correction {
   /// Queues into `out` the acc that update() would compute now, and its finiteness
   /// into the status. The committed state is untouched (update() writes only the next
   /// copy, which the next step rewrites whole).
-  void preview(const Policy& policy, std::span<const float> g, std::span<float> out, step_status* status) {
-    update(policy, g, status);
-    backend_.for_each(n_, elementwise::copy{acc({}).data(), out.data()});
+  void preview(const Backend& be, const Policy& policy, std::span<const float> g, std::span<float> out,
+               step_status* status) {
+    update(be, policy, g, status);
+    be.for_each(n_, elementwise::copy{acc({}).data(), out.data()});
   }
 
   /// Queues the commit of the sent entries: index and sent span the workspace and the
   /// count is the status's; nothing is written if the step met a NaN.
-  void commit(const Policy& policy, std::span<const std::uint32_t> index, std::span<const float> sent,
-              const step_status* status) {
-    backend_.for_each(index.size(), elementwise::commit<Policy, arrays>{policy, addresses(committed_), addresses(next_),
+  void commit(const Backend& be, const Policy& policy, std::span<const std::uint32_t> index,
+              std::span<const float> sent, const step_status* status) {
+    be.for_each(index.size(), elementwise::commit<Policy, arrays>{policy, addresses(committed_), addresses(next_),
                                                                          acc({}).data(), index.data(), sent.data(),
                                                                          status});
   }

@@ -34,27 +34,25 @@ struct check {
 template <class Backend>
 class no_correction {
  public:
-  no_correction(const Backend& be, const correct::none&, std::size_t) : backend_(be) {}
+  no_correction(const Backend&, const correct::none&, std::size_t) {}
 
   /// Queues the finiteness check of g.
-  void update(const correct::none&, std::span<const float> g, step_status* status) {
-    backend_.reduce_or(g.size(), no_correction_work::check{g.data(), nullptr}, &status->non_finite);
+  void update(const Backend& be, const correct::none&, std::span<const float> g, step_status* status) {
+    be.reduce_or(g.size(), no_correction_work::check{g.data(), nullptr}, &status->non_finite);
   }
   std::span<const float> acc(std::span<const float> g) const noexcept { return g; }
 
   /// Queues the copy of acc (= g) into `out` and its finiteness check.
-  void preview(const correct::none&, std::span<const float> g, std::span<float> out, step_status* status) {
-    backend_.reduce_or(g.size(), no_correction_work::check{g.data(), out.data()}, &status->non_finite);
+  void preview(const Backend& be, const correct::none&, std::span<const float> g, std::span<float> out,
+               step_status* status) {
+    be.reduce_or(g.size(), no_correction_work::check{g.data(), out.data()}, &status->non_finite);
   }
 
-  void commit(const correct::none&, std::span<const std::uint32_t>, std::span<const float>,
+  void commit(const Backend&, const correct::none&, std::span<const std::uint32_t>, std::span<const float>,
               const step_status*) noexcept {}
   void accept() noexcept {}
   std::span<const float> committed(std::size_t) const noexcept { return {}; }
   void load_committed(std::size_t, std::span<const float>) noexcept {}
-
- private:
-  Backend backend_;
 };
 
 /// Every backend without an engine of its own for correct::none runs the one above.

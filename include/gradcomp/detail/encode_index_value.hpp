@@ -431,8 +431,7 @@ template <class Backend>
 class message_writer {
  public:
   message_writer(const Backend& be, const encode::index_value& policy, std::size_t n, std::size_t capacity)
-      : backend_(be),
-        n_(n),
+      : n_(n),
         plan_(be.template allocate<message_plan>(1)),
         widths_(be.template allocate<std::uint32_t>(blocks_of(capacity, delta_block))),
         group_width_(be.template allocate<std::uint64_t>(blocks_of(blocks_of(capacity, delta_block), delta_group))),
@@ -444,52 +443,52 @@ class message_writer {
   /// receiver decodes into sent[j]; its size goes to the status. Every pass runs over
   /// `bound` entries (at most the capacity; the count where the host knows it, else the
   /// capacity), guarded by the count. Writes nothing if the status holds a NaN.
-  void queue(const encode::index_value& policy, std::size_t bound, const std::uint32_t* index, const float* values,
-             std::uint64_t step, std::byte* out, float* sent, step_status* status) {
+  void queue(const Backend& be, const encode::index_value& policy, std::size_t bound, const std::uint32_t* index,
+             const float* values, std::uint64_t step, std::byte* out, float* sent, step_status* status) {
     const step_entries entries{status};
     const std::size_t blocks = blocks_of(bound, delta_block);
     const std::size_t groups = blocks_of(blocks, delta_group);
     message_plan* plan = plan_.data();
-    backend_.clear(plan, 1);
+    be.clear(plan, 1);
     switch (policy.value) {
-      case value_coding::int8: backend_.reduce_max(bound, value_key{entries, values}, &plan->max_key); break;
+      case value_coding::int8: be.reduce_max(bound, value_key{entries, values}, &plan->max_key); break;
       case value_coding::ternary:
       case value_coding::qsgd:
-        backend_.sum(bound, value_moment{entries, values, policy.value == value_coding::qsgd}, chunk_.data(),
+        be.sum(bound, value_moment{entries, values, policy.value == value_coding::qsgd}, chunk_.data(),
                      &plan->moment);
         break;
       default: break;
     }
     const bool delta = policy.index == index_coding::delta_bitpack || policy.index == index_coding::automatic;
     if (delta) {
-      backend_.for_each(blocks, delta_block_width{entries, index, widths_.data()});
-      backend_.for_each(groups, delta_group_width{widths_.data(), blocks, group_width_.data()});
+      be.for_each(blocks, delta_block_width{entries, index, widths_.data()});
+      be.for_each(groups, delta_group_width{widths_.data(), blocks, group_width_.data()});
     }
-    backend_.for_each(1, plan_message{entries, policy.index, policy.value, policy.levels, policy.checksum, n_,
+    be.for_each(1, plan_message{entries, policy.index, policy.value, policy.levels, policy.checksum, n_,
                                       widths_.data(), group_width_.data(), delta ? groups : 0, plan, out, status});
 
     const planned_section section{entries, plan};
     std::byte* index_section = out + message_header::size;
     if (policy.index == index_coding::raw32 || policy.index == index_coding::automatic) {
-      backend_.for_each(bound, write_raw32{section, index, index_section});
+      be.for_each(bound, write_raw32{section, index, index_section});
     }
     // automatic picks a bitmap only when it is smaller than raw32 (4 bytes an entry).
     const std::uint64_t bitmap = bitmap_bytes(n_);
     if (policy.index == index_coding::bitmap || (policy.index == index_coding::automatic && bitmap < 4 * bound)) {
-      backend_.for_each(bitmap, clear_bitmap{section, index_section});
-      backend_.for_each(bound, write_bitmap{section, index, index_section});
+      be.for_each(bitmap, clear_bitmap{section, index_section});
+      be.for_each(bound, write_bitmap{section, index, index_section});
     }
     if (delta) {
-      backend_.for_each(blocks, write_delta_block{section, index, widths_.data(), group_width_.data(), index_section});
+      be.for_each(blocks, write_delta_block{section, index, widths_.data(), group_width_.data(), index_section});
     }
 
     if (policy.value == value_coding::ternary || policy.value == value_coding::qsgd) {
       const auto bytes = static_cast<std::size_t>(value_section_bytes(policy.value, bound, policy.levels));
-      backend_.for_each(bytes, write_packed_byte{entries, plan, policy.value, policy.levels, policy.seed, step, values,
+      be.for_each(bytes, write_packed_byte{entries, plan, policy.value, policy.levels, policy.seed, step, values,
                                                  out, sent});
     } else {
       const auto write = [&]<value_coding Coding>() {
-        backend_.for_each(bound, write_value<Coding>{entries, plan, values, out, sent});
+        be.for_each(bound, write_value<Coding>{entries, plan, values, out, sent});
       };
       switch (policy.value) {
         case value_coding::f16: write.template operator()<value_coding::f16>(); break;
@@ -501,13 +500,12 @@ class message_writer {
 
     if (policy.checksum) {
       const std::size_t parts = blocks_of(policy.max_bytes(n_, bound), checksum_chunk);
-      backend_.for_each(parts, checksum_part{entries, plan, out, parts_.data()});
-      backend_.for_each(1, checksum_finish{entries, plan, parts_.data(), out});
+      be.for_each(parts, checksum_part{entries, plan, out, parts_.data()});
+      be.for_each(1, checksum_finish{entries, plan, parts_.data(), out});
     }
   }
 
  private:
-  Backend backend_;
   std::size_t n_;
   typename Backend::template buffer<message_plan> plan_;
   typename Backend::template buffer<std::uint32_t> widths_;       // delta: each block's bit width
@@ -525,8 +523,7 @@ class engine<encode::index_value, Backend> {
 
  public:
   engine(const Backend& be, const encode::index_value& policy, std::size_t n, std::size_t capacity)
-      : backend_(be),
-        writer_(be, policy, n, capacity),
+      : writer_(be, policy, n, capacity),
         values_(be.template allocate<float>(capacity)),
         message_(be.template allocate<std::byte>(staged ? policy.max_bytes(n, capacity) : 0)) {}
 
@@ -542,20 +539,19 @@ class engine<encode::index_value, Backend> {
   /// decodes into `sent`, and its size into the status. `in.index` spans the entries
   /// the host knows of (the count where the host can read the status, else the whole
   /// workspace); the count is the status's.
-  void encode(const encode::index_value& policy, const encode_input& in, std::span<std::byte> out,
-              std::span<float> sent, step_status* status) {
+  void encode(const Backend& be, const encode::index_value& policy, const encode_input& in,
+              std::span<std::byte> out, std::span<float> sent, step_status* status) {
     const std::span<std::byte> target = staged ? std::span<std::byte>(message_.data(), message_.size()) : out;
-    backend_.for_each(in.index.size(),
+    be.for_each(in.index.size(),
                       gather_selected{{status}, in.acc.data(), in.index.data(), in.value_scale, values_.data()});
-    writer_.queue(policy, in.index.size(), in.index.data(), values_.data(), in.step, target.data(), sent.data(),
+    writer_.queue(be, policy, in.index.size(), in.index.data(), values_.data(), in.step, target.data(), sent.data(),
                   status);
     if constexpr (staged) {  // a second read of the status, for this configuration only
-      backend_.to_host(message_.data(), static_cast<std::size_t>(backend_.read(status).bytes), out.data());
+      be.to_host(message_.data(), static_cast<std::size_t>(be.read(status).bytes), out.data());
     }
   }
 
  private:
-  Backend backend_;
   message_writer<Backend> writer_;
   typename Backend::template buffer<float> values_;  // the gathered, scaled values
   typename Backend::template buffer<std::byte> message_;  // staged: the message in the space's memory
@@ -572,7 +568,7 @@ inline std::size_t encode_message(const encode::index_value& policy, std::size_t
   message_writer<backend::host> writer(one_thread, policy, n, index.size());
   step_status status;  // host memory
   status.count = static_cast<std::uint32_t>(index.size());
-  writer.queue(policy, index.size(), index.data(), values.data(), step, out.data(), sent.data(), &status);
+  writer.queue(one_thread, policy, index.size(), index.data(), values.data(), step, out.data(), sent.data(), &status);
   return static_cast<std::size_t>(status.bytes);
 }
 

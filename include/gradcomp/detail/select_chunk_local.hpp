@@ -72,16 +72,15 @@ template <class Backend>
 class chunk_local_selection {
  public:
   chunk_local_selection(const Backend& be, const select::chunk_local& policy, std::size_t n)
-      : backend_(be),
-        n_(n),
+      : n_(n),
         bins_((n + policy.bin_for(n) - 1) / policy.bin_for(n)),
         workspace_(be.template allocate<std::byte>(be.expand_workspace(bins_))) {}
 
   /// Queues the expansion over the bins: ascending indices in out, their count in the
   /// status.
-  queued_selection select(const select::chunk_local& policy, const select_input& in, std::span<std::uint32_t> out,
-                          step_status* status) {
-    backend_.expand(bins_, chunk_local_bins{in.acc.data(), in.grad.data(), n_, policy.bin_for(n_), out.data() + out.size()},
+  queued_selection select(const Backend& be, const select::chunk_local& policy, const select_input& in,
+                          std::span<std::uint32_t> out, step_status* status) {
+    be.expand(bins_, chunk_local_bins{in.acc.data(), in.grad.data(), n_, policy.bin_for(n_), out.data() + out.size()},
                     out.data(), workspace_bytes(workspace_),
                     &status->count);
     return {};
@@ -89,7 +88,6 @@ class chunk_local_selection {
   void accept() noexcept {}
 
  private:
-  Backend backend_;
   std::size_t n_;
   std::size_t bins_;
   typename Backend::template buffer<std::byte> workspace_;

@@ -54,8 +54,7 @@ class exact_topk_selection {
 
  public:
   exact_topk_selection(const Backend& be, const select::exact_topk&, std::size_t n)
-      : backend_(be),
-        n_(n),
+      : n_(n),
         candidates_(be.template allocate<std::uint32_t>(n)),
         keys_(be.template allocate<std::uint32_t>(n)),
         found_(be.template allocate<std::uint32_t>(1)),
@@ -70,53 +69,53 @@ class exact_topk_selection {
   void reserve(const select::exact_topk&) noexcept {}  // the workspace is sized by n, not k
 
   /// Runs the selection: the k ascending indices in out, k queued in the status.
-  queued_selection select(const select::exact_topk& policy, const select_input& in, std::span<std::uint32_t> out,
-                          step_status* status) {
+  queued_selection select(const Backend& be, const select::exact_topk& policy, const select_input& in,
+                          std::span<std::uint32_t> out, step_status* status) {
     const std::size_t k = policy.k(n_);
     const float* acc = in.acc.data();
     if (k == n_) {
-      backend_.for_each(n_, identity_indices{out.data()});
+      be.for_each(n_, identity_indices{out.data()});
     } else {
       std::span<std::uint32_t> list, keys;
       if (sample_.size() > 0) {
         const auto m = static_cast<std::size_t>(sample_.size());
-        backend_.for_each(m, gather_strided{acc, 0, sample_stride, sample_.data()});
-        const auto [lo, hi] = sample_bracket(on_host(backend_, sample_.data(), m, sample_host_), n_, k);
-        std::tie(list, keys) = collect(acc, lo);
+        be.for_each(m, gather_strided{acc, 0, sample_stride, sample_.data()});
+        const auto [lo, hi] = sample_bracket(on_host(be, sample_.data(), m, sample_host_), n_, k);
+        std::tie(list, keys) = collect(be, acc, lo);
         const auto above_hi = std::count_if(keys.begin(), keys.end(), [hi = hi](std::uint32_t key) { return key > hi; });
         if (list.size() < k || static_cast<std::size_t>(above_hi) >= k) list = {};  // the bracket missed
       }
       if (list.empty()) {
-        backend_.clear(bins_.data(), top_digit_bins);
-        backend_.histogram(n_, top_digit_of{acc}, bins_.data());
-        const std::uint32_t bin = find_bin_from_top(on_host(backend_, bins_.data(), top_digit_bins, bins_host_), k).first;
-        std::tie(list, keys) = collect(acc, bin << magnitude_digits[0].shift);
+        be.clear(bins_.data(), top_digit_bins);
+        be.histogram(n_, top_digit_of{acc}, bins_.data());
+        const std::uint32_t bin = find_bin_from_top(on_host(be, bins_.data(), top_digit_bins, bins_host_), k).first;
+        std::tie(list, keys) = collect(be, acc, bin << magnitude_digits[0].shift);
       }
       keep_top_keys(list, keys, k, 0, 0);
       if constexpr (staged) {
-        backend_.to_device(list.data(), k, out.data());
+        be.to_device(list.data(), k, out.data());
       } else {
         std::copy_n(list.data(), k, out.data());
       }
     }
-    queue_count(backend_, status, k);
+    queue_count(be, status, k);
     return {};
   }
   void accept() noexcept {}
 
  private:
   // The entries with key >= lo, ascending, and their keys, readable on the host.
-  std::pair<std::span<std::uint32_t>, std::span<std::uint32_t>> collect(const float* acc, std::uint32_t lo) {
-    backend_.compact(n_, magnitude_at_least{acc, lo}, candidates_.data(),
+  std::pair<std::span<std::uint32_t>, std::span<std::uint32_t>> collect(const Backend& be, const float* acc,
+                                                                     std::uint32_t lo) {
+    be.compact(n_, magnitude_at_least{acc, lo}, candidates_.data(),
                      workspace_bytes(workspace_),
                      found_.data());
-    const std::size_t count = backend_.read(static_cast<const std::uint32_t*>(found_.data()));
-    backend_.for_each(count, keys_at{acc, candidates_.data(), keys_.data()});
-    return {on_host(backend_, candidates_.data(), count, candidates_host_),
-            on_host(backend_, keys_.data(), count, keys_host_)};
+    const std::size_t count = be.read(static_cast<const std::uint32_t*>(found_.data()));
+    be.for_each(count, keys_at{acc, candidates_.data(), keys_.data()});
+    return {on_host(be, candidates_.data(), count, candidates_host_),
+            on_host(be, keys_.data(), count, keys_host_)};
   }
 
-  Backend backend_;
   std::size_t n_;
   typename Backend::template buffer<std::uint32_t> candidates_, keys_, found_, bins_;
   typename Backend::template buffer<float> sample_;

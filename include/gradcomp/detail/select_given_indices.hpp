@@ -47,10 +47,10 @@ class given_indices_selection {
   }
 
   /// Queues the copy of the set into out and its count.
-  queued_selection select(const select::given_indices&, const select_input&, std::span<std::uint32_t> out,
-                          step_status* status) {
-    backend_.for_each(count_, copy_elements<std::uint32_t>{given_.data(), out.data()});
-    queue_count(backend_, status, count_);
+  queued_selection select(const Backend& be, const select::given_indices&, const select_input&,
+                          std::span<std::uint32_t> out, step_status* status) {
+    be.for_each(count_, copy_elements<std::uint32_t>{given_.data(), out.data()});
+    queue_count(be, status, count_);
     return {};
   }
   void accept() noexcept {}

@@ -56,8 +56,7 @@ inline void random_k_indices(std::uint64_t seed, std::uint64_t step, std::size_t
 template <class Backend>
 class random_k_selection {
  public:
-  random_k_selection(const Backend& be, const select::random_k& policy, std::size_t n)
-      : backend_(be), n_(n), taken_((n + 63) / 64) {
+  random_k_selection(const Backend&, const select::random_k& policy, std::size_t n) : n_(n), taken_((n + 63) / 64) {
     reserve(policy);
   }
 
@@ -68,22 +67,21 @@ class random_k_selection {
   }
 
   /// Draws the indices into out and queues their count.
-  queued_selection select(const select::random_k& policy, const select_input& in, std::span<std::uint32_t> out,
-                          step_status* status) {
+  queued_selection select(const Backend& be, const select::random_k& policy, const select_input& in,
+                          std::span<std::uint32_t> out, step_status* status) {
     const std::size_t k = policy.k(n_);
     if constexpr (Backend::host_accessible) {
       random_k_indices(policy.seed, in.step, n_, k, taken_.data(), out.data());
     } else {
       random_k_indices(policy.seed, in.step, n_, k, taken_.data(), drawn_.data());
-      backend_.to_device(drawn_.data(), k, out.data());
+      be.to_device(drawn_.data(), k, out.data());
     }
-    queue_count(backend_, status, k);
+    queue_count(be, status, k);
     return {policy.value_scale(n_)};
   }
   void accept() noexcept {}
 
  private:
-  Backend backend_;
   std::size_t n_;
   std::vector<std::uint64_t> taken_;   // Floyd's bitmap, all zeros between steps
   std::vector<std::uint32_t> drawn_;   // the draw, where out is not host memory

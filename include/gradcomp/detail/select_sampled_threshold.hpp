@@ -62,57 +62,57 @@ class sampled_threshold_selection : public carries_threshold {
   }
 
   /// Runs the selection: ascending indices in out, their count queued in the status.
-  queued_selection select(const select::sampled_threshold& policy, const select_input& in,
+  queued_selection select(const Backend& be, const select::sampled_threshold& policy, const select_input& in,
                           std::span<std::uint32_t> out, step_status* status) {
     const std::size_t k = policy.k(n_);
     const sample_plan plan = sample_plan::make(policy, n_, in.step);
-    if (plan.exact) return select_exact(k, in, out, status);
+    if (plan.exact) return select_exact(be, k, in, out, status);
     const float* acc = in.acc.data();
     const auto collect = [&](std::uint32_t key) -> std::size_t {
-      backend_.compact(n_, magnitude_at_least{acc, key}, candidates_.data(), workspace_bytes(workspace_), found_.data());
-      return backend_.read(static_cast<const std::uint32_t*>(found_.data()));
+      be.compact(n_, magnitude_at_least{acc, key}, candidates_.data(), workspace_bytes(workspace_), found_.data());
+      return be.read(static_cast<const std::uint32_t*>(found_.data()));
     };
     std::uint32_t key = memory_.key();
     const bool reusing = policy.reuse_threshold && memory_.has();
     std::size_t count = reusing ? collect(key) : 0;
     if (!reusing || !within_bounds(policy, k, count)) {
-      backend_.for_each(plan.size, gather_strided{acc, plan.offset, plan.stride, sample_.data()});
-      key = sampled_threshold_key(policy, on_host(backend_, sample_.data(), plan.size, sample_host_));
-      if (key >= non_finite_key) return finish(status, 0);  // a NaN or infinity: the step is rejected
+      be.for_each(plan.size, gather_strided{acc, plan.offset, plan.stride, sample_.data()});
+      key = sampled_threshold_key(policy, on_host(be, sample_.data(), plan.size, sample_host_));
+      if (key >= non_finite_key) return finish(be, status, 0);  // a NaN or infinity: the step is rejected
       std::tie(count, key) = refine_threshold(policy, k, key, collect(key), collect);
     }
     if (needs_top_k(policy, k, count)) {
-      backend_.for_each(count, keys_at{acc, candidates_.data(), keys_.data()});
-      const std::span<std::uint32_t> list = on_host(backend_, candidates_.data(), count, candidates_host_);
-      const std::span<std::uint32_t> keys = on_host(backend_, keys_.data(), count, keys_host_);
+      be.for_each(count, keys_at{acc, candidates_.data(), keys_.data()});
+      const std::span<std::uint32_t> list = on_host(be, candidates_.data(), count, candidates_host_);
+      const std::span<std::uint32_t> keys = on_host(be, keys_.data(), count, keys_host_);
       std::tie(count, key) = keep_top_keys(list, keys, k, 0, 0);
       if constexpr (staged) {
-        backend_.to_device(list.data(), count, out.data());
+        be.to_device(list.data(), count, out.data());
       } else {
         std::copy_n(list.data(), count, out.data());
       }
     } else {
-      backend_.for_each(count, copy_elements<std::uint32_t>{candidates_.data(), out.data()});
+      be.for_each(count, copy_elements<std::uint32_t>{candidates_.data(), out.data()});
     }
     memory_.propose(key);
-    return finish(status, count);
+    return finish(be, status, count);
   }
   void accept() noexcept { carries_threshold::accept(); }
 
  private:
   // The sample would be all of acc: the backend's exact top k, whose smallest key is
   // the threshold carried to the next step.
-  queued_selection select_exact(std::size_t k, const select_input& in, std::span<std::uint32_t> out,
-                                step_status* status) {
-    topk_.select(select::exact_topk{.count = k}, in, out, status);
-    backend_.for_each(k, keys_at{in.acc.data(), out.data(), keys_.data()});
-    const std::span<std::uint32_t> keys = on_host(backend_, keys_.data(), k, keys_host_);
+  queued_selection select_exact(const Backend& be, std::size_t k, const select_input& in,
+                                std::span<std::uint32_t> out, step_status* status) {
+    topk_.select(be, select::exact_topk{.count = k}, in, out, status);
+    be.for_each(k, keys_at{in.acc.data(), out.data(), keys_.data()});
+    const std::span<std::uint32_t> keys = on_host(be, keys_.data(), k, keys_host_);
     memory_.propose(*std::min_element(keys.begin(), keys.end()));
     return {};
   }
 
-  queued_selection finish(step_status* status, std::size_t count) {
-    queue_count(backend_, status, count);
+  queued_selection finish(const Backend& be, step_status* status, std::size_t count) {
+    queue_count(be, status, count);
     return {};
   }
 

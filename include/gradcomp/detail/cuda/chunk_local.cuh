@@ -64,8 +64,7 @@ template <>
 class engine<select::chunk_local, backend::cuda> {
  public:
   engine(const backend::cuda& be, const select::chunk_local& policy, std::size_t n)
-      : stream_(be.stream),
-        n_(n),
+      : n_(n),
         bin_max_(n / policy.bin_for(n) + (n % policy.bin_for(n) != 0 ? 1 : 0)),
         runs_(1),
         compact_(n, be.stream) {
@@ -74,15 +73,15 @@ class engine<select::chunk_local, backend::cuda> {
     cuda_check(cub::DeviceReduce::ReduceByKey(nullptr, bytes, bins(indices(0), bin_of{1}),
                                               thrust::make_discard_iterator(), magnitudes(indices(0), magnitude_of{}),
                                               static_cast<std::uint32_t*>(nullptr), static_cast<std::uint32_t*>(nullptr),
-                                              cuda::maximum<std::uint32_t>{}, static_cast<std::int64_t>(n), stream_),
+                                              cuda::maximum<std::uint32_t>{}, static_cast<std::int64_t>(n), be.stream),
                "cub::DeviceReduce::ReduceByKey (scratch size)");
     reduce_scratch_ = device_buffer<std::byte>(std::max<std::size_t>(bytes, 1));
   }
 
-  /// Queues the bin maxima and the compaction: ascending indices in out, their count
-  /// in the status.
-  queued_selection select(const select::chunk_local& policy, const select_input& in, std::span<std::uint32_t> out,
-                          step_status* status) {
+  /// Queues the bin maxima and the compaction on the context's stream: ascending
+  /// indices in out, their count in the status.
+  queued_selection select(const backend::cuda& be, const select::chunk_local& policy, const select_input& in,
+                          std::span<std::uint32_t> out, step_status* status) {
     using namespace cuda_chunk_local;
     const auto bin = static_cast<std::uint32_t>(policy.bin_for(n_));
     std::size_t bytes = reduce_scratch_.size();
@@ -90,15 +89,14 @@ class engine<select::chunk_local, backend::cuda> {
                                               thrust::make_discard_iterator(),
                                               magnitudes(indices(0), magnitude_of{in.acc.data()}), bin_max_.data(),
                                               runs_.data(), cuda::maximum<std::uint32_t>{},
-                                              static_cast<std::int64_t>(n_), stream_),
+                                              static_cast<std::int64_t>(n_), be.stream),
                "cub::DeviceReduce::ReduceByKey");
-    compact_(hits{in.acc.data(), in.grad.data(), bin_max_.data(), bin}, out.data(), &status->count);
+    compact_(hits{in.acc.data(), in.grad.data(), bin_max_.data(), bin}, out.data(), &status->count, be.stream);
     return {};
   }
   void accept() noexcept {}
 
  private:
-  cudaStream_t stream_;
   std::size_t n_;
   device_buffer<std::uint32_t> bin_max_;  // per bin, the largest magnitude key
   device_buffer<std::uint32_t> runs_;     // ReduceByKey's run count (the number of bins; unused)

@@ -69,23 +69,21 @@ inline std::size_t expand_scratch(std::size_t m, cudaStream_t stream) {
   return 2 * m * sizeof(std::uint32_t) + std::max<std::size_t>(bytes, 1);
 }
 
-/// Compacts [0, n) by `Predicate` (a device functor of the index) on one stream; the
-/// scratch is allocated once, here.
+/// Compacts [0, n) by `Predicate` (a device functor of the index); the scratch is
+/// allocated once, here.
 template <class Predicate>
 class index_compaction {
  public:
-  index_compaction(std::size_t n, cudaStream_t stream)
-      : n_(n), stream_(stream), scratch_(select_if_scratch<Predicate>(n, stream)) {}
+  index_compaction(std::size_t n, cudaStream_t stream) : n_(n), scratch_(select_if_scratch<Predicate>(n, stream)) {}
 
-  /// Queues the kept indices into out (device memory, room for all n) and their
-  /// number into *count (device memory).
-  void operator()(const Predicate& keep, std::uint32_t* out, std::uint32_t* count) {
-    select_if(scratch_.data(), scratch_.size(), keep, n_, out, count, stream_);
+  /// Queues on `stream` the kept indices into out (device memory, room for all n) and
+  /// their number into *count (device memory).
+  void operator()(const Predicate& keep, std::uint32_t* out, std::uint32_t* count, cudaStream_t stream) {
+    select_if(scratch_.data(), scratch_.size(), keep, n_, out, count, stream);
   }
 
  private:
   std::size_t n_;
-  cudaStream_t stream_;
   device_buffer<std::byte> scratch_;
 };
 

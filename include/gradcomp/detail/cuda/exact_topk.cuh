@@ -31,8 +31,7 @@ class engine<select::exact_topk, backend::cuda> {
   static constexpr bool checks_finite = true;  // the top digit's histogram counts NaN and infinity keys
 
   engine(const backend::cuda& be, const select::exact_topk& policy, std::size_t n)
-      : stream_(be.stream),
-        n_(static_cast<std::uint32_t>(n)),
+      : n_(static_cast<std::uint32_t>(n)),
         grid_(cuda_launch::grid_for(n)),
         histogram_(cuda_radix::top_bins),
         states_(2),
@@ -59,30 +58,31 @@ class engine<select::exact_topk, backend::cuda> {
   /// Queues the selection of the k entries of largest |acc| on the stream: their
   /// indices, ascending, in out[0, k) (device memory); k into the status, and its
   /// non-finite flag if acc held a NaN or infinity. Waits for nothing.
-  queued_selection select(const select::exact_topk& policy, const select_input& in, std::span<std::uint32_t> out,
-                          step_status* status) {
+  queued_selection select(const backend::cuda& be, const select::exact_topk& policy, const select_input& in,
+                          std::span<std::uint32_t> out, step_status* status) {
     using namespace cuda_radix;
+    const cudaStream_t stream = be.stream;
     const auto k = static_cast<std::uint32_t>(policy.k(n_));
     select_state* magnitude = states_.data();
     select_state* ties = states_.data() + 1;
     std::uint32_t* chosen_count = counts_of(magnitude) + 3;
     // The k-th largest magnitude K: the entries above it go to chosen_, those equal to
     // it to list_a_. Bins from 0x7F800000 >> 21 up hold NaN and infinity keys.
-    begin_select<<<1, 1, 0, stream_>>>(magnitude, k, nullptr);
-    radix_select(all_of{n_}, magnitude_key_of{in.acc.data()}, magnitude, non_finite_key >> 21, list_a_.data(),
+    begin_select<<<1, 1, 0, stream>>>(magnitude, k, nullptr);
+    radix_select(stream, all_of{n_}, magnitude_key_of{in.acc.data()}, magnitude, non_finite_key >> 21, list_a_.data(),
                  list_b_.data(), chosen_count, k, false);
     // Of the entries equal to K, the `rank` lowest indices: the same select on ~index
     // (unique keys), appending to chosen_, which then holds exactly k.
-    begin_select<<<1, 1, 0, stream_>>>(ties, 0, magnitude);
-    radix_select(list_of{list_a_.data(), counts_of(magnitude) + 2}, lower_index_first{}, ties, ~0u, list_b_.data(),
-                 list_a_.data(), chosen_count, k, true);
-    finish_select<<<1, 1, 0, stream_>>>(magnitude, k, status);
+    begin_select<<<1, 1, 0, stream>>>(ties, 0, magnitude);
+    radix_select(stream, list_of{list_a_.data(), counts_of(magnitude) + 2}, lower_index_first{}, ties, ~0u,
+                 list_b_.data(), list_a_.data(), chosen_count, k, true);
+    finish_select<<<1, 1, 0, stream>>>(magnitude, k, status);
     cuda_check(cudaGetLastError(), "exact_topk kernels (launch)");
 
     // The k chosen indices, in the order they were appended: sort them ascending.
     std::size_t bytes = sort_scratch_.size();
     cuda_check(cub::DeviceRadixSort::SortKeys(sort_scratch_.data(), bytes, chosen_.data(), out.data(),
-                                              static_cast<int>(k), 0, 32, stream_),
+                                              static_cast<int>(k), 0, 32, stream),
                "cub::DeviceRadixSort::SortKeys");
     return {};
   }
@@ -98,7 +98,8 @@ class engine<select::exact_topk, backend::cuda> {
   // go to `level1`, of level 2 to `level2`, and those equal to the r-th key to `level1`
   // again (counts[2] of the state), or to chosen_ with `equal_is_sure`.
   template <class Source, class Key>
-  void radix_select(Source first, Key key, cuda_radix::select_state* state, std::uint32_t non_finite_bin,
+  void radix_select(cudaStream_t stream, Source first, Key key, cuda_radix::select_state* state,
+                    std::uint32_t non_finite_bin,
                     std::uint32_t* level1, std::uint32_t* level2, std::uint32_t* chosen_count, std::uint32_t k,
                     bool equal_is_sure) {
     using namespace cuda_radix;
@@ -108,20 +109,19 @@ class engine<select::exact_topk, backend::cuda> {
       return split_target{next,         next_count, last ? nullptr : histogram, next_shift, mask, chosen(),
                           chosen_count, n_,         k,                          last && equal_is_sure};
     };
-    count_top_digit<<<grid_, block_threads, 0, stream_>>>(first, key, histogram);
-    find_digit<11><<<1, find_threads, 0, stream_>>>(histogram, state, non_finite_bin);
-    split<<<grid_, block_threads, 0, stream_>>>(first, key, state, 21, to(level1, counts + 0, false, 10, 0x7FFu));
-    find_digit<11><<<1, find_threads, 0, stream_>>>(histogram, state, ~0u);
-    split<<<grid_, block_threads, 0, stream_>>>(list_of{level1, counts + 0}, key, state, 10,
+    count_top_digit<<<grid_, block_threads, 0, stream>>>(first, key, histogram);
+    find_digit<11><<<1, find_threads, 0, stream>>>(histogram, state, non_finite_bin);
+    split<<<grid_, block_threads, 0, stream>>>(first, key, state, 21, to(level1, counts + 0, false, 10, 0x7FFu));
+    find_digit<11><<<1, find_threads, 0, stream>>>(histogram, state, ~0u);
+    split<<<grid_, block_threads, 0, stream>>>(list_of{level1, counts + 0}, key, state, 10,
                                                 to(level2, counts + 1, false, 0, 0x3FFu));
-    find_digit<10><<<1, find_threads, 0, stream_>>>(histogram, state, ~0u);
-    split<<<grid_, block_threads, 0, stream_>>>(list_of{level2, counts + 1}, key, state, 0,
+    find_digit<10><<<1, find_threads, 0, stream>>>(histogram, state, ~0u);
+    split<<<grid_, block_threads, 0, stream>>>(list_of{level2, counts + 1}, key, state, 0,
                                                 to(level1, counts + 2, true, 0, 0u));
   }
 
   std::uint32_t* chosen() noexcept { return chosen_.data(); }
 
-  cudaStream_t stream_;
   std::uint32_t n_;
   unsigned grid_;
   device_buffer<std::uint32_t> histogram_;

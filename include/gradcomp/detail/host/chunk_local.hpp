@@ -27,7 +27,7 @@ class engine<select::chunk_local, backend::host> {
   engine(const backend::host& be, const select::chunk_local&, std::size_t n)
       : threads_(be.concurrency()), n_(n), slices_(n), block_counts_(static_cast<std::size_t>(threads_)) {}
 
-  void begin_observe(const select::chunk_local& policy, std::uint64_t) noexcept {
+  void begin_observe(const backend::host&, const select::chunk_local& policy, std::uint64_t) noexcept {
     bin_ = policy.bin_for(n_);
     observed_ = true;
     observe_bad_ = {};
@@ -41,8 +41,9 @@ class engine<select::chunk_local, backend::host> {
 
   /// Selects at once (the pass, or what observe() collected in the corrector's): the
   /// indices into out, their count and NaN verdict into the status (host memory).
-  queued_selection select(const select::chunk_local& policy, const select_input& in, std::span<std::uint32_t> out,
-                          step_status* status) {
+  queued_selection select(const backend::host& be, const select::chunk_local& policy, const select_input& in,
+                          std::span<std::uint32_t> out, step_status* status) {
+    threads_ = be.concurrency();  // the call's context: at most the constructor's (block_counts_)
     return record_selection(select_now(policy, in, out), status);
   }
   void accept() noexcept {}

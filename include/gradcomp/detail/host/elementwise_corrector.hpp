@@ -71,13 +71,14 @@ class engine<Policy, backend::host> {
   /// committed state (whose bound is tracked step by step), the step cannot be
   /// rejected, and the new state overwrites the committed one: no second copy to write.
   template <class Visit, class BeforePass = ignore_before_pass>
-  void update(const Policy& policy, std::span<const float> g, step_status* status, Visit&& visit,
-              BeforePass&& before_pass = {}) {
+  void update(const backend::host& be, const Policy& policy, std::span<const float> g, step_status* status,
+              Visit&& visit, BeforePass&& before_pass = {}) {
+    threads_ = be.concurrency();  // the call's context
     if (!updated(policy, g, visit, before_pass)) status->non_finite = 1;
   }
   /// update() with no selector watching the pass.
-  void update(const Policy& policy, std::span<const float> g, step_status* status) {
-    update(policy, g, status, ignore_chunk{});
+  void update(const backend::host& be, const Policy& policy, std::span<const float> g, step_status* status) {
+    update(be, policy, g, status, ignore_chunk{});
   }
 
   /// acc of the step in progress.
@@ -91,8 +92,8 @@ class engine<Policy, backend::host> {
 
   /// Applies the policy's commit to every sent element (the first status->count of
   /// index); nothing if the step met a NaN or infinity.
-  void commit(const Policy& policy, std::span<const std::uint32_t> index, std::span<const float> sent,
-              const step_status* status) {
+  void commit(const backend::host&, const Policy& policy, std::span<const std::uint32_t> index,
+              std::span<const float> sent, const step_status* status) {
     if (status->non_finite != 0) return;
     index = index.first(std::min<std::size_t>(index.size(), status->count));
     sent = sent.first(index.size());
@@ -116,7 +117,9 @@ class engine<Policy, backend::host> {
 
   /// Writes to `out` the acc that update() would compute now from the committed state
   /// (clipping included) and changes nothing else; the status gets the NaN verdict.
-  void preview(const Policy& policy, std::span<const float> g, std::span<float> out, step_status* status) {
+  void preview(const backend::host& be, const Policy& policy, std::span<const float> g, std::span<float> out,
+               step_status* status) {
+    threads_ = be.concurrency();  // the call's context
     if (!previewed(policy, g, out)) status->non_finite = 1;
   }
 

@@ -55,6 +55,9 @@ class host_topk {
         sample_(n >= min_sampled_n ? n / sample_stride : 0),
         keys_(n / 8 + 4096) {}
 
+  /// The threads of the call's context (at most the constructor's: bins_ holds theirs).
+  void use_threads(int threads) noexcept { threads_ = threads; }
+
   /// Starts a pass in which observe() sees every chunk of acc.
   void begin_observe() noexcept {
     observed_ = true;
@@ -253,14 +256,17 @@ class engine<select::exact_topk, backend::host> {
   engine(const backend::host& be, const select::exact_topk&, std::size_t n) : topk_(be, n) {}
 
   void reserve(const select::exact_topk&) noexcept {}  // the workspace is sized by n, not k
-  void begin_observe(const select::exact_topk&, std::uint64_t /*step*/) noexcept { topk_.begin_observe(); }
+  void begin_observe(const backend::host&, const select::exact_topk&, std::uint64_t /*step*/) noexcept {
+    topk_.begin_observe();
+  }
   void observe(int thread, std::size_t begin, std::span<const float> acc_chunk, std::span<const float>) noexcept {
     topk_.observe(thread, begin, acc_chunk);
   }
   /// Selects at once (the pass, or what observe() collected in the corrector's): the
   /// indices into out, their count and NaN verdict into the status (host memory).
-  queued_selection select(const select::exact_topk& policy, const select_input& in, std::span<std::uint32_t> out,
-                          step_status* status) {
+  queued_selection select(const backend::host& be, const select::exact_topk& policy, const select_input& in,
+                          std::span<std::uint32_t> out, step_status* status) {
+    topk_.use_threads(be.concurrency());
     return record_selection(select_now(policy, in, out), status);
   }
   void accept() noexcept {}

@@ -17,14 +17,15 @@ namespace detail {
 template <>
 class engine<correct::none, backend::host> {
  public:
-  engine(const backend::host& be, const correct::none&, std::size_t) : threads_(be.concurrency()) {}
+  engine(const backend::host&, const correct::none&, std::size_t) {}
 
   /// Checks g and hands each chunk to `visit(thread, begin, acc_chunk)`; a NaN or
   /// infinity in g sets the status's verdict (host memory).
   template <class Visit, class BeforePass = ignore_before_pass>
-  void update(const correct::none&, std::span<const float> g, step_status* status, Visit&& visit, BeforePass&& = {}) {
+  void update(const backend::host& be, const correct::none&, std::span<const float> g, step_status* status,
+              Visit&& visit, BeforePass&& = {}) {
     shared_flag bad;
-    for_each_chunk(threads_, g.size(), [&](int thread, std::size_t, std::size_t begin, std::size_t end) {
+    for_each_chunk(be.concurrency(), g.size(), [&](int thread, std::size_t, std::size_t begin, std::size_t end) {
       const auto chunk = g.subspan(begin, end - begin);
       if (!all_finite(chunk)) bad.raise();
       visit(thread, begin, chunk);
@@ -32,28 +33,26 @@ class engine<correct::none, backend::host> {
     if (bad.raised()) status->non_finite = 1;
   }
   /// update() with no selector watching the pass.
-  void update(const correct::none& policy, std::span<const float> g, step_status* status) {
-    update(policy, g, status, ignore_chunk{});
+  void update(const backend::host& be, const correct::none& policy, std::span<const float> g, step_status* status) {
+    update(be, policy, g, status, ignore_chunk{});
   }
   std::span<const float> acc(std::span<const float> g) const noexcept { return g; }
   /// acc (= g) copied to `out`, its NaN verdict to the status.
-  void preview(const correct::none&, std::span<const float> g, std::span<float> out, step_status* status) {
+  void preview(const backend::host& be, const correct::none&, std::span<const float> g, std::span<float> out,
+               step_status* status) {
     shared_flag bad;
-    for_each_chunk(threads_, g.size(), [&](int, std::size_t, std::size_t begin, std::size_t end) {
+    for_each_chunk(be.concurrency(), g.size(), [&](int, std::size_t, std::size_t begin, std::size_t end) {
       const auto chunk = g.subspan(begin, end - begin);
       if (!all_finite(chunk)) bad.raise();
       std::copy(chunk.begin(), chunk.end(), out.begin() + static_cast<std::ptrdiff_t>(begin));
     });
     if (bad.raised()) status->non_finite = 1;
   }
-  void commit(const correct::none&, std::span<const std::uint32_t>, std::span<const float>,
+  void commit(const backend::host&, const correct::none&, std::span<const std::uint32_t>, std::span<const float>,
               const step_status*) noexcept {}
   void accept() noexcept {}
   std::span<const float> committed(std::size_t) const noexcept { return {}; }
   void load_committed(std::size_t, std::span<const float>) noexcept {}
-
- private:
-  int threads_;
 };
 
 }  // namespace detail

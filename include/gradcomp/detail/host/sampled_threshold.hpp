@@ -41,7 +41,9 @@ class engine<select::sampled_threshold, backend::host> : public carries_threshol
     if (m < n_ && m > sample_.size()) sample_.resize(m);
   }
 
-  void begin_observe(const select::sampled_threshold& policy, std::uint64_t step) {
+  void begin_observe(const backend::host& be, const select::sampled_threshold& policy, std::uint64_t step) {
+    threads_ = be.concurrency();  // the call's context, for before_pass
+    topk_.use_threads(threads_);
     plan_ = sample_plan::make(policy, n_, step);
     reusing_ = policy.reuse_threshold && memory_.has();
     presampled_ = false;
@@ -88,8 +90,10 @@ class engine<select::sampled_threshold, backend::host> : public carries_threshol
 
   /// Selects at once (the pass, or what observe() collected in the corrector's): the
   /// indices into out, their count and NaN verdict into the status (host memory).
-  queued_selection select(const select::sampled_threshold& policy, const select_input& in, std::span<std::uint32_t> out,
-                          step_status* status) {
+  queued_selection select(const backend::host& be, const select::sampled_threshold& policy, const select_input& in,
+                          std::span<std::uint32_t> out, step_status* status) {
+    threads_ = be.concurrency();  // the call's context
+    topk_.use_threads(threads_);
     return record_selection(select_now(policy, in, out), status);
   }
 

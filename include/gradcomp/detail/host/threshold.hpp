@@ -22,7 +22,7 @@ class engine<select::threshold, backend::host> {
 
   engine(const backend::host& be, const select::threshold&, std::size_t n) : threads_(be.concurrency()), slices_(n) {}
 
-  void begin_observe(const select::threshold& policy, std::uint64_t) noexcept {
+  void begin_observe(const backend::host&, const select::threshold& policy, std::uint64_t) noexcept {
     key_ = magnitude_key(policy.tau);
     observed_ = true;
   }
@@ -32,8 +32,9 @@ class engine<select::threshold, backend::host> {
   }
   /// Selects at once (the pass, or what observe() collected in the corrector's): the
   /// indices into out, their count and NaN verdict into the status (host memory).
-  queued_selection select(const select::threshold& policy, const select_input& in, std::span<std::uint32_t> out,
-                          step_status* status) {
+  queued_selection select(const backend::host& be, const select::threshold& policy, const select_input& in,
+                          std::span<std::uint32_t> out, step_status* status) {
+    threads_ = be.concurrency();  // the call's context
     return record_selection(select_now(policy, in, out), status);
   }
   void accept() noexcept {}
@@ -42,8 +43,7 @@ class engine<select::threshold, backend::host> {
   selection select_now(const select::threshold& policy, const select_input& in, std::span<std::uint32_t> out) {
     bool finite = true;
     if (!std::exchange(observed_, false)) {
-      begin_observe(policy, in.step);
-      observed_ = false;
+      key_ = magnitude_key(policy.tau);
       finite = slices_.collect(threads_, in.acc, key_);
     }
     return {slices_.gather(out.data()), 1.0f, finite};
