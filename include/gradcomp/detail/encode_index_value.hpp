@@ -455,7 +455,7 @@ class message_writer {
       case value_coding::ternary:
       case value_coding::qsgd:
         be.sum(bound, value_moment{entries, values, policy.value == value_coding::qsgd}, chunk_.data(),
-                     &plan->moment);
+               &plan->moment);
         break;
       default: break;
     }
@@ -465,7 +465,7 @@ class message_writer {
       be.for_each(groups, delta_group_width{widths_.data(), blocks, group_width_.data()});
     }
     be.for_each(1, plan_message{entries, policy.index, policy.value, policy.levels, policy.checksum, n_,
-                                      widths_.data(), group_width_.data(), delta ? groups : 0, plan, out, status});
+                                widths_.data(), group_width_.data(), delta ? groups : 0, plan, out, status});
 
     const planned_section section{entries, plan};
     std::byte* index_section = out + message_header::size;
@@ -485,7 +485,7 @@ class message_writer {
     if (policy.value == value_coding::ternary || policy.value == value_coding::qsgd) {
       const auto bytes = static_cast<std::size_t>(value_section_bytes(policy.value, bound, policy.levels));
       be.for_each(bytes, write_packed_byte{entries, plan, policy.value, policy.levels, policy.seed, step, values,
-                                                 out, sent});
+                                           out, sent});
     } else {
       const auto write = [&]<value_coding Coding>() {
         be.for_each(bound, write_value<Coding>{entries, plan, values, out, sent});
@@ -543,7 +543,7 @@ class engine<encode::index_value, Backend> {
               std::span<std::byte> out, std::span<float> sent, step_status* status) {
     const std::span<std::byte> target = staged ? std::span<std::byte>(message_.data(), message_.size()) : out;
     be.for_each(in.index.size(),
-                      gather_selected{{status}, in.acc.data(), in.index.data(), in.value_scale, values_.data()});
+                gather_selected{{status}, in.acc.data(), in.index.data(), in.value_scale, values_.data()});
     writer_.queue(be, policy, in.index.size(), in.index.data(), values_.data(), in.step, target.data(), sent.data(),
                   status);
     if constexpr (staged) {  // a second read of the status, for this configuration only

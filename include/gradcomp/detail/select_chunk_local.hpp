@@ -81,8 +81,8 @@ class chunk_local_selection {
   queued_selection select(const Backend& be, const select::chunk_local& policy, const select_input& in,
                           std::span<std::uint32_t> out, step_status* status) {
     be.expand(bins_, chunk_local_bins{in.acc.data(), in.grad.data(), n_, policy.bin_for(n_), out.data() + out.size()},
-                    out.data(), workspace_bytes(workspace_),
-                    &status->count);
+              out.data(), workspace_bytes(workspace_),
+              &status->count);
     return {};
   }
   void accept() noexcept {}

@@ -108,8 +108,8 @@ class exact_topk_selection {
   std::pair<std::span<std::uint32_t>, std::span<std::uint32_t>> collect(const Backend& be, const float* acc,
                                                                      std::uint32_t lo) {
     be.compact(n_, magnitude_at_least{acc, lo}, candidates_.data(),
-                     workspace_bytes(workspace_),
-                     found_.data());
+               workspace_bytes(workspace_),
+               found_.data());
     const std::size_t count = be.read(static_cast<const std::uint32_t*>(found_.data()));
     be.for_each(count, keys_at{acc, candidates_.data(), keys_.data()});
     return {on_host(be, candidates_.data(), count, candidates_host_),

@@ -34,8 +34,8 @@ class threshold_selection {
   queued_selection select(const Backend& be, const select::threshold& policy, const select_input& in,
                           std::span<std::uint32_t> out, step_status* status) {
     be.compact(n_, magnitude_at_least{in.acc.data(), magnitude_key(policy.tau)}, out.data(),
-                     workspace_bytes(workspace_),
-                     &status->count);
+               workspace_bytes(workspace_),
+               &status->count);
     return {};
   }
   void accept() noexcept {}
