@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -345,6 +346,50 @@ TEST_CASE("cuda: a stream per call runs the steps of the compressor's own stream
   per_call.save_state(after);
   CHECK(after.str() == before.str());
   REQUIRE(cudaStreamDestroy(stream) == cudaSuccess);
+}
+
+namespace {
+// cudaMalloc behind a count: which allocator a compressor's memory came from.
+class counting_allocator : public gc::backend::device_allocator {
+ public:
+  void* allocate(std::size_t bytes) override {
+    void* p = nullptr;
+    gc::detail::cuda_check(cudaMalloc(&p, bytes), "cudaMalloc");
+    ++live;
+    return p;
+  }
+  void deallocate(void* p, std::size_t) noexcept override {
+    cudaFree(p);
+    --live;
+  }
+  int live = 0;
+};
+}  // namespace
+
+TEST_CASE("cuda: a compressor given an allocator takes all its memory from it, and steps as without") {
+  const std::size_t n = 50'001;
+  auto mine = std::make_shared<counting_allocator>();
+  auto process_wide = std::make_shared<counting_allocator>();
+  gc::backend::set_device_allocator(process_wide);
+  {
+    auto with = gc::presets::topk_ef(gc::backend::cuda{.allocator = mine}, n);
+    auto without = gc::presets::topk_ef(gc::backend::cuda{}, n);
+    const int after_construction = mine->live;
+    CHECK(after_construction > 0);
+    thrust::device_vector<std::byte> a(with.max_message_bytes()), b(without.max_message_bytes());
+    for (int step = 0; step < 3; ++step) {
+      auto g = device::copy_of(inputs::make(inputs::shape::log_normal, n, 80 + static_cast<std::uint64_t>(step)));
+      const auto got = with.compress(device::span_of(g), device::span_of(a));
+      const auto want = without.compress(device::span_of(g), device::span_of(b));
+      REQUIRE(device::host_copy(got.bytes()) == device::host_copy(want.bytes()));
+    }
+    CHECK(mine->live == after_construction);  // compress allocates nothing
+    with.set_density(0.01);                    // the workspace grows from the same allocator
+    CHECK(mine->live > after_construction);
+  }
+  gc::backend::set_device_allocator(nullptr);
+  CHECK(mine->live == 0);  // every buffer went back where it came from
+  CHECK(process_wide->live == 0);
 }
 
 TEST_CASE("cuda: a compressor records its device and refuses calls made with another current") {

@@ -21,6 +21,7 @@
 /// coding and the checksum written by the device (detail/encode_index_value.hpp).
 #pragma once
 
+#include <gradcomp/backend/device_allocator.hpp>
 #include <gradcomp/config.hpp>
 #include <gradcomp/detail/cuda/compaction.cuh>
 #include <gradcomp/detail/cuda/device_buffer.cuh>
@@ -30,6 +31,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -44,6 +46,10 @@ struct cuda {
   /// when the compressor is made, which it then records. Every call that touches that
   /// memory must run with this device current.
   int device = -1;
+  /// Where this compressor's state and workspace come from (PyTorch's caching
+  /// allocator, RMM, a pool of the caller's); null, the default: the one
+  /// set_device_allocator installed for the process, else cudaMalloc.
+  std::shared_ptr<device_allocator> allocator = nullptr;
 
   /// Gradients, state and messages live in device memory: compress() queues its work
   /// and reads a step_status back (see compressor).
@@ -57,7 +63,7 @@ struct cuda {
   /// \throws gradcomp::error (errc::device) if the allocation fails.
   template <class T>
   [[nodiscard]] buffer<T> allocate(std::size_t count) const {
-    return buffer<T>(count);
+    return buffer<T>(count, allocator);
   }
 
   /// Queues the zeroing of `count` elements at device address `p`.

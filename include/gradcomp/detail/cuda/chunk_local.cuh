@@ -65,9 +65,10 @@ class engine<select::chunk_local, backend::cuda> {
  public:
   engine(const backend::cuda& be, const select::chunk_local& policy, std::size_t n)
       : n_(n),
-        bin_max_(n / policy.bin_for(n) + (n % policy.bin_for(n) != 0 ? 1 : 0)),
-        runs_(1),
-        compact_(n, be.stream) {
+        bin_max_(be.template allocate<std::uint32_t>(n / policy.bin_for(n) + (n % policy.bin_for(n) != 0 ? 1 : 0))),
+        runs_(be.template allocate<std::uint32_t>(1)),
+        compact_(n,
+                 be.template allocate<std::byte>(cuda_launch::select_if_scratch<cuda_chunk_local::hits>(n, be.stream))) {
     using namespace cuda_chunk_local;
     std::size_t bytes = 0;
     cuda_check(cub::DeviceReduce::ReduceByKey(nullptr, bytes, bins(indices(0), bin_of{1}),
@@ -75,7 +76,7 @@ class engine<select::chunk_local, backend::cuda> {
                                               static_cast<std::uint32_t*>(nullptr), static_cast<std::uint32_t*>(nullptr),
                                               cuda::maximum<std::uint32_t>{}, static_cast<std::int64_t>(n), be.stream),
                "cub::DeviceReduce::ReduceByKey (scratch size)");
-    reduce_scratch_ = device_buffer<std::byte>(std::max<std::size_t>(bytes, 1));
+    reduce_scratch_ = be.template allocate<std::byte>(std::max<std::size_t>(bytes, 1));
   }
 
   /// Queues the bin maxima and the compaction on the context's stream: ascending

@@ -69,12 +69,12 @@ inline std::size_t expand_scratch(std::size_t m, cudaStream_t stream) {
   return 2 * m * sizeof(std::uint32_t) + std::max<std::size_t>(bytes, 1);
 }
 
-/// Compacts [0, n) by `Predicate` (a device functor of the index); the scratch is
-/// allocated once, here.
+/// Compacts [0, n) by `Predicate` (a device functor of the index) in `scratch`, which
+/// holds select_if_scratch<Predicate>(n) bytes, allocated once by the caller.
 template <class Predicate>
 class index_compaction {
  public:
-  index_compaction(std::size_t n, cudaStream_t stream) : n_(n), scratch_(select_if_scratch<Predicate>(n, stream)) {}
+  index_compaction(std::size_t n, device_buffer<std::byte> scratch) : n_(n), scratch_(std::move(scratch)) {}
 
   /// Queues on `stream` the kept indices into out (device memory, room for all n) and
   /// their number into *count (device memory).

@@ -30,10 +30,13 @@ template <class T>
 class device_buffer {
  public:
   device_buffer() = default;
-  explicit device_buffer(std::size_t count) : size_(count) {
+  /// From `allocator`, or where it is null from the one set_device_allocator installed
+  /// (itself null: cudaMalloc).
+  explicit device_buffer(std::size_t count, std::shared_ptr<backend::device_allocator> allocator = nullptr)
+      : size_(count) {
     if (count == 0) return;
     const std::size_t bytes = count * sizeof(T);
-    allocator_ = backend::current_device_allocator();
+    allocator_ = allocator ? std::move(allocator) : backend::current_device_allocator();
     if (allocator_) {
       data_ = static_cast<T*>(allocator_->allocate(bytes));
     } else {

@@ -31,12 +31,13 @@ class engine<select::exact_topk, backend::cuda> {
   static constexpr bool checks_finite = true;  // the top digit's histogram counts NaN and infinity keys
 
   engine(const backend::cuda& be, const select::exact_topk& policy, std::size_t n)
-      : n_(static_cast<std::uint32_t>(n)),
+      : allocate_from_(be),
+        n_(static_cast<std::uint32_t>(n)),
         grid_(cuda_launch::grid_for(n)),
-        histogram_(cuda_radix::top_bins),
-        states_(2),
-        list_a_(n),
-        list_b_(n) {
+        histogram_(be.template allocate<std::uint32_t>(cuda_radix::top_bins)),
+        states_(be.template allocate<cuda_radix::select_state>(2)),
+        list_a_(be.template allocate<std::uint32_t>(n)),
+        list_b_(be.template allocate<std::uint32_t>(n)) {
     reserve(policy);
   }
 
@@ -49,8 +50,8 @@ class engine<select::exact_topk, backend::cuda> {
     cuda_check(cub::DeviceRadixSort::SortKeys(nullptr, bytes, static_cast<const std::uint32_t*>(nullptr),
                                               static_cast<std::uint32_t*>(nullptr), static_cast<int>(k)),
                "cub::DeviceRadixSort::SortKeys (scratch size)");
-    device_buffer<std::uint32_t> chosen(k);
-    device_buffer<std::byte> sort_scratch(std::max<std::size_t>(bytes, 1));
+    auto chosen = allocate_from_.template allocate<std::uint32_t>(k);
+    auto sort_scratch = allocate_from_.template allocate<std::byte>(std::max<std::size_t>(bytes, 1));
     chosen_ = std::move(chosen);
     sort_scratch_ = std::move(sort_scratch);
   }
@@ -122,6 +123,7 @@ class engine<select::exact_topk, backend::cuda> {
 
   std::uint32_t* chosen() noexcept { return chosen_.data(); }
 
+  backend::cuda allocate_from_;  // the compressor's backend: where reserve() allocates
   std::uint32_t n_;
   unsigned grid_;
   device_buffer<std::uint32_t> histogram_;
