@@ -49,7 +49,7 @@ const thrust::device_vector<float>& gradient(std::size_t n) {
   return *slot;
 }
 
-std::span<const float> span_of(const thrust::device_vector<float>& v) {
+gc::device_span<const float> span_of(const thrust::device_vector<float>& v) {
   return {thrust::raw_pointer_cast(v.data()), v.size()};
 }
 
@@ -104,7 +104,7 @@ void compress(benchmark::State& state, Selector selector, Corrector corrector) {
   gc::compressor c{gc::backend::cuda{}, n, selector, corrector,
                    gc::encode::index_value{.index = gc::index_coding::raw32}};
   thrust::device_vector<std::byte> out(c.max_message_bytes());
-  std::span<std::byte> out_span(thrust::raw_pointer_cast(out.data()), out.size());
+  gc::device_span<std::byte> out_span(thrust::raw_pointer_cast(out.data()), out.size());
   std::size_t count = 0;
   timed(state, n, [&] { count = c.compress(span_of(g), out_span).count(); });
   state.counters["selected"] = static_cast<double>(count);

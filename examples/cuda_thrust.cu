@@ -1,8 +1,10 @@
 // DGC on the GPU without a copy: gradients in a thrust::device_vector are compressed by
 // backend::cuda (clip, momentum correction, exact top-k), the messages stay in device
-// memory, and a device tensor accumulates them. A PyTorch CUDA tensor works the same
-// way: std::span<const float>(t.data_ptr<float>(), t.numel()), with the tensor's
-// current stream in backend::cuda{stream}.
+// memory, and a device tensor accumulates them. Device memory is passed as a
+// gc::device_span, which says where it lives: a PyTorch CUDA tensor works the same way,
+// gc::device_span<const float>(t.data_ptr<float>(), t.numel()), with the tensor's
+// current stream in backend::cuda{stream}. The messages are gc::device_messages, which
+// the host's decode() refuses at compile time.
 //
 //   ./example_cuda_thrust            (exits 77 without a GPU)
 #include <gradcomp/backend/cuda.cuh>
@@ -42,7 +44,7 @@ int main() {
   thrust::device_vector<float> grad(n);
   thrust::device_vector<float> aggregate(n, 0.0f);
   thrust::device_vector<std::byte> message(worker[0].max_message_bytes());
-  const std::span<float> aggregate_span(thrust::raw_pointer_cast(aggregate.data()), n);
+  const gc::device_span<float> aggregate_span(thrust::raw_pointer_cast(aggregate.data()), n);
 
   for (int step = 0; step < steps; ++step) {
     std::size_t bytes = 0;
@@ -54,9 +56,9 @@ int main() {
                           const float x = static_cast<float>(i) * 1e-5f;
                           return 1e-3f * sinf(x + phase) + 1e-4f * cosf(37.0f * x * (1.0f + phase));
                         });
-      const gc::message m = worker[static_cast<std::size_t>(w)].compress(
-          std::span<const float>(thrust::raw_pointer_cast(grad.data()), n),
-          std::span<std::byte>(thrust::raw_pointer_cast(message.data()), message.size()));
+      const gc::device_message m = worker[static_cast<std::size_t>(w)].compress(
+          gc::device_span<const float>(thrust::raw_pointer_cast(grad.data()), n),
+          gc::device_span<std::byte>(thrust::raw_pointer_cast(message.data()), message.size()));
       gc::accumulate(gc::backend::cuda{}, m.bytes(), aggregate_span, 1.0f / workers);
       bytes += m.bytes().size();
     }

@@ -150,3 +150,38 @@ TEST_CASE("accumulate checks its own arguments") {
                        doctest::Contains("scale must be finite"), gc::error);
   CHECK(std::all_of(right.begin(), right.end(), [](float v) { return v == 0.0f; }));
 }
+
+// Memory spaces in the types (memory.hpp): host backends keep std::span and message, so
+// host code reads as before; a device message's bytes are a device_span, which the host's
+// decode and accumulate refuse at compile time (tests/compile_fail/*device*).
+static_assert(std::is_same_v<gc::backend_span<gc::backend::host, const float>, std::span<const float>>);
+static_assert(std::is_same_v<gc::message_span<gc::backend::host>, std::span<const std::byte>>);
+static_assert(std::is_same_v<gc::compressor<gc::backend::host, gc::select::exact_topk>::message_type, gc::message>);
+static_assert(std::is_same_v<decltype(gc::device_message{}.bytes()), gc::device_span<const std::byte>>);
+static_assert(std::is_same_v<gc::span_in<gc::device_memory, float>, gc::device_span<float>>);
+static_assert(!std::is_convertible_v<gc::device_span<const std::byte>, std::span<const std::byte>>);
+static_assert(!std::is_convertible_v<std::span<const std::byte>, gc::device_span<const std::byte>>);
+static_assert(std::is_convertible_v<gc::device_span<float>, gc::device_span<const float>>);
+static_assert(!std::is_convertible_v<gc::device_span<const float>, gc::device_span<float>>);
+
+TEST_CASE("device_span views a pointer and a size, and the host-context decode equals decode") {
+  std::vector<float> storage(10);
+  const gc::device_span<float> all(storage.data(), storage.size());
+  CHECK(all.size() == 10);
+  CHECK(all.size_bytes() == 40);
+  CHECK(!all.empty());
+  CHECK(all.first(3).data() == storage.data());
+  CHECK(all.first(3).size() == 3);
+  CHECK(all.subspan(4, 5).data() == storage.data() + 4);
+  CHECK(all.subspan(4, 5).size() == 5);
+  const gc::device_span<const float> read_only = all;
+  CHECK(read_only.data() == storage.data());
+  CHECK(gc::device_span<int>{}.empty());
+
+  const auto bytes = sample_message(1000, 7);
+  const gc::sparse_vector plain = gc::decode(bytes);
+  const gc::sparse_vector on_context = gc::decode(gc::backend::host{.threads = 1}, bytes);
+  CHECK(on_context.n == plain.n);
+  CHECK(on_context.indices == plain.indices);
+  CHECK(on_context.values == plain.values);
+}

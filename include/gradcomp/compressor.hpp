@@ -42,7 +42,7 @@ class compressor {
 
   // Backends whose steps run on a device (backend::cuda): messages and gradients are
   // device memory, and a step can be queued without reading anything back.
-  static constexpr bool on_device = requires { Backend::device_memory; };
+  static constexpr bool on_device = std::is_same_v<typename Backend::message_memory, device_memory>;
 
   using select_engine = detail::engine<Selector, Backend>;
   using correct_engine = detail::engine<Corrector, Backend>;
@@ -96,6 +96,19 @@ class compressor {
   [[nodiscard]] const Encoder& encoder() const noexcept { return encoder_; }      ///< the encoder
   /// @}
 
+  /// \name Where the arguments live
+  /// Gradients and what preview() returns are views of the backend's memory, messages
+  /// views of the memory where it writes them (memory.hpp): std::span and
+  /// gradcomp::message on backend::host and backend::kokkos of a host space;
+  /// device_span and gradcomp::device_message on backend::cuda, so that a device
+  /// message cannot be handed to the host's decode() by mistake.
+  /// @{
+  template <class T>
+  using view = backend_span<Backend, T>;                          ///< a view of the backend's memory
+  using message_bytes = message_span<Backend, std::byte>;         ///< the buffer a message is written to
+  using message_type = basic_message<typename Backend::message_memory>;  ///< what compress() returns
+  /// @}
+
   /// Runs one step: updates the corrector's memory with `grad`, selects, encodes into
   /// `out` and commits what was sent.
   /// \param grad the gradient, n elements in the backend's memory
@@ -105,7 +118,7 @@ class compressor {
   /// \returns a view of the message written at the front of `out`
   /// \throws gradcomp::error if grad.size() != n, `out` is too small, or grad (or the
   ///         accumulated value) holds a NaN or infinity; state and `out` are then unchanged.
-  message compress(std::span<const float> grad, std::span<std::byte> out) { return compress(backend_, grad, out); }
+  message_type compress(view<const float> grad, message_bytes out) { return compress(backend_, grad, out); }
 
   /// \name An execution context per call
   /// compress(), stage(), preview() and compress_async() run on the backend the
@@ -121,69 +134,50 @@ class compressor {
   /// @{
 
   /// compress() on `context`.
-  message compress(const Backend& context, std::span<const float> grad, std::span<std::byte> out) {
-    const message m = run_step(checked_context("compress", context), grad, out);
-    finish_step();
-    return m;
+  message_type compress(const Backend& context, view<const float> grad, message_bytes out) {
+    return step_on(context, detail::raw(grad), detail::raw(out), false);
   }
   /// compress() of an IEEE half gradient on `context`.
-  message compress(const Backend& context, std::span<const half> grad, std::span<std::byte> out) {
-    return narrow_step(context, grad, out, false);
+  message_type compress(const Backend& context, view<const half> grad, message_bytes out) {
+    return narrow_step(context, detail::raw(grad), detail::raw(out), false);
   }
   /// compress() of a bfloat16 gradient on `context`.
-  message compress(const Backend& context, std::span<const bfloat16> grad, std::span<std::byte> out) {
-    return narrow_step(context, grad, out, false);
+  message_type compress(const Backend& context, view<const bfloat16> grad, message_bytes out) {
+    return narrow_step(context, detail::raw(grad), detail::raw(out), false);
   }
   /// stage() on `context`.
-  message stage(const Backend& context, std::span<const float> grad, std::span<std::byte> out) {
-    const Backend on = checked_context("compress", context);
-    staged_ = false;
-    in_place_allowed(false);
-    struct restore {
-      compressor& c;
-      ~restore() { c.in_place_allowed(true); }
-    } guard{*this};
-    const message m = run_step(on, grad, out);
-    staged_ = true;
-    return m;
+  message_type stage(const Backend& context, view<const float> grad, message_bytes out) {
+    return step_on(context, detail::raw(grad), detail::raw(out), true);
   }
   /// stage() of an IEEE half gradient on `context`.
-  message stage(const Backend& context, std::span<const half> grad, std::span<std::byte> out) {
-    return narrow_step(context, grad, out, true);
+  message_type stage(const Backend& context, view<const half> grad, message_bytes out) {
+    return narrow_step(context, detail::raw(grad), detail::raw(out), true);
   }
   /// stage() of a bfloat16 gradient on `context`.
-  message stage(const Backend& context, std::span<const bfloat16> grad, std::span<std::byte> out) {
-    return narrow_step(context, grad, out, true);
+  message_type stage(const Backend& context, view<const bfloat16> grad, message_bytes out) {
+    return narrow_step(context, detail::raw(grad), detail::raw(out), true);
   }
   /// preview() on `context`.
-  std::span<const float> preview(const Backend& context, std::span<const float> grad) {
-    const Backend on = checked_context("preview", context);
-    check_device("preview");
-    detail::require(grad.size() == n_, errc::invalid_argument, "preview: grad.size() = ", grad.size(),
-                    " does not match the compressor's n = ", n_);
-    if (static_cast<std::size_t>(preview_.size()) != n_) preview_ = backend_.template allocate<float>(n_);
-    const std::span<float> acc(preview_.data(), n_);
-    detail::step_status* status = status_.data() + 1;  // [0] is the step's (last_step_finite)
-    on.clear(status, 1);
-    correct_.preview(on, corrector_, grad, acc, status);
-    if (on.read(status).non_finite != 0) report_non_finite(on, "preview", grad, acc);
-    return acc;
+  view<const float> preview(const Backend& context, view<const float> grad) {
+    return as_view(preview_on(context, detail::raw(grad)));
   }
   /// preview() of an IEEE half gradient on `context`.
-  std::span<const float> preview(const Backend& context, std::span<const half> grad) {
-    return narrow_preview(context, grad);
+  view<const float> preview(const Backend& context, view<const half> grad) {
+    return as_view(narrow_preview(context, detail::raw(grad)));
   }
   /// preview() of a bfloat16 gradient on `context`.
-  std::span<const float> preview(const Backend& context, std::span<const bfloat16> grad) {
-    return narrow_preview(context, grad);
+  view<const float> preview(const Backend& context, view<const bfloat16> grad) {
+    return as_view(narrow_preview(context, detail::raw(grad)));
   }
   /// compress_async() on `context`: the step is queued on its stream (capture that
   /// stream into a CUDA graph); last_step_finite() reads the status on it.
-  message compress_async(const Backend& context, std::span<const float> grad, std::span<std::byte> out)
+  message_type compress_async(const Backend& context, view<const float> grad_at, message_bytes out_at)
     requires(on_device && Corrector::state_arrays == 0 && detail::engine_has_fixed_count<select_engine, Selector>)
   {
     const Backend on = checked_context("compress_async", context);
-    check_step(grad, out);
+    const std::span<const float> grad = detail::raw(grad_at);
+    const std::span<std::byte> out = detail::raw(out_at);
+    check_step("compress_async", grad, out);
     const std::size_t count = select_.fixed_count(selector_);
     const auto bytes = encode_.fixed_bytes(encoder_, n_, count);
     detail::require(bytes.has_value(), errc::invalid_argument, "compress_async: the size of ", encoder_.name(),
@@ -191,7 +185,7 @@ class compressor {
     queue_step(on, grad, out);
     finish_step();
     last_async_ = on;
-    return message(out.first(*bytes), n_, count);
+    return written(out, *bytes, count);
   }
   /// @}
 
@@ -202,17 +196,17 @@ class compressor {
   // They throw as the float32 overloads do; a NaN or infinity is named by its index.
 
   /// compress() of an IEEE half gradient, widened to float32 exactly (see float16.hpp).
-  message compress(std::span<const half> grad, std::span<std::byte> out) { return compress(backend_, grad, out); }
+  message_type compress(view<const half> grad, message_bytes out) { return compress(backend_, grad, out); }
   /// compress() of a bfloat16 gradient, widened to float32 exactly.
-  message compress(std::span<const bfloat16> grad, std::span<std::byte> out) { return compress(backend_, grad, out); }
+  message_type compress(view<const bfloat16> grad, message_bytes out) { return compress(backend_, grad, out); }
   /// stage() of an IEEE half gradient, widened to float32 exactly.
-  message stage(std::span<const half> grad, std::span<std::byte> out) { return stage(backend_, grad, out); }
+  message_type stage(view<const half> grad, message_bytes out) { return stage(backend_, grad, out); }
   /// stage() of a bfloat16 gradient, widened to float32 exactly.
-  message stage(std::span<const bfloat16> grad, std::span<std::byte> out) { return stage(backend_, grad, out); }
+  message_type stage(view<const bfloat16> grad, message_bytes out) { return stage(backend_, grad, out); }
   /// preview() of an IEEE half gradient, widened to float32 exactly.
-  std::span<const float> preview(std::span<const half> grad) { return preview(backend_, grad); }
+  view<const float> preview(view<const half> grad) { return preview(backend_, grad); }
   /// preview() of a bfloat16 gradient, widened to float32 exactly.
-  std::span<const float> preview(std::span<const bfloat16> grad) { return preview(backend_, grad); }
+  view<const float> preview(view<const bfloat16> grad) { return preview(backend_, grad); }
 
   /// Runs one step like compress() but keeps its outcome aside: the message is written
   /// to `out` and the new state is computed, yet until accept_staged() the compressor's
@@ -222,7 +216,7 @@ class compressor {
   /// before any commits (the PyTorch DDP hook): stage, agree, then accept or drop.
   /// (The in-place update of a clipping step is not used: it could not be dropped.)
   /// \throws gradcomp::error as compress() does; nothing is staged then.
-  message stage(std::span<const float> grad, std::span<std::byte> out) { return stage(backend_, grad, out); }
+  message_type stage(view<const float> grad, message_bytes out) { return stage(backend_, grad, out); }
 
   /// Makes the step of the last stage() current, as compress() would have.
   /// \throws gradcomp::error (invalid_argument) if no step is staged.
@@ -242,7 +236,7 @@ class compressor {
   /// call.
   /// \throws gradcomp::error if grad.size() != n, or the value holds a NaN or infinity
   ///         (the error compress would raise).
-  std::span<const float> preview(std::span<const float> grad) { return preview(backend_, grad); }
+  view<const float> preview(view<const float> grad) { return preview(backend_, grad); }
 
   /// Queues one step on backend::cuda's stream and returns at once, reading nothing
   /// back, so that the step can be captured in a CUDA graph and replayed. For
@@ -252,7 +246,7 @@ class compressor {
   /// NaN or infinity (and so wrote nothing to `out`) is last_step_finite()'s answer.
   /// \throws gradcomp::error if grad.size() != n, `out` is too small, or the encoder's
   ///         message size depends on the data.
-  message compress_async(std::span<const float> grad, std::span<std::byte> out)
+  message_type compress_async(view<const float> grad, message_bytes out)
     requires(on_device && Corrector::state_arrays == 0 && detail::engine_has_fixed_count<select_engine, Selector>)
   {
     return compress_async(backend_, grad, out);
@@ -372,13 +366,66 @@ class compressor {
     if constexpr (requires { backend_.require_current_device(who); }) backend_.require_current_device(who);
   }
 
-  void check_step(std::span<const float> grad, std::span<std::byte> out) const {
-    check_device("compress");
-    detail::require(grad.size() == n_, errc::invalid_argument, "compress: grad.size() = ", grad.size(),
+  void check_step(const char* who, std::span<const float> grad, std::span<std::byte> out) const {
+    check_device(who);
+    detail::require(grad.size() == n_, errc::invalid_argument, who, ": grad.size() = ", grad.size(),
                     " does not match the compressor's n = ", n_);
     const std::size_t need = max_message_bytes();
-    detail::require(out.size() >= need, errc::buffer_too_small, "compress: out.size() = ", out.size(),
+    detail::require(out.size() >= need, errc::buffer_too_small, who, ": out.size() = ", out.size(),
                     " bytes is smaller than max_message_bytes() = ", need);
+    check_memory(who, "grad", grad.data());
+    check_memory(who, "out", out.data());
+  }
+
+  // A view the caller made of a device pointer must point at device memory: a host
+  // pointer wrapped in a device_span is refused by the backend, naming it (backend::cuda
+  // asks the driver; backends of host memory need no check).
+  void check_memory(const char* who, const char* what, const void* p) const {
+    if constexpr (requires { backend_.require_device_pointer(who, what, p); }) {
+      backend_.require_device_pointer(who, what, p);
+    }
+  }
+
+  // A view of the caller's kind over the compressor's memory, and the message written
+  // at the front of `out`.
+  static view<const float> as_view(std::span<const float> s) noexcept { return view<const float>(s.data(), s.size()); }
+  message_type written(std::span<std::byte> out, std::size_t bytes, std::size_t count) const noexcept {
+    return message_type(typename message_type::bytes_type(out.data(), bytes), n_, count);
+  }
+
+  // compress() (stage_it false) or stage() of a float32 gradient on `context`.
+  message_type step_on(const Backend& context, std::span<const float> grad, std::span<std::byte> out, bool stage_it) {
+    const Backend on = checked_context("compress", context);
+    if (!stage_it) {
+      const message_type m = run_step(on, grad, out);
+      finish_step();
+      return m;
+    }
+    staged_ = false;
+    in_place_allowed(false);
+    struct restore {
+      compressor& c;
+      ~restore() { c.in_place_allowed(true); }
+    } guard{*this};
+    const message_type m = run_step(on, grad, out);
+    staged_ = true;
+    return m;
+  }
+
+  // preview() of a float32 gradient on `context`.
+  std::span<const float> preview_on(const Backend& context, std::span<const float> grad) {
+    const Backend on = checked_context("preview", context);
+    check_device("preview");
+    detail::require(grad.size() == n_, errc::invalid_argument, "preview: grad.size() = ", grad.size(),
+                    " does not match the compressor's n = ", n_);
+    check_memory("preview", "grad", grad.data());
+    if (static_cast<std::size_t>(preview_.size()) != n_) preview_ = backend_.template allocate<float>(n_);
+    const std::span<float> acc(preview_.data(), n_);
+    detail::step_status* status = status_.data() + 1;  // [0] is the step's (last_step_finite)
+    on.clear(status, 1);
+    correct_.preview(on, corrector_, grad, acc, status);
+    if (on.read(status).non_finite != 0) report_non_finite(on, "preview", grad, acc);
+    return acc;
   }
 
   // The execution context of one call, checked against the backend the compressor was
@@ -393,13 +440,13 @@ class compressor {
 
   // One step up to (not including) making it current: check, then the step queued on
   // `on` (run, on the host) and its status read once. finish_step() makes it current.
-  message run_step(const Backend& on, std::span<const float> grad, std::span<std::byte> out) {
+  message_type run_step(const Backend& on, std::span<const float> grad, std::span<std::byte> out) {
     staged_ = false;
-    check_step(grad, out);
+    check_step("compress", grad, out);
     queue_step(on, grad, out);
     const detail::step_status status = on.read(status_.data());
     if (status.non_finite != 0) report_non_finite(on, "compress", grad, correct_.acc(grad));
-    return message(out.first(static_cast<std::size_t>(status.bytes)), n_, status.count);
+    return written(out, static_cast<std::size_t>(status.bytes), status.count);
   }
 
   void in_place_allowed(bool allowed) noexcept {
@@ -506,16 +553,15 @@ class compressor {
 
   // compress() (or stage()) of a 16-bit gradient on `context`: widened, then the float32 step.
   template <detail::narrow_float T>
-  message narrow_step(const Backend& context, std::span<const T> grad, std::span<std::byte> out, bool stage_it) {
+  message_type narrow_step(const Backend& context, std::span<const T> grad, std::span<std::byte> out, bool stage_it) {
     const Backend on = checked_context("compress", context);
-    const std::span<const float> wide = widened(on, "compress", grad);
-    return stage_it ? stage(on, wide, out) : compress(on, wide, out);
+    return step_on(on, widened(on, "compress", grad), out, stage_it);
   }
   // preview() of a 16-bit gradient on `context`.
   template <detail::narrow_float T>
   std::span<const float> narrow_preview(const Backend& context, std::span<const T> grad) {
     const Backend on = checked_context("preview", context);
-    return preview(on, widened(on, "preview", grad));
+    return preview_on(on, widened(on, "preview", grad));
   }
 
   // The float32 values of a 16-bit gradient, in the widening workspace (allocated by
@@ -525,6 +571,7 @@ class compressor {
     check_device(who);
     detail::require(grad.size() == n_, errc::invalid_argument, who, ": grad.size() = ", grad.size(),
                     " does not match the compressor's n = ", n_);
+    check_memory(who, "grad", grad.data());
     if (static_cast<std::size_t>(wide_.size()) != n_) wide_ = backend_.template allocate<float>(n_);
     on.for_each(n_, detail::widen_to_float<T>{grad.data(), wide_.data()});
     return {wide_.data(), n_};

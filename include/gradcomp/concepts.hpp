@@ -8,6 +8,7 @@
 
 #include <gradcomp/config.hpp>
 #include <gradcomp/detail/step_input.hpp>
+#include <gradcomp/memory.hpp>
 
 #include <concepts>
 #include <cstddef>
@@ -123,6 +124,18 @@ concept backend_has_transfers = requires(const B& b, float* p, const float* cp, 
   b.to_device(cp, n, p);
 };
 
+/// The backend names where its memory lives (memory.hpp): `memory`, that of gradients,
+/// state and dense tensors, and `message_memory`, that of messages, each host_memory or
+/// device_memory; host_accessible is whether `memory` is host memory.
+template <class B>
+concept backend_names_memory = requires {
+  typename B::memory;
+  typename B::message_memory;
+} && (std::same_as<typename B::memory, host_memory> || std::same_as<typename B::memory, device_memory>) &&
+                               (std::same_as<typename B::message_memory, host_memory> ||
+                                std::same_as<typename B::message_memory, device_memory>) &&
+                               (B::host_accessible == std::same_as<typename B::memory, host_memory>);
+
 // -- the concepts -------------------------------------------------------------------
 
 /// Decides which entries are sent: `validate(n)` throws gradcomp::error for parameters
@@ -156,12 +169,15 @@ concept encoder = std::copyable<E> && policy_has_name<E> && encoder_has_validate
 /// - expand(m, body, out, workspace, count): item b < m writes body(b, at) outputs, all
 ///   concatenated in item order; expand_workspace(m) bytes of workspace;
 /// - host_accessible, clear(p, n), read(p), to_host(from, n, to), to_device(from, n, to):
-///   whether the host may touch the backend's memory, and the small transfers.
+///   whether the host may touch the backend's memory, and the small transfers;
+/// - memory and message_memory: host_memory or device_memory (memory.hpp), which say in
+///   which views (std::span, device_span) the compressor takes gradients and messages.
 /// Results written to pointers stay in the backend's memory (nothing waits for them on
 /// a device) until read() or to_host() brings them back.
 template <class B>
 concept backend_type = std::copyable<B> && backend_has_allocate<B> && backend_has_for_each<B> &&
-                       backend_has_reductions<B> && backend_has_compaction<B> && backend_has_transfers<B>;
+                       backend_has_reductions<B> && backend_has_compaction<B> && backend_has_transfers<B> &&
+                       backend_names_memory<B>;
 
 // -- the engine contract ---------------------------------------------------------------
 //
@@ -293,6 +309,10 @@ consteval bool check_policies() {
   static_assert(backend_has_transfers<Backend>,
                 "gradcomp: the backend lacks host_accessible, clear(p, n), read(p), to_host(from, n, to) or "
                 "to_device(from, n, to)");
+  static_assert(backend_names_memory<Backend>,
+                "gradcomp: the backend must name where its memory lives: member types memory and message_memory, "
+                "each gradcomp::host_memory or gradcomp::device_memory (host_accessible true exactly when memory is "
+                "host_memory)");
   static_assert(policy_has_name<Selector>, "gradcomp: the selector has no member name()");
   static_assert(selector_has_validate<Selector>, "gradcomp: the selector has no member validate(n)");
   static_assert(selector_has_max_selected<Selector>,

@@ -1,13 +1,16 @@
 /// \file device_messages.cuh
 /// Decoding and accumulating messages that live in device memory (backend::cuda): the
 /// counterparts of message.hpp's decode() and accumulate(), which check the whole
-/// message on the device before anything is written.
+/// message on the device before anything is written. Their views are device_spans
+/// (memory.hpp): a host message is refused at compile time, and a host pointer wrapped
+/// in a device_span with an error naming it.
 #pragma once
 
 #include <gradcomp/backend/cuda.cuh>
 #include <gradcomp/config.hpp>
 #include <gradcomp/detail/cuda/index_value.cuh>
 #include <gradcomp/error.hpp>
+#include <gradcomp/memory.hpp>
 #include <gradcomp/message.hpp>
 
 #include <cmath>
@@ -21,35 +24,62 @@ GRADCOMP_NAMESPACE_BEGIN
 /// allocates that workspace each time).
 class device_accumulator {
  public:
+  /// Workspace from `be`'s allocator, on its device; calls without a context of their
+  /// own are queued on its stream.
   /// \throws gradcomp::error (errc::device) if the workspace cannot be allocated.
-  explicit device_accumulator(const backend::cuda& be) : decoder_(be) {}
+  explicit device_accumulator(const backend::cuda& be) : backend_(be.on_current_device("device_accumulator")),
+                                                          decoder_(backend_) {}
 
   /// `dense[i] += scale * value` for every entry of the message at `bytes`, queued on
-  /// the backend's stream. The whole message is checked first (this waits for the
-  /// stream); on error `dense` is unchanged.
+  /// `context`'s stream (on the accumulator's device). The whole message is checked
+  /// first (this waits for the stream); on error `dense` is unchanged.
   /// \throws gradcomp::error if the message is corrupt, `dense.size()` differs from the
-  ///         message's n, or `scale` is not finite.
-  void operator()(std::span<const std::byte> bytes, std::span<float> dense, float scale) {
+  ///         message's n, `scale` is not finite, a view is host memory, or the context or
+  ///         the current device is not the accumulator's.
+  void operator()(const backend::cuda& context, device_span<const std::byte> bytes, device_span<float> dense,
+                  float scale) {
+    const backend::cuda on = backend_.context_for("accumulate", context);
+    backend_.require_current_device("accumulate");
     detail::require(std::isfinite(scale), errc::invalid_argument, "accumulate: scale must be finite, got ", scale);
-    decoder_.add(decoder_.check(bytes, dense.size(), "accumulate"), dense, scale);
+    on.require_device_pointer("accumulate", "bytes", bytes.data());
+    on.require_device_pointer("accumulate", "dense", dense.data());
+    decoder_.add(on, decoder_.check(on, detail::raw(bytes), dense.size(), "accumulate"), detail::raw(dense), scale);
+  }
+  /// The same on the accumulator's own stream.
+  void operator()(device_span<const std::byte> bytes, device_span<float> dense, float scale) {
+    (*this)(backend_, bytes, dense, scale);
   }
 
  private:
+  backend::cuda backend_;
   detail::device_decoder decoder_;
 };
 
 /// `dense[i] += scale * value` for every entry of a message in device memory, into a
-/// dense tensor in device memory (see device_accumulator, which does the same without
-/// allocating every call).
-inline void accumulate(const backend::cuda& be, std::span<const std::byte> bytes, std::span<float> dense,
+/// dense tensor in device memory, queued on `context`'s stream (see device_accumulator,
+/// which does the same without allocating every call).
+inline void accumulate(const backend::cuda& context, device_span<const std::byte> bytes, device_span<float> dense,
                        float scale) {
-  device_accumulator{be}(bytes, dense, scale);
+  device_accumulator{context}(bytes, dense, scale);
 }
 
-/// Reads a message in device memory into host vectors (see decode()).
-/// \throws gradcomp::error (corrupt_message) if anything in it is inconsistent.
-inline sparse_vector decode(const backend::cuda& be, std::span<const std::byte> bytes) {
-  return decode(be.to_host(bytes));
+/// A message in host memory is not what backend::cuda accumulates: refused at compile
+/// time, naming what to do instead.
+template <class Byte, class Dense>
+void accumulate(const backend::cuda& /*context*/, std::span<Byte> /*bytes*/, Dense&& /*dense*/, float /*scale*/) {
+  static_assert(detail::never<Byte>,
+                "gradcomp::accumulate(backend::cuda, ...) reads a message in device memory (a device_span), and "
+                "these bytes are a std::span (host memory): copy the message to the device, or accumulate it "
+                "with backend::host");
+}
+
+/// Reads a message in device memory into host vectors (see decode()), copying it on
+/// `context`'s stream.
+/// \throws gradcomp::error (corrupt_message) if anything in it is inconsistent, or
+///         (invalid_argument) if `bytes` is host memory.
+inline sparse_vector decode(const backend::cuda& context, device_span<const std::byte> bytes) {
+  context.require_device_pointer("decode", "bytes", bytes.data());
+  return decode(context.to_host(detail::raw(bytes)));
 }
 
 GRADCOMP_NAMESPACE_END

@@ -28,11 +28,13 @@
 #include <gradcomp/detail/codecs.hpp>
 #include <gradcomp/detail/wire.hpp>
 #include <gradcomp/error.hpp>
+#include <gradcomp/memory.hpp>
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <span>
 #include <vector>
 
@@ -60,16 +62,20 @@ struct message_header {
 };
 
 /// A compressed tensor as produced by compressor::compress: a view of the caller's
-/// buffer, valid while that buffer is.
-class message {
+/// buffer, valid while that buffer is, in the memory `Memory` where the compressor's
+/// backend writes messages (message: host memory; device_message: device memory, whose
+/// bytes() is a device_span that host functions refuse at compile time).
+template <class Memory>
+class basic_message {
  public:
-  message() = default;
+  using bytes_type = span_in<Memory, const std::byte>;  ///< the view of the bytes
+
+  basic_message() = default;
   /// A view of the message at `bytes`, of `count` entries of a tensor of n elements.
-  message(std::span<const std::byte> bytes, std::size_t n, std::size_t count) noexcept
-      : bytes_(bytes), n_(n), count_(count) {}
+  basic_message(bytes_type bytes, std::size_t n, std::size_t count) noexcept : bytes_(bytes), n_(n), count_(count) {}
 
   /// The bytes to send (header and sections).
-  [[nodiscard]] std::span<const std::byte> bytes() const noexcept { return bytes_; }
+  [[nodiscard]] bytes_type bytes() const noexcept { return bytes_; }
   /// Entries sent.
   [[nodiscard]] std::size_t count() const noexcept { return count_; }
   /// Elements of the dense tensor.
@@ -80,10 +86,16 @@ class message {
   }
 
  private:
-  std::span<const std::byte> bytes_;
+  bytes_type bytes_;
   std::size_t n_ = 0;
   std::size_t count_ = 0;
 };
+
+/// A message in host memory (backend::host, backend::kokkos).
+using message = basic_message<host_memory>;
+/// A message in device memory (backend::cuda): decode and accumulate it with the
+/// backend (device_messages.cuh), or copy it to the host first.
+using device_message = basic_message<device_memory>;
 
 /// A decoded message on the host.
 struct sparse_vector {
@@ -267,16 +279,18 @@ struct scatter_add {
 }  // namespace detail
 
 /// `dense[i] += scale * value` for every entry of the message (host memory), into
-/// `dense` in the backend's memory (backend::host, backend::kokkos; device messages:
-/// device_messages.cuh). The whole message is validated first; on error `dense` is
-/// unchanged.
+/// `dense` in the backend's memory, on `context` (backend::host: its threads;
+/// backend::kokkos: its instance; backend::cuda: device_messages.cuh). The whole
+/// message is validated first; on error `dense` is unchanged.
 /// \throws gradcomp::error if the message is corrupt, `dense.size()` differs from the
 ///         message's n, or `scale` is not finite.
 template <class Backend>
-  requires(!requires { Backend::device_memory; })
-void accumulate(const Backend& be, std::span<const std::byte> bytes, std::span<float> dense, float scale) {
+  requires std::is_same_v<typename Backend::message_memory, host_memory>
+void accumulate(const Backend& context, std::span<const std::byte> bytes, backend_span<Backend, float> dense_at,
+                float scale) {
   detail::require(std::isfinite(scale), errc::invalid_argument, "accumulate: scale must be finite, got ", scale);
   const detail::message_reader reader(bytes);
+  const std::span<float> dense = detail::raw(dense_at);
   detail::require(reader.header().n == dense.size(), errc::invalid_argument, "accumulate: dense.size() = ",
                   dense.size(), " does not match the message's n = ", reader.header().n);
   reader.validate_entries();
@@ -292,12 +306,42 @@ void accumulate(const Backend& be, std::span<const std::byte> bytes, std::span<f
       index_host.push_back(index);
       values_host.push_back(value);
     });
-    auto index = be.template allocate<std::uint32_t>(count);
-    auto values = be.template allocate<float>(count);
-    be.to_device(index_host.data(), count, index.data());
-    be.to_device(values_host.data(), count, values.data());
-    be.for_each(count, detail::scatter_add{index.data(), values.data(), scale, dense.data()});
+    auto index = context.template allocate<std::uint32_t>(count);
+    auto values = context.template allocate<float>(count);
+    context.to_device(index_host.data(), count, index.data());
+    context.to_device(values_host.data(), count, values.data());
+    context.for_each(count, detail::scatter_add{index.data(), values.data(), scale, dense.data()});
   }
+}
+
+/// decode() on `context`, for a backend whose messages are host memory: the same
+/// result (decoding a message is the host's work there).
+template <class Backend>
+  requires std::is_same_v<typename Backend::message_memory, host_memory>
+sparse_vector decode(const Backend& /*context*/, std::span<const std::byte> bytes) {
+  return decode(bytes);
+}
+
+/// A message in device memory cannot be decoded by the host's reader: refused at
+/// compile time (where this overload is chosen), naming the calls that can.
+template <class Byte>
+sparse_vector decode(device_span<Byte> /*bytes*/) {
+  static_assert(detail::never<Byte>,
+                "gradcomp::decode(bytes) reads host memory, and these bytes are a device_span (a message in "
+                "device memory): call decode(backend::cuda{...}, bytes) from device_messages.cuh, or copy the "
+                "message to the host first");
+  return {};
+}
+
+/// Accumulating a message in device memory with a backend that reads messages on the
+/// host is refused at compile time, naming what to do instead.
+template <class Backend, class Byte, class Dense>
+  requires std::is_same_v<typename Backend::message_memory, host_memory>
+void accumulate(const Backend& /*context*/, device_span<Byte> /*bytes*/, Dense&& /*dense*/, float /*scale*/) {
+  static_assert(detail::never<Backend>,
+                "gradcomp::accumulate: this backend reads messages from host memory, and these bytes are a "
+                "device_span (a message in device memory): accumulate it with backend::cuda "
+                "(device_messages.cuh), or copy the message to the host first");
 }
 
 GRADCOMP_NAMESPACE_END

@@ -91,8 +91,10 @@ class transport_comm {
   [[nodiscard]] int size() const noexcept { return t_.size; }
   [[nodiscard]] const Backend& backend() const noexcept { return backend_; }
   void all_gather(std::span<const std::byte> mine, std::span<std::byte> all) { t_.all_gather(mine, all); }
-  void broadcast(std::span<std::uint32_t> data, int root) { t_.broadcast(data, root); }
-  void reduce_broadcast(std::span<float> values, int root) { t_.reduce_broadcast(values, root); }
+  void broadcast(gc::backend_span<Backend, std::uint32_t> data, int root) { t_.broadcast(gc::detail::raw(data), root); }
+  void reduce_broadcast(gc::backend_span<Backend, float> values, int root) {
+    t_.reduce_broadcast(gc::detail::raw(values), root);
+  }
 
  private:
   transport t_;
@@ -135,8 +137,8 @@ class model final : public any_compressor {
   void* stream() const override { return backend_ops<backend_type>::stream(c_.backend()); }
 
   written compress(const void* grad, element type, std::byte* out, std::size_t out_size, bool staged) override {
-    const std::span<std::byte> o(out, out_size);
-    const gc::message m = with_gradient(grad, type, [&](auto g) { return staged ? c_.stage(g, o) : c_.compress(g, o); });
+    const typename Compressor::message_bytes o(out, out_size);
+    const auto m = with_gradient(grad, type, [&](auto g) { return staged ? c_.stage(g, o) : c_.compress(g, o); });
     return {m.bytes().size(), m.count()};
   }
   void accept_staged() override { c_.accept_staged(); }
@@ -186,15 +188,18 @@ class model final : public any_compressor {
   std::unique_ptr<cyclic_exchange> cyclic(transport t, double leader_density) override;
 
  private:
-  // Calls `f` with the gradient as a span of its element type.
+  // Calls `f` with the gradient as a view (of the backend's memory) of its element type.
   template <class F>
   decltype(auto) with_gradient(const void* grad, element type, F&& f) {
+    using half_view = typename Compressor::template view<const gc::half>;
+    using bfloat16_view = typename Compressor::template view<const gc::bfloat16>;
+    using float_view = typename Compressor::template view<const float>;
     switch (type) {
-      case element::f16: return f(std::span<const gc::half>(static_cast<const gc::half*>(grad), c_.size()));
-      case element::bf16: return f(std::span<const gc::bfloat16>(static_cast<const gc::bfloat16*>(grad), c_.size()));
+      case element::f16: return f(half_view(static_cast<const gc::half*>(grad), c_.size()));
+      case element::bf16: return f(bfloat16_view(static_cast<const gc::bfloat16*>(grad), c_.size()));
       case element::f32: break;
     }
-    return f(std::span<const float>(static_cast<const float*>(grad), c_.size()));
+    return f(float_view(static_cast<const float*>(grad), c_.size()));
   }
 
   void copy_within_backend(const float* from, float* to, std::size_t count) const;
@@ -227,7 +232,8 @@ void model<Compressor>::copy_within_backend(const float* from, float* to, std::s
 template <class Compressor>
 written cyclic_model<Compressor>::step(const float* grad, float* dense, std::size_t n, float scale, std::byte* out,
                                        std::size_t out_size) {
-  const gc::message m = exchange_.step(std::span<const float>(grad, n), std::span<float>(dense, n), scale);
+  const auto m = exchange_.step(typename Compressor::template view<const float>(grad, n),
+                                typename Compressor::template view<float>(dense, n), scale);
   gc::detail::require(m.bytes().size() <= out_size, gc::errc::buffer_too_small, "cyclic exchange: the message of ",
                       m.bytes().size(), " bytes does not fit ", out_size);
   backend_ops<backend_type>::copy(comm_.backend(), m.bytes().data(), out, m.bytes().size());

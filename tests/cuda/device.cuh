@@ -1,4 +1,4 @@
-// What the CUDA tests share: Thrust vectors as gradcomp's device spans, host copies,
+// What the CUDA tests share: Thrust vectors as gradcomp's device_spans, host copies,
 // and a main() that skips (exit 77, which ctest reports as skipped) without a GPU.
 #pragma once
 
@@ -16,8 +16,15 @@
 
 namespace device {
 
+/// A Thrust vector as the view gradcomp's public calls take of device memory.
 template <class T>
-std::span<T> span_of(thrust::device_vector<T>& v) {
+gradcomp::device_span<T> span_of(thrust::device_vector<T>& v) {
+  return {thrust::raw_pointer_cast(v.data()), v.size()};
+}
+
+/// The same memory as the raw std::span that engines (detail::, not API) take.
+template <class T>
+std::span<T> raw_span_of(thrust::device_vector<T>& v) {
   return {thrust::raw_pointer_cast(v.data()), v.size()};
 }
 
@@ -27,10 +34,10 @@ thrust::device_vector<T> copy_of(const std::vector<T>& host) {
 }
 
 template <class T>
-std::vector<T> host_copy(std::span<const T> device_span) {
-  std::vector<T> host(device_span.size());
+std::vector<T> host_copy(gradcomp::device_span<const T> in_device) {
+  std::vector<T> host(in_device.size());
   gradcomp::detail::cuda_check(
-      cudaMemcpy(host.data(), device_span.data(), host.size() * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy");
+      cudaMemcpy(host.data(), in_device.data(), host.size() * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy");
   return host;
 }
 

@@ -282,6 +282,45 @@ TEST_CASE("bad arguments are rejected before anything is queued") {
   CHECK_THROWS_WITH_AS(gpu.set_density(0.0), doctest::Contains("density"), gc::error);
 }
 
+// Views say where their memory lives (memory.hpp); a host pointer wrapped in a
+// device_span by mistake is refused by the driver's answer, naming the argument, and
+// nothing changes.
+TEST_CASE("host memory passed as a device_span is refused, naming it") {
+  const std::size_t n = 1000;
+  gc::compressor gpu{gc::backend::cuda{}, n, gc::select::exact_topk{.density = 0.01}, gc::correct::error_feedback{}};
+  thrust::device_vector<float> g(n, 1.0f);
+  thrust::device_vector<std::byte> out(gpu.max_message_bytes());
+  std::vector<float> host_g(n, 1.0f);
+  std::vector<std::byte> host_out(gpu.max_message_bytes(), std::byte{0x5A});
+  const gc::device_span<const float> wrapped_g(host_g.data(), n);
+  const gc::device_span<std::byte> wrapped_out(host_out.data(), host_out.size());
+  CHECK_THROWS_WITH_AS((void)gpu.compress(wrapped_g, device::span_of(out)),
+                       doctest::Contains("compress: grad ("), gc::error);
+  CHECK_THROWS_WITH_AS((void)gpu.compress(device::span_of(g), wrapped_out), doctest::Contains("compress: out ("),
+                       gc::error);
+  CHECK_THROWS_WITH_AS((void)gpu.preview(wrapped_g), doctest::Contains("preview: grad ("), gc::error);
+  CHECK(gpu.step() == 0);
+  CHECK(host_out == std::vector<std::byte>(host_out.size(), std::byte{0x5A}));
+  const auto residual = gpu.corrector_state(0);
+  CHECK(std::vector<float>(residual.begin(), residual.end()) == std::vector<float>(n, 0.0f));
+
+  const auto m = gpu.compress(device::span_of(g), device::span_of(out));
+  std::vector<float> host_dense(n, 2.0f);
+  thrust::device_vector<float> dense(n, 0.0f);
+  CHECK_THROWS_WITH_AS(gc::accumulate(gc::backend::cuda{}, m.bytes(), gc::device_span<float>(host_dense.data(), n), 1.0f),
+                       doctest::Contains("accumulate: dense ("), gc::error);
+  CHECK(host_dense == std::vector<float>(n, 2.0f));
+  const std::vector<std::byte> host_message = device::host_copy(m.bytes());
+  CHECK_THROWS_WITH_AS(
+      gc::accumulate(gc::backend::cuda{}, gc::device_span<const std::byte>(host_message.data(), host_message.size()),
+                     device::span_of(dense), 1.0f),
+      doctest::Contains("accumulate: bytes ("), gc::error);
+  CHECK_THROWS_WITH_AS(
+      (void)gc::decode(gc::backend::cuda{}, gc::device_span<const std::byte>(host_message.data(), host_message.size())),
+      doctest::Contains("decode: bytes ("), gc::error);
+  CHECK(device::host_copy(dense) == std::vector<float>(n, 0.0f));
+}
+
 TEST_CASE("set_density and checkpoints carry over between cuda and host") {
   const std::size_t n = 20'000;
   const gc::select::exact_topk topk{.density = 0.01};

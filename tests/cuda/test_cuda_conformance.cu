@@ -23,10 +23,12 @@ struct target {
     return device::copy_of(v);
   }
   template <class T>
-  static std::span<T> span(thrust::device_vector<T>& v) {
+  static gradcomp::device_span<T> span(thrust::device_vector<T>& v) {
     return device::span_of(v);
   }
-  static std::vector<std::byte> host_copy(std::span<const std::byte> bytes) { return device::host_copy(bytes); }
+  static std::vector<std::byte> host_copy(gradcomp::device_span<const std::byte> bytes) {
+    return device::host_copy(bytes);
+  }
 };
 
 }  // namespace
@@ -45,8 +47,9 @@ std::vector<std::uint32_t> queued_indices(Engine& engine, const gradcomp::backen
                                           thrust::device_vector<float>& acc, thrust::device_vector<float>& g) {
   thrust::device_vector<std::uint32_t> out(acc.size(), 0xFFFFFFFFu);
   thrust::device_vector<gradcomp::detail::step_status> status(1);
-  const auto a = device::span_of(acc);
-  engine.select(be, policy, {a, device::span_of(g), 0}, device::span_of(out), device::span_of(status).data());
+  const auto a = device::raw_span_of(acc);
+  engine.select(be, policy, {a, device::raw_span_of(g), 0}, device::raw_span_of(out),
+                device::raw_span_of(status).data());
   const std::uint32_t count = device::host_copy(status)[0].count;
   auto indices = device::host_copy(out);
   REQUIRE(count <= indices.size());

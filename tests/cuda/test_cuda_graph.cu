@@ -29,7 +29,7 @@ void capture_and_replay(const gc::encode::index_value& encoder) {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   gc::detail::cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
-  const gc::message captured = gpu.compress_async(device::span_of(g), device::span_of(out));
+  const gc::device_message captured = gpu.compress_async(device::span_of(g), device::span_of(out));
   gc::detail::cuda_check(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
   gc::detail::cuda_check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
   CHECK(captured.count() == topk.k(n));

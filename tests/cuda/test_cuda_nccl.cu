@@ -74,8 +74,8 @@ TEST_CASE("one-rank NCCL bucketed exchange equals the host's accumulate per tens
     gc::accumulate(gc::backend::host{}, bytes, expected.back(), 0.5f);
     messages.push_back(device::copy_of(bytes));
   }
-  std::vector<std::span<const std::byte>> m;
-  std::vector<std::span<float>> d;
+  std::vector<gc::device_span<const std::byte>> m;
+  std::vector<gc::device_span<float>> d;
   for (std::size_t t = 0; t < std::size(sizes); ++t) {
     m.push_back(device::span_of(messages[t]));
     d.push_back(device::span_of(dense[t]));

@@ -388,7 +388,7 @@ inline std::vector<float> gradient(const run& r, std::uint64_t step) {
 
 // compress(g) with g in backend memory as the run's gradient type.
 template <class Target, class Compressor, class Out>
-gc::message compress(Compressor& c, gradient_type type, const std::vector<float>& g, Out& out) {
+typename Compressor::message_type compress(Compressor& c, gradient_type type, const std::vector<float>& g, Out& out) {
   if (type == gradient_type::f16) {
     std::vector<gc::half> h;
     for (const float v : g) h.push_back({reference::binary16_bits(v)});
@@ -426,7 +426,7 @@ void run_grid() {
         const auto step = static_cast<std::uint64_t>(t);
         const auto g = gradient(r, step);
         before_step<Selector>(c, selector_model, r.n, step);
-        const gc::message m = compress<Target>(c, r.gradient, g, out);
+        const auto m = compress<Target>(c, r.gradient, g, out);
 
         const std::vector<float>& acc = memory.update(g);
         const reference::selection chosen = selector_model.select(acc, g, step);

@@ -27,6 +27,7 @@
 #include <gradcomp/detail/cuda/device_buffer.cuh>
 #include <gradcomp/detail/cuda/launch.cuh>
 #include <gradcomp/error.hpp>
+#include <gradcomp/memory.hpp>
 
 #include <cuda_runtime.h>
 
@@ -51,9 +52,11 @@ struct cuda {
   /// set_device_allocator installed for the process, else cudaMalloc.
   std::shared_ptr<device_allocator> allocator = nullptr;
 
-  /// Gradients, state and messages live in device memory: compress() queues its work
-  /// and reads a step_status back (see compressor).
-  static constexpr bool device_memory = true;
+  /// Gradients, state and dense tensors live in device memory (device_span): the
+  /// compressor queues its work and reads a step_status back.
+  using memory = gradcomp::device_memory;
+  /// Messages are written and read in device memory (device_span, device_message).
+  using message_memory = gradcomp::device_memory;
 
   /// Owning device storage for compressor state and workspace.
   template <class T>
@@ -199,6 +202,19 @@ struct cuda {
     detail::cuda_check(cudaGetDevice(&current), "cudaGetDevice");
     detail::require(device < 0 || current == device, errc::invalid_argument, who, ": the compressor's memory is on CUDA device ",
                     device, " but the current device is ", current, " (call cudaSetDevice(", device, ") first)");
+  }
+
+  /// \throws gradcomp::error (invalid_argument) if `p`, the start of the view `what`
+  ///         that the caller passed to `who` as device memory, is host memory (a host
+  ///         pointer wrapped in a device_span): kernels would read the wrong address
+  ///         space. Device and managed memory pass; so does null (an empty view).
+  void require_device_pointer(const char* who, const char* what, const void* p) const {
+    if (p == nullptr) return;
+    cudaPointerAttributes attributes{};
+    detail::cuda_check(cudaPointerGetAttributes(&attributes, p), "cudaPointerGetAttributes");
+    detail::require(attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged,
+                    errc::invalid_argument, who, ": ", what, " (", p, ") is host memory, but backend::cuda takes ",
+                    "device memory there (a device_span of a device pointer); copy it to the device first");
   }
 
   /// Waits for the stream and returns the value at device address `p`.

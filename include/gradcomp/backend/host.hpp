@@ -7,6 +7,7 @@
 #include <gradcomp/detail/expansion.hpp>
 #include <gradcomp/detail/fixed_order_sum.hpp>
 #include <gradcomp/error.hpp>
+#include <gradcomp/memory.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -207,6 +208,10 @@ struct host {
 
   /// Memory of this backend is host memory: read() and the copies are plain accesses.
   static constexpr bool host_accessible = true;
+  /// Gradients, state and dense tensors are host memory (std::span).
+  using memory = host_memory;
+  /// Messages are host memory (std::span, gradcomp::message).
+  using message_memory = host_memory;
 
   /// Sets `count` elements at `p` to zero.
   template <class T>

@@ -13,6 +13,7 @@
 #include <gradcomp/detail/kokkos/primitives.hpp>
 #include <gradcomp/detail/radix_select.hpp>
 #include <gradcomp/error.hpp>
+#include <gradcomp/memory.hpp>
 
 #include <Kokkos_Core.hpp>
 
@@ -130,6 +131,12 @@ struct kokkos {
 
   /// Whether the host may read and write the space's memory directly.
   static constexpr bool host_accessible = Kokkos::SpaceAccessibility<Kokkos::HostSpace, memory_space>::accessible;
+  /// Gradients, state and dense tensors: std::span where the host may touch the space's
+  /// memory, device_span where it may not (Kokkos::Cuda's).
+  using memory = std::conditional_t<host_accessible, host_memory, device_memory>;
+  /// Messages are written to and read from host memory, where the communication layer
+  /// wants them (std::span, gradcomp::message).
+  using message_memory = host_memory;
 
   /// Sets `count` elements at `p` (space memory) to zero, then waits.
   template <class T>
@@ -232,7 +239,8 @@ struct kokkos {
 
 }  // namespace backend
 
-/// The contiguous memory of a rank-1 View as a span (in the View's memory space).
+/// The contiguous memory of a rank-1 View as a view that says where it lives: a std::span
+/// where the host may touch the View's memory, else a device_span.
 /// \throws gradcomp::error if the View is not contiguous (e.g. a strided subview).
 template <class View>
 auto as_span(const View& v) {
@@ -240,7 +248,10 @@ auto as_span(const View& v) {
   static_assert(View::rank == 1, "gradcomp::as_span: only rank-1 Views hold a gradient or a dense tensor");
   detail::require(v.span_is_contiguous(), errc::invalid_argument, "as_span: View \"", v.label(),
                   "\" is not contiguous (a strided layout or subview); copy it into a contiguous View first");
-  return std::span<typename View::value_type>(v.data(), v.extent(0));
+  using memory_space = typename View::memory_space;
+  using where = std::conditional_t<Kokkos::SpaceAccessibility<Kokkos::HostSpace, memory_space>::accessible,
+                                   host_memory, device_memory>;
+  return span_in<where, typename View::value_type>(v.data(), v.extent(0));
 }
 
 GRADCOMP_NAMESPACE_END

@@ -22,23 +22,25 @@ GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 
 /// How cyclic_topk reads messages and adds sums in the memory a transport moves: host
-/// memory here (comm::mpi); comm::nccl specialises it for device memory. Not API.
+/// memory here (comm::mpi); comm::nccl specialises it for device memory. The spans are
+/// raw views of that memory. Not API.
 template <class Comm>
 class exchange_memory {
  public:
   explicit exchange_memory(const Comm&) noexcept {}
 
-  /// The first out.size() indices of a message.
-  void indices_of(const message& m, std::span<std::uint32_t> out) const {
+  /// The first out.size() indices of the message at `bytes`.
+  void indices_of(std::span<const std::byte> bytes, std::span<std::uint32_t> out) const {
     std::size_t j = 0;
-    message_reader(m.bytes()).visit([&](std::uint32_t i, float) {
+    message_reader(bytes).visit([&](std::uint32_t i, float) {
       if (j < out.size()) out[j++] = i;
     });
   }
-  /// The first out.size() values of a message, as the receiver decodes them.
-  void values_of(const message& m, std::span<float> out) const {
+  /// The first out.size() values of the message at `bytes` (of a tensor of n
+  /// elements), as the receiver decodes them.
+  void values_of(std::span<const std::byte> bytes, std::size_t /*n*/, std::span<float> out) const {
     std::size_t j = 0;
-    message_reader(m.bytes()).visit([&](std::uint32_t, float v) {
+    message_reader(bytes).visit([&](std::uint32_t, float v) {
       if (j < out.size()) out[j++] = v;
     });
   }
@@ -71,7 +73,8 @@ namespace comm {
 ///
 /// `Comm` is the transport: comm::mpi (host memory: backend::host compressors) or
 /// comm::nccl (device memory: backend::cuda compressors). Each rank's `grad`, `dense`
-/// and the messages are in that memory.
+/// and the messages are in that memory, and their views say so (std::span,
+/// device_span).
 template <class LeaderSelector, class Compressor, class Comm>
 class cyclic_topk {
   using backend_type = typename Compressor::backend_type;
@@ -80,6 +83,12 @@ class cyclic_topk {
   using buffer = typename backend_type::template buffer<T>;
 
  public:
+  /// A view of the compressor's memory (std::span or device_span).
+  template <class T>
+  using view = typename Compressor::template view<T>;
+  /// The compressor's messages (message or device_message).
+  using message_type = typename Compressor::message_type;
+
   /// \throws gradcomp::error if `leader_selector` is invalid for the compressor's n or
   ///         may select more indices than the compressor's selector takes.
   cyclic_topk(Comm& comm, Compressor& compressor, LeaderSelector leader_selector)
@@ -115,7 +124,7 @@ class cyclic_topk {
   ///         `dense`, if any rank's dense.size() != n, `scale` is not finite or its step
   ///         would be rejected (a NaN or infinity), or if the ranks disagree on n, k, the
   ///         step or the policies.
-  message step(std::span<const float> grad, std::span<float> dense, float scale) {
+  message_type step(view<const float> grad, view<float> dense, float scale) {
     const int leader = static_cast<int>(compressor_.step() % static_cast<std::uint64_t>(comm_.size()));
     const std::uint64_t k = index_.size();
     const std::vector<std::uint64_t> counts = detail::agree(
@@ -126,10 +135,10 @@ class cyclic_topk {
                           dense.size(), " does not match n = ", compressor_.size());
           detail::require(std::isfinite(scale), errc::invalid_argument, "cyclic_topk: scale must be finite, got ",
                           scale);
-          const std::span<const float> acc = compressor_.preview(grad);  // throws where the step would be rejected
+          const view<const float> acc = compressor_.preview(grad);  // throws where the step would be rejected
           if (comm_.rank() != leader) return 0;
-          const message chosen = leader_.compress(acc, span_of(leader_message_));
-          memory_.indices_of(chosen, std::span<std::uint32_t>(index_.data(), chosen.count()));
+          const auto chosen = leader_.compress(acc, view_of(leader_message_));
+          memory_.indices_of(detail::raw(chosen.bytes()), std::span<std::uint32_t>(index_.data(), chosen.count()));
           return chosen.count();
         });
     // The ranks agreed on k, and the leader chose at most k: a count above it is a
@@ -138,15 +147,15 @@ class cyclic_topk {
     detail::require(count <= k, errc::corrupt_message, "cyclic_topk: the leader (rank ", leader, ") reported ", count,
                     " indices, more than k = ", k);
     const std::span<std::uint32_t> index(index_.data(), static_cast<std::size_t>(count));
-    comm_.broadcast(index, leader);
+    comm_.broadcast(view<std::uint32_t>(index.data(), index.size()), leader);
     // The leader's selector chose them (ascending, below n, no more than the
     // compressor takes), so this does not throw, and every rank's step is accepted.
     compressor_.set_indices(memory_.on_host(index));
-    const message m = compressor_.compress(grad, span_of(message_));
+    const message_type m = compressor_.compress(grad, view_of(message_));
     const std::span<float> sums(sums_.data(), index.size());
-    memory_.values_of(m, sums);
-    comm_.reduce_broadcast(sums, leader);
-    memory_.add(index, sums, dense, scale);
+    memory_.values_of(detail::raw(m.bytes()), m.size(), sums);
+    comm_.reduce_broadcast(view<float>(sums.data(), sums.size()), leader);
+    memory_.add(index, sums, detail::raw(dense), scale);
     return m;
   }
 
@@ -155,8 +164,9 @@ class cyclic_topk {
   buffer<T> allocate(std::size_t count) const {
     return compressor_.backend().template allocate<T>(count);
   }
-  template <class T>
-  static std::span<T> span_of(buffer<T>& b) noexcept {
+  // A message buffer (in the memory of the compressor's backend, which for the transports
+  // here is where its messages live too) as the view compress() writes to.
+  static typename Compressor::message_bytes view_of(buffer<std::byte>& b) noexcept {
     return {b.data(), static_cast<std::size_t>(b.size())};
   }
 

@@ -74,9 +74,13 @@ class nccl {
   /// checked before `dense` is touched; a corrupt one raises gradcomp::error on every
   /// rank alike and leaves `dense` unchanged.
   /// \returns the path taken, the same on every rank
-  path allgather_accumulate(std::span<const std::byte> message, std::span<float> dense, float scale) {
+  path allgather_accumulate(device_span<const std::byte> message_at, device_span<float> dense_at, float scale) {
+    const std::span<const std::byte> message = detail::raw(message_at);
+    const std::span<float> dense = detail::raw(dense_at);
     const std::uint64_t total = exchange_sizes(detail::agree(*this, who, {{"n", dense.size()}}, [&] {
       detail::check_aggregation_args(1, 1, scale);
+      backend_.require_device_pointer(who, "message", message.data());
+      backend_.require_device_pointer(who, "dense", dense.data());
       return message.size();
     }));
     if (total > static_cast<std::uint64_t>(dense.size()) * sizeof(float)) {
@@ -85,8 +89,8 @@ class nccl {
     }
     gather(message);
     checked_.clear();
-    for (int r = 0; r < size_; ++r) checked_.push_back(decoder_.check(received(r), dense.size(), who));
-    for (const auto& m : checked_) decoder_.add(m, dense, scale);
+    for (int r = 0; r < size_; ++r) checked_.push_back(decoder_.check(backend_, received(r), dense.size(), who));
+    for (const auto& m : checked_) decoder_.add(backend_, m, dense, scale);
     return path::sparse;
   }
 
@@ -94,8 +98,8 @@ class nccl {
   /// rank's message for tensor t and `dense[t]` its aggregate (device memory). One size
   /// exchange and one gather carry all the tensors; every message of every rank is
   /// checked before any tensor is written.
-  void allgather_accumulate(std::span<const std::span<const std::byte>> messages, std::span<const std::span<float>> dense,
-                            float scale) {
+  void allgather_accumulate(std::span<const device_span<const std::byte>> messages,
+                            std::span<const device_span<float>> dense, float scale) {
     // The ranks agree on the layout (the number of tensors and their sizes) first.
     // This rank's bucket: the message sizes (u64 each), then the messages.
     const std::size_t directory = 8 * messages.size();
@@ -107,6 +111,8 @@ class nccl {
           detail::check_aggregation_args(messages.size(), dense.size(), scale);
           directory_.resize(messages.size());
           for (std::size_t t = 0; t < messages.size(); ++t) {
+            backend_.require_device_pointer(who, "messages[t]", messages[t].data());
+            backend_.require_device_pointer(who, "dense[t]", dense[t].data());
             directory_[t] = messages[t].size();
             mine += messages[t].size();
           }
@@ -134,13 +140,15 @@ class nccl {
       for (std::size_t t = 0; t < messages.size(); ++t) {
         detail::require(directory_[t] <= b.size() - offset, errc::corrupt_message, "allgather_accumulate: rank ", r,
                         "'s bucket is shorter than its directory says");
-        checked_.push_back(decoder_.check(b.subspan(offset, directory_[t]), dense[t].size(), who));
+        checked_.push_back(decoder_.check(backend_, b.subspan(offset, directory_[t]), dense[t].size(), who));
         offset += directory_[t];
       }
       detail::require(offset == b.size(), errc::corrupt_message, "allgather_accumulate: rank ", r,
                       "'s bucket has trailing bytes");
     }
-    for (std::size_t p = 0; p < checked_.size(); ++p) decoder_.add(checked_[p], dense[p % messages.size()], scale);
+    for (std::size_t p = 0; p < checked_.size(); ++p) {
+      decoder_.add(backend_, checked_[p], detail::raw(dense[p % messages.size()]), scale);
+    }
   }
 
   /// \name Collectives that comm::cyclic_topk and the agreement build on (each returns
@@ -158,15 +166,15 @@ class nccl {
                        "ncclAllGather (agreement)");
     backend_.to_host(exchange_.data(), all.size(), all.data());
   }
-  /// Rank `root`'s `data` into every rank's `data` (the same size everywhere).
-  void broadcast(std::span<std::uint32_t> data, int root) {
+  /// Rank `root`'s `data` (device memory) into every rank's `data` (the same size everywhere).
+  void broadcast(device_span<std::uint32_t> data, int root) {
     if (data.empty()) return;
     detail::nccl_check(ncclBroadcast(data.data(), data.data(), data.size(), ncclUint32, root, comm_, backend_.stream),
                        "ncclBroadcast (indices)");
   }
-  /// `values` becomes the sum over ranks, the same bits on every rank: summed at
-  /// `root`, then broadcast.
-  void reduce_broadcast(std::span<float> values, int root) {
+  /// `values` (device memory) becomes the sum over ranks, the same bits on every rank:
+  /// summed at `root`, then broadcast.
+  void reduce_broadcast(device_span<float> values, int root) {
     if (values.empty()) return;
     detail::nccl_check(ncclReduce(values.data(), values.data(), values.size(), ncclFloat, ncclSum, root, comm_,
                                   backend_.stream),
@@ -212,14 +220,14 @@ class nccl {
   void dense_path(std::span<const std::byte> message, std::span<float> dense, float scale) {
     detail::device_decoder::checked mine{};
     (void)detail::agree(*this, who, {}, [&] {
-      mine = decoder_.check(message, dense.size(), who);
+      mine = decoder_.check(backend_, message, dense.size(), who);
       return 0;
     });
     if (mine_.size() < dense.size()) mine_ = detail::device_buffer<float>(dense.size());
     const std::span<float> sum(mine_.data(), dense.size());
     backend_.clear(sum.data(), sum.size());
-    decoder_.add(mine, sum, 1.0f);
-    reduce_broadcast(sum, 0);
+    decoder_.add(backend_, mine, sum, 1.0f);
+    reduce_broadcast(device_span<float>(sum.data(), sum.size()), 0);
     detail::cuda_comm::add_scaled<<<detail::cuda_launch::grid_for(dense.size()), detail::cuda_launch::block_threads, 0,
                                     backend_.stream>>>(dense.data(), sum.data(), scale, dense.size());
     detail::cuda_check(cudaGetLastError(), "add_scaled (launch)");

@@ -519,7 +519,8 @@ class message_writer {
 /// backend's compressor documents: written in the space, then copied out.
 template <class Backend>
 class engine<encode::index_value, Backend> {
-  static constexpr bool staged = !Backend::host_accessible && !requires { Backend::device_memory; };
+  static constexpr bool staged =
+      !Backend::host_accessible && std::is_same_v<typename Backend::message_memory, host_memory>;
 
  public:
   engine(const Backend& be, const encode::index_value& policy, std::size_t n, std::size_t capacity)

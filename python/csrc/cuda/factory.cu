@@ -19,8 +19,8 @@ std::unique_ptr<any_compressor> make_cuda(std::size_t n, const std::string& meth
 }
 
 void accumulate_cuda(std::span<const std::byte> message, float* dense, std::size_t n, float scale, void* stream) {
-  gc::device_accumulator(gc::backend::cuda{static_cast<cudaStream_t>(stream)})(message, std::span<float>(dense, n),
-                                                                                scale);
+  gc::device_accumulator(gc::backend::cuda{static_cast<cudaStream_t>(stream)})(
+      gc::device_span<const std::byte>(message.data(), message.size()), gc::device_span<float>(dense, n), scale);
 }
 
 }  // namespace gradcomp_py

@@ -24,16 +24,17 @@ class device_exchange_memory {
  public:
   explicit device_exchange_memory(const backend::cuda& be) : backend_(be), decoder_(be) {}
 
-  /// The first out.size() indices of the leader's message, which is raw32 coded: its
-  /// index section is that array, stored little-endian as the GPU reads it.
-  void indices_of(const message& m, std::span<std::uint32_t> out) const {
-    cuda_check(cudaMemcpyAsync(out.data(), m.bytes().data() + message_header::size, out.size_bytes(),
+  /// The first out.size() indices of the leader's message at `bytes`, which is raw32
+  /// coded: its index section is that array, stored little-endian as the GPU reads it.
+  void indices_of(std::span<const std::byte> bytes, std::span<std::uint32_t> out) const {
+    cuda_check(cudaMemcpyAsync(out.data(), bytes.data() + message_header::size, out.size_bytes(),
                                cudaMemcpyDeviceToDevice, backend_.stream),
                "cudaMemcpyAsync (leader's indices)");
   }
-  /// The first out.size() values of a message, as the receiver decodes them.
-  void values_of(const message& m, std::span<float> out) {
-    decoder_.values(decoder_.check(m.bytes(), m.size(), "cyclic_topk"), out);
+  /// The first out.size() values of the message at `bytes` (of a tensor of n elements),
+  /// as the receiver decodes them.
+  void values_of(std::span<const std::byte> bytes, std::size_t n, std::span<float> out) {
+    decoder_.values(backend_, decoder_.check(backend_, bytes, n, "cyclic_topk"), out);
   }
   /// A host copy of `index`.
   std::span<const std::uint32_t> on_host(std::span<const std::uint32_t> index) {

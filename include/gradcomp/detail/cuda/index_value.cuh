@@ -94,8 +94,9 @@ __global__ void add_entries(const std::uint32_t* index, const float* values, std
 
 }  // namespace cuda_messages
 
-/// Checks messages in device memory and adds them to device tensors. Workspace grows
-/// to the largest message seen.
+/// Checks messages in device memory and adds them to device tensors, each call queued on
+/// the execution context it is given (a stream on the decoder's device). Workspace comes
+/// from the backend it was made with and grows to the largest message seen.
 class device_decoder {
  public:
   /// A message that passed check(): its header, read on the host.
@@ -104,35 +105,36 @@ class device_decoder {
     std::span<const std::byte> bytes;
   };
 
-  explicit device_decoder(const backend::cuda& be) : backend_(be), faults_(1) {}
+  explicit device_decoder(const backend::cuda& be)
+      : backend_(be), faults_(be.allocate<cuda_messages::entry_faults>(1)) {}
 
   /// Checks the whole message at `bytes` (device memory) for a tensor of n elements:
   /// the header on the host, then every entry. Writes no tensor.
   /// \throws gradcomp::error (corrupt_message) naming the first fault, or
   ///         (invalid_argument) if the message's n is not `n`; `who` starts the text.
-  checked check(std::span<const std::byte> bytes, std::size_t n, const char* who) {
+  checked check(const backend::cuda& on, std::span<const std::byte> bytes, std::size_t n, const char* who) {
     std::byte head[message_header::size] = {};
-    if (bytes.size() >= message_header::size) backend_.to_host(bytes.data(), message_header::size, head);
+    if (bytes.size() >= message_header::size) on.to_host(bytes.data(), message_header::size, head);
     const message_header h = read_header(std::span<const std::byte>(head, sizeof head), bytes.size());
     // The host's order: header, checksum, n, entries (the same error for the same bytes).
     if (!cuda_messages::device_read(h.index, h.value, (h.flags & message_header::flag_checksum) != 0)) {
-      const message_reader reader(host_copy(bytes));
+      const message_reader reader(host_copy(on, bytes));
       require_size(h, n, who);
       reader.validate_entries();
       return {h, bytes};
     }
     require_size(h, n, who);
-    cuda_check(cudaMemsetAsync(faults_.data(), 0xFF, sizeof(cuda_messages::entry_faults), backend_.stream),
+    cuda_check(cudaMemsetAsync(faults_.data(), 0xFF, sizeof(cuda_messages::entry_faults), on.stream),
                "cudaMemsetAsync");
     if (h.count > 0) {
-      cuda_messages::check_entries<<<cuda_launch::grid_for(h.count), cuda_launch::block_threads, 0,
-                                     backend_.stream>>>(bytes.data(), h.count, h.n, h.value, faults_.data());
+      cuda_messages::check_entries<<<cuda_launch::grid_for(h.count), cuda_launch::block_threads, 0, on.stream>>>(
+          bytes.data(), h.count, h.n, h.value, faults_.data());
       cuda_check(cudaGetLastError(), "check_entries (launch)");
     }
-    const cuda_messages::entry_faults faults = backend_.read(faults_.data());
+    const cuda_messages::entry_faults faults = on.read(faults_.data());
     if (faults.bad_index_at != ~0ull) {
       std::uint32_t index = 0;
-      backend_.to_host(reinterpret_cast<const std::uint32_t*>(bytes.data() + message_header::size) + faults.bad_index_at,
+      on.to_host(reinterpret_cast<const std::uint32_t*>(bytes.data() + message_header::size) + faults.bad_index_at,
                        1, &index);
       report_bad_index(index, faults.bad_index_at, h.n);
     }
@@ -142,52 +144,52 @@ class device_decoder {
   }
 
   /// Queues `dense += scale * entries` of a checked message (dense: device memory).
-  void add(const checked& m, std::span<float> dense, float scale) {
+  void add(const backend::cuda& on, const checked& m, std::span<float> dense, float scale) {
     const message_header& h = m.header;
     if (h.count == 0) return;
     const unsigned grid = cuda_launch::grid_for(h.count);
     if (cuda_messages::device_read(h.index, h.value, (h.flags & message_header::flag_checksum) != 0)) {
-      cuda_messages::add_message<<<grid, cuda_launch::block_threads, 0, backend_.stream>>>(m.bytes.data(), h.count,
-                                                                                          h.value, scale, dense.data());
+      cuda_messages::add_message<<<grid, cuda_launch::block_threads, 0, on.stream>>>(m.bytes.data(), h.count, h.value,
+                                                                                    scale, dense.data());
       cuda_check(cudaGetLastError(), "add_message (launch)");
       return;
     }
-    decode_on_host(m);
+    decode_on_host(on, m);
     if (index_.size() < index_host_.size()) {
-      index_ = device_buffer<std::uint32_t>(index_host_.size());
-      values_ = device_buffer<float>(index_host_.size());
+      index_ = backend_.allocate<std::uint32_t>(index_host_.size());
+      values_ = backend_.allocate<float>(index_host_.size());
     }
-    backend_.to_device(index_host_.data(), index_host_.size(), index_.data());
-    backend_.to_device(values_host_.data(), values_host_.size(), values_.data());
-    cuda_messages::add_entries<<<grid, cuda_launch::block_threads, 0, backend_.stream>>>(
-        index_.data(), values_.data(), h.count, scale, dense.data());
+    on.to_device(index_host_.data(), index_host_.size(), index_.data());
+    on.to_device(values_host_.data(), values_host_.size(), values_.data());
+    cuda_messages::add_entries<<<grid, cuda_launch::block_threads, 0, on.stream>>>(index_.data(), values_.data(),
+                                                                                  h.count, scale, dense.data());
     cuda_check(cudaGetLastError(), "add_entries (launch)");
     // The staging buffers are reused by the next call: let this kernel finish first.
-    cuda_check(cudaStreamSynchronize(backend_.stream), "cudaStreamSynchronize");
+    cuda_check(cudaStreamSynchronize(on.stream), "cudaStreamSynchronize");
   }
 
   /// Queues the first out.size() values of a checked message, in entry order, into
   /// `out` (device memory).
-  void values(const checked& m, std::span<float> out) {
+  void values(const backend::cuda& on, const checked& m, std::span<float> out) {
     const message_header& h = m.header;
     const std::size_t count = std::min<std::size_t>(out.size(), h.count);
     if (count == 0) return;
     if (cuda_messages::device_read(h.index, h.value, (h.flags & message_header::flag_checksum) != 0)) {
-      cuda_messages::message_values<<<cuda_launch::grid_for(count), cuda_launch::block_threads, 0, backend_.stream>>>(
+      cuda_messages::message_values<<<cuda_launch::grid_for(count), cuda_launch::block_threads, 0, on.stream>>>(
           m.bytes.data(), h.count, h.value, count, out.data());
       cuda_check(cudaGetLastError(), "message_values (launch)");
       return;
     }
-    decode_on_host(m);
-    backend_.to_device(values_host_.data(), count, out.data());
+    decode_on_host(on, m);
+    on.to_device(values_host_.data(), count, out.data());
   }
 
  private:
   // The entries of a message that the kernels do not read, into index_host_ and values_host_.
-  void decode_on_host(const checked& m) {
+  void decode_on_host(const backend::cuda& on, const checked& m) {
     index_host_.clear();
     values_host_.clear();
-    message_reader(host_copy(m.bytes)).visit([&](std::uint32_t i, float v) {
+    message_reader(host_copy(on, m.bytes)).visit([&](std::uint32_t i, float v) {
       index_host_.push_back(i);
       values_host_.push_back(v);
     });
@@ -197,9 +199,9 @@ class device_decoder {
     require(h.n == n, errc::invalid_argument, who, ": dense.size() = ", n, " does not match the message's n = ", h.n);
   }
 
-  std::span<const std::byte> host_copy(std::span<const std::byte> bytes) {
+  std::span<const std::byte> host_copy(const backend::cuda& on, std::span<const std::byte> bytes) {
     message_host_.resize(bytes.size());
-    backend_.to_host(bytes.data(), bytes.size(), message_host_.data());
+    on.to_host(bytes.data(), bytes.size(), message_host_.data());
     return message_host_;
   }
 
