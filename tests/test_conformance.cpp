@@ -260,9 +260,21 @@ TEST_CASE("backend::host's threshold fast path equals the generic algorithm on b
 #if !defined(GRADCOMP_TEST_KOKKOS)
 // backend::host's sampled_threshold engine (sampling directly, collecting by thread
 // slices, ranking in place) against the generic algorithm
-// (detail/select_sampled_threshold.hpp) on backend::host, step after accepted step so
-// that a reused threshold carries over, the exact fallback (n = 1, 7) included.
-TEST_CASE("backend::host's sampled_threshold fast path equals the generic algorithm on backend::host") {
+// (detail/select_sampled_threshold.hpp) on backend::host and on opaque_host, step after
+// accepted step so that a reused threshold carries over, the exact fallback (n = 1, 7)
+// included.
+//
+// opaque_host is backend::host, but declaring its memory unreadable by the host, as a device's is: the
+// generic algorithms then take the path they take on backend::cuda (every phase queued,
+// guarded by what the backend's memory says; passes over the capacity; copies through
+// to_host), which the CPU tests thus run before a GPU does.
+struct opaque_host : gc::backend::host {
+  static constexpr bool host_accessible = false;
+  using memory = gc::device_memory;
+};
+
+template <class Backend>
+void require_sampled_threshold_fast_path_equals(const std::string& generic_name) {
   using case_type = conformance::sampled_threshold_case;
   for (int variant = 0; variant < case_type::variants; ++variant) {
     for (const int threads : {1, 2}) {
@@ -271,16 +283,23 @@ TEST_CASE("backend::host's sampled_threshold fast path equals the generic algori
           const gc::backend::host be{.threads = threads};
           const auto policy = case_type::make(variant, n, density).first;
           gc::detail::engine<gc::select::sampled_threshold, gc::backend::host> fast(be, policy, n);
-          gc::detail::sampled_threshold_selection<gc::backend::host> generic(be, policy, n);
+          const Backend generic_be{be};
+          gc::detail::sampled_threshold_selection<Backend> generic(generic_be, policy, n);
           for (std::uint64_t t = 0; t < 6; ++t) {
             const auto shape = inputs::all_shapes[(t + static_cast<std::uint64_t>(variant)) % std::size(inputs::all_shapes)];
             const auto acc = inputs::make(shape, n, 500 + t);
+            CAPTURE(generic_name);
             CAPTURE(case_type::name(variant));
             CAPTURE(threads);
             CAPTURE(n);
             CAPTURE(density);
             CAPTURE(t);
-            require_same_selection(be, fast, generic, policy, {acc, acc, t});
+            std::vector<std::uint32_t> out_fast(n), out_generic(n, 0xFFFFFFFFu);
+            const auto a = gc::detail::select_now(fast, be, policy, {acc, acc, t}, out_fast);
+            const auto b = gc::detail::select_now(generic, generic_be, policy, {acc, acc, t}, out_generic);
+            REQUIRE(a.count == b.count);
+            REQUIRE(std::equal(out_fast.begin(), out_fast.begin() + static_cast<std::ptrdiff_t>(a.count),
+                               out_generic.begin()));
             fast.accept();
             generic.accept();
             REQUIRE(fast.saved_state() == generic.saved_state());  // the carried threshold
@@ -290,6 +309,12 @@ TEST_CASE("backend::host's sampled_threshold fast path equals the generic algori
     }
   }
 }
+
+TEST_CASE("backend::host's sampled_threshold fast path equals the generic algorithm, host-readable or not") {
+  require_sampled_threshold_fast_path_equals<gc::backend::host>("host");
+  require_sampled_threshold_fast_path_equals<opaque_host>("opaque host");
+}
+
 #endif
 
 #if !defined(GRADCOMP_TEST_KOKKOS)

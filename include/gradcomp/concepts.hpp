@@ -161,7 +161,8 @@ concept encoder = std::copyable<E> && policy_has_name<E> && encoder_has_validate
 /// - for_each(n, body): body(i) for every i < n;
 /// - reduce_or(n, body, bits): ORs body(i) -> std::uint32_t over every i < n into *bits;
 /// - reduce_max(n, body, word): raises *word to the largest body(i) -> std::uint32_t;
-/// - histogram(n, bin_of, counts): adds 1 to counts[bin_of(i)] for every i < n;
+/// - histogram(n, bin_of, counts): adds 1 to counts[bin_of(i)] for every i < n whose bin
+///   is not detail::no_bin;
 /// - sum(n, term, chunk, total): *total = the sum of term(i) -> double in the order of
 ///   detail/fixed_order_sum.hpp (identical on every backend and for any thread count);
 /// - compact(n, keep, out, workspace, count): the i < n with keep(i) -> bool, ascending,

@@ -105,8 +105,8 @@ struct cuda {
     detail::cuda_check(cudaGetLastError(), "reduce_max (launch)");
   }
 
-  /// Queues counts[bin_of(i)] += 1 for every i in [0, n) (atomic increments); `counts`
-  /// is device memory, never cleared here.
+  /// Queues counts[bin_of(i)] += 1 for every i in [0, n) whose bin is not
+  /// detail::no_bin (atomic increments); `counts` is device memory, never cleared here.
   template <class BinOf>
   void histogram(std::size_t n, const BinOf& bin_of, std::uint32_t* counts) const {
     if (n == 0) return;

@@ -141,12 +141,14 @@ struct host {
     });
   }
 
-  /// Adds 1 to counts[bin_of(i)] for every i in [0, n); `counts` is never cleared here.
+  /// Adds 1 to counts[bin_of(i)] for every i in [0, n) whose bin is not detail::no_bin;
+  /// `counts` is never cleared here.
   template <class BinOf>
   void histogram(std::size_t n, const BinOf& bin_of, std::uint32_t* counts) const {
     detail::for_each_chunk(concurrency(), n, [&](int, std::size_t, std::size_t begin, std::size_t end) {
       for (std::size_t i = begin; i < end; ++i) {
         const std::size_t bin = bin_of(i);
+        if (bin == detail::no_bin) continue;
 #if GRADCOMP_HAS_OPENMP
 #pragma omp atomic
 #endif

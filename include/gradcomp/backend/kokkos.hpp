@@ -77,8 +77,8 @@ struct kokkos {
     if (largest > read(word)) to_device(&largest, 1, word);
   }
 
-  /// Adds 1 to counts[bin_of(i)] for every i in [0, n) (atomic increments); `counts` is
-  /// space memory, never cleared here. Waits.
+  /// Adds 1 to counts[bin_of(i)] for every i in [0, n) whose bin is not detail::no_bin
+  /// (atomic increments); `counts` is space memory, never cleared here. Waits.
   template <class BinOf>
   void histogram(std::size_t n, const BinOf& bin_of, std::uint32_t* counts) const {
     Kokkos::parallel_for("gradcomp::histogram", range(n), histogram_body<BinOf>{bin_of, counts});
@@ -198,7 +198,8 @@ struct kokkos {
     BinOf bin_of;
     std::uint32_t* counts;
     KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const {
-      Kokkos::atomic_increment(counts + bin_of(static_cast<std::size_t>(i)));
+      const std::size_t bin = bin_of(static_cast<std::size_t>(i));
+      if (bin != detail::no_bin) Kokkos::atomic_increment(counts + bin);
     }
   };
   template <class Term>

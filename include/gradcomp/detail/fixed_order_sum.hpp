@@ -17,6 +17,11 @@
 GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 
+/// What a histogram's bin_of returns for an item that counts in no bin (the backends
+/// skip it): selections over part of their items need no discard bin, and so no
+/// contended counter on a device.
+inline constexpr std::size_t no_bin = ~std::size_t{0};
+
 /// Elements per work unit of the host backend, and per chunk of the fixed-order sum.
 /// Sized so that the arrays a corrector touches for one chunk (old state, gradient, new
 /// state) stay in a 512 KiB L2 and the selector's first pass re-reads the chunk from

@@ -70,7 +70,10 @@ __global__ void reduce_max(std::uint64_t n, Body body, std::uint32_t* word) {
 /// backend::cuda::histogram's kernel: counts[bin_of(i)] += 1 for every i in [0, n).
 template <class BinOf>
 __global__ void histogram(std::uint64_t n, BinOf bin_of, std::uint32_t* counts) {
-  grid_stride(n, [&](std::uint64_t i) { atomicAdd(counts + bin_of(static_cast<std::size_t>(i)), 1u); });
+  grid_stride(n, [&](std::uint64_t i) {
+    const std::size_t bin = bin_of(static_cast<std::size_t>(i));
+    if (bin != no_bin) atomicAdd(counts + bin, 1u);
+  });
 }
 
 /// Threads of chunk_sums for n terms: eight per chunk.
