@@ -1,6 +1,7 @@
 // The decoder trusts nothing: every corruption raises gradcomp::error and leaves the
 // destination untouched.
 #include <doctest/doctest.h>
+#include <gradcomp/detail/decode_index_value.hpp>
 #include <gradcomp/gradcomp.hpp>
 
 #include <cstring>
@@ -25,10 +26,65 @@ void poke(std::vector<std::byte>& b, std::size_t at, T v) {
   std::memcpy(b.data() + at, &v, sizeof(T));
 }
 
+// backend::host, declaring its memory unreadable by the host as a device's is: the
+// generic decoder's path on backend::cuda.
+struct opaque_host : gc::backend::host {
+  static constexpr bool host_accessible = false;
+  using memory = gc::device_memory;
+};
+
+// What accumulating `bytes` into a dense tensor of n elements (filled with 3.25) gives:
+// the tensor, or the error's code and text.
+struct outcome {
+  std::vector<float> dense;
+  std::string error;
+  friend bool operator==(const outcome&, const outcome&) = default;
+};
+
+outcome host_outcome(const std::vector<std::byte>& bytes, std::size_t n) {
+  outcome o{std::vector<float>(n, 3.25f), {}};
+  try {
+    gc::accumulate(gc::backend::host{}, bytes, o.dense, 0.5f);
+  } catch (const gc::error& e) {
+    o.error = std::string(gc::to_string(e.code())) + ": " + e.what();
+  }
+  return o;
+}
+
+// The generic decoder (detail/decode_index_value.hpp, what backend::cuda runs) on
+// `Backend`: check, then add, with a decoder kept across calls as the device's are.
+template <class Backend>
+outcome generic_outcome(gc::detail::message_decoder<Backend>& decoder, const std::vector<std::byte>& bytes,
+                        std::size_t n) {
+  outcome o{std::vector<float>(n, 3.25f), {}};
+  const Backend be{};
+  try {
+    decoder.add(be, decoder.check(be, bytes, n, "accumulate"), o.dense, 0.5f);
+  } catch (const gc::error& e) {
+    o.error = std::string(gc::to_string(e.code())) + ": " + e.what();
+  }
+  return o;
+}
+
+// The generic decoder on backend::host and on opaque_host gives exactly what the host's
+// accumulate gives: the same sums, or the same error with the tensor untouched.
+void require_generic_decoder_agrees(const std::vector<std::byte>& bytes, std::size_t n) {
+  static gc::detail::message_decoder<gc::backend::host> on_host{gc::backend::host{}};
+  static gc::detail::message_decoder<opaque_host> on_opaque{opaque_host{}};
+  const outcome want = host_outcome(bytes, n);
+  const outcome got_host = generic_outcome(on_host, bytes, n);
+  const outcome got_opaque = generic_outcome(on_opaque, bytes, n);
+  CHECK(got_host.error == want.error);
+  CHECK(got_opaque.error == want.error);
+  CHECK(got_host.dense == want.dense);
+  CHECK(got_opaque.dense == want.dense);
+}
+
 // Runs decode and accumulate on `bytes`; both must throw corrupt_message and leave a
-// sentinel-filled destination untouched.
+// sentinel-filled destination untouched; the generic decoder must say the same.
 void require_rejected(const std::vector<std::byte>& bytes, std::size_t n, const char* what) {
   CAPTURE(what);
+  require_generic_decoder_agrees(bytes, n);
   CHECK_THROWS_AS(gc::decode(bytes), gc::error);
   std::vector<float> dense(n, 3.25f);
   try {
@@ -184,4 +240,66 @@ TEST_CASE("device_span views a pointer and a size, and the host-context decode e
   CHECK(on_context.n == plain.n);
   CHECK(on_context.indices == plain.indices);
   CHECK(on_context.values == plain.values);
+}
+
+// The generic decoder (what backend::cuda runs for every coding) against the host's
+// reader, on messages of every index and value coding, with and without a checksum, and
+// on every single-bit flip of each: the same sums, or the same error with the tensor
+// untouched. A flip may leave a valid message (a value's bit); both must agree then too.
+TEST_CASE("the generic decoder agrees with the host's reader on every coding and every bit flip") {
+  const std::size_t n = 300;
+  const auto g = inputs::make(inputs::shape::student_t3, n, 4);
+  for (const auto index : {gc::index_coding::raw32, gc::index_coding::delta_bitpack, gc::index_coding::bitmap}) {
+    for (const auto value : {gc::value_coding::f32, gc::value_coding::f16, gc::value_coding::bf16,
+                             gc::value_coding::int8, gc::value_coding::ternary, gc::value_coding::qsgd}) {
+      for (const bool checksum : {false, true}) {
+        for (const std::size_t k : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{200}}) {
+          CAPTURE(gc::to_string(index));
+          CAPTURE(gc::to_string(value));
+          CAPTURE(checksum);
+          CAPTURE(k);
+          const gc::encode::index_value encoder{.index = index, .value = value, .levels = 5, .checksum = checksum};
+          const auto message_of = [&](auto c, const std::vector<float>& grad) {
+            std::vector<std::byte> out(c.max_message_bytes());
+            const auto m = c.compress(grad, out);
+            return std::vector<std::byte>(m.bytes().begin(), m.bytes().end());
+          };
+          const std::vector<std::byte> good =
+              k == 0 ? message_of(gc::compressor{gc::backend::host{}, n, gc::select::threshold{.tau = 1.0f},
+                                                 gc::correct::none{}, encoder},
+                                  std::vector<float>(n, 0.0f))
+                     : message_of(gc::compressor{gc::backend::host{}, n, gc::select::exact_topk{.count = k},
+                                                 gc::correct::none{}, encoder},
+                                  g);
+          REQUIRE(host_outcome(good, n).error.empty());
+          require_generic_decoder_agrees(good, n);
+          for (std::size_t bit = 0; bit < 8 * good.size(); bit += (k == 200 ? 7 : 1)) {
+            auto b = good;
+            b[bit / 8] ^= std::byte{static_cast<unsigned char>(1u << (bit % 8))};
+            CAPTURE(bit);
+            require_generic_decoder_agrees(b, n);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the generic decoder agrees with the host's reader on random garbage") {
+  std::mt19937_64 rng(7);
+  for (const auto index : {gc::index_coding::delta_bitpack, gc::index_coding::bitmap}) {
+    gc::compressor c{gc::backend::host{}, 500, gc::select::exact_topk{.count = 20}, gc::correct::none{},
+                     gc::encode::index_value{.index = index, .value = gc::value_coding::qsgd, .levels = 3}};
+    std::vector<std::byte> out(c.max_message_bytes());
+    const auto m = c.compress(inputs::make(inputs::shape::normal, 500, 3), out);
+    const std::vector<std::byte> good(m.bytes().begin(), m.bytes().end());
+    for (int trial = 0; trial < 3000; ++trial) {
+      auto b = good;
+      const int flips = 1 + static_cast<int>(rng() % 6);
+      for (int f = 0; f < flips; ++f) b[rng() % b.size()] = static_cast<std::byte>(rng());
+      b.resize(rng() % 4 == 0 ? rng() % (b.size() + 1) : b.size());
+      CAPTURE(trial);
+      require_generic_decoder_agrees(b, 500);
+    }
+  }
 }

@@ -8,7 +8,7 @@
 
 #include <gradcomp/backend/cuda.cuh>
 #include <gradcomp/config.hpp>
-#include <gradcomp/detail/cuda/index_value.cuh>
+#include <gradcomp/detail/decode_index_value.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/memory.hpp>
 #include <gradcomp/message.hpp>
@@ -52,7 +52,7 @@ class device_accumulator {
 
  private:
   backend::cuda backend_;
-  detail::device_decoder decoder_;
+  detail::message_decoder<backend::cuda> decoder_;
 };
 
 /// `dense[i] += scale * value` for every entry of a message in device memory, into a

@@ -268,13 +268,20 @@ inline sparse_vector decode(std::span<const std::byte> bytes) {
 
 namespace detail {
 /// dense[index[j]] += scale * values[j]: the scatter-add of accumulate (a message's
-/// indices are distinct, so no two j write one entry).
+/// indices are distinct, so no two j write one entry). Rounded as two operations on a
+/// device too, whatever nvcc's --fmad, so that every backend adds the same bits.
 struct scatter_add {
   const std::uint32_t* index;
   const float* values;
   float scale;
   float* dense;
-  GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const { dense[index[j]] += scale * values[j]; }
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
+#if defined(__CUDA_ARCH__)
+    dense[index[j]] = __fadd_rn(dense[index[j]], __fmul_rn(scale, values[j]));
+#else
+    dense[index[j]] += scale * values[j];
+#endif
+  }
 };
 }  // namespace detail
 

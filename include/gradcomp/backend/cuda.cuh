@@ -258,4 +258,3 @@ GRADCOMP_NAMESPACE_END
 
 #include <gradcomp/detail/cuda/chunk_local.cuh>
 #include <gradcomp/detail/cuda/exact_topk.cuh>
-#include <gradcomp/detail/cuda/index_value.cuh>

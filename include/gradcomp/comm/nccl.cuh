@@ -11,7 +11,7 @@
 #include <gradcomp/detail/collective_checks.hpp>
 #include <gradcomp/detail/cuda/device_buffer.cuh>
 #include <gradcomp/detail/cuda/exchange_memory.cuh>
-#include <gradcomp/detail/cuda/index_value.cuh>
+#include <gradcomp/detail/decode_index_value.hpp>
 #include <gradcomp/detail/cuda/launch.cuh>
 #include <gradcomp/error.hpp>
 #include <gradcomp/message.hpp>
@@ -48,7 +48,7 @@ namespace comm {
 /// the backend's stream. They give every rank the same result as comm::mpi's: messages
 /// are added in rank order, identically everywhere. Receive buffers grow to the largest
 /// exchange seen and are reused. Each call reads the message sizes back to the host and
-/// checks every message (detail::device_decoder) before it writes `dense`.
+/// checks every message (detail::message_decoder) before it writes `dense`.
 ///
 /// The additions to `dense` are queued on this backend's stream and may still run when
 /// a call returns: give it the stream the compressors and the optimizer use, or
@@ -218,7 +218,7 @@ class nccl {
   }
 
   void dense_path(std::span<const std::byte> message, std::span<float> dense, float scale) {
-    detail::device_decoder::checked mine{};
+    detail::message_decoder<backend::cuda>::checked mine{};
     (void)detail::agree(*this, who, {}, [&] {
       mine = decoder_.check(backend_, message, dense.size(), who);
       return 0;
@@ -235,14 +235,14 @@ class nccl {
 
   ncclComm_t comm_;
   backend::cuda backend_;
-  detail::device_decoder decoder_;
+  detail::message_decoder<backend::cuda> decoder_;
   int rank_ = 0;
   int size_ = 1;
   detail::device_buffer<std::byte> exchange_;  // the agreement's reports
   std::vector<std::uint64_t> sizes_, offsets_, directory_;
   detail::device_buffer<std::byte> gathered_, bucket_;
   detail::device_buffer<float> mine_;
-  std::vector<detail::device_decoder::checked> checked_;
+  std::vector<detail::message_decoder<backend::cuda>::checked> checked_;
 };
 
 }  // namespace comm

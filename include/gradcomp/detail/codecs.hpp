@@ -38,7 +38,8 @@ constexpr bool is_wire_value_coding(value_coding c) noexcept {
 // -- bit streams ----------------------------------------------------------------------
 
 /// Reads `bits` (<= 32) bits at `bit_offset`, touching only the bytes that hold them.
-inline std::uint32_t read_bits(const std::byte* data, std::uint64_t bit_offset, unsigned bits) noexcept {
+GRADCOMP_HOST_DEVICE inline std::uint32_t read_bits(const std::byte* data, std::uint64_t bit_offset,
+                                                   unsigned bits) noexcept {
   if (bits == 0) return 0;
   const std::byte* p = data + bit_offset / 8;
   const unsigned shift = static_cast<unsigned>(bit_offset % 8);
@@ -50,7 +51,8 @@ inline std::uint32_t read_bits(const std::byte* data, std::uint64_t bit_offset, 
 
 /// Whether the bits of `data` (`bytes` long) from bit `used` on are all zero: the
 /// padding of a bit-packed section, which the canonical form leaves zero.
-inline bool padding_is_zero(const std::byte* data, std::uint64_t used, std::uint64_t bytes) noexcept {
+GRADCOMP_HOST_DEVICE inline bool padding_is_zero(const std::byte* data, std::uint64_t used,
+                                                std::uint64_t bytes) noexcept {
   if (used >= 8 * bytes) return true;
   const unsigned tail = static_cast<unsigned>(used % 8);
   std::uint64_t b = used / 8;
@@ -227,10 +229,10 @@ GRADCOMP_HOST_DEVICE inline float qsgd_value(float norm, std::uint32_t level, st
 class value_decoder {
  public:
   template <class Header>
-  value_decoder(const Header& h, const std::byte* section) noexcept
+  GRADCOMP_HOST_DEVICE value_decoder(const Header& h, const std::byte* section) noexcept
       : coding_(h.value), section_(section), param_(h.value_param), levels_(h.codec_param) {}
 
-  float operator()(std::size_t j) const noexcept {
+  GRADCOMP_HOST_DEVICE float operator()(std::size_t j) const noexcept {
     switch (coding_) {
       case value_coding::f32: return load_le<float>(section_ + 4 * j);
       case value_coding::f16: return half_to_float(load_le<std::uint16_t>(section_ + 2 * j));

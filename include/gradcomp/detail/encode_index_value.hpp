@@ -60,7 +60,6 @@ struct message_plan {
 };
 
 inline constexpr std::size_t delta_group = 64;       // delta blocks per group of the offsets' scan
-inline constexpr std::size_t checksum_chunk = 1024;  // message bytes per CRC register
 
 GRADCOMP_HOST_DEVICE constexpr std::size_t blocks_of(std::size_t items, std::size_t per_block) noexcept {
   return (items + per_block - 1) / per_block;
@@ -393,11 +392,7 @@ struct checksum_part : step_entries {
   std::uint32_t* parts;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t c) const {
     if (status->non_finite != 0) return;
-    const std::uint64_t begin = 16 + c * checksum_chunk;
-    const std::uint64_t end = begin + checksum_chunk < plan->bytes ? begin + checksum_chunk : plan->bytes;
-    std::uint32_t reg = 0;
-    for (std::uint64_t i = begin; i < end; ++i) reg = crc32c_byte(reg, out[i]);
-    parts[c] = reg;
+    parts[c] = message_checksum_part(out, plan->bytes, c);
   }
 };
 
@@ -409,17 +404,7 @@ struct checksum_finish : step_entries {
   std::byte* out;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t) const {
     if (status->non_finite != 0) return;
-    std::uint32_t reg = crc32c_init;
-    for (std::size_t i = 0; i < 12; ++i) reg = crc32c_byte(reg, out[i]);
-    for (std::size_t i = 0; i < 4; ++i) reg = crc32c_byte(reg, std::byte{0});
-    const std::uint64_t body = plan->bytes - 16;
-    const std::uint32_t full_chunk = crc32c_zeros_factor(checksum_chunk);
-    for (std::uint64_t c = 0; c * checksum_chunk < body; ++c) {
-      const std::uint64_t len = body - c * checksum_chunk < checksum_chunk ? body - c * checksum_chunk : checksum_chunk;
-      const std::uint32_t factor = len == checksum_chunk ? full_chunk : crc32c_zeros_factor(len);
-      reg = crc32c_multiply(factor, reg) ^ parts[c];
-    }
-    store_le<std::uint32_t>(out + 12, crc32c_final(reg));
+    store_le<std::uint32_t>(out + 12, message_checksum_of_parts(out, plan->bytes, parts));
   }
 };
 

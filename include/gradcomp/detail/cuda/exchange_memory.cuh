@@ -6,8 +6,8 @@
 #include <gradcomp/backend/cuda.cuh>
 #include <gradcomp/config.hpp>
 #include <gradcomp/detail/cuda/device_buffer.cuh>
-#include <gradcomp/detail/cuda/index_value.cuh>
 #include <gradcomp/detail/cuda/launch.cuh>
+#include <gradcomp/detail/decode_index_value.hpp>
 #include <gradcomp/message.hpp>
 
 #include <cuda_runtime.h>
@@ -44,15 +44,12 @@ class device_exchange_memory {
   }
   /// dense[index[j]] += scale * sums[j].
   void add(std::span<const std::uint32_t> index, std::span<const float> sums, std::span<float> dense, float scale) const {
-    if (index.empty()) return;
-    cuda_messages::add_entries<<<cuda_launch::grid_for(index.size()), cuda_launch::block_threads, 0, backend_.stream>>>(
-        index.data(), sums.data(), index.size(), scale, dense.data());
-    cuda_check(cudaGetLastError(), "add_entries (launch)");
+    backend_.for_each(index.size(), scatter_add{index.data(), sums.data(), scale, dense.data()});
   }
 
  private:
   backend::cuda backend_;
-  device_decoder decoder_;
+  message_decoder<backend::cuda> decoder_;
   std::vector<std::uint32_t> index_host_;
 };
 
