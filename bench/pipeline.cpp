@@ -2,6 +2,7 @@
 // fused (the compressor: the selector's first pass rides on the corrector's) and
 // unfused (the same engines run one after the other), against the streaming read; and
 // delta_bitpack index coding throughput on one core.
+#include <gradcomp/detail/decode_index_value.hpp>
 #include <gradcomp/detail/stages_at_once.hpp>
 #include <gradcomp/gradcomp.hpp>
 
@@ -179,6 +180,39 @@ void BM_delta_decode(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * idx.size() * 4));
 }
 
+// accumulate of one message into a dense tensor of step_n floats on backend::host, the
+// whole message checked first: the host's sequential reader (arg 1 = 0: message_reader,
+// validate then visit, what gc::accumulate ran before; the baseline), gc::accumulate
+// (1: the decoder written over the primitives, detail::message_decoder, with a new
+// workspace per call), and that decoder kept across calls (2: as device_accumulator
+// keeps it). Density arg 0 in 1e-4.
+void BM_accumulate(benchmark::State& state) {
+  const auto idx = topk_indices(static_cast<double>(state.range(0)) * 1e-4);
+  const gc::encode::index_value policy{.index = gc::index_coding::delta_bitpack, .value = gc::value_coding::f16};
+  const std::vector<float> values(idx.size(), 0.5f);
+  std::vector<float> sent(idx.size());
+  std::vector<std::byte> message(policy.max_bytes(step_n, idx.size()));
+  message.resize(gc::detail::encode_message(policy, step_n, idx, values, message, sent, 0));
+  std::vector<float> dense(step_n, 0.0f);
+  const gc::backend::host be{};
+  gc::detail::message_decoder<gc::backend::host> generic(be);
+  const auto way = state.range(1);
+  for (auto _ : state) {
+    if (way == 0) {
+      const gc::detail::message_reader reader(message);
+      reader.validate_entries();
+      reader.visit([&](std::uint32_t i, float v) { dense[i] += v; });
+    } else if (way == 1) {
+      gc::accumulate(be, message, dense, 1.0f);
+    } else {
+      generic.add(be, generic.check(be, message, step_n, "accumulate"), dense, 1.0f);
+    }
+    benchmark::DoNotOptimize(dense.data());
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * message.size()));
+  state.counters["entries"] = static_cast<double>(idx.size());
+}
+
 }  // namespace
 
 BENCHMARK(bench::BM_read)->Name("read")->Arg(step_n)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
@@ -193,5 +227,6 @@ BENCHMARK(BM_momentum_traffic)->Name("momentum_traffic_in_place/25000000")->Arg(
 BENCHMARK(BM_momentum_traffic)->Name("momentum_traffic_double_buffered/25000000")->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
 BENCHMARK(BM_delta_encode)->Name("delta_encode")->Arg(10)->Arg(100)->ArgName("d_1e4")->Threads(1);
 BENCHMARK(BM_delta_decode)->Name("delta_decode")->Arg(10)->Arg(100)->ArgName("d_1e4")->Threads(1);
+BENCHMARK(BM_accumulate)->Name("accumulate")->ArgsProduct({{10, 25, 50, 100}, {0, 1, 2}})->ArgNames({"d_1e4", "way"})->Threads(1);
 
 int main(int argc, char** argv) { return bench::run_main(argc, argv, "none"); }

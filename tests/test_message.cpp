@@ -41,7 +41,24 @@ struct outcome {
   friend bool operator==(const outcome&, const outcome&) = default;
 };
 
-outcome host_outcome(const std::vector<std::byte>& bytes, std::size_t n) {
+// The reference: the host's sequential reader (message_reader, which decode() uses),
+// checking in accumulate's order (header and checksum, n, entries), then adding.
+outcome reader_outcome(const std::vector<std::byte>& bytes, std::size_t n) {
+  outcome o{std::vector<float>(n, 3.25f), {}};
+  try {
+    const gc::detail::message_reader reader(bytes);
+    gc::detail::require(reader.header().n == n, gc::errc::invalid_argument, "accumulate: dense.size() = ", n,
+                        " does not match the message's n = ", reader.header().n);
+    reader.validate_entries();
+    reader.visit([&](std::uint32_t i, float v) { o.dense[i] += 0.5f * v; });
+  } catch (const gc::error& e) {
+    o.error = std::string(gc::to_string(e.code())) + ": " + e.what();
+  }
+  return o;
+}
+
+// gc::accumulate on backend::host (the generic decoder, with a new workspace per call).
+outcome accumulate_outcome(const std::vector<std::byte>& bytes, std::size_t n) {
   outcome o{std::vector<float>(n, 3.25f), {}};
   try {
     gc::accumulate(gc::backend::host{}, bytes, o.dense, 0.5f);
@@ -66,18 +83,22 @@ outcome generic_outcome(gc::detail::message_decoder<Backend>& decoder, const std
   return o;
 }
 
-// The generic decoder on backend::host and on opaque_host gives exactly what the host's
-// accumulate gives: the same sums, or the same error with the tensor untouched.
+// The generic decoder on backend::host and on opaque_host (kept across calls, as the
+// device's are), and gc::accumulate, give exactly what the host's reader gives: the
+// same sums, or the same error with the tensor untouched.
 void require_generic_decoder_agrees(const std::vector<std::byte>& bytes, std::size_t n) {
   static gc::detail::message_decoder<gc::backend::host> on_host{gc::backend::host{}};
   static gc::detail::message_decoder<opaque_host> on_opaque{opaque_host{}};
-  const outcome want = host_outcome(bytes, n);
+  const outcome want = reader_outcome(bytes, n);
   const outcome got_host = generic_outcome(on_host, bytes, n);
   const outcome got_opaque = generic_outcome(on_opaque, bytes, n);
+  const outcome got_accumulate = accumulate_outcome(bytes, n);
   CHECK(got_host.error == want.error);
   CHECK(got_opaque.error == want.error);
+  CHECK(got_accumulate.error == want.error);
   CHECK(got_host.dense == want.dense);
   CHECK(got_opaque.dense == want.dense);
+  CHECK(got_accumulate.dense == want.dense);
 }
 
 // Runs decode and accumulate on `bytes`; both must throw corrupt_message and leave a
@@ -271,7 +292,7 @@ TEST_CASE("the generic decoder agrees with the host's reader on every coding and
                      : message_of(gc::compressor{gc::backend::host{}, n, gc::select::exact_topk{.count = k},
                                                  gc::correct::none{}, encoder},
                                   g);
-          REQUIRE(host_outcome(good, n).error.empty());
+          REQUIRE(reader_outcome(good, n).error.empty());
           require_generic_decoder_agrees(good, n);
           for (std::size_t bit = 0; bit < 8 * good.size(); bit += (k == 200 ? 7 : 1)) {
             auto b = good;
@@ -300,6 +321,36 @@ TEST_CASE("the generic decoder agrees with the host's reader on random garbage")
       b.resize(rng() % 4 == 0 ? rng() % (b.size() + 1) : b.size());
       CAPTURE(trial);
       require_generic_decoder_agrees(b, 500);
+    }
+  }
+}
+
+// Messages of at least accumulate_generic_from entries take the generic decoder inside
+// gc::accumulate on backend::host (smaller ones the reader): the same sums and errors as
+// the reader's, for every index coding, good and with bits flipped.
+TEST_CASE("accumulate of a large message equals the reader's, good or corrupt") {
+  const std::size_t n = 300'000;
+  const std::size_t k = gc::accumulate_generic_from + 5;
+  const auto g = inputs::make(inputs::shape::normal, n, 8);
+  std::mt19937_64 rng(5);
+  for (const auto index : {gc::index_coding::raw32, gc::index_coding::delta_bitpack, gc::index_coding::bitmap}) {
+    for (const bool checksum : {false, true}) {
+      CAPTURE(gc::to_string(index));
+      CAPTURE(checksum);
+      gc::compressor c{gc::backend::host{}, n, gc::select::exact_topk{.count = k}, gc::correct::none{},
+                       gc::encode::index_value{.index = index, .value = gc::value_coding::bf16, .checksum = checksum}};
+      std::vector<std::byte> out(c.max_message_bytes());
+      const auto m = c.compress(g, out);
+      const std::vector<std::byte> good(m.bytes().begin(), m.bytes().end());
+      REQUIRE(reader_outcome(good, n).error.empty());
+      CHECK(accumulate_outcome(good, n) == reader_outcome(good, n));
+      for (int trial = 0; trial < 40; ++trial) {
+        auto b = good;
+        const std::size_t bit = rng() % (8 * b.size());
+        b[bit / 8] ^= std::byte{static_cast<unsigned char>(1u << (bit % 8))};
+        CAPTURE(bit);
+        CHECK(accumulate_outcome(b, n) == reader_outcome(b, n));
+      }
     }
   }
 }
