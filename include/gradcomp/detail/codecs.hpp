@@ -67,6 +67,11 @@ GRADCOMP_HOST_DEVICE inline bool padding_is_zero(const std::byte* data, std::uin
 
 GRADCOMP_HOST_DEVICE constexpr std::uint64_t bitmap_bytes(std::uint64_t n) noexcept { return (n + 7) / 8; }
 
+/// Blocks of `per_block` that `items` fill (the last one partly).
+GRADCOMP_HOST_DEVICE constexpr std::size_t blocks_of(std::size_t items, std::size_t per_block) noexcept {
+  return (items + per_block - 1) / per_block;
+}
+
 /// Bits needed to write v (0 for 0), in host and device code.
 GRADCOMP_HOST_DEVICE constexpr unsigned bit_width_of(std::uint32_t v) noexcept {
   unsigned width = 0;

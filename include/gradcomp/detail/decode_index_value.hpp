@@ -279,7 +279,7 @@ class message_decoder {
     std::uint32_t* faults = faults_.data();
     on.clear(faults, 1);
     if ((h.flags & message_header::flag_checksum) != 0) {
-      const std::size_t parts = blocks(bytes.size() - 16, checksum_chunk);
+      const std::size_t parts = blocks_of(bytes.size() - 16, checksum_chunk);
       grow(parts_, parts);
       on.for_each(parts, checksum_parts{bytes.data(), bytes.size(), parts_.data()});
       on.reduce_or(1, checksum_check{bytes.data(), bytes.size(), parts_.data(), h.checksum}, faults);
@@ -319,7 +319,6 @@ class message_decoder {
   template <class T>
   using buffer = typename Backend::template buffer<T>;
 
-  static std::size_t blocks(std::size_t items, std::size_t per) { return (items + per - 1) / per; }
   static const std::byte* value_section(const message_header& h, std::span<const std::byte> bytes) {
     return bytes.data() + message_header::size + h.index_bytes;
   }
@@ -332,7 +331,8 @@ class message_decoder {
 
   // The index section into index_; with `checking`, its structural faults and the
   // order and range of the indices into the fault word (every pass after a fault
-  // does nothing).
+  // does nothing). Without, the message passed check() already: only what decoding
+  // needs runs (delta's layout walk, which also places the blocks).
   void decode_indices(const Backend& on, const message_header& h, std::span<const std::byte> bytes, bool checking) {
     using namespace decoding;
     const auto count = static_cast<std::size_t>(h.count);
@@ -347,19 +347,21 @@ class message_decoder {
         const auto bytes_n = static_cast<std::size_t>(bitmap_bytes(h.n));
         grow(sums_, chunk_count(bytes_n) + 1);
         grow(scratch_, std::max<std::size_t>(on.expand_workspace(bytes_n), 1));
-        on.reduce_or(1, bitmap_tail{section, h.n}, faults);
-        on.sum(bytes_n, bitmap_byte_count{section}, sums_.data() + 1, sums_.data());
-        on.reduce_or(1, bitmap_count_check{sums_.data(), h.count}, faults);
+        if (checking) {
+          on.reduce_or(1, bitmap_tail{section, h.n}, faults);
+          on.sum(bytes_n, bitmap_byte_count{section}, sums_.data() + 1, sums_.data());
+          on.reduce_or(1, bitmap_count_check{sums_.data(), h.count}, faults);
+        }
         on.expand(bytes_n, bitmap_indices{section, faults}, index_.data(),
                   std::span<std::byte>(scratch_.data(), static_cast<std::size_t>(scratch_.size())), expanded);
         break;
       }
       case index_coding::delta_bitpack: {
-        const std::size_t n_blocks = blocks(count, delta_block);
+        const std::size_t n_blocks = blocks_of(count, delta_block);
         grow(layout_, std::max<std::size_t>(n_blocks, 1));
         grow(advance_, std::max<std::size_t>(n_blocks, 1));
         on.reduce_or(1, delta_layout{section, h.index_bytes, h.count, layout_.data()}, faults);
-        on.reduce_or(n_blocks, delta_padding{section, layout_.data(), faults}, faults);
+        if (checking) on.reduce_or(n_blocks, delta_padding{section, layout_.data(), faults}, faults);
         on.for_each(n_blocks, delta_advance{section, layout_.data(), faults, advance_.data()});
         on.for_each(1, delta_bases{advance_.data(), n_blocks, faults});
         on.reduce_or(n_blocks, delta_indices{section, layout_.data(), advance_.data(), faults, h.n, index_.data()},

@@ -61,9 +61,6 @@ struct message_plan {
 
 inline constexpr std::size_t delta_group = 64;       // delta blocks per group of the offsets' scan
 
-GRADCOMP_HOST_DEVICE constexpr std::size_t blocks_of(std::size_t items, std::size_t per_block) noexcept {
-  return (items + per_block - 1) / per_block;
-}
 
 /// Entry j of the step: whether it exists (the selector chose it, and no stage met a NaN).
 struct step_entries {

@@ -52,7 +52,8 @@ struct kth_key {
 
 /// Scans histogram `bins` from the top and returns the bin holding the r-th largest
 /// entry (r >= 1) and r minus the entries in higher bins.
-inline std::pair<std::uint32_t, std::size_t> find_bin_from_top(std::span<const std::uint32_t> bins, std::size_t r) {
+GRADCOMP_HOST_DEVICE inline std::pair<std::uint32_t, std::size_t> find_bin_from_top(std::span<const std::uint32_t> bins,
+                                                                                  std::size_t r) {
   for (std::size_t b = bins.size(); b-- > 0;) {
     if (bins[b] >= r) return {static_cast<std::uint32_t>(b), r};
     r -= bins[b];

@@ -5,6 +5,7 @@
 /// which includes this). Not API.
 #pragma once
 
+#include <gradcomp/detail/bits.hpp>
 #include <gradcomp/detail/radix_select.hpp>
 #include <gradcomp/detail/random.hpp>
 
@@ -47,6 +48,12 @@ std::uint32_t sampled_threshold_key(const Policy& p, std::span<const float> samp
   return kth_largest([&](std::size_t j) { return magnitude_key(sample[j]); }, m, r, 0, 0).key;
 }
 
+/// The threshold one refinement lowers `key` to: t * lower.
+template <class Policy>
+GRADCOMP_HOST_DEVICE std::uint32_t lowered_threshold(const Policy& p, std::uint32_t key) noexcept {
+  return magnitude_key(float_of(key) * p.lower);
+}
+
 /// Step 3 from threshold `key`, whose C = {i : key_i >= key} is gathered already and
 /// has `count` members: `collect(t)` gathers C for a lowered threshold t and returns |C|
 /// (or stops the loop by returning k after flagging an error). Returns the final
@@ -58,7 +65,7 @@ std::pair<std::size_t, std::uint32_t> refine_threshold(const Policy& p, std::siz
   const double high = static_cast<double>(p.upper) * static_cast<double>(k);
   for (int it = 0; it < p.max_iters; ++it) {
     if (static_cast<double>(count) > high || static_cast<double>(count) >= low) break;
-    key = magnitude_key(std::bit_cast<float>(key) * p.lower);
+    key = lowered_threshold(p, key);
     count = collect(key);
   }
   return {count, key};
@@ -66,14 +73,14 @@ std::pair<std::size_t, std::uint32_t> refine_threshold(const Policy& p, std::siz
 
 /// Whether a count needs cutting to the top k (step 3's first case, or truncate).
 template <class Policy>
-bool needs_top_k(const Policy& p, std::size_t k, std::size_t count) {
+GRADCOMP_HOST_DEVICE bool needs_top_k(const Policy& p, std::size_t k, std::size_t count) {
   return static_cast<double>(count) > static_cast<double>(p.upper) * static_cast<double>(k) ||
          (p.truncate && count > k);
 }
 
 /// Whether a reused threshold's count is acceptable as it is.
 template <class Policy>
-bool within_bounds(const Policy& p, std::size_t k, std::size_t count) {
+GRADCOMP_HOST_DEVICE bool within_bounds(const Policy& p, std::size_t k, std::size_t count) {
   const double c = static_cast<double>(count);
   return c >= static_cast<double>(p.lower) * static_cast<double>(k) &&
          c <= static_cast<double>(p.upper) * static_cast<double>(k);

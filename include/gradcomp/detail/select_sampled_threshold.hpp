@@ -133,8 +133,8 @@ struct digit_bin {
   }
 };
 
-/// One work item: the bin that holds the rank-th largest key, from the top (as
-/// find_bin_from_top), appended to the digits found.
+/// One work item: the bin that holds the rank-th largest key (find_bin_from_top),
+/// appended to the digits found.
 template <class Taking>
 struct pick_digit {
   const std::uint32_t* bins;
@@ -142,13 +142,11 @@ struct pick_digit {
   radix_digit digit;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t) const {
     if (!Taking::on(*s)) return;
-    std::uint32_t rank = s->rank;
-    std::uint32_t b = (1u << digit.bits) - 1u;
-    for (; b > 0 && bins[b] < rank; --b) rank -= bins[b];
-    const std::uint32_t mask = ((1u << digit.bits) - 1u) << digit.shift;
+    const std::uint32_t mask = (1u << digit.bits) - 1u;
+    const auto [b, rank] = find_bin_from_top(std::span<const std::uint32_t>(bins, std::size_t{mask} + 1), s->rank);
     s->prefix |= b << digit.shift;
-    s->known |= mask;
-    s->rank = rank;
+    s->known |= mask << digit.shift;
+    s->rank = static_cast<std::uint32_t>(rank);
   }
 };
 
@@ -178,15 +176,15 @@ struct refining_phase {
   GRADCOMP_HOST_DEVICE static bool on(const threshold_search& s) { return s.refining != 0; }
 };
 
-/// The reused threshold's count: settled if within [low, high].
+/// The reused threshold's count: settled if within bounds.
 struct take_reused_count {
   threshold_search* s;
   const std::uint32_t* found;
-  double low, high;
+  select::sampled_threshold policy;
+  std::size_t k;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t) const {
     s->count = *found;
-    const auto c = static_cast<double>(s->count);
-    if (c >= low && c <= high) s->searching = 0;
+    if (within_bounds(policy, k, s->count)) s->searching = 0;
   }
 };
 
@@ -221,13 +219,13 @@ struct take_sample_count {
 /// The refinement's thresholds t_0 = key, t_i = t_{i-1} * lower (non-increasing).
 struct refinement_thresholds {
   const threshold_search* s;
-  float lower;
+  select::sampled_threshold policy;
   std::uint32_t* steps;
   std::size_t count;  // max_iters + 1
   GRADCOMP_HOST_DEVICE void operator()(std::size_t) const {
     if (!s->refining) return;
     steps[0] = s->key;
-    for (std::size_t i = 1; i < count; ++i) steps[i] = magnitude_key(float_of(steps[i - 1]) * lower);
+    for (std::size_t i = 1; i < count; ++i) steps[i] = lowered_threshold(policy, steps[i - 1]);
   }
 };
 
@@ -283,14 +281,13 @@ struct take_refined_count {
   }
 };
 
-/// Whether C is cut to its top k (needs_top_k).
+/// Whether C is cut to its top k.
 struct decide_cut {
   threshold_search* s;
+  select::sampled_threshold policy;
   std::size_t k;
-  double high;
-  bool truncate;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t) const {
-    s->cutting = !s->stopped && (static_cast<double>(s->count) > high || (truncate && s->count > k)) ? 1 : 0;
+    s->cutting = !s->stopped && needs_top_k(policy, k, s->count) ? 1 : 0;
   }
 };
 
@@ -424,13 +421,12 @@ class sampled_threshold_selection {
     if (plan.exact) return select_exact(be, k, in, out, status, next);
     const float* acc = in.acc.data();
     const double low = static_cast<double>(policy.lower) * static_cast<double>(k);
-    const double high = static_cast<double>(policy.upper) * static_cast<double>(k);
 
     const bool reused = policy.reuse_threshold && carried_;
     be.for_each(1, begin_search{s, committed_, reused});
     if (reused) {
       collect<while_searching>(be, acc, reused_slot);
-      be.for_each(1, take_reused_count{s, found(reused_slot), low, high});
+      be.for_each(1, take_reused_count{s, found(reused_slot), policy, k});
     }
     if (still(be, &threshold_search::searching)) {
       be.for_each(plan.size, gather_strided{acc, plan.offset, plan.stride, sample_.data()});
@@ -444,14 +440,14 @@ class sampled_threshold_selection {
     }
     if (still(be, &threshold_search::refining)) {
       const std::size_t thresholds = static_cast<std::size_t>(policy.max_iters) + 1;
-      be.for_each(1, refinement_thresholds{s, policy.lower, steps_.data(), thresholds});
+      be.for_each(1, refinement_thresholds{s, policy, steps_.data(), thresholds});
       be.clear(between_.data(), thresholds);
       be.histogram(n_, refinement_bin{acc, s, steps_.data(), thresholds}, between_.data());
       be.for_each(1, settle_refinement{s, steps_.data(), between_.data(), thresholds - 1, low});
       collect<refining_phase>(be, acc, refined_slot);
       be.for_each(1, take_refined_count{s, found(refined_slot)});
     }
-    be.for_each(1, decide_cut{s, k, high, policy.truncate});
+    be.for_each(1, decide_cut{s, policy, k});
     const std::size_t listed = candidates_listed(be);
     if (still(be, &threshold_search::cutting)) {
       be.for_each(listed, candidate_keys{acc, candidates_.data(), keys_.data(), s});
