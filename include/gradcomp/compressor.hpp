@@ -131,6 +131,10 @@ class compressor {
   /// call) on the compressor's device (`device` -1 takes it). They throw as the calls
   /// without a context do, and gradcomp::error (invalid_argument) naming the context's
   /// threads or device where it does not fit the compressor; nothing changes then.
+  /// The compressor does not order calls made on different streams: its state is device
+  /// memory that one call writes and the next reads, so a caller that changes streams
+  /// between calls makes the new one wait for the old (an event), as for any memory used
+  /// on two streams; gradcomp.torch does so (python/csrc/module.cpp, call_order).
   /// @{
 
   /// compress() on `context`.

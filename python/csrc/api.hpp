@@ -79,7 +79,10 @@ struct written {
 class cyclic_exchange;
 
 /// A gradcomp::compressor of any policies on any backend. Pointers are in the
-/// backend's memory (host, or the CUDA device the compressor was made on).
+/// backend's memory (host, or the CUDA device the compressor was made on). The calls
+/// that take a `stream` (a cudaStream_t; ignored on the host) queue their work on it,
+/// the execution context of that call (module.cpp passes torch's current stream); the
+/// others queue theirs on the compressor's own stream().
 class any_compressor {
  public:
   virtual ~any_compressor() = default;
@@ -89,15 +92,18 @@ class any_compressor {
   [[nodiscard]] virtual std::uint64_t step() const = 0;
   /// The policies' names, as checkpoints record them.
   [[nodiscard]] virtual std::string signature() const = 0;
-  [[nodiscard]] virtual bool on_device() const = 0;
-  /// The cudaStream_t the compressor's work is queued on (nullptr on the host).
+  /// The compressor's own cudaStream_t, on which the calls without a `stream` queue
+  /// their work (nullptr on the host).
   [[nodiscard]] virtual void* stream() const { return nullptr; }
 
-  /// compress(), or stage() when `staged`, of `size()` elements of type `type` at `grad`.
-  virtual written compress(const void* grad, element type, std::byte* out, std::size_t out_size, bool staged) = 0;
+  /// compress(), or stage() when `staged`, of `size()` elements of type `type` at `grad`,
+  /// queued on `stream`.
+  virtual written compress(void* stream, const void* grad, element type, std::byte* out, std::size_t out_size,
+                           bool staged) = 0;
   virtual void accept_staged() = 0;
   [[nodiscard]] virtual bool has_staged() const = 0;
-  virtual void preview(const void* grad, element type, float* out) = 0;
+  /// preview() of `grad` into `out` (size() floats), queued on `stream`.
+  virtual void preview(void* stream, const void* grad, element type, float* out) = 0;
 
   /// The selector's density, if it has one.
   [[nodiscard]] virtual std::optional<double> density() const = 0;
@@ -135,8 +141,8 @@ class cyclic_exchange {
 /// the selector, corrector and encoder named in the options).
 std::unique_ptr<any_compressor> make_host(std::size_t n, const std::string& method, options& o);
 #if defined(GRADCOMP_PY_CUDA)
-/// The same on CUDA device `device`, ordered on a stream of its own (any_compressor::
-/// stream()), with its memory from torch's caching allocator.
+/// The same on CUDA device `device`, with a stream of its own (any_compressor::stream())
+/// and its memory from torch's caching allocator.
 std::unique_ptr<any_compressor> make_cuda(std::size_t n, const std::string& method, options& o, int device);
 /// accumulate() of a message in device memory into `dense` (device memory), checked
 /// first, queued on `stream` (a cudaStream_t).

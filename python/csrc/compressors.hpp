@@ -101,14 +101,16 @@ class transport_comm {
   Backend backend_;
 };
 
-/// What the models need of a backend beyond gradcomp's API: copies within its memory,
-/// its stream, and waiting for its work (specialised for backend::cuda in
-/// cuda/compressors_cuda.cuh).
+/// What the models need of a backend beyond gradcomp's API: the execution context of a
+/// call on a stream, copies within its memory, its own stream, and waiting for its work
+/// (specialised for backend::cuda in cuda/compressors_cuda.cuh).
 template <class Backend>
 struct backend_ops;
 
 template <>
 struct backend_ops<gc::backend::host> {
+  /// The host has no streams: a call runs on the compressor's own threads.
+  static gc::backend::host on(const gc::backend::host& be, void*) { return be; }
   static void copy(const gc::backend::host&, const void* from, void* to, std::size_t bytes) {
     if (bytes != 0) std::memcpy(to, from, bytes);
   }
@@ -133,19 +135,22 @@ class model final : public any_compressor {
   std::string signature() const override {
     return c_.selector().name() + ";" + c_.corrector().name() + ";" + c_.encoder().name();
   }
-  bool on_device() const override { return requires { backend_type::device_memory; }; }
   void* stream() const override { return backend_ops<backend_type>::stream(c_.backend()); }
 
-  written compress(const void* grad, element type, std::byte* out, std::size_t out_size, bool staged) override {
+  written compress(void* stream, const void* grad, element type, std::byte* out, std::size_t out_size,
+                   bool staged) override {
+    const backend_type on = backend_ops<backend_type>::on(c_.backend(), stream);
     const typename Compressor::message_bytes o(out, out_size);
-    const auto m = with_gradient(grad, type, [&](auto g) { return staged ? c_.stage(g, o) : c_.compress(g, o); });
+    const auto m =
+        with_gradient(grad, type, [&](auto g) { return staged ? c_.stage(on, g, o) : c_.compress(on, g, o); });
     return {m.bytes().size(), m.count()};
   }
   void accept_staged() override { c_.accept_staged(); }
   bool has_staged() const override { return c_.has_staged(); }
-  void preview(const void* grad, element type, float* out) override {
-    const auto acc = with_gradient(grad, type, [&](auto g) { return c_.preview(g); });
-    copy_within_backend(acc.data(), out, acc.size());
+  void preview(void* stream, const void* grad, element type, float* out) override {
+    const backend_type on = backend_ops<backend_type>::on(c_.backend(), stream);
+    const auto acc = with_gradient(grad, type, [&](auto g) { return c_.preview(on, g); });
+    backend_ops<backend_type>::copy(on, acc.data(), out, acc.size() * sizeof(float));
   }
 
   std::optional<double> density() const override {
@@ -202,8 +207,6 @@ class model final : public any_compressor {
     return f(float_view(static_cast<const float*>(grad), c_.size()));
   }
 
-  void copy_within_backend(const float* from, float* to, std::size_t count) const;
-
   Compressor c_;
 };
 
@@ -223,11 +226,6 @@ class cyclic_model final : public cyclic_exchange {
   transport_comm<backend_type> comm_;
   gc::comm::cyclic_topk<gc::select::exact_topk, Compressor, transport_comm<backend_type>> exchange_;
 };
-
-template <class Compressor>
-void model<Compressor>::copy_within_backend(const float* from, float* to, std::size_t count) const {
-  backend_ops<backend_type>::copy(c_.backend(), from, to, count * sizeof(float));
-}
 
 template <class Compressor>
 written cyclic_model<Compressor>::step(const float* grad, float* dense, std::size_t n, float scale, std::byte* out,

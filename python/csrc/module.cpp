@@ -95,38 +95,84 @@ gradcomp_py::options options_of(const py::dict& kwargs) {
   return o;
 }
 
-// -- CUDA: the compressor's own stream, ordered after and before torch's current one ---------
+// -- CUDA: torch's allocator, and the order of a compressor's calls across streams ------------
 
 #if defined(GRADCOMP_PY_CUDA)
-/// backend::cuda's device memory from torch's caching allocator.
+/// backend::cuda's device memory from torch's caching allocator. A block comes free for
+/// torch's current stream only (work of its last owner may still be queued there), and
+/// gradcomp uses it on other streams too, so that stream is waited for: allocations are
+/// made when a compressor is (and on the first 16-bit gradient or preview), not per step.
 class torch_allocator final : public gc::backend::device_allocator {
  public:
-  void* allocate(std::size_t bytes) override { return c10::cuda::CUDACachingAllocator::raw_alloc(bytes); }
+  void* allocate(std::size_t bytes) override {
+    void* p = c10::cuda::CUDACachingAllocator::raw_alloc(bytes);
+    at::cuda::getCurrentCUDAStream().synchronize();
+    return p;
+  }
   void deallocate(void* p, std::size_t) noexcept override { c10::cuda::CUDACachingAllocator::raw_delete(p); }
 };
 
-/// While alive, work on `stream` follows what torch's current stream has queued; on
-/// exit, torch's current stream waits for `stream`.
-class stream_order {
+/// The order of one CUDA compressor's calls across streams. Each call runs on one
+/// stream: compress, stage and preview on torch's current stream, the call's execution
+/// context, so that they follow the work that wrote their inputs and precede the work
+/// that reads their outputs with no handoff; the calls that take no stream on the
+/// compressor's own. A call's work follows the previous call's, wherever that ran (an
+/// event recorded after each call: the compressor's state may be read on a stream other
+/// than the one that wrote it, and the current stream changes from call to call); a call
+/// on the compressor's own stream follows torch's current stream and precedes its later
+/// work, and starts once every earlier call has finished: those calls (set_density,
+/// load_state) may free memory, which goes back to torch's pool at once.
+class call_order {
  public:
-  stream_order(cudaStream_t stream, int device) : guard_(static_cast<c10::DeviceIndex>(device)), stream_(stream) {
-    current_ = at::cuda::getCurrentCUDAStream().stream();
-    handoff(current_, stream_);
+  explicit call_order(int device) : device_(static_cast<c10::DeviceIndex>(device)) {
+    c10::cuda::CUDAGuard guard(device_);
+    ok(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    ok(cudaEventCreateWithFlags(&inputs_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
   }
-  ~stream_order() { handoff(stream_, current_); }
+  /// Waits for the last call's work: the compressor's memory may go back to the pool after.
+  ~call_order() {
+    cudaEventSynchronize(done_);
+    cudaEventDestroy(done_);
+    cudaEventDestroy(inputs_);
+  }
+  call_order(const call_order&) = delete;
+  call_order& operator=(const call_order&) = delete;
+
+  [[nodiscard]] cudaStream_t current() const { return at::cuda::getCurrentCUDAStream(device_).stream(); }
+
+  /// Runs `work(stream)`, which queues its work on `stream`, in the order above.
+  template <class Work>
+  void run(cudaStream_t stream, Work&& work) {
+    c10::cuda::CUDAGuard guard(device_);
+    const cudaStream_t torch_stream = current();
+    if (stream == torch_stream) {
+      ok(cudaStreamWaitEvent(stream, done_, 0), "cudaStreamWaitEvent");  // a no-op before the first call
+    } else {
+      ok(cudaEventSynchronize(done_), "cudaEventSynchronize");
+      ok(cudaEventRecord(inputs_, torch_stream), "cudaEventRecord");
+      ok(cudaStreamWaitEvent(stream, inputs_, 0), "cudaStreamWaitEvent");
+    }
+    // Recorded however the call ends: a refused call may have queued work before it threw.
+    const auto finish = [&] {
+      cudaEventRecord(done_, stream);
+      if (stream != torch_stream) cudaStreamWaitEvent(torch_stream, done_, 0);
+    };
+    try {
+      work(static_cast<void*>(stream));
+    } catch (...) {
+      finish();
+      throw;
+    }
+    finish();
+  }
 
  private:
-  static void handoff(cudaStream_t from, cudaStream_t to) {
-    if (from == to) return;
-    cudaEvent_t done;
-    cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
-    cudaEventRecord(done, from);
-    cudaStreamWaitEvent(to, done, 0);
-    cudaEventDestroy(done);
+  static void ok(cudaError_t e, const char* what) {
+    if (e != cudaSuccess) gc::detail::fail(gc::errc::device, what, " failed: ", cudaGetErrorString(e));
   }
-  c10::cuda::CUDAGuard guard_;
-  cudaStream_t stream_;
-  cudaStream_t current_;
+  c10::DeviceIndex device_;
+  cudaEvent_t done_ = nullptr;    // recorded after each call's work
+  cudaEvent_t inputs_ = nullptr;  // torch's current stream, before a call on the own stream
 };
 #endif
 
@@ -209,6 +255,7 @@ class compressor_handle {
       device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
       c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(index));
       c_ = gradcomp_py::make_cuda(static_cast<std::size_t>(numel), method, o, index);
+      order_ = std::make_unique<call_order>(index);
 #else
       invalid("Compressor: this build of gradcomp has no CUDA support (built against a CPU-only torch)");
 #endif
@@ -235,7 +282,7 @@ class compressor_handle {
   torch::Tensor preview(const torch::Tensor& grad) {
     const auto type = check_gradient("preview", "grad", grad, device_, numel());
     torch::Tensor out = torch::empty({numel()}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
-    on_device([&] { c_->preview(grad.data_ptr(), type, out.data_ptr<float>()); });
+    on_current_stream([&](void* stream) { c_->preview(stream, grad.data_ptr(), type, out.data_ptr<float>()); });
     return out;
   }
 
@@ -244,7 +291,7 @@ class compressor_handle {
     return d ? py::object(py::float_(*d)) : py::none();
   }
   void set_density(double d) {
-    on_device([&] { c_->set_density(d); });
+    on_own_stream([&] { c_->set_density(d); });
   }
   void set_indices(const torch::Tensor& indices) {
     const torch::Tensor i = indices.to(torch::kCPU, torch::kLong).contiguous().view(-1);
@@ -256,22 +303,22 @@ class compressor_handle {
       }
       values[j] = static_cast<std::uint32_t>(p[j]);
     }
-    on_device([&] { c_->set_indices(values); });
+    on_own_stream([&] { c_->set_indices(values); });
   }
 
   py::bytes save_state() {
     std::string record;
-    on_device([&] { record = c_->save_state(); });
+    on_own_stream([&] { record = c_->save_state(); });
     return py::bytes(record);
   }
   void load_state(const py::bytes& record) {
     const std::string bytes(record);
-    on_device([&] { c_->load_state(bytes); });
+    on_own_stream([&] { c_->load_state(bytes); });
   }
   std::size_t state_arrays() const { return c_->state_arrays(); }
   torch::Tensor corrector_state(std::size_t a) {
     std::vector<float> s;
-    on_device([&] { s = c_->corrector_state(a); });
+    on_own_stream([&] { s = c_->corrector_state(a); });
     return torch::tensor(at::ArrayRef<float>(s), torch::kFloat).to(device_);
   }
 
@@ -301,12 +348,14 @@ class compressor_handle {
   }
 
   gradcomp_py::any_compressor& impl() { return *c_; }
+
+  /// Runs `work()`, a call that takes no execution context (set_density, checkpoints,
+  /// the cyclic exchange): on CUDA on the compressor's own stream, in its call order.
   template <class Work>
-  void on_device(Work&& work) {
+  void on_own_stream(Work&& work) {
 #if defined(GRADCOMP_PY_CUDA)
-    if (device_.is_cuda()) {
-      stream_order order(static_cast<cudaStream_t>(c_->stream()), device_.index());
-      work();
+    if (order_) {
+      order_->run(static_cast<cudaStream_t>(c_->stream()), [&](void*) { work(); });
       return;
     }
 #endif
@@ -314,11 +363,24 @@ class compressor_handle {
   }
 
  private:
+  /// Runs `work(stream)`, a call that takes its execution context: on CUDA torch's
+  /// current stream, in the compressor's call order; on the host no stream (nullptr).
+  template <class Work>
+  void on_current_stream(Work&& work) {
+#if defined(GRADCOMP_PY_CUDA)
+    if (order_) {
+      order_->run(order_->current(), work);
+      return;
+    }
+#endif
+    work(nullptr);
+  }
+
   written run(const torch::Tensor& grad, gradcomp_py::element type, torch::Tensor& out, bool staged) {
     written w;
-    on_device([&] {
+    on_current_stream([&](void* stream) {
       py::gil_scoped_release unlocked;
-      w = c_->compress(grad.data_ptr(), type, reinterpret_cast<std::byte*>(out.data_ptr<std::uint8_t>()),
+      w = c_->compress(stream, grad.data_ptr(), type, reinterpret_cast<std::byte*>(out.data_ptr<std::uint8_t>()),
                        static_cast<std::size_t>(out.numel()), staged);
     });
     return w;
@@ -333,6 +395,10 @@ class compressor_handle {
 
   std::unique_ptr<any_compressor> c_;
   torch::Device device_;
+#if defined(GRADCOMP_PY_CUDA)
+  // Declared after c_, so destroyed before it: its destructor waits for the last call.
+  std::unique_ptr<call_order> order_;
+#endif
 };
 
 class cyclic_handle {
@@ -347,7 +413,7 @@ class cyclic_handle {
     torch::Tensor out =
         torch::empty({c_.max_message_bytes()}, torch::TensorOptions().dtype(torch::kUInt8).device(c_.device()));
     written w;
-    c_.on_device([&] {
+    c_.on_own_stream([&] {
       w = x_->step(grad.data_ptr<float>(), dense.data_ptr<float>(), static_cast<std::size_t>(dense.numel()),
                    static_cast<float>(scale), reinterpret_cast<std::byte*>(out.data_ptr<std::uint8_t>()),
                    static_cast<std::size_t>(out.numel()));

@@ -114,6 +114,30 @@ def test_ordered_on_torchs_current_stream():
             assert torch.equal(m2.cpu(), ref.compress(g.cpu()))
 
 
+def test_calls_on_changing_streams_follow_each_other():
+    # compress and preview run on whichever stream is current, set_density and the
+    # checkpoint calls on the compressor's own: each must see the state the one before
+    # wrote, and torch's work after a call must see its output. A long sleep queued
+    # first on each stream makes any missing wait show as a wrong message.
+    n = 1 << 20
+    c = Compressor(n, "dgc", density=0.01, max_norm=3.0, device="cuda")
+    ref = Compressor(n, "dgc", density=0.01, max_norm=3.0)
+    streams = [torch.cuda.Stream(), torch.cuda.current_stream(), torch.cuda.Stream()]
+    for step in range(6):
+        with torch.cuda.stream(streams[step % 3]):
+            torch.cuda._sleep(20_000_000)
+            g = gradient(n, step).cuda(non_blocking=True)
+            if step == 3:
+                c.set_density(0.02)
+                ref.set_density(0.02)
+            preview = c.preview(g) + 0.0
+            m = c.compress(g).clone()
+            state = c.state_dict()
+        assert torch.equal(preview.cpu(), ref.preview(g.cpu()))
+        assert torch.equal(m.cpu(), ref.compress(g.cpu()))
+        assert torch.equal(state["state"].cpu(), ref.state_dict()["state"])
+
+
 def test_state_memory_comes_from_torchs_allocator():
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()

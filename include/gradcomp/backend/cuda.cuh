@@ -62,11 +62,12 @@ struct cuda {
   template <class T>
   using buffer = detail::device_buffer<T>;
 
-  /// Allocates `count` zero-filled elements of device memory.
+  /// Allocates `count` elements of device memory, zero-filled on the stream before it
+  /// returns (waits for the stream).
   /// \throws gradcomp::error (errc::device) if the allocation fails.
   template <class T>
   [[nodiscard]] buffer<T> allocate(std::size_t count) const {
-    return buffer<T>(count, allocator);
+    return buffer<T>(count, allocator, stream);
   }
 
   /// Queues the zeroing of `count` elements at device address `p`.

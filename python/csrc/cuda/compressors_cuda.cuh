@@ -1,4 +1,5 @@
-// What the CUDA models add to compressors.hpp: backend::cuda's copies, stream and wait,
+// What the CUDA models add to compressors.hpp: backend::cuda's context on a stream, its
+// copies, its own stream and waiting for it,
 // and cyclic_topk's device memory work over a torch.distributed transport.
 #pragma once
 
@@ -14,6 +15,12 @@ namespace gradcomp_py {
 
 template <>
 struct backend_ops<gc::backend::cuda> {
+  /// The compressor's backend with its work queued on `stream` (a call's context).
+  static gc::backend::cuda on(const gc::backend::cuda& be, void* stream) {
+    gc::backend::cuda context = be;
+    context.stream = static_cast<cudaStream_t>(stream);
+    return context;
+  }
   static void copy(const gc::backend::cuda& be, const void* from, void* to, std::size_t bytes) {
     if (bytes == 0) return;
     gc::detail::cuda_check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, be.stream), "cudaMemcpyAsync");

@@ -1,5 +1,7 @@
 // make_cuda and accumulate_cuda: the selector dispatch over build<backend::cuda, S>
-// (instantiated one selector per translation unit), each compressor on a stream of its own.
+// (instantiated one selector per translation unit), each compressor with a stream of its
+// own for the calls that take no stream (module.cpp runs compress, stage and preview on
+// torch's current stream).
 #include "compressors_cuda.cuh"
 
 namespace gradcomp_py {

@@ -31,8 +31,11 @@ class device_buffer {
  public:
   device_buffer() = default;
   /// From `allocator`, or where it is null from the one set_device_allocator installed
-  /// (itself null: cudaMalloc).
-  explicit device_buffer(std::size_t count, std::shared_ptr<backend::device_allocator> allocator = nullptr)
+  /// (itself null: cudaMalloc), zeroed on `stream` and waited for: the buffer is then
+  /// ready for work on any stream (a non-blocking stream does not wait for the legacy
+  /// default stream, where cudaMemset would queue the zeroing).
+  explicit device_buffer(std::size_t count, std::shared_ptr<backend::device_allocator> allocator = nullptr,
+                         cudaStream_t stream = nullptr)
       : size_(count) {
     if (count == 0) return;
     const std::size_t bytes = count * sizeof(T);
@@ -42,10 +45,11 @@ class device_buffer {
     } else {
       cuda_check(cudaMalloc(reinterpret_cast<void**>(&data_), bytes), "cudaMalloc");
     }
-    const cudaError_t zeroed = cudaMemset(data_, 0, bytes);
+    cudaError_t zeroed = cudaMemsetAsync(data_, 0, bytes, stream);
+    if (zeroed == cudaSuccess) zeroed = cudaStreamSynchronize(stream);
     if (zeroed != cudaSuccess) {
       release();
-      cuda_check(zeroed, "cudaMemset");
+      cuda_check(zeroed, "zeroing a new buffer (cudaMemsetAsync, cudaStreamSynchronize)");
     }
   }
   device_buffer(device_buffer&& other) noexcept
