@@ -1,5 +1,7 @@
 // GPU benchmarks of backend::cuda, timed with CUDA events (manual time): exact_topk,
-// threshold, sampled_threshold and chunk_local (behind error feedback) selection, the full DGC step (clip + momentum + exact_topk + encode), and in
+// threshold, sampled_threshold and chunk_local (behind error feedback) selection, the full DGC step (clip + momentum + exact_topk + encode),
+// the selection alone by the exact_topk and chunk_local fast paths and by their generic
+// algorithms, and in
 // the same run the bound (a device-to-device streaming read of the gradient) and a
 // baseline (top-k by a CUB radix sort of all |g| with their indices). N = 10^7, 10^8 and
 // 10^9 float32, density 0.001 and 0.01. Without a GPU the program exits 77 (skipped).
@@ -15,6 +17,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <span>
 
 namespace gc = gradcomp;
 
@@ -140,6 +143,44 @@ void dgc_step(benchmark::State& state) {
            gc::correct::chain{gc::correct::clip_norm{.max_norm = 1.0f}, gc::correct::momentum{.beta = 0.9f}});
 }
 
+// The selection alone, by backend::cuda's fast path (detail::engine<S, cuda>: the fused
+// radix select, reduce-by-key) and by the generic algorithm over the backend primitives
+// (detail/select_<name>.hpp), on the same acc: a fast path stays only where it pays
+// (docs/design.md), and tests/cuda/test_cuda_conformance.cu proves both select alike.
+template <class Engine, class Policy>
+void select_only(benchmark::State& state, const Policy& policy) {
+  const std::size_t n = size_arg(state);
+  const auto& g = gradient(n);
+  const gc::backend::cuda be{};
+  Engine engine(be, policy, n);
+  thrust::device_vector<std::uint32_t> index(policy.max_selected(n));
+  thrust::device_vector<gc::detail::step_status> status(1);
+  const std::span<const float> acc(thrust::raw_pointer_cast(g.data()), n);
+  const std::span<std::uint32_t> out(thrust::raw_pointer_cast(index.data()), index.size());
+  timed(state, n, [&] { engine.select(be, policy, {acc, acc, 0}, out, thrust::raw_pointer_cast(status.data())); });
+  gc::detail::step_status last{};
+  cudaMemcpy(&last, thrust::raw_pointer_cast(status.data()), sizeof(last), cudaMemcpyDeviceToHost);
+  state.counters["selected"] = static_cast<double>(last.count);
+}
+
+void exact_topk_fast(benchmark::State& state) {
+  using engine = gc::detail::engine<gc::select::exact_topk, gc::backend::cuda>;
+  select_only<engine>(state, gc::select::exact_topk{.density = density_arg(state)});
+}
+void exact_topk_generic(benchmark::State& state) {
+  using engine = gc::detail::exact_topk_selection<gc::backend::cuda>;
+  select_only<engine>(state, gc::select::exact_topk{.density = density_arg(state)});
+}
+// chunk_local has no density: its bin is 1 / density (50 in AdaComp's paper).
+void chunk_local_fast(benchmark::State& state) {
+  using engine = gc::detail::engine<gc::select::chunk_local, gc::backend::cuda>;
+  select_only<engine>(state, gc::select::chunk_local{.bin = static_cast<std::size_t>(state.range(1))});
+}
+void chunk_local_generic(benchmark::State& state) {
+  using engine = gc::detail::chunk_local_selection<gc::backend::cuda>;
+  select_only<engine>(state, gc::select::chunk_local{.bin = static_cast<std::size_t>(state.range(1))});
+}
+
 __global__ void magnitude_keys(const float* g, std::uint32_t* keys, std::uint64_t n) {
   gc::detail::cuda_launch::grid_stride(n, [&](std::uint64_t i) { keys[i] = __float_as_uint(g[i]) & 0x7FFFFFFFu; });
 }
@@ -182,6 +223,10 @@ BENCHMARK(sampled_threshold)->Apply(sizes);
 BENCHMARK(chunk_local)->Apply(sizes);
 BENCHMARK(dgc_step)->Apply(sizes);
 BENCHMARK(cub_sort_topk)->Apply(sizes);
+BENCHMARK(exact_topk_fast)->Apply(sizes);
+BENCHMARK(exact_topk_generic)->Apply(sizes);
+BENCHMARK(chunk_local_fast)->Apply(sizes);
+BENCHMARK(chunk_local_generic)->Apply(sizes);
 
 }  // namespace
 
