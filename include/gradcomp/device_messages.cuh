@@ -32,7 +32,8 @@ class device_accumulator {
 
   /// `dense[i] += scale * value` for every entry of the message at `bytes`, queued on
   /// `context`'s stream (on the accumulator's device). The whole message is checked
-  /// first (this waits for the stream); on error `dense` is unchanged.
+  /// first (this waits for the stream); on error `dense` is unchanged. Calls on
+  /// different streams share the workspace, so the caller orders them (an event).
   /// \throws gradcomp::error if the message is corrupt, `dense.size()` differs from the
   ///         message's n, `scale` is not finite, a view is host memory, or the context or
   ///         the current device is not the accumulator's.

@@ -144,9 +144,19 @@ std::unique_ptr<any_compressor> make_host(std::size_t n, const std::string& meth
 /// The same on CUDA device `device`, with a stream of its own (any_compressor::stream())
 /// and its memory from torch's caching allocator.
 std::unique_ptr<any_compressor> make_cuda(std::size_t n, const std::string& method, options& o, int device);
-/// accumulate() of a message in device memory into `dense` (device memory), checked
-/// first, queued on `stream` (a cudaStream_t).
-void accumulate_cuda(std::span<const std::byte> message, float* dense, std::size_t n, float scale, void* stream);
+
+/// gradcomp::device_accumulator behind a virtual interface: accumulate()'s workspace on
+/// one CUDA device, from torch's caching allocator, kept from call to call.
+class cuda_accumulator {
+ public:
+  virtual ~cuda_accumulator() = default;
+  /// accumulate() of a message in device memory into `dense` (n floats of device
+  /// memory), checked first, queued on `stream` (a cudaStream_t). Calls on different
+  /// streams share the workspace: the caller orders them.
+  virtual void add(void* stream, std::span<const std::byte> message, float* dense, std::size_t n, float scale) = 0;
+};
+/// A cuda_accumulator on CUDA device `device`.
+std::unique_ptr<cuda_accumulator> make_cuda_accumulator(int device);
 #endif
 
 }  // namespace gradcomp_py

@@ -20,7 +20,9 @@
 #endif
 
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -428,6 +430,28 @@ class cyclic_handle {
 
 // -- messages ----------------------------------------------------------------------------------
 
+#if defined(GRADCOMP_PY_CUDA)
+/// accumulate()'s workspace on one device, kept from call to call (no allocation per
+/// call), its calls ordered across streams as a compressor's are, one at a time.
+struct device_accumulate {
+  explicit device_accumulate(int device) : add(gradcomp_py::make_cuda_accumulator(device)), order(device) {}
+  std::unique_ptr<gradcomp_py::cuda_accumulator> add;
+  call_order order;
+  std::mutex busy;
+};
+
+/// The device_accumulate of `device`, made on first use. Never destroyed: at exit torch's
+/// allocator may be gone before static destructors would run.
+device_accumulate& accumulate_on(int device) {
+  static std::mutex made;
+  static auto* each = new std::map<int, std::unique_ptr<device_accumulate>>();
+  const std::lock_guard<std::mutex> lock(made);
+  auto& slot = (*each)[device];
+  if (!slot) slot = std::make_unique<device_accumulate>(device);
+  return *slot;
+}
+#endif
+
 py::tuple decode(const torch::Tensor& message) {
   check_tensor("decode", "message", message, torch::kUInt8, message.device());
   const torch::Tensor host = message.to(torch::kCPU);
@@ -454,9 +478,15 @@ void accumulate(const torch::Tensor& message, torch::Tensor& dense, double scale
     return;
   }
 #if defined(GRADCOMP_PY_CUDA)
-  c10::cuda::CUDAGuard guard(message.device().index());
-  gradcomp_py::accumulate_cuda(bytes_of(message), dense.data_ptr<float>(), static_cast<std::size_t>(dense.numel()),
-                               static_cast<float>(scale), at::cuda::getCurrentCUDAStream().stream());
+  const int device = message.device().index();
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  device_accumulate& on = accumulate_on(device);
+  py::gil_scoped_release unlocked;  // before the lock: a thread holding it never waits for the GIL
+  const std::lock_guard<std::mutex> lock(on.busy);
+  on.order.run(on.order.current(), [&](void* stream) {
+    on.add->add(stream, bytes_of(message), dense.data_ptr<float>(), static_cast<std::size_t>(dense.numel()),
+                static_cast<float>(scale));
+  });
 #else
   invalid("accumulate: this build of gradcomp has no CUDA support");
 #endif

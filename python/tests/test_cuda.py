@@ -123,6 +123,7 @@ def test_calls_on_changing_streams_follow_each_other():
     c = Compressor(n, "dgc", density=0.01, max_norm=3.0, device="cuda")
     ref = Compressor(n, "dgc", density=0.01, max_norm=3.0)
     streams = [torch.cuda.Stream(), torch.cuda.current_stream(), torch.cuda.Stream()]
+    dense, dense_ref = torch.zeros(n, device="cuda"), torch.zeros(n)
     for step in range(6):
         with torch.cuda.stream(streams[step % 3]):
             torch.cuda._sleep(20_000_000)
@@ -133,9 +134,13 @@ def test_calls_on_changing_streams_follow_each_other():
             preview = c.preview(g) + 0.0
             m = c.compress(g).clone()
             state = c.state_dict()
+            accumulate(m, dense, 0.5)  # accumulate's workspace, shared across streams
+            total = dense.clone()
         assert torch.equal(preview.cpu(), ref.preview(g.cpu()))
         assert torch.equal(m.cpu(), ref.compress(g.cpu()))
         assert torch.equal(state["state"].cpu(), ref.state_dict()["state"])
+        accumulate(m.cpu(), dense_ref, 0.5)
+        assert torch.equal(total.cpu(), dense_ref)
 
 
 def test_state_memory_comes_from_torchs_allocator():

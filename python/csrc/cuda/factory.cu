@@ -1,4 +1,4 @@
-// make_cuda and accumulate_cuda: the selector dispatch over build<backend::cuda, S>
+// make_cuda and make_cuda_accumulator: the selector dispatch over build<backend::cuda, S>
 // (instantiated one selector per translation unit), each compressor with a stream of its
 // own for the calls that take no stream (module.cpp runs compress, stage and preview on
 // torch's current stream).
@@ -20,9 +20,24 @@ std::unique_ptr<any_compressor> make_cuda(std::size_t n, const std::string& meth
   return made;
 }
 
-void accumulate_cuda(std::span<const std::byte> message, float* dense, std::size_t n, float scale, void* stream) {
-  gc::device_accumulator(gc::backend::cuda{static_cast<cudaStream_t>(stream)})(
-      gc::device_span<const std::byte>(message.data(), message.size()), gc::device_span<float>(dense, n), scale);
+namespace {
+class device_accumulator_model final : public cuda_accumulator {
+ public:
+  explicit device_accumulator_model(int device) : device_(device), add_(gc::backend::cuda{.device = device}) {}
+  void add(void* stream, std::span<const std::byte> message, float* dense, std::size_t n, float scale) override {
+    add_(gc::backend::cuda{.stream = static_cast<cudaStream_t>(stream), .device = device_},
+         gc::device_span<const std::byte>(message.data(), message.size()), gc::device_span<float>(dense, n), scale);
+  }
+
+ private:
+  int device_;
+  gc::device_accumulator add_;
+};
+}  // namespace
+
+std::unique_ptr<cuda_accumulator> make_cuda_accumulator(int device) {
+  gc::detail::cuda_check(cudaSetDevice(device), "cudaSetDevice");
+  return std::make_unique<device_accumulator_model>(device);
 }
 
 }  // namespace gradcomp_py
