@@ -108,7 +108,11 @@ class torch_allocator final : public gc::backend::device_allocator {
  public:
   void* allocate(std::size_t bytes) override {
     void* p = c10::cuda::CUDACachingAllocator::raw_alloc(bytes);
-    at::cuda::getCurrentCUDAStream().synchronize();
+    const cudaError_t synced = cudaStreamSynchronize(at::cuda::getCurrentCUDAStream().stream());
+    if (synced != cudaSuccess) {
+      c10::cuda::CUDACachingAllocator::raw_delete(p);
+      gc::detail::fail(gc::errc::device, "cudaStreamSynchronize failed: ", cudaGetErrorString(synced));
+    }
     return p;
   }
   void deallocate(void* p, std::size_t) noexcept override { c10::cuda::CUDACachingAllocator::raw_delete(p); }
@@ -123,7 +127,8 @@ class torch_allocator final : public gc::backend::device_allocator {
 /// than the one that wrote it, and the current stream changes from call to call); a call
 /// on the compressor's own stream follows torch's current stream and precedes its later
 /// work, and starts once every earlier call has finished: those calls (set_density,
-/// load_state) may free memory, which goes back to torch's pool at once.
+/// load_state) may free memory, which goes back to torch's pool at once. Calls come one
+/// at a time (the caller holds a lock).
 class call_order {
  public:
   explicit call_order(int device) : device_(static_cast<c10::DeviceIndex>(device)) {
@@ -155,8 +160,13 @@ class call_order {
       ok(cudaStreamWaitEvent(stream, inputs_, 0), "cudaStreamWaitEvent");
     }
     // Recorded however the call ends: a refused call may have queued work before it threw.
+    // Should the record fail, the call's work is waited for instead, so that the next
+    // call cannot overtake it.
     const auto finish = [&] {
-      cudaEventRecord(done_, stream);
+      if (cudaEventRecord(done_, stream) != cudaSuccess) {
+        cudaStreamSynchronize(stream);
+        return;
+      }
       if (stream != torch_stream) cudaStreamWaitEvent(torch_stream, done_, 0);
     };
     try {
@@ -183,7 +193,9 @@ class call_order {
 /// The collectives of `t` (a gradcomp.torch.ddp transport) on the memory of a compressor
 /// on `device`. Device arrays are handed to Python only once the compressor's `stream`
 /// has written them, and handed back once torch's current stream (on which Python
-/// queued the collective and its copies) has finished with them.
+/// queued the collective and its copies) has finished with them. They are called with
+/// the GIL released (compressor_handle::exclusive) and take it for Python's part only;
+/// the transport itself is made, copied and destroyed with the GIL held.
 gradcomp_py::transport transport_of(const py::object& t, const torch::Device& device, void* stream) {
   gradcomp_py::transport out;
   out.rank = t.attr("rank").cast<int>();
@@ -192,7 +204,12 @@ gradcomp_py::transport transport_of(const py::object& t, const torch::Device& de
     const torch::Tensor send = torch::from_blob(const_cast<std::byte*>(mine.data()),
                                                 {static_cast<std::int64_t>(mine.size())}, torch::kUInt8)
                                    .clone();
-    const torch::Tensor got = t.attr("all_gather")(send).cast<torch::Tensor>().to(torch::kCPU).contiguous();
+    torch::Tensor got;
+    {
+      py::gil_scoped_acquire held;
+      got = t.attr("all_gather")(send).cast<torch::Tensor>();
+    }
+    got = got.to(torch::kCPU).contiguous();
     if (got.scalar_type() != torch::kUInt8 || static_cast<std::size_t>(got.numel()) != all.size()) {
       invalid("transport.all_gather returned a ", describe(got), ", expected ", all.size(), " bytes");
     }
@@ -218,6 +235,7 @@ gradcomp_py::transport transport_of(const py::object& t, const torch::Device& de
   out.broadcast = [t, options, in_order](std::span<std::uint32_t> data, int root) {
     if (data.empty()) return;
     in_order([&] {
+      py::gil_scoped_acquire held;
       t.attr("broadcast")(
           torch::from_blob(data.data(), {static_cast<std::int64_t>(data.size())}, options.dtype(torch::kInt32)), root);
     });
@@ -225,6 +243,7 @@ gradcomp_py::transport transport_of(const py::object& t, const torch::Device& de
   out.reduce_broadcast = [t, options, in_order](std::span<float> values, int root) {
     if (values.empty()) return;
     in_order([&] {
+      py::gil_scoped_acquire held;
       t.attr("reduce_broadcast")(
           torch::from_blob(values.data(), {static_cast<std::int64_t>(values.size())}, options.dtype(torch::kFloat)),
           root);
@@ -249,6 +268,7 @@ class compressor_handle {
       : device_(device) {
     if (numel < 1) invalid("Compressor: numel must be >= 1, got ", numel);
     gradcomp_py::options o = options_of(kwargs);
+    py::gil_scoped_release unlocked;  // allocating (and on CUDA zeroing) n floats a few times
     if (device.is_cpu()) {
       c_ = gradcomp_py::make_host(static_cast<std::size_t>(numel), method, o);
     } else if (device.is_cuda()) {
@@ -266,34 +286,54 @@ class compressor_handle {
     }
   }
 
+  /// Runs `work()` with the GIL released and no other call of this compressor running:
+  /// Python threads may share a compressor, and none waits for the GPU holding the GIL.
+  /// Work that calls back into Python (a transport's collectives) takes the GIL there.
+  template <class Work>
+  decltype(auto) exclusive(Work&& work) {
+    py::gil_scoped_release unlocked;  // before the lock: a thread holding the lock may need the GIL
+    const std::lock_guard<std::mutex> lock(busy_);
+    return work();
+  }
+
+  // Every call that reads or changes the compressor runs in exclusive() (the size, the
+  // device and the policies never change).
   std::int64_t numel() const { return static_cast<std::int64_t>(c_->size()); }
-  std::int64_t max_message_bytes() const { return static_cast<std::int64_t>(c_->max_message_bytes()); }
-  std::uint64_t step() const { return c_->step(); }
+  std::int64_t max_message_bytes() { return exclusive([&] { return message_capacity(); }); }
+  std::uint64_t step() { return exclusive([&] { return c_->step(); }); }
   std::string signature() const { return c_->signature(); }
   torch::Device device() const { return device_; }
 
   torch::Tensor compress(const torch::Tensor& grad, bool staged) {
-    const auto type = check_gradient(staged ? "stage" : "compress", "grad", grad, device_, numel());
-    torch::Tensor out = torch::empty({max_message_bytes()}, torch::TensorOptions().dtype(torch::kUInt8).device(device_));
-    const written w = run(grad, type, out, staged);
-    return compact(out, w.bytes);
+    return exclusive([&] {
+      const auto type = check_gradient(staged ? "stage" : "compress", "grad", grad, device_, numel());
+      torch::Tensor out = message_buffer();
+      const written w = run(grad, type, out, staged);
+      return compact(out, w.bytes);
+    });
   }
-  void accept_staged() { c_->accept_staged(); }
-  bool has_staged() const { return c_->has_staged(); }
+  void accept_staged() {
+    exclusive([&] { c_->accept_staged(); });
+  }
+  bool has_staged() {
+    return exclusive([&] { return c_->has_staged(); });
+  }
 
   torch::Tensor preview(const torch::Tensor& grad) {
-    const auto type = check_gradient("preview", "grad", grad, device_, numel());
-    torch::Tensor out = torch::empty({numel()}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
-    on_current_stream([&](void* stream) { c_->preview(stream, grad.data_ptr(), type, out.data_ptr<float>()); });
-    return out;
+    return exclusive([&] {
+      const auto type = check_gradient("preview", "grad", grad, device_, numel());
+      torch::Tensor out = torch::empty({numel()}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+      on_current_stream([&](void* stream) { c_->preview(stream, grad.data_ptr(), type, out.data_ptr<float>()); });
+      return out;
+    });
   }
 
-  py::object density() const {
-    const auto d = c_->density();
+  py::object density() {
+    const auto d = exclusive([&] { return c_->density(); });
     return d ? py::object(py::float_(*d)) : py::none();
   }
   void set_density(double d) {
-    on_own_stream([&] { c_->set_density(d); });
+    exclusive([&] { on_own_stream([&] { c_->set_density(d); }); });
   }
   void set_indices(const torch::Tensor& indices) {
     const torch::Tensor i = indices.to(torch::kCPU, torch::kLong).contiguous().view(-1);
@@ -305,23 +345,25 @@ class compressor_handle {
       }
       values[j] = static_cast<std::uint32_t>(p[j]);
     }
-    on_own_stream([&] { c_->set_indices(values); });
+    exclusive([&] { on_own_stream([&] { c_->set_indices(values); }); });
   }
 
   py::bytes save_state() {
     std::string record;
-    on_own_stream([&] { record = c_->save_state(); });
+    exclusive([&] { on_own_stream([&] { record = c_->save_state(); }); });
     return py::bytes(record);
   }
   void load_state(const py::bytes& record) {
     const std::string bytes(record);
-    on_own_stream([&] { c_->load_state(bytes); });
+    exclusive([&] { on_own_stream([&] { c_->load_state(bytes); }); });
   }
   std::size_t state_arrays() const { return c_->state_arrays(); }
   torch::Tensor corrector_state(std::size_t a) {
-    std::vector<float> s;
-    on_own_stream([&] { s = c_->corrector_state(a); });
-    return torch::tensor(at::ArrayRef<float>(s), torch::kFloat).to(device_);
+    return exclusive([&] {
+      std::vector<float> s;
+      on_own_stream([&] { s = c_->corrector_state(a); });
+      return torch::tensor(at::ArrayRef<float>(s), torch::kFloat).to(device_);
+    });
   }
 
   /// stage() on every rank, agreed over `transport` before any rank may accept: the
@@ -338,11 +380,13 @@ class compressor_handle {
     shared.push_back({"the policies", gc::detail::fingerprint().add(policies).value()});
     torch::Tensor out;
     std::size_t bytes = 0;
-    const std::vector<std::uint64_t> sizes = gc::detail::agree(comm, who.c_str(), shared, [&]() -> std::uint64_t {
-      const auto type = check_gradient(who.c_str(), "the bucket", grad, device_, numel());
-      out = torch::empty({max_message_bytes()}, torch::TensorOptions().dtype(torch::kUInt8).device(device_));
-      bytes = run(grad, type, out, true).bytes;
-      return bytes;
+    const std::vector<std::uint64_t> sizes = exclusive([&] {
+      return gc::detail::agree(comm, who.c_str(), shared, [&]() -> std::uint64_t {
+        const auto type = check_gradient(who.c_str(), "the bucket", grad, device_, numel());
+        out = message_buffer();
+        bytes = run(grad, type, out, true).bytes;
+        return bytes;
+      });
     });
     py::list all;
     for (const auto s : sizes) all.append(py::int_(s));
@@ -350,6 +394,11 @@ class compressor_handle {
   }
 
   gradcomp_py::any_compressor& impl() { return *c_; }
+
+  /// A buffer for the largest message (the call holds exclusive()).
+  torch::Tensor message_buffer() const {
+    return torch::empty({message_capacity()}, torch::TensorOptions().dtype(torch::kUInt8).device(device_));
+  }
 
   /// Runs `work()`, a call that takes no execution context (set_density, checkpoints,
   /// the cyclic exchange): on CUDA on the compressor's own stream, in its call order.
@@ -378,10 +427,11 @@ class compressor_handle {
     work(nullptr);
   }
 
+  std::int64_t message_capacity() const { return static_cast<std::int64_t>(c_->max_message_bytes()); }
+
   written run(const torch::Tensor& grad, gradcomp_py::element type, torch::Tensor& out, bool staged) {
     written w;
     on_current_stream([&](void* stream) {
-      py::gil_scoped_release unlocked;
       w = c_->compress(stream, grad.data_ptr(), type, reinterpret_cast<std::byte*>(out.data_ptr<std::uint8_t>()),
                        static_cast<std::size_t>(out.numel()), staged);
     });
@@ -397,6 +447,7 @@ class compressor_handle {
 
   std::unique_ptr<any_compressor> c_;
   torch::Device device_;
+  std::mutex busy_;  // held by the call running (exclusive)
 #if defined(GRADCOMP_PY_CUDA)
   // Declared after c_, so destroyed before it: its destructor waits for the last call.
   std::unique_ptr<call_order> order_;
@@ -412,15 +463,16 @@ class cyclic_handle {
     // Shapes are the compressor's to check, inside the exchange (every rank alike).
     check_tensor("cyclic step", "grad", grad, torch::kFloat, c_.device());
     check_tensor("cyclic step", "dense", dense, torch::kFloat, c_.device());
-    torch::Tensor out =
-        torch::empty({c_.max_message_bytes()}, torch::TensorOptions().dtype(torch::kUInt8).device(c_.device()));
-    written w;
-    c_.on_own_stream([&] {
-      w = x_->step(grad.data_ptr<float>(), dense.data_ptr<float>(), static_cast<std::size_t>(dense.numel()),
-                   static_cast<float>(scale), reinterpret_cast<std::byte*>(out.data_ptr<std::uint8_t>()),
-                   static_cast<std::size_t>(out.numel()));
+    return c_.exclusive([&] {
+      torch::Tensor out = c_.message_buffer();
+      written w;
+      c_.on_own_stream([&] {
+        w = x_->step(grad.data_ptr<float>(), dense.data_ptr<float>(), static_cast<std::size_t>(dense.numel()),
+                     static_cast<float>(scale), reinterpret_cast<std::byte*>(out.data_ptr<std::uint8_t>()),
+                     static_cast<std::size_t>(out.numel()));
+      });
+      return out.narrow(0, 0, static_cast<std::int64_t>(w.bytes)).clone();
     });
-    return out.narrow(0, 0, static_cast<std::int64_t>(w.bytes)).clone();
   }
 
  private:
@@ -480,8 +532,8 @@ void accumulate(const torch::Tensor& message, torch::Tensor& dense, double scale
 #if defined(GRADCOMP_PY_CUDA)
   const int device = message.device().index();
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  py::gil_scoped_release unlocked;  // before the locks: a thread holding one never waits for the GIL
   device_accumulate& on = accumulate_on(device);
-  py::gil_scoped_release unlocked;  // before the lock: a thread holding it never waits for the GIL
   const std::lock_guard<std::mutex> lock(on.busy);
   on.order.run(on.order.current(), [&](void* stream) {
     on.add->add(stream, bytes_of(message), dense.data_ptr<float>(), static_cast<std::size_t>(dense.numel()),

@@ -124,23 +124,50 @@ def test_calls_on_changing_streams_follow_each_other():
     ref = Compressor(n, "dgc", density=0.01, max_norm=3.0)
     streams = [torch.cuda.Stream(), torch.cuda.current_stream(), torch.cuda.Stream()]
     dense, dense_ref = torch.zeros(n, device="cuda"), torch.zeros(n)
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())  # dense is made on the default stream
     for step in range(6):
+        host = gradient(n, step)
         with torch.cuda.stream(streams[step % 3]):
             torch.cuda._sleep(20_000_000)
-            g = gradient(n, step).cuda(non_blocking=True)
+            g = host.pin_memory().cuda(non_blocking=True)  # lands after the sleep
             if step == 3:
                 c.set_density(0.02)
                 ref.set_density(0.02)
             preview = c.preview(g) + 0.0
             m = c.compress(g).clone()
             state = c.state_dict()
-            accumulate(m, dense, 0.5)  # accumulate's workspace, shared across streams
-            total = dense.clone()
-        assert torch.equal(preview.cpu(), ref.preview(g.cpu()))
-        assert torch.equal(m.cpu(), ref.compress(g.cpu()))
-        assert torch.equal(state["state"].cpu(), ref.state_dict()["state"])
-        accumulate(m.cpu(), dense_ref, 0.5)
-        assert torch.equal(total.cpu(), dense_ref)
+            accumulate(m, dense, 0.5)
+            # read back on the stream that wrote them
+            preview, m, state, total = preview.cpu(), m.cpu(), state["state"].cpu(), dense.cpu()
+        assert torch.equal(preview, ref.preview(host))
+        assert torch.equal(m, ref.compress(host))
+        assert torch.equal(state, ref.state_dict()["state"])
+        accumulate(m, dense_ref, 0.5)
+        assert torch.equal(total, dense_ref)
+
+
+def test_accumulate_calls_on_two_streams_follow_each_other():
+    # accumulate keeps one workspace per device: a call on one stream must not start
+    # while the one before, on another stream, still scatters from it. Large dense
+    # messages make that scatter long enough to be overtaken if nothing waits.
+    n = 1 << 24
+    cpu = Compressor(n, "topk_ef", density=0.5)
+    messages = [cpu.compress(gradient(n, 20 + i)) for i in range(2)]
+    want = torch.zeros(n)
+    for m in messages:
+        accumulate(m, want, 1.0)
+    on_device = [m.cuda() for m in messages]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for _ in range(3):
+        dense = torch.zeros(n, device="cuda")
+        for s in streams:
+            s.wait_stream(torch.cuda.current_stream())
+        for s, m in zip(streams, on_device):
+            with torch.cuda.stream(s):
+                accumulate(m, dense, 1.0)
+        torch.cuda.synchronize()
+        assert torch.equal(dense.cpu(), want)
 
 
 def test_state_memory_comes_from_torchs_allocator():

@@ -185,6 +185,37 @@ def test_set_density_and_warmup():
         Compressor(100, "adacomp").set_density(0.1)
 
 
+def test_threads_sharing_a_compressor_take_turns():
+    # Each call has the compressor to itself and releases the GIL while it works: two
+    # threads compressing the same gradient leave the state of as many calls made one
+    # after the other, and send the messages those calls send.
+    import threading
+
+    n, steps = 1 << 20, 25
+    g = torch.randn(n, generator=torch.Generator().manual_seed(5))
+    shared = Compressor(n, "dgc", density=0.01, max_norm=3.0)
+    alone = Compressor(n, "dgc", density=0.01, max_norm=3.0)
+    want = [bytes(alone.compress(g).numpy()) for _ in range(2 * steps)]
+    got, failures = [], []
+
+    def work():
+        try:
+            for _ in range(steps):
+                got.append(bytes(shared.compress(g).numpy()))
+        except Exception as e:  # noqa: BLE001 (reported below)
+            failures.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+    assert shared.step == 2 * steps
+    assert sorted(got) == sorted(want)
+    assert torch.equal(shared.state_dict()["state"], alone.state_dict()["state"])
+
+
 def test_ratio_plan():
     d = ratio_plan([1.0, 1e70], 0.01, 0.001)
     assert d[0] == 0.001 and d[1] == pytest.approx(0.019) and sum(d) <= 0.02

@@ -10,33 +10,43 @@ namespace gradcomp_py {
 GRADCOMP_PY_EACH_SELECTOR(GRADCOMP_PY_EXTERN)
 #undef GRADCOMP_PY_EXTERN
 
-std::unique_ptr<any_compressor> make_cuda(std::size_t n, const std::string& method, options& o, int device) {
+namespace {
+
+/// A non-blocking stream on `device` (made current), destroyed with the last owner.
+std::shared_ptr<void> own_stream(int device) {
   gc::detail::cuda_check(cudaSetDevice(device), "cudaSetDevice");
   cudaStream_t stream = nullptr;
   gc::detail::cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-  const std::shared_ptr<void> owned(stream, [](void* s) { cudaStreamDestroy(static_cast<cudaStream_t>(s)); });
-  std::unique_ptr<any_compressor> made = make(gc::backend::cuda{stream}, n, method, o);
-  made->keep(owned);
-  return made;
+  return {stream, [](void* s) { cudaStreamDestroy(static_cast<cudaStream_t>(s)); }};
 }
 
-namespace {
+/// Its workspace grows on a stream of its own (zeroing waits for that stream alone).
 class device_accumulator_model final : public cuda_accumulator {
  public:
-  explicit device_accumulator_model(int device) : device_(device), add_(gc::backend::cuda{.device = device}) {}
+  explicit device_accumulator_model(int device)
+      : device_(device), stream_(own_stream(device)), add_(gc::backend::cuda{.stream = raw(stream_), .device = device}) {}
   void add(void* stream, std::span<const std::byte> message, float* dense, std::size_t n, float scale) override {
     add_(gc::backend::cuda{.stream = static_cast<cudaStream_t>(stream), .device = device_},
          gc::device_span<const std::byte>(message.data(), message.size()), gc::device_span<float>(dense, n), scale);
   }
 
  private:
+  static cudaStream_t raw(const std::shared_ptr<void>& s) { return static_cast<cudaStream_t>(s.get()); }
   int device_;
+  std::shared_ptr<void> stream_;  // declared before add_: destroyed after it
   gc::device_accumulator add_;
 };
+
 }  // namespace
 
+std::unique_ptr<any_compressor> make_cuda(std::size_t n, const std::string& method, options& o, int device) {
+  std::shared_ptr<void> stream = own_stream(device);
+  std::unique_ptr<any_compressor> made = make(gc::backend::cuda{static_cast<cudaStream_t>(stream.get())}, n, method, o);
+  made->keep(std::move(stream));
+  return made;
+}
+
 std::unique_ptr<cuda_accumulator> make_cuda_accumulator(int device) {
-  gc::detail::cuda_check(cudaSetDevice(device), "cudaSetDevice");
   return std::make_unique<device_accumulator_model>(device);
 }
 
