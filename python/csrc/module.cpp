@@ -145,13 +145,26 @@ class call_order {
   call_order(const call_order&) = delete;
   call_order& operator=(const call_order&) = delete;
 
-  [[nodiscard]] cudaStream_t current() const { return at::cuda::getCurrentCUDAStream(device_).stream(); }
-
-  /// Runs `work(stream)`, which queues its work on `stream`, in the order above.
+  /// Runs `work(stream)`, which queues its work on `stream`, torch's current stream, in
+  /// the order above.
   template <class Work>
-  void run(cudaStream_t stream, Work&& work) {
+  void run_on_current(Work&& work) {
     c10::cuda::CUDAGuard guard(device_);
-    const cudaStream_t torch_stream = current();
+    const cudaStream_t current = current_stream();
+    run(current, current, work);
+  }
+  /// The same on `stream`, another stream than torch's current one.
+  template <class Work>
+  void run_on(cudaStream_t stream, Work&& work) {
+    c10::cuda::CUDAGuard guard(device_);
+    run(stream, current_stream(), work);
+  }
+
+ private:
+  [[nodiscard]] cudaStream_t current_stream() const { return at::cuda::getCurrentCUDAStream(device_).stream(); }
+
+  template <class Work>
+  void run(cudaStream_t stream, cudaStream_t torch_stream, Work&& work) {
     if (stream == torch_stream) {
       ok(cudaStreamWaitEvent(stream, done_, 0), "cudaStreamWaitEvent");  // a no-op before the first call
     } else {
@@ -178,7 +191,6 @@ class call_order {
     finish();
   }
 
- private:
   static void ok(cudaError_t e, const char* what) {
     if (e != cudaSuccess) gc::detail::fail(gc::errc::device, what, " failed: ", cudaGetErrorString(e));
   }
@@ -395,6 +407,13 @@ class compressor_handle {
 
   gradcomp_py::any_compressor& impl() { return *c_; }
 
+  // The first `bytes` of `out`, in a tensor of their own when that saves memory.
+  static torch::Tensor compact(const torch::Tensor& out, std::size_t bytes) {
+    const auto used = static_cast<std::int64_t>(bytes);
+    torch::Tensor view = out.narrow(0, 0, used);
+    return used < out.numel() ? view.clone() : view;
+  }
+
   /// A buffer for the largest message (the call holds exclusive()).
   torch::Tensor message_buffer() const {
     return torch::empty({message_capacity()}, torch::TensorOptions().dtype(torch::kUInt8).device(device_));
@@ -406,7 +425,7 @@ class compressor_handle {
   void on_own_stream(Work&& work) {
 #if defined(GRADCOMP_PY_CUDA)
     if (order_) {
-      order_->run(static_cast<cudaStream_t>(c_->stream()), [&](void*) { work(); });
+      order_->run_on(static_cast<cudaStream_t>(c_->stream()), [&](void*) { work(); });
       return;
     }
 #endif
@@ -420,7 +439,7 @@ class compressor_handle {
   void on_current_stream(Work&& work) {
 #if defined(GRADCOMP_PY_CUDA)
     if (order_) {
-      order_->run(order_->current(), work);
+      order_->run_on_current(work);
       return;
     }
 #endif
@@ -436,13 +455,6 @@ class compressor_handle {
                        static_cast<std::size_t>(out.numel()), staged);
     });
     return w;
-  }
-
-  // The first `bytes` of `out`, in a tensor of their own when that saves memory.
-  static torch::Tensor compact(const torch::Tensor& out, std::size_t bytes) {
-    const auto used = static_cast<std::int64_t>(bytes);
-    torch::Tensor view = out.narrow(0, 0, used);
-    return used < out.numel() ? view.clone() : view;
   }
 
   std::unique_ptr<any_compressor> c_;
@@ -471,7 +483,7 @@ class cyclic_handle {
                      static_cast<float>(scale), reinterpret_cast<std::byte*>(out.data_ptr<std::uint8_t>()),
                      static_cast<std::size_t>(out.numel()));
       });
-      return out.narrow(0, 0, static_cast<std::int64_t>(w.bytes)).clone();
+      return compressor_handle::compact(out, w.bytes);
     });
   }
 
@@ -535,7 +547,7 @@ void accumulate(const torch::Tensor& message, torch::Tensor& dense, double scale
   py::gil_scoped_release unlocked;  // before the locks: a thread holding one never waits for the GIL
   device_accumulate& on = accumulate_on(device);
   const std::lock_guard<std::mutex> lock(on.busy);
-  on.order.run(on.order.current(), [&](void* stream) {
+  on.order.run_on_current([&](void* stream) {
     on.add->add(stream, bytes_of(message), dense.data_ptr<float>(), static_cast<std::size_t>(dense.numel()),
                 static_cast<float>(scale));
   });
