@@ -14,6 +14,7 @@
 
 #include "support/conformance.hpp"
 #include "support/inputs.hpp"
+#include "support/opaque_host.hpp"
 #include "support/reference.hpp"
 
 namespace gc = gradcomp;
@@ -262,17 +263,7 @@ TEST_CASE("backend::host's threshold fast path equals the generic algorithm on b
 // slices, ranking in place) against the generic algorithm
 // (detail/select_sampled_threshold.hpp) on backend::host and on opaque_host, step after
 // accepted step so that a reused threshold carries over, the exact fallback (n = 1, 7)
-// included.
-//
-// opaque_host is backend::host, but declaring its memory unreadable by the host, as a device's is: the
-// generic algorithms then take the path they take on backend::cuda (every phase queued,
-// guarded by what the backend's memory says; passes over the capacity; copies through
-// to_host), which the CPU tests thus run before a GPU does.
-struct opaque_host : gc::backend::host {
-  static constexpr bool host_accessible = false;
-  using memory = gc::device_memory;
-};
-
+// included (opaque_host: support/opaque_host.hpp, the path backend::cuda takes).
 template <class Backend>
 void require_sampled_threshold_fast_path_equals(const std::string& generic_name) {
   using case_type = conformance::sampled_threshold_case;

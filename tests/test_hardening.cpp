@@ -268,10 +268,10 @@ TEST_CASE("load_state refuses densities outside (0, 1]") {
     refused(c, r.bytes, "load_state: the saved density");
   }
   // A selector without a density accepts only 0 there.
-  auto given = gc::presets::scalecom(gc::backend::host{}, 5000, {.density = 0.01});
-  record r(given);
+  auto local = gc::presets::adacomp(gc::backend::host{}, 5000);
+  record r(local);
   r.put(r.density_at(), 0.5);
-  refused(given, r.bytes, "belongs to no parameter of given_indices");
+  refused(local, r.bytes, "belongs to no parameter of chunk_local");
 }
 
 TEST_CASE("dgc with clipping: a NaN in the saved velocity is refused, and the in-place step stays safe") {

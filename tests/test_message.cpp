@@ -4,10 +4,14 @@
 #include <gradcomp/detail/decode_index_value.hpp>
 #include <gradcomp/gradcomp.hpp>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
+#include <string>
 
 #include "support/inputs.hpp"
+#include "support/opaque_host.hpp"
 
 namespace gc = gradcomp;
 
@@ -26,12 +30,6 @@ void poke(std::vector<std::byte>& b, std::size_t at, T v) {
   std::memcpy(b.data() + at, &v, sizeof(T));
 }
 
-// backend::host, declaring its memory unreadable by the host as a device's is: the
-// generic decoder's path on backend::cuda.
-struct opaque_host : gc::backend::host {
-  static constexpr bool host_accessible = false;
-  using memory = gc::device_memory;
-};
 
 // What accumulating `bytes` into a dense tensor of n elements (filled with 3.25) gives:
 // the tensor, or the error's code and text.
@@ -352,5 +350,55 @@ TEST_CASE("accumulate of a large message equals the reader's, good or corrupt") 
         CHECK(accumulate_outcome(b, n) == reader_outcome(b, n));
       }
     }
+  }
+}
+
+// accumulate writes into `dense` only once everything is known to fit: a dense tensor
+// that shares memory with the message (its own writes would change the indices it reads)
+// and a sum that would not be finite are refused, with dense as it was, on each path: the
+// reader (small messages), the generic decoder (large ones), and a backend whose memory
+// the host cannot read (opaque_host: read on the host, checked and scattered there).
+TEST_CASE("accumulate refuses a dense tensor sharing the message's memory, and sums that overflow, changing nothing") {
+  const std::size_t n = 300'000;
+  for (const std::size_t k : {std::size_t{100}, std::size_t{gc::accumulate_generic_from + 5}}) {
+    CAPTURE(k);
+    const auto bytes = sample_message(n, k);
+    const gc::sparse_vector s = gc::decode(bytes);
+
+    // The message's bytes inside dense's memory.
+    std::vector<float> storage(n + bytes.size() / sizeof(float) + 1, 3.25f);
+    std::memcpy(storage.data() + n / 2, bytes.data(), bytes.size());
+    const std::vector<float> before = storage;
+    const std::span<const std::byte> inside(reinterpret_cast<const std::byte*>(storage.data() + n / 2), bytes.size());
+    CHECK_THROWS_WITH_AS(gc::accumulate(gc::backend::host{}, inside, std::span<float>(storage.data(), n), 1.0f),
+                         "gradcomp: accumulate: dense shares memory with the message (its writes would change the "
+                         "message while it is read)",
+                         gc::error);
+    CHECK(storage == before);
+
+    // scale * value overflows for the entries of |value| > 1; the first of them is named.
+    const float scale = 3e38f;
+    std::size_t first = s.values.size();
+    for (std::size_t j = 0; j < s.values.size() && first == s.values.size(); ++j) {
+      if (!std::isfinite(3.25f + scale * s.values[j])) first = j;
+    }
+    REQUIRE(first < s.values.size());
+    const std::string want = "gradcomp: accumulate: dense[" + std::to_string(s.indices[first]) + "] + scale * value";
+    std::vector<float> dense(n, 3.25f);
+    CHECK_THROWS_WITH_AS(gc::accumulate(gc::backend::host{}, bytes, dense, scale), doctest::Contains(want.c_str()),
+                         gc::error);
+    CHECK(std::all_of(dense.begin(), dense.end(), [](float v) { return v == 3.25f; }));
+    CHECK_THROWS_WITH_AS(gc::accumulate(opaque_host{}, bytes, gc::device_span<float>(dense.data(), n), scale),
+                         doctest::Contains(want.c_str()), gc::error);
+    CHECK(std::all_of(dense.begin(), dense.end(), [](float v) { return v == 3.25f; }));
+    gc::detail::message_decoder<opaque_host> decoder{opaque_host{}};
+    CHECK_THROWS_WITH_AS((void)decoder.check(opaque_host{}, bytes, n, "accumulate", {dense.data(), scale}),
+                         doctest::Contains(want.c_str()), gc::error);
+    // A sum that was already infinite stays refused; a finite one is added.
+    dense[s.indices[0]] = std::numeric_limits<float>::infinity();
+    CHECK_THROWS_AS(gc::accumulate(gc::backend::host{}, bytes, dense, 1.0f), gc::error);
+    dense[s.indices[0]] = 3.25f;
+    gc::accumulate(gc::backend::host{}, bytes, dense, 1.0f);
+    CHECK(dense[s.indices[0]] == 3.25f + s.values[0]);
   }
 }

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "support/inputs.hpp"
+#include "support/reference.hpp"
 
 namespace gc = gradcomp;
 
@@ -161,7 +162,7 @@ TEST_CASE("bucketed all-gather of a model's layers equals one exchange per layer
   }
 }
 
-TEST_CASE("ScaleCom cyclic local top-k equals its simulation, O(k) per rank") {
+TEST_CASE("ScaleCom cyclic local top-k equals its simulation, O(k) per rank, across a density change") {
   gc::comm::mpi comm;
   const int ranks = comm.size();
   const std::size_t n = 40009;
@@ -175,8 +176,11 @@ TEST_CASE("ScaleCom cyclic local top-k equals its simulation, O(k) per rank") {
   std::vector<double> reference(n, 0.0), magnitude(n, 0.0);
   const float scale = 1.0f / static_cast<float>(ranks);
   for (int t = 0; t < 6; ++t) {
+    // From step 3 on the density doubles (a schedule): the leader's k follows the compressor's.
+    const double now = t < 3 ? density : 2 * density;
+    if (t == 3) mine.set_density(now);
     const auto sent = exchange.step(gradient_of(comm.rank(), n, t), dense, scale);
-    const std::size_t k = gc::select::exact_topk{.density = density}.k(n);
+    const std::size_t k = reference::k_for(now, n);
     CHECK(sent.count() == k);
     const int leader = t % ranks;
     std::vector<std::vector<float>> acc(static_cast<std::size_t>(ranks), std::vector<float>(n));

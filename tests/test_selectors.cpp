@@ -4,8 +4,10 @@
 #include <gradcomp/detail/stages_at_once.hpp>
 #include <gradcomp/gradcomp.hpp>
 
+#include <cmath>
 #include <set>
 #include <sstream>
+#include <string>
 
 #include "support/inputs.hpp"
 #include "support/reference.hpp"
@@ -308,7 +310,7 @@ TEST_CASE("given_indices sends the caller's set and rejects bad ones whole") {
   CHECK(s.indices == set);
   CHECK(s.values[1] == 2.0f * g[10]);  // residual of step 1 plus step 2
   const std::vector<std::uint32_t> too_many{1, 2, 3, 4, 5}, unsorted{5, 4}, repeated{5, 5}, out_of_range{1, 1000};
-  CHECK_THROWS_WITH_AS(c.set_indices(too_many), doctest::Contains("5 indices exceed max_count = 4"), gc::error);
+  CHECK_THROWS_WITH_AS(c.set_indices(too_many), doctest::Contains("5 indices exceed the selector's capacity of 4"), gc::error);
   CHECK_THROWS_WITH_AS(c.set_indices(unsorted), doctest::Contains("indices[1] = 4 does not exceed indices[0] = 5"), gc::error);
   CHECK_THROWS_AS(c.set_indices(repeated), gc::error);
   CHECK_THROWS_WITH_AS(c.set_indices(out_of_range), doctest::Contains("indices[1] = 1000 is not below n = 1000"), gc::error);
@@ -326,4 +328,66 @@ TEST_CASE("selector parameters are validated by name") {
   CHECK_THROWS_WITH_AS(gc::compressor(h, 10, gc::select::chunk_local{.bin = 0}), doctest::Contains("bin must be >= 1, got 0"), gc::error);
   CHECK_THROWS_WITH_AS(gc::compressor(h, 10, gc::select::random_k{.density = 1.5}), doctest::Contains("random_k: density must be in (0, 1], got 1.5"), gc::error);
   CHECK_THROWS_WITH_AS(gc::compressor(h, 10, gc::select::given_indices{.max_count = 11}), doctest::Contains("max_count must be in [1, n = 10], got 11"), gc::error);
+}
+
+TEST_CASE("a density names the count it says: decimal fractions of n included, for every selector with one") {
+  // 100 * 0.07 is 7.000000000000001 in double, and ceil of it 8: the count is 7.
+  CHECK(gc::select::exact_topk{.density = 0.07}.k(100) == 7);
+  CHECK(gc::select::random_k{.density = 0.07}.k(100) == 7);
+  CHECK(gc::select::sampled_threshold{.density = 0.07}.k(100) == 7);
+  CHECK(gc::select::given_indices{.density = 0.07}.max_selected(100) == 7);
+  // Against the bisection of support/reference.hpp, over the quotients m / n and the
+  // densities next to them.
+  for (const std::size_t n : {std::size_t{1}, std::size_t{3}, std::size_t{7}, std::size_t{100}, std::size_t{1000},
+                              std::size_t{3001}, std::size_t{65537}}) {
+    for (std::size_t m = 1; m <= n; m += 1 + n / 211) {
+      const double quotient = static_cast<double>(m) / static_cast<double>(n);
+      for (const double d : {quotient, std::nextafter(quotient, 0.0), std::nextafter(quotient, 2.0)}) {
+        if (!(d > 0.0 && d <= 1.0)) continue;
+        CAPTURE(n);
+        CAPTURE(d);
+        const std::size_t want = reference::k_for(d, n);
+        CHECK(gc::select::exact_topk{.density = d}.k(n) == want);
+        CHECK(gc::select::random_k{.density = d}.k(n) == want);
+        CHECK(gc::select::given_indices{.density = d}.max_selected(n) == want);
+      }
+      CHECK(gc::select::exact_topk{.density = static_cast<double>(m) / static_cast<double>(n)}.k(n) == m);
+    }
+  }
+  for (const char* text : {"0.07", "0.001", "0.3", "0.0123", "0.9", "0.01"}) {
+    const double d = std::stod(text);
+    for (const std::size_t n : {std::size_t{100}, std::size_t{1000}, std::size_t{10000}, std::size_t{25000000}}) {
+      CAPTURE(text);
+      CAPTURE(n);
+      CHECK(gc::select::exact_topk{.density = d}.k(n) == reference::k_for(d, n));
+    }
+  }
+  // What a compressor sends.
+  gc::compressor c{gc::backend::host{}, 100, gc::select::exact_topk{.density = 0.07}, gc::correct::error_feedback{}};
+  CHECK(step(c, inputs::make(inputs::shape::normal, 100, 1)).indices.size() == 7);
+}
+
+TEST_CASE("given_indices with a density: set_density moves its capacity, and a set that no longer fits is dropped") {
+  const std::size_t n = 1000;
+  const auto g = inputs::make(inputs::shape::normal, n, 5);
+  gc::compressor c{gc::backend::host{}, n, gc::select::given_indices{.density = 0.004}, gc::correct::error_feedback{}};
+  CHECK(c.max_message_bytes() == c.encoder().max_bytes(n, 4));
+  const std::vector<std::uint32_t> four{1, 2, 3, 4}, six{1, 2, 3, 4, 5, 6};
+  CHECK_THROWS_WITH_AS(c.set_indices(six), doctest::Contains("6 indices exceed the selector's capacity of 4"), gc::error);
+  c.set_indices(four);
+  c.set_density(0.006);  // grows: the set stays
+  CHECK(step(c, g).indices == four);
+  c.set_indices(six);
+  CHECK(step(c, g).indices == six);
+  c.set_density(0.002);  // shrinks below the set: dropped, nothing sent
+  CHECK(step(c, g).indices.empty());
+  CHECK_THROWS_WITH_AS(c.set_density(0.0), doctest::Contains("given_indices: density must be in (0, 1], got 0"), gc::error);
+  CHECK_THROWS_WITH_AS(gc::compressor(gc::backend::host{}, 10, gc::select::given_indices{.max_count = 2, .density = 0.5}),
+                       doctest::Contains("set density or max_count, not both"), gc::error);
+  // A checkpoint keeps the density.
+  std::stringstream saved;
+  c.save_state(saved);
+  gc::compressor d{gc::backend::host{}, n, gc::select::given_indices{.density = 0.5}, gc::correct::error_feedback{}};
+  d.load_state(saved);
+  CHECK(d.selector().density == 0.002);
 }

@@ -10,6 +10,10 @@
 #include <sstream>
 #include <string>
 
+#if GRADCOMP_HAS_OPENMP
+#include <omp.h>
+#endif
+
 #include "support/inputs.hpp"
 
 namespace gc = gradcomp;
@@ -22,6 +26,12 @@ auto make(int threads = 0) {
 std::vector<std::byte> run(auto& c, std::uint64_t seed) {
   std::vector<std::byte> buf(c.max_message_bytes());
   const auto m = c.compress(inputs::make(inputs::shape::student_t3, c.size(), seed), buf);
+  return {m.bytes().begin(), m.bytes().end()};
+}
+// One step of `g` on `context`: the message's bytes.
+std::vector<std::byte> run_on(auto& c, const gc::backend::host& context, const std::vector<float>& g) {
+  std::vector<std::byte> buf(c.max_message_bytes());
+  const auto m = c.compress(context, g, buf);
   return {m.bytes().begin(), m.bytes().end()};
 }
 }  // namespace
@@ -330,6 +340,11 @@ struct counting_host : gc::backend::host {
     (void)host::context_for(who, context);
     return context;
   }
+  counting_host resolved(const char* who) const {
+    counting_host settled = *this;
+    settled.threads = host::resolved(who).threads;
+    return settled;
+  }
 };
 }  // namespace
 
@@ -351,3 +366,76 @@ TEST_CASE("a call's work runs on its context, every stage of the step") {
   CHECK(*context.queued > after_compress);
   CHECK(*own.queued == own_before);
 }
+
+TEST_CASE("load_state of a byte record: exactly one record, nothing after it") {
+  auto source = make();
+  (void)run(source, 1);
+  std::stringstream saved;
+  source.save_state(saved);
+  const std::string record = saved.str();
+  const auto as_bytes = [](const std::string& s) {
+    return std::span<const std::byte>(reinterpret_cast<const std::byte*>(s.data()), s.size());
+  };
+
+  auto target = make();
+  (void)run(target, 2);
+  std::stringstream before;
+  target.save_state(before);
+  for (const std::string& extra : {std::string(1, '\0'), std::string("trailing bytes")}) {
+    CHECK_THROWS_WITH_AS(target.load_state(as_bytes(record + extra)),
+                         ("gradcomp: load_state: " + std::to_string(extra.size()) + " bytes follow the " +
+                          std::to_string(record.size()) + "-byte record")
+                             .c_str(),
+                         gc::error);
+  }
+  CHECK_THROWS_AS(target.load_state(as_bytes(record.substr(0, record.size() - 1))), gc::error);
+  std::stringstream after;
+  target.save_state(after);
+  CHECK(after.str() == before.str());
+  target.load_state(as_bytes(record));
+  CHECK(run(target, 3) == run(source, 3));
+  // A stream may go on after a record (several in one file).
+  std::stringstream two(record + record);
+  target.load_state(two);
+  target.load_state(two);
+}
+
+#if GRADCOMP_HAS_OPENMP
+// A compressor made while OpenMP's default was one thread sized its per-thread workspace
+// for one: later calls with a larger default must not use more (they read past the
+// workspace before: a false "non-finite value" on garbage, invalid reads under ASan).
+// backend::host{} settles its count when the compressor is made; a context of threads
+// 0 takes the caller's default, at most that count. Results are those of one thread.
+TEST_CASE("raising OpenMP's thread count after construction changes nothing and reads nothing out of bounds") {
+  const int saved = omp_get_max_threads();
+  const std::size_t n = 300'001;
+  omp_set_num_threads(1);
+  auto topk = gc::presets::topk_ef(gc::backend::host{}, n, {.density = 0.01});
+  auto dgc = gc::presets::dgc(gc::backend::host{}, n, {.density = 0.01, .max_norm = 5.0f});
+  auto adacomp = gc::presets::adacomp(gc::backend::host{}, n);
+  auto threshold = gc::presets::threshold_ef(gc::backend::host{}, n, {.tau = 1.5f});
+  CHECK(topk.backend().threads == 1);
+  omp_set_num_threads(4);
+  auto topk_one = gc::presets::topk_ef(gc::backend::host{.threads = 1}, n, {.density = 0.01});
+  auto dgc_one = gc::presets::dgc(gc::backend::host{.threads = 1}, n, {.density = 0.01, .max_norm = 5.0f});
+  auto adacomp_one = gc::presets::adacomp(gc::backend::host{.threads = 1}, n);
+  auto threshold_one = gc::presets::threshold_ef(gc::backend::host{.threads = 1}, n, {.tau = 1.5f});
+  CHECK(topk_one.backend().threads == 1);
+  for (std::uint64_t t = 0; t < 4; ++t) {
+    const auto g = inputs::make(inputs::shape::student_t3, n, 700 + t);
+    const gc::backend::host caller_default{};  // threads 0: the caller's default, now 4
+    CHECK(run_on(topk, caller_default, g) == run_on(topk_one, topk_one.backend(), g));
+    CHECK(run_on(dgc, dgc.backend(), g) == run_on(dgc_one, dgc_one.backend(), g));
+    CHECK(run_on(adacomp, caller_default, g) == run_on(adacomp_one, adacomp_one.backend(), g));
+    CHECK(run_on(threshold, threshold.backend(), g) == run_on(threshold_one, threshold_one.backend(), g));
+  }
+  // Made with four, called with a default of two: two run, the same bytes again.
+  auto topk_four = gc::presets::topk_ef(gc::backend::host{}, n, {.density = 0.01});
+  CHECK(topk_four.backend().threads == 4);
+  omp_set_num_threads(2);
+  auto topk_fresh = gc::presets::topk_ef(gc::backend::host{.threads = 1}, n, {.density = 0.01});
+  const auto g = inputs::make(inputs::shape::student_t3, n, 800);
+  CHECK(run_on(topk_four, gc::backend::host{}, g) == run_on(topk_fresh, topk_fresh.backend(), g));
+  omp_set_num_threads(saved);
+}
+#endif

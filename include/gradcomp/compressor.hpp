@@ -6,6 +6,7 @@
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/config.hpp>
 #include <gradcomp/correct/none.hpp>
+#include <gradcomp/detail/density.hpp>
 #include <gradcomp/detail/selector_work.hpp>
 #include <gradcomp/detail/state_io.hpp>
 #include <gradcomp/detail/step_input.hpp>
@@ -19,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <istream>
+#include <sstream>
 #include <ostream>
 #include <span>
 #include <string>
@@ -270,9 +272,7 @@ class compressor {
     requires requires(Selector s) { s.density = d; }
   {
     check_device("set_density");
-    Selector next = selector_;
-    next.density = d;
-    if constexpr (requires { next.count = 0; }) next.count = 0;
+    const Selector next = detail::with_density(selector_, d);
     next.validate(n_);
     reserve(next.max_selected(n_));
     select_.reserve(next);
@@ -282,7 +282,7 @@ class compressor {
 
   /// Sets the indices that a given_indices selector sends from the next step on.
   /// \throws gradcomp::error unless they ascend strictly, are below n and number at
-  ///         most the selector's max_count; the previous set stays then.
+  ///         most the selector's capacity (max_selected(n)); the previous set stays then.
   void set_indices(std::span<const std::uint32_t> indices)
     requires requires(detail::engine<Selector, Backend>& e, const Selector& s) { e.set_indices(s, indices); }
   {
@@ -306,11 +306,22 @@ class compressor {
   }
 
   /// Restores what save_state wrote, for a compressor of the same policies and n. The
-  /// whole record is read and checked before anything changes.
+  /// whole record is read and checked before anything changes; the stream may go on
+  /// after it (several records in one file).
   /// \throws gradcomp::error if the stream fails or the record does not match.
-  void load_state(std::istream& in) {
+  void load_state(std::istream& in) { load_record(detail::state_reader(in, signature(), n_, Corrector::state_arrays)); }
+
+  /// load_state() of `record`, which must hold one record and nothing after it.
+  /// \throws gradcomp::error (corrupt_message) for bytes after the record, and as
+  ///         load_state(std::istream&) does; nothing changes then.
+  void load_state(std::span<const std::byte> record) {
+    std::istringstream in(std::string(reinterpret_cast<const char*>(record.data()), record.size()));
+    load_record(detail::state_reader(in, signature(), n_, Corrector::state_arrays, record.size()));
+  }
+
+ private:
+  void load_record(const detail::state_reader& r) {
     check_device("load_state");
-    detail::state_reader r(in, signature(), n_, Corrector::state_arrays);
     [[maybe_unused]] const auto saved_selector = read_selector_record(r);
     // The record's values must be ones compress could have left: a density in (0, 1]
     // (0 where the selector has none, or counts instead), finite memory.
@@ -326,10 +337,7 @@ class compressor {
     if constexpr (requires { next.density = 1.0; }) {
       detail::require(saved_density == 0.0 || (saved_density > 0.0 && saved_density <= 1.0), errc::corrupt_message,
                       "load_state: the saved density ", saved_density, " is outside (0, 1]");
-      if (saved_density > 0.0) {
-        next.density = saved_density;
-        if constexpr (requires { next.count = 0; }) next.count = 0;
-      }
+      if (saved_density > 0.0) next = detail::with_density(next, saved_density);
       next.validate(n_);
       reserve(next.max_selected(n_));
       select_.reserve(next);
@@ -344,7 +352,6 @@ class compressor {
     staged_ = false;
   }
 
- private:
   // The selector's state record in `r`, checked (nullptr where its engine keeps none).
   auto read_selector_record(const detail::state_reader& r) const {
     if constexpr (detail::engine_restores_state<select_engine>) {
@@ -519,9 +526,11 @@ class compressor {
     s.validate(n);
     c.validate();
     e.validate();
-    // A device backend records its device here (the current one unless it names one).
-    if constexpr (requires { backend.on_current_device("compressor"); }) {
-      return backend.on_current_device("compressor");
+    // The backend's defaults are settled now, for the compressor's whole life: backend::host
+    // its threads (0: OpenMP's default now, which sizes the per-thread workspace),
+    // backend::cuda its device (-1: the current one).
+    if constexpr (requires { backend.resolved("compressor"); }) {
+      return backend.resolved("compressor");
     } else {
       return backend;
     }

@@ -27,7 +27,7 @@ class device_accumulator {
   /// Workspace from `be`'s allocator, on its device; calls without a context of their
   /// own are queued on its stream.
   /// \throws gradcomp::error (errc::device) if the workspace cannot be allocated.
-  explicit device_accumulator(const backend::cuda& be) : backend_(be.on_current_device("device_accumulator")),
+  explicit device_accumulator(const backend::cuda& be) : backend_(be.resolved("device_accumulator")),
                                                           decoder_(backend_) {}
 
   /// `dense[i] += scale * value` for every entry of the message at `bytes`, queued on
@@ -35,8 +35,9 @@ class device_accumulator {
   /// first (this waits for the stream); on error `dense` is unchanged. Calls on
   /// different streams share the workspace, so the caller orders them (an event).
   /// \throws gradcomp::error if the message is corrupt, `dense.size()` differs from the
-  ///         message's n, `scale` is not finite, a view is host memory, or the context or
-  ///         the current device is not the accumulator's.
+  ///         message's n, `scale` is not finite, a view is host memory, `dense` shares
+  ///         memory with the message, some dense[i] + scale * value would not be finite,
+  ///         or the context or the current device is not the accumulator's.
   void operator()(const backend::cuda& context, device_span<const std::byte> bytes, device_span<float> dense,
                   float scale) {
     const backend::cuda on = backend_.context_for("accumulate", context);
@@ -44,7 +45,9 @@ class device_accumulator {
     detail::require(std::isfinite(scale), errc::invalid_argument, "accumulate: scale must be finite, got ", scale);
     on.require_device_pointer("accumulate", "bytes", bytes.data());
     on.require_device_pointer("accumulate", "dense", dense.data());
-    decoder_.add(on, decoder_.check(on, detail::raw(bytes), dense.size(), "accumulate"), detail::raw(dense), scale);
+    detail::require_apart("accumulate", bytes.data(), bytes.size(), dense.data(), dense.size());
+    decoder_.add(on, decoder_.check(on, detail::raw(bytes), dense.size(), "accumulate", {dense.data(), scale}),
+                 detail::raw(dense), scale);
   }
   /// The same on the accumulator's own stream.
   void operator()(device_span<const std::byte> bytes, device_span<float> dense, float scale) {

@@ -267,22 +267,54 @@ inline sparse_vector decode(std::span<const std::byte> bytes) {
 }
 
 namespace detail {
+/// `sum + scale * value`, what accumulate writes: rounded as two operations on a device
+/// too, whatever nvcc's --fmad, so that every backend adds the same bits.
+GRADCOMP_HOST_DEVICE inline float added(float sum, float scale, float value) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(sum, __fmul_rn(scale, value));
+#else
+  const float term = scale * value;  // a statement of its own: no fused multiply-add
+  return sum + term;
+#endif
+}
+
 /// dense[index[j]] += scale * values[j]: the scatter-add of accumulate (a message's
-/// indices are distinct, so no two j write one entry). Rounded as two operations on a
-/// device too, whatever nvcc's --fmad, so that every backend adds the same bits.
+/// indices are distinct, so no two j write one entry).
 struct scatter_add {
   const std::uint32_t* index;
   const float* values;
   float scale;
   float* dense;
-  GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
-#if defined(__CUDA_ARCH__)
-    dense[index[j]] = __fadd_rn(dense[index[j]], __fmul_rn(scale, values[j]));
-#else
-    dense[index[j]] += scale * values[j];
-#endif
-  }
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const { dense[index[j]] = added(dense[index[j]], scale, values[j]); }
 };
+
+/// The dense tensor (the backend's memory) and scale that a message will be added to,
+/// which accumulate's checks make sure stay finite.
+struct sum_target {
+  const float* dense = nullptr;
+  float scale = 0.0f;
+};
+
+/// Whether the address ranges of two views meet: accumulate refuses a dense tensor that
+/// shares memory with the message it reads, which its own writes would change under it.
+inline bool overlap(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) noexcept {
+  const auto a0 = reinterpret_cast<std::uintptr_t>(a);
+  const auto b0 = reinterpret_cast<std::uintptr_t>(b);
+  return a_bytes != 0 && b_bytes != 0 && a0 < b0 + b_bytes && b0 < a0 + a_bytes;
+}
+
+/// \throws gradcomp::error (invalid_argument) if `dense` shares memory with `bytes`.
+inline void require_apart(const char* who, const void* bytes, std::size_t size, const float* dense, std::size_t n) {
+  require(!overlap(bytes, size, dense, n * sizeof(float)), errc::invalid_argument, who,
+          ": dense shares memory with the message (its writes would change the message while it is read)");
+}
+
+/// \throws gradcomp::error (non_finite) naming entry `j`: dense[index] + scale * value
+///         is not finite.
+[[noreturn]] inline void fail_overflow(const char* who, std::uint32_t index, float dense, float scale, float value) {
+  fail(errc::non_finite, who, ": dense[", index, "] + scale * value = ", dense, " + ", scale, " * ", value,
+       " is not finite; dense is unchanged");
+}
 }  // namespace detail
 
 /// decode() on `context`, for a backend whose messages are host memory: the same
@@ -326,6 +358,9 @@ GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 template <class Backend>
 class message_decoder;  // detail/decode_index_value.hpp (complete wherever this header is)
+template <class Backend>
+void require_sums_finite(const Backend& on, const char* who, const std::uint32_t* index, const float* values,
+                         std::size_t count, sum_target target, std::size_t n);  // there too
 }  // namespace detail
 
 /// Entries from which accumulate() on a backend of host memory runs the decoder written
@@ -345,19 +380,22 @@ inline constexpr std::uint64_t accumulate_generic_from = std::uint64_t{1} << 16;
 /// thread as on two); elsewhere the message is read on the host and its entries
 /// scattered by the backend.
 /// \throws gradcomp::error if the message is corrupt, `dense.size()` differs from the
-///         message's n, or `scale` is not finite.
+///         message's n, `scale` is not finite, `dense` shares memory with the message,
+///         or (non_finite) some dense[i] + scale * value would not be finite.
 template <class Backend>
   requires std::is_same_v<typename Backend::message_memory, host_memory>
 void accumulate(const Backend& context, std::span<const std::byte> bytes, backend_span<Backend, float> dense_at,
                 float scale) {
   detail::require(std::isfinite(scale), errc::invalid_argument, "accumulate: scale must be finite, got ", scale);
   const std::span<float> dense = detail::raw(dense_at);
+  detail::require_apart("accumulate", bytes.data(), bytes.size(), dense.data(), dense.size());
   const bool large = bytes.size() >= message_header::size &&
                      detail::load_le<std::uint64_t>(bytes.data() + 24) >= accumulate_generic_from;  // the count
   if constexpr (Backend::host_accessible) {
     if (large) {
       detail::message_decoder<Backend> decoder(context);
-      decoder.add(context, decoder.check(context, bytes, dense.size(), "accumulate"), dense, scale);
+      decoder.add(context, decoder.check(context, bytes, dense.size(), "accumulate", {dense.data(), scale}), dense,
+                  scale);
       return;
     }
   }
@@ -366,8 +404,14 @@ void accumulate(const Backend& context, std::span<const std::byte> bytes, backen
                   dense.size(), " does not match the message's n = ", reader.header().n);
   reader.validate_entries();
   if constexpr (Backend::host_accessible) {
-    reader.visit([&](std::uint32_t index, float value) { dense[index] += scale * value; });
-  } else {  // read on the host, scattered by the backend
+    // Every sum is checked before the first is written: an overflow leaves dense as it was.
+    reader.visit([&](std::uint32_t index, float value) {
+      if (!std::isfinite(detail::added(dense[index], scale, value))) {
+        detail::fail_overflow("accumulate", index, dense[index], scale, value);
+      }
+    });
+    reader.visit([&](std::uint32_t index, float value) { dense[index] = detail::added(dense[index], scale, value); });
+  } else {  // read on the host, checked and scattered by the backend
     const auto count = static_cast<std::size_t>(reader.header().count);
     std::vector<std::uint32_t> index_host;
     std::vector<float> values_host;
@@ -381,6 +425,8 @@ void accumulate(const Backend& context, std::span<const std::byte> bytes, backen
     auto values = context.template allocate<float>(count);
     context.to_device(index_host.data(), count, index.data());
     context.to_device(values_host.data(), count, values.data());
+    detail::require_sums_finite(context, "accumulate", index.data(), values.data(), count, {dense.data(), scale},
+                                dense.size());
     context.for_each(count, detail::scatter_add{index.data(), values.data(), scale, dense.data()});
   }
 }

@@ -101,7 +101,7 @@ auto threshold_ef(Backend backend, std::size_t n, const threshold_ef_options& o)
 /// comm::cyclic_topk exchange — the indices come from the step's leader, the memory is
 /// low-pass filtered.
 struct scalecom_options {
-  double density = 0.001;  ///< k = density * n, the leader's selection
+  double density = 0.001;  ///< the leader's selection, k of n as exact_topk counts it
   float beta = 1.0f;       ///< low_pass filter weight (1: plain error feedback)
 };
 /// \throws gradcomp::error if density is outside (0, 1] (or beta outside (0, 1]).
@@ -109,7 +109,7 @@ template <class Backend>
 auto scalecom(Backend backend, std::size_t n, const scalecom_options& o = {}) {
   detail::require(o.density > 0.0 && o.density <= 1.0, errc::invalid_argument,
                   "scalecom: density must be in (0, 1], got ", o.density);
-  return compressor{backend, n, select::given_indices{.max_count = select::exact_topk{.density = o.density}.k(n)},
+  return compressor{backend, n, select::given_indices{.density = o.density},
                     correct::low_pass{.beta = o.beta},
                     encode::index_value{.index = index_coding::automatic, .value = value_coding::f32}};
 }

@@ -36,10 +36,19 @@ double ordered_sum_of(const std::vector<float>& v, F f) {
   return ordered_sum(terms);
 }
 
-// k = clamp(ceil(d n), 1, n), as ALGORITHMS.md defines it.
+// The entries a density names of n, as docs/algorithms.md defines them: the smallest k
+// in [1, n] with k / n (rounded to double) >= d, found by bisection.
 inline std::size_t k_for(double density, std::size_t n) {
-  const auto k = static_cast<std::size_t>(std::ceil(density * static_cast<double>(n)));
-  return std::min(std::max<std::size_t>(k, 1), n);
+  std::size_t low = 1, high = n;  // the answer is in [low, high]
+  while (low < high) {
+    const std::size_t mid = low + (high - low) / 2;
+    if (static_cast<double>(mid) / static_cast<double>(n) >= density) {
+      high = mid;
+    } else {
+      low = mid + 1;
+    }
+  }
+  return low;
 }
 
 // The k entries of `order` (indices into x) of largest |x|, ties to the lower index,
@@ -291,8 +300,7 @@ struct sampled_threshold {
         std::vector<float> sample;
         for (std::size_t j = 0; j < m; ++j) sample.push_back(std::fabs(acc[offset + j * stride]));
         std::sort(sample.begin(), sample.end(), [](float a, float b) { return a > b; });
-        const std::size_t r =
-            std::clamp<std::size_t>(static_cast<std::size_t>(std::ceil(static_cast<double>(m) * density)), 1, m);
+        const std::size_t r = k_for(density, m);
         t = sample[r - 1];
         c = at_least(acc, t);
         for (int it = 0; it < max_iters; ++it) {

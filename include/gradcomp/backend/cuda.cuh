@@ -172,9 +172,10 @@ struct cuda {
   /// Device memory: the host reaches it only through read(), to_host() and to_device().
   static constexpr bool host_accessible = false;
 
-  /// This backend with `device` resolved: the current device if it is -1.
+  /// This backend with `device` settled for a compressor (or accumulator) made now: the
+  /// current device if it is -1.
   /// \throws gradcomp::error (invalid_argument) if it names a device that is not current.
-  [[nodiscard]] cuda on_current_device(const char* who) const {
+  [[nodiscard]] cuda resolved(const char* who) const {
     cuda bound = *this;
     if (bound.device < 0) {
       detail::cuda_check(cudaGetDevice(&bound.device), "cudaGetDevice");

@@ -86,8 +86,8 @@ namespace backend {
 /// number of threads, and every reduction combines chunks in index order, so results
 /// are bit-identical whatever `threads` is.
 struct host {
-  /// Worker threads; 0 means OpenMP's default (`omp_get_max_threads()`), and builds
-  /// without OpenMP always use one.
+  /// Worker threads; 0 means OpenMP's default (`omp_get_max_threads()` when a compressor
+  /// is made: resolved()), and builds without OpenMP always use one.
   int threads = 0;
 
   /// Owning, contiguous host storage for compressor state and workspace.
@@ -236,12 +236,20 @@ struct host {
     std::copy(from, from + count, to);
   }
 
+  /// This backend with its threads settled for a compressor made now: `threads` 0
+  /// becomes OpenMP's default at this moment, which sizes the compressor's per-thread
+  /// workspace, and stays its count whatever omp_set_num_threads does later (a call with
+  /// more threads than that would index past the workspace).
+  [[nodiscard]] host resolved(const char* /*who*/) const { return host{.threads = concurrency()}; }
+
   /// `context` checked as the execution context of one call of a compressor made with
-  /// this backend: it may use at most this backend's threads, for which the compressor
-  /// sized its per-thread workspace.
-  /// \throws gradcomp::error (invalid_argument) naming both otherwise.
+  /// this backend (resolved): it may use at most this backend's threads, for which the
+  /// compressor sized its per-thread workspace. A context of `threads` 0 takes OpenMP's
+  /// default of the calling thread, at most that many.
+  /// \throws gradcomp::error (invalid_argument) naming both if the context names more.
   [[nodiscard]] host context_for(const char* who, const host& context) const {
     const int mine = concurrency();
+    if (context.threads == 0) return host{.threads = std::min(mine, context.concurrency())};
     const int theirs = context.concurrency();
     detail::require(theirs <= mine, errc::invalid_argument, who, ": the context's threads = ", context.threads, " (",
                     theirs, " threads) exceed the ", mine, " the compressor was made with, which sized its workspace");

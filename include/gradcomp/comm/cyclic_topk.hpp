@@ -8,10 +8,12 @@
 #include <gradcomp/config.hpp>
 #include <gradcomp/correct/none.hpp>
 #include <gradcomp/detail/collective_checks.hpp>
+#include <gradcomp/detail/density.hpp>
 #include <gradcomp/encode/index_value.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/message.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -125,8 +127,9 @@ class cyclic_topk {
   ///         would be rejected (a NaN or infinity), or if the ranks disagree on n, k, the
   ///         step or the policies.
   message_type step(view<const float> grad, view<float> dense, float scale) {
+    follow_density();
     const int leader = static_cast<int>(compressor_.step() % static_cast<std::uint64_t>(comm_.size()));
-    const std::uint64_t k = index_.size();
+    const std::uint64_t k = leader_.selector().max_selected(compressor_.size());
     const std::vector<std::uint64_t> counts = detail::agree(
         comm_, "cyclic_topk",
         {{"n", compressor_.size()}, {"k", k}, {"the step", compressor_.step()}, {"the policies", policies_}},
@@ -160,6 +163,29 @@ class cyclic_topk {
   }
 
  private:
+  // Where the compressor's selector has a density (presets::scalecom's given_indices),
+  // the leader selects at it: compressor::set_density (a warm-up schedule, a restored
+  // checkpoint) moves the leader's k with the compressor's capacity, and the buffers
+  // grow with them.
+  void follow_density() {
+    if constexpr (requires { compressor_.selector().density; leader_.set_density(1.0); }) {
+      const double density = compressor_.selector().density;
+      if (density == 0.0 || density == leader_.selector().density) return;
+      const std::size_t n = compressor_.size();
+      const std::size_t k = detail::with_density(leader_.selector(), density).max_selected(n);
+      // Allocated first: should that throw, nothing has changed.
+      auto index = allocate<std::uint32_t>(std::max<std::size_t>(k, static_cast<std::size_t>(index_.size())));
+      auto sums = allocate<float>(std::max<std::size_t>(k, static_cast<std::size_t>(sums_.size())));
+      auto leader_message = allocate<std::byte>(leader_.encoder().max_bytes(n, k));
+      auto message = allocate<std::byte>(compressor_.max_message_bytes());
+      leader_.set_density(density);  // valid: the compressor took it
+      index_ = std::move(index);
+      sums_ = std::move(sums);
+      leader_message_ = std::move(leader_message);
+      message_ = std::move(message);
+    }
+  }
+
   template <class T>
   buffer<T> allocate(std::size_t count) const {
     return compressor_.backend().template allocate<T>(count);

@@ -31,75 +31,158 @@ inline void check_aggregation_args(std::size_t messages, std::size_t dense, floa
   require(std::isfinite(scale), errc::invalid_argument, "allgather_accumulate: scale must be finite, got ", scale);
 }
 
-/// A value every rank of a collective must hold alike (n, k, a layout's checksum).
+/// A value every rank of a collective must hold alike (n, k, a layout's checksum, a
+/// DDP hook's method and options), as its name and its value written out: an error
+/// names both ranks' values as they read.
 struct setting {
-  const char* name;
-  std::uint64_t value;
+  std::string name;
+  std::string value;
+  setting(std::string name_, std::uint64_t value_) : name(std::move(name_)), value(std::to_string(value_)) {}
+  setting(std::string name_, std::string value_) : name(std::move(name_)), value(std::move(value_)) {}
 };
 
-/// One rank's part of the first exchange, as fixed-size little-endian bytes: its
-/// error (0, or 1 + errc, and the text), up to max_settings shared settings, and one
-/// value of its own that the others may use (a message size, the leader's count).
+/// One rank's part of the first exchange (rank_verdict::size little-endian bytes): 0
+/// or 1 + errc of its error, one value of its own that the others may use (a message
+/// size, the leader's count), and a 64-bit digest (FNV-1a) of its written settings.
+/// Where every rank says 0 and the digests agree, this is the whole agreement.
+struct rank_verdict {
+  static constexpr std::size_t size = 24;
+
+  std::uint32_t code = 0;
+  std::uint64_t own = 0;
+  std::uint64_t digest = 0;
+
+  void write(std::byte* out) const {
+    store_le<std::uint32_t>(out, code);
+    store_le<std::uint32_t>(out + 4, 0);
+    store_le<std::uint64_t>(out + 8, own);
+    store_le<std::uint64_t>(out + 16, digest);
+  }
+  static rank_verdict read(const std::byte* in) {
+    return {load_le<std::uint32_t>(in), load_le<std::uint64_t>(in + 8), load_le<std::uint64_t>(in + 16)};
+  }
+  /// FNV-1a, 64 bits, of `text`.
+  static std::uint64_t digest_of(std::string_view text) noexcept {
+    std::uint64_t h = 0xCBF29CE484222325ull;
+    for (const char c : text) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001B3ull;
+    return h;
+  }
+};
+
+/// One rank's part of the second exchange, made only when the first showed an error or
+/// settings that differ, as fixed-size little-endian bytes: its error (0, or 1 + errc,
+/// and the text) and its settings, each written as name, unit separator, value, record
+/// separator, so that every rank can name the first difference with both values.
 struct rank_report {
-  static constexpr std::size_t size = 256;
-  static constexpr std::size_t max_settings = 6;
-  static constexpr std::size_t text_at = 8 + 8 * max_settings + 8;
-  static constexpr std::size_t max_text = size - text_at;
+  static constexpr std::size_t size = 1024;
+  static constexpr std::size_t text_at = 16;
+  static constexpr std::size_t max_text = 320;
+  static constexpr std::size_t settings_at = text_at + max_text;
+  static constexpr std::size_t max_settings = size - settings_at;  ///< bytes of written settings
 
   std::uint32_t code = 0;
   std::string text;
-  std::uint64_t settings[max_settings] = {};
-  std::uint64_t own = 0;
+  std::string settings;
 
   void write(std::byte* out) const {
     const std::size_t length = std::min(text.size(), max_text);
+    const std::size_t written = std::min(settings.size(), max_settings);
+    std::fill(out, out + size, std::byte{0});
     store_le<std::uint32_t>(out, code);
     store_le<std::uint32_t>(out + 4, static_cast<std::uint32_t>(length));
-    for (std::size_t s = 0; s < max_settings; ++s) store_le<std::uint64_t>(out + 8 + 8 * s, settings[s]);
-    store_le<std::uint64_t>(out + 8 + 8 * max_settings, own);
-    std::fill(out + text_at, out + size, std::byte{0});
+    store_le<std::uint32_t>(out + 8, static_cast<std::uint32_t>(written));
     for (std::size_t c = 0; c < length; ++c) out[text_at + c] = static_cast<std::byte>(text[c]);
+    for (std::size_t c = 0; c < written; ++c) out[settings_at + c] = static_cast<std::byte>(settings[c]);
   }
   static rank_report read(const std::byte* in) {
     rank_report r;
     r.code = load_le<std::uint32_t>(in);
     const std::size_t length = std::min<std::size_t>(load_le<std::uint32_t>(in + 4), max_text);
-    for (std::size_t s = 0; s < max_settings; ++s) r.settings[s] = load_le<std::uint64_t>(in + 8 + 8 * s);
-    r.own = load_le<std::uint64_t>(in + 8 + 8 * max_settings);
+    const std::size_t written = std::min<std::size_t>(load_le<std::uint32_t>(in + 8), max_settings);
     for (std::size_t c = 0; c < length; ++c) r.text.push_back(static_cast<char>(in[text_at + c]));
+    for (std::size_t c = 0; c < written; ++c) r.settings.push_back(static_cast<char>(in[settings_at + c]));
     return r;
   }
+
+  /// `settings` written as the report carries them.
+  static std::string written(std::span<const setting> settings) {
+    std::string out;
+    for (const setting& each : settings) out += each.name + unit + each.value + record;
+    return out;
+  }
+  /// The settings of a report, in order, as (name, value).
+  [[nodiscard]] std::vector<std::pair<std::string, std::string>> parsed() const {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (std::size_t at = 0; at < settings.size();) {
+      const std::size_t end = std::min(settings.find(record, at), settings.size());
+      const std::string_view item = std::string_view(settings).substr(at, end - at);
+      const std::size_t cut = std::min(item.find(unit), item.size());
+      out.emplace_back(std::string(item.substr(0, cut)), std::string(item.substr(std::min(cut + 1, item.size()))));
+      at = end + 1;
+    }
+    return out;
+  }
+
+  static constexpr char unit = '\x1f';
+  static constexpr char record = '\x1e';
 };
 
+/// The value rank `r`'s report gives `name`, or "(not set)".
+inline std::string value_of(const std::vector<std::pair<std::string, std::string>>& settings, const std::string& name) {
+  for (const auto& [key, value] : settings) {
+    if (key == name) return value;
+  }
+  return "(not set)";
+}
+
 /// Runs `attempt` (this rank's own checks, returning its own value) and exchanges its
-/// verdict and `settings` with every rank of `comm` in one all-gather of
-/// rank_report::size bytes per rank (`comm.all_gather(mine, all)`). Then, identically
-/// on every rank: if any rank's attempt threw gradcomp::error, every rank throws the
-/// error of the lowest such rank (its code and text, naming the rank); otherwise, if
-/// the ranks hold different values of a setting, every rank throws
-/// errc::invalid_argument naming it and two ranks' values.
+/// verdict and a digest of `settings` with every rank of `comm` in one all-gather of
+/// rank_verdict::size bytes per rank (`comm.all_gather(mine, all)`). Where a rank
+/// failed or the digests differ, a second all-gather of rank_report::size bytes per
+/// rank carries the texts. Then, identically on every rank: if any rank's attempt threw
+/// gradcomp::error, every rank throws the error of the lowest such rank (its code and
+/// text, naming the rank); otherwise, if the ranks hold different values of a setting
+/// (or one holds a setting another lacks), every rank throws errc::invalid_argument
+/// naming it and two ranks' values.
 /// \returns every rank's own value, in rank order
 template <class Comm, class Attempt>
 std::vector<std::uint64_t> agree(Comm& comm, const char* who, std::span<const setting> settings, Attempt&& attempt) {
   rank_report mine;
+  mine.settings = rank_report::written(settings);
+  std::uint64_t own_value = 0;
   try {
-    mine.own = attempt();
+    require(mine.settings.size() <= rank_report::max_settings, errc::invalid_argument, who, ": the settings take ",
+            mine.settings.size(), " bytes, more than the ", rank_report::max_settings, " the ranks' report carries");
+    own_value = attempt();
   } catch (const error& e) {
     mine.code = 1 + static_cast<std::uint32_t>(e.code());
     const std::string_view text = e.what();
     constexpr std::string_view prefix = "gradcomp: ";
     mine.text = std::string(text.substr(text.starts_with(prefix) ? prefix.size() : 0));
   }
-  std::size_t s = 0;
-  for (const setting& each : settings) {
-    if (s < rank_report::max_settings) mine.settings[s++] = each.value;
-  }
 
+  // The first exchange: verdicts and digests. Every rank reads the same bytes, so every
+  // rank makes the second exchange, or none does.
   const auto ranks = static_cast<std::size_t>(comm.size());
+  const rank_verdict verdict{mine.code, own_value, rank_verdict::digest_of(mine.settings)};
+  std::byte verdict_bytes[rank_verdict::size];
+  verdict.write(verdict_bytes);
+  std::vector<std::byte> verdicts(ranks * rank_verdict::size);
+  comm.all_gather(std::span<const std::byte>(verdict_bytes, rank_verdict::size), std::span<std::byte>(verdicts));
+  std::vector<std::uint64_t> own(ranks);
+  bool alike = true;
+  for (std::size_t r = 0; r < ranks; ++r) {
+    const rank_verdict theirs = rank_verdict::read(verdicts.data() + r * rank_verdict::size);
+    own[r] = theirs.own;
+    alike = alike && theirs.code == 0 && theirs.digest == verdict.digest;
+  }
+  if (alike) return own;
+
+  // The second: the texts, from which every rank names the same error.
   std::vector<std::byte> all(ranks * rank_report::size);
-  std::byte own_bytes[rank_report::size];
-  mine.write(own_bytes);
-  comm.all_gather(std::span<const std::byte>(own_bytes, rank_report::size), std::span<std::byte>(all));
+  std::vector<std::byte> own_bytes(rank_report::size);
+  mine.write(own_bytes.data());
+  comm.all_gather(std::span<const std::byte>(own_bytes), std::span<std::byte>(all));
 
   std::vector<rank_report> reports;
   for (std::size_t r = 0; r < ranks; ++r) reports.push_back(rank_report::read(all.data() + r * rank_report::size));
@@ -108,18 +191,19 @@ std::vector<std::uint64_t> agree(Comm& comm, const char* who, std::span<const se
     const std::uint32_t code = std::min<std::uint32_t>(reports[r].code - 1, static_cast<std::uint32_t>(errc::device));
     fail(static_cast<errc>(code), reports[r].text, " (rank ", r, " of ", ranks, ")");
   }
-  s = 0;
-  for (const setting& each : settings) {
-    if (s == rank_report::max_settings) break;
-    for (std::size_t r = 1; r < ranks; ++r) {
-      require(reports[r].settings[s] == reports[0].settings[s], errc::invalid_argument, who, ": ranks disagree on ",
-              each.name, ": rank 0 has ", reports[0].settings[s], ", rank ", r, " has ", reports[r].settings[s]);
-    }
-    ++s;
+  const auto first = reports[0].parsed();
+  for (std::size_t r = 1; r < ranks; ++r) {
+    const auto theirs = reports[r].parsed();
+    const auto disagree = [&](const std::string& name) {
+      const std::string a = value_of(first, name);
+      const std::string b = value_of(theirs, name);
+      require(a == b, errc::invalid_argument, who, ": ranks disagree on ", name, ": rank 0 has ", a, ", rank ", r,
+              " has ", b);
+    };
+    for (const auto& each : first) disagree(each.first);
+    for (const auto& each : theirs) disagree(each.first);
   }
-  std::vector<std::uint64_t> own(ranks);
-  for (std::size_t r = 0; r < ranks; ++r) own[r] = reports[r].own;
-  return own;
+  return own;  // the digests differed, the settings (up to what the report carries) do not
 }
 
 /// The sum of the sizes the ranks reported, saturated (a peer's size is not trusted to

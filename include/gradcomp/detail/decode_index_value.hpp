@@ -27,11 +27,13 @@
 #include <gradcomp/detail/codecs.hpp>
 #include <gradcomp/detail/fixed_order_sum.hpp>
 #include <gradcomp/detail/radix_select.hpp>
+#include <gradcomp/detail/selector_work.hpp>
 #include <gradcomp/detail/wire.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/message.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -250,7 +252,62 @@ struct decoded_values {
   GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const { out[j] = values(j); }
 };
 
+/// Whether a sum overflowed: bit 1 of the fault word (the message itself is sound).
+inline constexpr std::uint32_t overflow = 2u;
+
+/// Values held in an array, read as a value_decoder reads a section.
+struct array_values {
+  const float* values;
+  GRADCOMP_HOST_DEVICE float operator()(std::size_t j) const { return values[j]; }
+};
+
+/// `overflow` if dense[index[j]] + scale * value j is not finite. An index outside dense
+/// (a corrupt message's, which another pass reports) is skipped, not read.
+template <class Values>
+struct sum_finite {
+  const std::uint32_t* index;
+  Values values;
+  float scale;
+  const float* dense;
+  std::uint64_t n;
+  GRADCOMP_HOST_DEVICE std::uint32_t operator()(std::size_t j) const {
+    const std::uint32_t i = index[j];
+    if (i >= n) return 0u;
+    return magnitude_key(added(dense[i], scale, values(j))) >= non_finite_key ? overflow : 0u;
+  }
+};
+
 }  // namespace decoding
+
+/// Names the first entry whose sum overflows, read on the host from copies of the
+/// entries (`count` of them, the backend's memory) and of dense (n floats).
+template <class Backend>
+[[noreturn]] void explain_overflow(const Backend& on, const char* who, const std::uint32_t* index, const float* values,
+                                   std::size_t count, sum_target target, std::size_t n) {
+  constexpr bool copied = !Backend::host_accessible;
+  std::vector<std::uint32_t> index_host(copied ? count : 0);
+  std::vector<float> values_host(copied ? count : 0), dense_host(copied ? n : 0);
+  const auto i = on_host(on, index, count, index_host);
+  const auto v = on_host(on, values, count, values_host);
+  const auto d = on_host(on, target.dense, n, dense_host);
+  for (std::size_t j = 0; j < count; ++j) {
+    if (!std::isfinite(added(d[i[j]], target.scale, v[j]))) fail_overflow(who, i[j], d[i[j]], target.scale, v[j]);
+  }
+  fail(errc::non_finite, who, ": a sum overflowed on the backend but not on the host (a gradcomp bug: please report it)");
+}
+
+/// \throws gradcomp::error (non_finite) naming the first j for which dense[index[j]] +
+///         scale * values[j] is not finite (`count` checked entries of a tensor of n
+///         elements, all in the backend's memory); writes nothing.
+template <class Backend>
+void require_sums_finite(const Backend& on, const char* who, const std::uint32_t* index, const float* values,
+                         std::size_t count, sum_target target, std::size_t n) {
+  auto fault = on.template allocate<std::uint32_t>(1);
+  on.clear(fault.data(), 1);
+  on.reduce_or(count, decoding::sum_finite<decoding::array_values>{index, {values}, target.scale, target.dense, n},
+               fault.data());
+  if (on.read(static_cast<const std::uint32_t*>(fault.data())) != 0) explain_overflow(on, who, index, values, count, target, n);
+}
 
 /// Checks messages in `Backend`'s memory and adds them to its tensors, each call on the
 /// execution context it is given; workspace from the backend it was made with, grown
@@ -267,11 +324,13 @@ class message_decoder {
   explicit message_decoder(const Backend& be) : backend_(be), faults_(be.template allocate<std::uint32_t>(3)) {}
 
   /// Checks the whole message at `bytes` (the backend's memory) for a tensor of n
-  /// elements. Writes no tensor.
+  /// elements, and with a `target`, that adding it there keeps every sum finite.
+  /// Writes no tensor.
   /// \throws gradcomp::error (corrupt_message) naming the first fault as the host's
-  ///         reader does, or (invalid_argument) if the message's n is not `n`; `who`
-  ///         starts that text.
-  checked check(const Backend& on, std::span<const std::byte> bytes, std::size_t n, const char* who) {
+  ///         reader does, (invalid_argument) if the message's n is not `n`, or
+  ///         (non_finite) naming the first sum that is not finite; `who` starts that text.
+  checked check(const Backend& on, std::span<const std::byte> bytes, std::size_t n, const char* who,
+                sum_target target = {}) {
     using namespace decoding;
     std::byte head[message_header::size] = {};
     if (bytes.size() >= message_header::size) on.to_host(bytes.data(), message_header::size, head);
@@ -291,8 +350,19 @@ class message_decoder {
       on.reduce_or(1, value_padding{value_section(h, bytes), used, h.value_bytes}, faults);
     }
     on.reduce_or(static_cast<std::size_t>(h.count), values_finite{values}, faults);
-    if (on.read(static_cast<const std::uint32_t*>(faults)) != 0) explain(on, bytes, n, who);
+    if (target.dense != nullptr) {
+      on.reduce_or(static_cast<std::size_t>(h.count),
+                   sum_finite<value_decoder>{index_.data(), values, target.scale, target.dense, n}, faults);
+    }
+    const std::uint32_t seen = on.read(static_cast<const std::uint32_t*>(faults));
+    if ((seen & fault) != 0) explain(on, bytes, n, who);
     require_size(h, n, who);
+    if (seen != 0) {  // the message is sound, a sum is not
+      const auto count = static_cast<std::size_t>(h.count);
+      grow(values_, count);
+      on.for_each(count, decoded_values{values, values_.data()});
+      explain_overflow(on, who, index_.data(), values_.data(), count, target, n);
+    }
     return {h, bytes};
   }
 

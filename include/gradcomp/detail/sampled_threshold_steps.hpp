@@ -6,6 +6,7 @@
 #pragma once
 
 #include <gradcomp/detail/bits.hpp>
+#include <gradcomp/detail/density.hpp>
 #include <gradcomp/detail/radix_select.hpp>
 #include <gradcomp/detail/random.hpp>
 
@@ -39,12 +40,12 @@ struct sample_plan {
   }
 };
 
-/// Step 2's threshold: the key of the ceil(m * density)-th largest sampled magnitude.
+/// Step 2's threshold: the key of the r-th largest sampled magnitude, r the entries the
+/// density names of the m sampled (entries_at_density).
 template <class Policy>
 std::uint32_t sampled_threshold_key(const Policy& p, std::span<const float> sample) {
   const std::size_t m = sample.size();
-  const std::size_t r =
-      std::clamp<std::size_t>(static_cast<std::size_t>(std::ceil(static_cast<double>(m) * p.density)), 1, m);
+  const std::size_t r = entries_at_density(p.density, m);
   return kth_largest([&](std::size_t j) { return magnitude_key(sample[j]); }, m, r, 0, 0).key;
 }
 

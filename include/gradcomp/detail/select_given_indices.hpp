@@ -18,10 +18,10 @@
 GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 
-/// Throws unless `indices` ascend strictly, are below n and number at most max_count.
-inline void check_given_indices(std::span<const std::uint32_t> indices, std::size_t n, std::size_t max_count) {
-  require(indices.size() <= max_count, errc::invalid_argument, "set_indices: ", indices.size(),
-          " indices exceed max_count = ", max_count);
+/// Throws unless `indices` ascend strictly, are below n and number at most `capacity`.
+inline void check_given_indices(std::span<const std::uint32_t> indices, std::size_t n, std::size_t capacity) {
+  require(indices.size() <= capacity, errc::invalid_argument, "set_indices: ", indices.size(),
+          " indices exceed the selector's capacity of ", capacity);
   for (std::size_t j = 0; j < indices.size(); ++j) {
     require(indices[j] < n, errc::invalid_argument, "set_indices: indices[", j, "] = ", indices[j],
             " is not below n = ", n);
@@ -37,11 +37,23 @@ class given_indices_selection {
   given_indices_selection(const Backend& be, const select::given_indices& policy, std::size_t n)
       : backend_(be),
         n_(n),
-        given_(be.template allocate<std::uint32_t>(policy.max_count)) {}
+        given_(be.template allocate<std::uint32_t>(policy.max_selected(n))) {}
+
+  /// Room for the set `policy` takes (a new density); a set that no longer fits is
+  /// dropped, so that no step sends more than the workspace holds.
+  void reserve(const select::given_indices& policy) {
+    const std::size_t capacity = policy.max_selected(n_);
+    if (capacity > static_cast<std::size_t>(given_.size())) {
+      auto grown = backend_.template allocate<std::uint32_t>(capacity);
+      backend_.for_each(count_, copy_elements<std::uint32_t>{given_.data(), grown.data()});
+      given_ = std::move(grown);
+    }
+    if (count_ > capacity) count_ = 0;
+  }
 
   /// Replaces the index set (checked on the host first; on error nothing changes).
   void set_indices(const select::given_indices& policy, std::span<const std::uint32_t> indices) {
-    check_given_indices(indices, n_, policy.max_count);
+    check_given_indices(indices, n_, policy.max_selected(n_));
     backend_.to_device(indices.data(), indices.size(), given_.data());
     count_ = indices.size();
   }

@@ -431,8 +431,7 @@ class sampled_threshold_selection {
     if (still(be, &threshold_search::searching)) {
       be.for_each(plan.size, gather_strided{acc, plan.offset, plan.stride, sample_.data()});
       const std::size_t m = plan.size;
-      const auto r = std::clamp<std::size_t>(static_cast<std::size_t>(std::ceil(static_cast<double>(m) * policy.density)),
-                                             1, m);
+      const std::size_t r = entries_at_density(policy.density, m);
       radix_select(be, m, sample_key{sample_.data()}, while_searching{}, magnitude_digits, r);
       be.for_each(1, settle_sample{s});
       collect<while_searching>(be, acc, sample_slot);

@@ -85,7 +85,11 @@ class state_writer {
 /// until it copies the arrays out.
 class state_reader {
  public:
-  state_reader(std::istream& in, const std::string& signature, std::uint64_t n, std::size_t arrays) : in_(in) {
+  /// `record_size`, where the record is all the caller has (not a stream that goes on):
+  /// its size, which the record must fill exactly.
+  state_reader(std::istream& in, const std::string& signature, std::uint64_t n, std::size_t arrays,
+               std::size_t record_size = 0)
+      : in_(in) {
     require(get<std::uint32_t>() == state_magic, errc::corrupt_message,
             "load_state: the stream does not start with a gradcomp state record");
     const auto version = get<std::uint16_t>();
@@ -135,6 +139,8 @@ class state_reader {
     }
     const std::uint32_t crc = crc32c(seen_.data(), seen_.size());
     require(get<std::uint32_t>() == crc, errc::corrupt_message, "load_state: the record's checksum does not match");
+    require(record_size == 0 || record_size == seen_.size(), errc::corrupt_message, "load_state: ",
+            record_size - seen_.size(), " bytes follow the ", seen_.size(), "-byte record");
   }
 
   [[nodiscard]] std::uint64_t step() const noexcept { return step_; }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gradcomp/config.hpp>
+#include <gradcomp/detail/density.hpp>
 #include <gradcomp/error.hpp>
 
 #include <algorithm>
@@ -13,7 +14,8 @@
 GRADCOMP_NAMESPACE_BEGIN
 namespace select {
 
-/// Sends the k entries of largest |acc|, k = clamp(ceil(density * n), 1, n) or `count`.
+/// Sends the k entries of largest |acc|, k = `count`, or the entries `density` names of n
+/// (detail::entries_at_density: ceil(density * n) for the decimal density meant, in [1, n]).
 /// Ties at the boundary go to the lower index, so exactly k are chosen; indices ascend.
 /// Set exactly one of `density` and `count`.
 struct exact_topk {
@@ -40,8 +42,7 @@ struct exact_topk {
   /// Entries selected for a tensor of n elements.
   [[nodiscard]] std::size_t k(std::size_t n) const {
     if (count != 0) return count;
-    const double want = std::ceil(density * static_cast<double>(n));
-    return std::clamp<std::size_t>(static_cast<std::size_t>(want), 1, n);
+    return detail::entries_at_density(density, n);
   }
 
   /// The most entries a step of a tensor of n elements can select.

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gradcomp/config.hpp>
+#include <gradcomp/detail/density.hpp>
 #include <gradcomp/error.hpp>
 
 #include <cstddef>
@@ -13,19 +14,34 @@ namespace select {
 
 /// Sends the indices last passed to compressor::set_indices (none until then); the set
 /// stays in force until replaced. set_indices checks that they ascend strictly, are
-/// below n, and number at most `max_count`.
+/// below n, and number at most max_selected(n): `max_count`, or the entries `density`
+/// names (as exact_topk counts them, so that a ScaleCom leader's top-k fits). Set
+/// exactly one of the two; with a density, compressor::set_density changes the capacity
+/// (and drops a set that no longer fits).
 struct given_indices {
   std::size_t max_count = 0;  ///< capacity, in [1, n]
+  double density = 0.0;       ///< capacity as a fraction of n, in (0, 1]
 
   /// The policy's name, as checkpoints and messages of errors record it.
   [[nodiscard]] std::string name() const { return "given_indices"; }
-  /// \throws gradcomp::error if max_count is outside [1, n].
+  /// \throws gradcomp::error unless exactly one of max_count (in [1, n]) and density
+  ///         (in (0, 1]) is set.
   void validate(std::size_t n) const {
-    detail::require(max_count >= 1 && max_count <= n, errc::invalid_argument, "given_indices: max_count must be in [1, n = ",
-                    n, "], got ", max_count);
+    detail::require(!(density != 0.0 && max_count != 0), errc::invalid_argument,
+                    "given_indices: set density or max_count, not both (density = ", density, ", max_count = ",
+                    max_count, ")");
+    if (max_count != 0) {
+      detail::require(max_count <= n, errc::invalid_argument, "given_indices: max_count must be in [1, n = ", n,
+                      "], got ", max_count);
+    } else {
+      detail::require(density > 0.0 && density <= 1.0, errc::invalid_argument,
+                      "given_indices: density must be in (0, 1], got ", density);
+    }
   }
   /// The most entries a step of a tensor of n elements can select.
-  [[nodiscard]] std::size_t max_selected(std::size_t /*n*/) const { return max_count; }
+  [[nodiscard]] std::size_t max_selected(std::size_t n) const {
+    return density != 0.0 ? detail::entries_at_density(density, n) : max_count;
+  }
 };
 
 }  // namespace select

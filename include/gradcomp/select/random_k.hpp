@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gradcomp/config.hpp>
+#include <gradcomp/detail/density.hpp>
 #include <gradcomp/error.hpp>
 
 #include <algorithm>
@@ -30,10 +31,9 @@ struct random_k {
     detail::require(density > 0.0 && density <= 1.0, errc::invalid_argument,
                     "random_k: density must be in (0, 1], got ", density);
   }
-  /// Entries targeted for a tensor of n elements: clamp(ceil(density * n), 1, n).
-  [[nodiscard]] std::size_t k(std::size_t n) const {
-    return std::clamp<std::size_t>(static_cast<std::size_t>(std::ceil(density * static_cast<double>(n))), 1, n);
-  }
+  /// Entries targeted for a tensor of n elements: those `density` names
+  /// (detail::entries_at_density: ceil(density * n) for the decimal density meant).
+  [[nodiscard]] std::size_t k(std::size_t n) const { return detail::entries_at_density(density, n); }
   /// The most entries a step of a tensor of n elements can select.
   [[nodiscard]] std::size_t max_selected(std::size_t n) const { return k(n); }
   /// Factor on the values sent: n / k when unbiased, else 1.

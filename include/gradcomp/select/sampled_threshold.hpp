@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gradcomp/config.hpp>
+#include <gradcomp/detail/density.hpp>
 #include <gradcomp/error.hpp>
 
 #include <algorithm>
@@ -54,10 +55,9 @@ struct sampled_threshold {
                     max_iters);
   }
 
-  /// Entries targeted for a tensor of n elements: clamp(ceil(density * n), 1, n).
-  [[nodiscard]] std::size_t k(std::size_t n) const {
-    return std::clamp<std::size_t>(static_cast<std::size_t>(std::ceil(density * static_cast<double>(n))), 1, n);
-  }
+  /// Entries targeted for a tensor of n elements: those `density` names
+  /// (detail::entries_at_density: ceil(density * n) for the decimal density meant).
+  [[nodiscard]] std::size_t k(std::size_t n) const { return detail::entries_at_density(density, n); }
   /// Sample size m (>= n means: select exactly).
   [[nodiscard]] std::size_t sample_size(std::size_t n) const {
     const auto by_ratio = static_cast<std::size_t>(std::ceil(static_cast<double>(n) * sample_ratio));

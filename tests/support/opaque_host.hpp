@@ -1,0 +1,20 @@
+// opaque_host: backend::host declaring its memory unreadable by the host, as a device's
+// is. The generic algorithms then take the path they take on backend::cuda (every phase
+// queued, guarded by what the backend's memory says; passes over the capacity; copies
+// through to_host), which the CPU tests thus run before a GPU does.
+#pragma once
+
+#include <gradcomp/backend/host.hpp>
+#include <gradcomp/memory.hpp>
+
+struct opaque_host : gradcomp::backend::host {
+  static constexpr bool host_accessible = false;
+  using memory = gradcomp::device_memory;
+
+  /// backend::host's resolved(), keeping this type.
+  [[nodiscard]] opaque_host resolved(const char* who) const {
+    opaque_host settled = *this;
+    settled.threads = host::resolved(who).threads;
+    return settled;
+  }
+};
