@@ -11,7 +11,7 @@ from torch.utils import cpp_extension
 root = os.path.dirname(os.path.abspath(__file__))
 csrc = os.path.join("python", "csrc")
 selectors = ["exact_topk", "sampled_threshold", "chunk_local", "random_k", "threshold", "given_indices"]
-sources = [os.path.join(csrc, f) for f in ("module.cpp", "options.cpp")]
+sources = [os.path.join(csrc, f) for f in ("module.cpp", "process_group.cpp", "options.cpp")]
 sources += [os.path.join(csrc, "host", f"{s}.cpp") for s in selectors + ["factory"]]
 
 import torch  # noqa: E402

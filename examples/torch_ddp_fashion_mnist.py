@@ -140,9 +140,12 @@ def train(rank, world, init, method, args, results):
             optimizer.zero_grad()
             loss = torch.nn.functional.cross_entropy(net(x[idx]), y[idx])
             traffic.bytes, traffic.counting = 0, True
+            sent_before = state.bytes_sent if isinstance(state, gddp.State) else 0
             steps_times.clear()
             loss.backward()
             traffic.counting = False
+            if isinstance(state, gddp.State):  # gradcomp's collectives run in C++: the hook counts them
+                traffic.bytes += state.bytes_sent - sent_before
             optimizer.step()
             if step >= start_iter and (method != "dgc" or step >= steps_per_epoch):
                 per_step_time.append(sum(steps_times))
@@ -166,9 +169,7 @@ def train(rank, world, init, method, args, results):
             "steps": step,
         }
     dist.barrier()
-    # Leave without tearing DDP and the process group down: torch 1.13's gloo can
-    # deadlock there (its worker thread waits for the GIL the exiting thread holds).
-    os._exit(0)
+    dist.destroy_process_group()
 
 
 def main():

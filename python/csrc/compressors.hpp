@@ -56,12 +56,10 @@ inline gc::select::threshold read_selector(options& o, std::size_t) {
   return {.tau = static_cast<float>(o.number("tau", 0.0))};
 }
 template <>
-inline gc::select::given_indices read_selector(options& o, std::size_t n) {
+inline gc::select::given_indices read_selector(options& o, std::size_t) {
   // max_count, or as many as exact_topk would choose at `density`.
   if (o.has("max_count")) return {.max_count = o.size("max_count", 0)};
-  const gc::select::exact_topk at{.density = o.number("density", 0.001)};
-  at.validate(n);
-  return {.max_count = at.k(n)};
+  return {.density = o.number("density", 0.001)};
 }
 
 inline gc::encode::index_value read_encoder(options& o) {
@@ -109,8 +107,9 @@ struct backend_ops;
 
 template <>
 struct backend_ops<gc::backend::host> {
-  /// The host has no streams: a call runs on the compressor's own threads.
-  static gc::backend::host on(const gc::backend::host& be, void*) { return be; }
+  /// The host has no streams: a call runs on the calling thread's OpenMP default (what
+  /// torch.set_num_threads set), at most the threads the compressor was made with.
+  static gc::backend::host on(const gc::backend::host&, void*) { return gc::backend::host{}; }
   static void copy(const gc::backend::host&, const void* from, void* to, std::size_t bytes) {
     if (bytes != 0) std::memcpy(to, from, bytes);
   }
@@ -181,8 +180,7 @@ class model final : public any_compressor {
     return out.str();
   }
   void load_state(const std::string& record) override {
-    std::istringstream in(record);
-    c_.load_state(in);
+    c_.load_state(std::span<const std::byte>(reinterpret_cast<const std::byte*>(record.data()), record.size()));
   }
   std::size_t state_arrays() const override { return Compressor::corrector_type::state_arrays; }
   std::vector<float> corrector_state(std::size_t a) const override {

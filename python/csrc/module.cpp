@@ -1,10 +1,12 @@
 // gradcomp._C: the compressor, decode and accumulate on torch tensors, the collectives of
-// the DDP hook, and the schedules. Tensors are checked here (dtype, shape, layout,
-// device) and every gradcomp::error becomes the Python exception of its code
-// (gradcomp.errors), with the same message.
+// the DDP hook, and the schedules. Tensors are checked here (tensors.hpp: dtype, shape,
+// layout, device, autograd) and every gradcomp::error becomes the Python exception of its
+// code (gradcomp.errors), with the same message.
 #include <torch/extension.h>
 
 #include "api.hpp"
+#include "process_group.hpp"
+#include "tensors.hpp"
 
 #include <gradcomp/detail/collective_checks.hpp>
 #include <gradcomp/message.hpp>
@@ -19,7 +21,11 @@
 #include <gradcomp/backend/device_allocator.hpp>
 #endif
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <string_view>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -29,50 +35,14 @@
 namespace py = pybind11;
 namespace gc = gradcomp;
 using gradcomp_py::any_compressor;
+using gradcomp_py::check_gradient;
+using gradcomp_py::check_tensor;
+using gradcomp_py::describe;
+using gradcomp_py::invalid;
+using gradcomp_py::values_of;
 using gradcomp_py::written;
 
 namespace {
-
-template <class... Parts>
-[[noreturn]] void invalid(Parts&&... parts) {
-  gc::detail::fail(gc::errc::invalid_argument, std::forward<Parts>(parts)...);
-}
-
-std::string describe(const torch::Tensor& t) {
-  std::ostringstream out;
-  out << t.scalar_type() << " tensor of shape " << t.sizes() << " on " << t.device();
-  return out.str();
-}
-
-/// A 1-D contiguous tensor of `dtype` on `device` (of `numel` elements unless < 0).
-void check_tensor(const char* who, const char* name, const torch::Tensor& t, torch::ScalarType dtype,
-                  const torch::Device& device, std::int64_t numel = -1) {
-  if (!t.defined()) invalid(who, ": ", name, " is undefined");
-  if (t.scalar_type() != dtype) {
-    invalid(who, ": ", name, " must be a ", dtype, " tensor, got a ", describe(t),
-            dtype == torch::kFloat && t.is_floating_point() ? " (convert it with .float())" : "");
-  }
-  if (t.dim() != 1) invalid(who, ": ", name, " must be 1-D, got a ", describe(t), " (flatten it with .view(-1))");
-  if (!t.is_contiguous()) invalid(who, ": ", name, " must be contiguous (call .contiguous())");
-  if (t.device() != device) invalid(who, ": ", name, " is on ", t.device(), ", expected ", device);
-  if (numel >= 0 && t.numel() != numel) invalid(who, ": ", name, " has ", t.numel(), " elements, expected ", numel);
-}
-
-/// A gradient: a 1-D contiguous float32, float16 or bfloat16 tensor of `numel`
-/// elements on `device`. Returns its element type.
-gradcomp_py::element check_gradient(const char* who, const char* name, const torch::Tensor& t,
-                                    const torch::Device& device, std::int64_t numel) {
-  if (!t.defined()) invalid(who, ": ", name, " is undefined");
-  const torch::ScalarType type = t.scalar_type();
-  if (type != torch::kFloat && type != torch::kHalf && type != torch::kBFloat16) {
-    invalid(who, ": ", name, " must be a float32, float16 or bfloat16 tensor, got a ", describe(t),
-            t.is_floating_point() ? " (convert it with .float())" : "");
-  }
-  check_tensor(who, name, t, type, device, numel);
-  return type == torch::kHalf ? gradcomp_py::element::f16
-         : type == torch::kBFloat16 ? gradcomp_py::element::bf16
-                                     : gradcomp_py::element::f32;
-}
 
 std::span<const std::byte> bytes_of(const torch::Tensor& t) {
   return {reinterpret_cast<const std::byte*>(t.data_ptr<std::uint8_t>()), static_cast<std::size_t>(t.numel())};
@@ -85,7 +55,11 @@ gradcomp_py::options options_of(const py::dict& kwargs) {
     if (py::isinstance<py::bool_>(value)) {
       o.set(name, value.cast<bool>());
     } else if (py::isinstance<py::int_>(value)) {
-      o.set(name, value.cast<std::int64_t>());
+      try {
+        o.set(name, value.cast<std::int64_t>());
+      } catch (const py::cast_error&) {
+        invalid("option ", name, " = ", py::str(value).cast<std::string>(), " does not fit a 64-bit integer");
+      }
     } else if (py::isinstance<py::float_>(value)) {
       o.set(name, value.cast<double>());
     } else if (py::isinstance<py::str>(value)) {
@@ -200,84 +174,14 @@ class call_order {
 };
 #endif
 
-// -- a transport: torch.distributed's collectives, called back through Python --------------
-
-/// The collectives of `t` (a gradcomp.torch.ddp transport) on the memory of a compressor
-/// on `device`. Device arrays are handed to Python only once the compressor's `stream`
-/// has written them, and handed back once torch's current stream (on which Python
-/// queued the collective and its copies) has finished with them. They are called with
-/// the GIL released (compressor_handle::exclusive) and take it for Python's part only;
-/// the transport itself is made, copied and destroyed with the GIL held.
-gradcomp_py::transport transport_of(const py::object& t, const torch::Device& device, void* stream) {
-  gradcomp_py::transport out;
-  out.rank = t.attr("rank").cast<int>();
-  out.size = t.attr("size").cast<int>();
-  out.all_gather = [t](std::span<const std::byte> mine, std::span<std::byte> all) {
-    const torch::Tensor send = torch::from_blob(const_cast<std::byte*>(mine.data()),
-                                                {static_cast<std::int64_t>(mine.size())}, torch::kUInt8)
-                                   .clone();
-    torch::Tensor got;
-    {
-      py::gil_scoped_acquire held;
-      got = t.attr("all_gather")(send).cast<torch::Tensor>();
-    }
-    got = got.to(torch::kCPU).contiguous();
-    if (got.scalar_type() != torch::kUInt8 || static_cast<std::size_t>(got.numel()) != all.size()) {
-      invalid("transport.all_gather returned a ", describe(got), ", expected ", all.size(), " bytes");
-    }
-    std::memcpy(all.data(), got.data_ptr<std::uint8_t>(), all.size());
-  };
-  const auto options = torch::TensorOptions().device(device);
-  const auto in_order = [device, stream](auto&& call) {
-#if defined(GRADCOMP_PY_CUDA)
-    if (device.is_cuda()) {
-      const cudaError_t synced = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
-      if (synced != cudaSuccess) {
-        gc::detail::fail(gc::errc::device, "cudaStreamSynchronize failed: ", cudaGetErrorString(synced));
-      }
-      call();
-      at::cuda::getCurrentCUDAStream().synchronize();
-      return;
-    }
-#endif
-    (void)device;
-    (void)stream;
-    call();
-  };
-  out.broadcast = [t, options, in_order](std::span<std::uint32_t> data, int root) {
-    if (data.empty()) return;
-    in_order([&] {
-      py::gil_scoped_acquire held;
-      t.attr("broadcast")(
-          torch::from_blob(data.data(), {static_cast<std::int64_t>(data.size())}, options.dtype(torch::kInt32)), root);
-    });
-  };
-  out.reduce_broadcast = [t, options, in_order](std::span<float> values, int root) {
-    if (values.empty()) return;
-    in_order([&] {
-      py::gil_scoped_acquire held;
-      t.attr("reduce_broadcast")(
-          torch::from_blob(values.data(), {static_cast<std::int64_t>(values.size())}, options.dtype(torch::kFloat)),
-          root);
-    });
-  };
-  return out;
-}
-
-/// detail::agree's view of a transport (host memory only).
-struct agreement_comm {
-  gradcomp_py::transport& t;
-  [[nodiscard]] int rank() const noexcept { return t.rank; }
-  [[nodiscard]] int size() const noexcept { return t.size; }
-  void all_gather(std::span<const std::byte> mine, std::span<std::byte> all) { t.all_gather(mine, all); }
-};
+void add_message(const torch::Tensor& message, torch::Tensor& dense, float scale);  // below, with accumulate
 
 // -- the compressor ----------------------------------------------------------------------------
 
 class compressor_handle {
  public:
   compressor_handle(std::int64_t numel, const std::string& method, const py::dict& kwargs, const torch::Device& device)
-      : device_(device) {
+      : device_(device.is_cpu() ? torch::Device(torch::kCPU) : device) {  // cpu:0 is the cpu tensors' device
     if (numel < 1) invalid("Compressor: numel must be >= 1, got ", numel);
     gradcomp_py::options o = options_of(kwargs);
     py::gil_scoped_release unlocked;  // allocating (and on CUDA zeroing) n floats a few times
@@ -299,8 +203,8 @@ class compressor_handle {
   }
 
   /// Runs `work()` with the GIL released and no other call of this compressor running:
-  /// Python threads may share a compressor, and none waits for the GPU holding the GIL.
-  /// Work that calls back into Python (a transport's collectives) takes the GIL there.
+  /// Python threads may share a compressor, and none waits for the GPU or a collective
+  /// holding the GIL (the collectives run in C++, process_group.hpp).
   template <class Work>
   decltype(auto) exclusive(Work&& work) {
     py::gil_scoped_release unlocked;  // before the lock: a thread holding the lock may need the GIL
@@ -320,7 +224,7 @@ class compressor_handle {
     return exclusive([&] {
       const auto type = check_gradient(staged ? "stage" : "compress", "grad", grad, device_, numel());
       torch::Tensor out = message_buffer();
-      const written w = run(grad, type, out, staged);
+      const written w = run(values_of(grad), type, out, staged);
       return compact(out, w.bytes);
     });
   }
@@ -334,8 +238,9 @@ class compressor_handle {
   torch::Tensor preview(const torch::Tensor& grad) {
     return exclusive([&] {
       const auto type = check_gradient("preview", "grad", grad, device_, numel());
+      const torch::Tensor values = values_of(grad);
       torch::Tensor out = torch::empty({numel()}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
-      on_current_stream([&](void* stream) { c_->preview(stream, grad.data_ptr(), type, out.data_ptr<float>()); });
+      on_current_stream([&](void* stream) { c_->preview(stream, values.data_ptr(), type, out.data_ptr<float>()); });
       return out;
     });
   }
@@ -348,7 +253,12 @@ class compressor_handle {
     exclusive([&] { on_own_stream([&] { c_->set_density(d); }); });
   }
   void set_indices(const torch::Tensor& indices) {
-    const torch::Tensor i = indices.to(torch::kCPU, torch::kLong).contiguous().view(-1);
+    if (!indices.defined() || indices.layout() != torch::kStrided || indices.dim() != 1 ||
+        !c10::isIntegralType(indices.scalar_type(), /*includeBool=*/false)) {
+      invalid("set_indices: indices must be a 1-D tensor of integers, got a ",
+              indices.defined() ? describe(indices) : std::string("undefined tensor"));
+    }
+    const torch::Tensor i = values_of(indices).to(torch::kCPU, torch::kLong).contiguous();
     std::vector<std::uint32_t> values(static_cast<std::size_t>(i.numel()));
     const auto* p = i.data_ptr<std::int64_t>();
     for (std::size_t j = 0; j < values.size(); ++j) {
@@ -378,31 +288,61 @@ class compressor_handle {
     });
   }
 
-  /// stage() on every rank, agreed over `transport` before any rank may accept: the
-  /// ranks' grad checks and steps, and `settings` (plus the policies) must agree, else
-  /// every rank raises the same error and none has anything staged. Returns this rank's
-  /// message and every rank's message size.
-  py::tuple stage_agreed(const py::object& transport, const torch::Tensor& grad, const std::string& who,
-                         const std::vector<std::pair<std::string, std::int64_t>>& settings) {
-    gradcomp_py::transport t = transport_of(transport, device_, c_->stream());
-    agreement_comm comm{t};
+  /// One step of a DDP bucket over `group` (gradcomp.torch.ddp's hook, every method but
+  /// scalecom): every rank stages `grad` and reports its verdict (or `error`, met before
+  /// the call), `settings` and the policies in one agreement, so that every rank raises
+  /// the same error or none does; then the messages, padded to the longest, are
+  /// all-gathered, every rank checks and adds each one times `scale` to `mean` (the same
+  /// bytes everywhere, so the same outcome everywhere), and only then accepts its step.
+  /// Returns the bytes this rank put into the collectives.
+  std::uint64_t exchange(const py::object& group, const torch::Tensor& grad, torch::Tensor& mean, double scale,
+                         const std::string& who, const std::vector<gradcomp_py::named_value>& settings,
+                         const gradcomp_py::reported_error& error) {
+    gradcomp_py::transport t = gradcomp_py::transport_of(group, device_, c_->stream());
     std::vector<gc::detail::setting> shared;
-    for (const auto& [name, value] : settings) shared.push_back({name.c_str(), static_cast<std::uint64_t>(value)});
-    const std::string policies = signature();
-    shared.push_back({"the policies", gc::detail::fingerprint().add(policies).value()});
-    torch::Tensor out;
-    std::size_t bytes = 0;
-    const std::vector<std::uint64_t> sizes = exclusive([&] {
-      return gc::detail::agree(comm, who.c_str(), shared, [&]() -> std::uint64_t {
+    for (const auto& [name, value] : settings) shared.emplace_back(name, value);
+    shared.emplace_back("the policies", signature());
+    exclusive([&] {
+      gradcomp_py::agreement_comm comm{t};
+      torch::Tensor out;
+      const std::vector<std::uint64_t> sizes = gc::detail::agree(comm, who.c_str(), shared, [&]() -> std::uint64_t {
+        gradcomp_py::rethrow(error);
         const auto type = check_gradient(who.c_str(), "the bucket", grad, device_, numel());
+        check_tensor(who.c_str(), "mean", mean, torch::kFloat, device_, numel());
         out = message_buffer();
-        bytes = run(grad, type, out, true).bytes;
-        return bytes;
+        return run(values_of(grad), type, out, true).bytes;
       });
+      // The ranks agreed on n, the policies and their parameters, so no message of theirs
+      // outgrows this rank's capacity: a size above it is a broken peer's, refused alike
+      // on every rank (each reads the same sizes).
+      const auto capacity = static_cast<std::uint64_t>(message_capacity());
+      std::uint64_t longest = 0;
+      for (std::size_t r = 0; r < sizes.size(); ++r) {
+        gc::detail::require(sizes[r] <= capacity, gc::errc::corrupt_message, who, ": rank ", r, " reported a message of ",
+                            sizes[r], " bytes, more than the ", capacity, " its policies can write");
+        longest = std::max(longest, sizes[r]);
+      }
+      const auto mine = static_cast<std::int64_t>(sizes[static_cast<std::size_t>(t.rank)]);
+      std::vector<std::byte> padded(static_cast<std::size_t>(longest), std::byte{0});
+      const torch::Tensor message = out.narrow(0, 0, mine).to(torch::kCPU);
+      std::memcpy(padded.data(), message.data_ptr<std::uint8_t>(), static_cast<std::size_t>(mine));
+      std::vector<std::byte> all(sizes.size() * padded.size());
+      t.all_gather(padded, all);
+      const torch::Tensor gathered =
+          torch::from_blob(all.data(), {static_cast<std::int64_t>(all.size())}, torch::kUInt8).to(device_);
+      for (std::size_t r = 0; r < sizes.size(); ++r) {
+        const torch::Tensor theirs = gathered.narrow(0, static_cast<std::int64_t>(r * padded.size()),
+                                                     static_cast<std::int64_t>(sizes[r]));
+        try {
+          add_message(theirs, mean, static_cast<float>(scale));
+        } catch (const gc::error& e) {
+          gc::detail::fail(e.code(), std::string_view(e.what()).substr(std::strlen("gradcomp: ")), " (the message of rank ",
+                           r, " of ", sizes.size(), ")");
+        }
+      }
+      c_->accept_staged();
     });
-    py::list all;
-    for (const auto s : sizes) all.append(py::int_(s));
-    return py::make_tuple(compact(out, bytes), all);
+    return *t.sent;
   }
 
   gradcomp_py::any_compressor& impl() { return *c_; }
@@ -468,13 +408,18 @@ class compressor_handle {
 
 class cyclic_handle {
  public:
-  cyclic_handle(compressor_handle& c, const py::object& transport, double leader_density)
-      : c_(c), x_(c.impl().cyclic(transport_of(transport, c.device(), c.impl().stream()), leader_density)) {}
+  cyclic_handle(compressor_handle& c, const py::object& group, double leader_density)
+      : cyclic_handle(c, gradcomp_py::transport_of(group, c.device(), c.impl().stream()), leader_density) {}
 
-  torch::Tensor step(const torch::Tensor& grad, torch::Tensor& dense, double scale) {
-    // Shapes are the compressor's to check, inside the exchange (every rank alike).
-    check_tensor("cyclic step", "grad", grad, torch::kFloat, c_.device());
+  /// Bytes this rank has put into the exchange's collectives.
+  std::uint64_t bytes_sent() const { return *sent_; }
+
+  torch::Tensor step(const torch::Tensor& grad_in, torch::Tensor& dense, double scale) {
+    // Sizes are the compressor's to check, inside the exchange (every rank alike).
+    check_tensor("cyclic step", "grad", grad_in, torch::kFloat, c_.device());
     check_tensor("cyclic step", "dense", dense, torch::kFloat, c_.device());
+    gradcomp_py::check_written("cyclic step", "dense", dense);
+    const torch::Tensor grad = values_of(grad_in);
     return c_.exclusive([&] {
       torch::Tensor out = c_.message_buffer();
       written w;
@@ -488,7 +433,11 @@ class cyclic_handle {
   }
 
  private:
+  cyclic_handle(compressor_handle& c, gradcomp_py::transport t, double leader_density)
+      : c_(c), sent_(t.sent), x_(c.impl().cyclic(std::move(t), leader_density)) {}
+
   compressor_handle& c_;
+  std::shared_ptr<std::uint64_t> sent_;
   std::unique_ptr<gradcomp_py::cyclic_exchange> x_;
 };
 
@@ -516,9 +465,9 @@ device_accumulate& accumulate_on(int device) {
 }
 #endif
 
-py::tuple decode(const torch::Tensor& message) {
-  check_tensor("decode", "message", message, torch::kUInt8, message.device());
-  const torch::Tensor host = message.to(torch::kCPU);
+py::tuple decode(const torch::Tensor& message_in) {
+  check_tensor("decode", "message", message_in, torch::kUInt8, message_in.device());
+  const torch::Tensor host = values_of(message_in).to(torch::kCPU);
   gc::sparse_vector s;
   {
     py::gil_scoped_release unlocked;
@@ -528,32 +477,43 @@ py::tuple decode(const torch::Tensor& message) {
   auto* ip = indices.data_ptr<std::int64_t>();
   for (std::size_t j = 0; j < s.indices.size(); ++j) ip[j] = s.indices[j];
   torch::Tensor values = torch::tensor(at::ArrayRef<float>(s.values), torch::kFloat);
-  return py::make_tuple(indices.to(message.device()), values.to(message.device()), py::int_(s.n));
+  return py::make_tuple(indices.to(message_in.device()), values.to(message_in.device()), py::int_(s.n));
 }
 
-void accumulate(const torch::Tensor& message, torch::Tensor& dense, double scale) {
-  check_tensor("accumulate", "message", message, torch::kUInt8, message.device());
-  check_tensor("accumulate", "dense", dense, torch::kFloat, message.device());
+/// dense += scale * the entries of `message` (checked tensors on one device), with the
+/// GIL released by the caller.
+void add_message(const torch::Tensor& message, torch::Tensor& dense, float scale) {
   if (message.is_cpu()) {
-    py::gil_scoped_release unlocked;
     gc::accumulate(gc::backend::host{}, bytes_of(message),
-                   std::span<float>(dense.data_ptr<float>(), static_cast<std::size_t>(dense.numel())),
-                   static_cast<float>(scale));
+                   std::span<float>(dense.data_ptr<float>(), static_cast<std::size_t>(dense.numel())), scale);
     return;
   }
 #if defined(GRADCOMP_PY_CUDA)
   const int device = message.device().index();
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-  py::gil_scoped_release unlocked;  // before the locks: a thread holding one never waits for the GIL
   device_accumulate& on = accumulate_on(device);
   const std::lock_guard<std::mutex> lock(on.busy);
   on.order.run_on_current([&](void* stream) {
-    on.add->add(stream, bytes_of(message), dense.data_ptr<float>(), static_cast<std::size_t>(dense.numel()),
-                static_cast<float>(scale));
+    on.add->add(stream, bytes_of(message), dense.data_ptr<float>(), static_cast<std::size_t>(dense.numel()), scale);
   });
 #else
   invalid("accumulate: this build of gradcomp has no CUDA support");
 #endif
+}
+
+void accumulate(const torch::Tensor& message, torch::Tensor& dense, double scale) {
+  check_tensor("accumulate", "message", message, torch::kUInt8, message.device());
+  check_tensor("accumulate", "dense", dense, torch::kFloat, message.device());
+  gradcomp_py::check_written("accumulate", "dense", dense);
+  if (!(std::fabs(scale) <= static_cast<double>(std::numeric_limits<float>::max()))) {
+    invalid("accumulate: scale must be a finite float32, got ", scale);
+  }
+  const torch::Tensor bytes = values_of(message);
+  {
+    py::gil_scoped_release unlocked;
+    add_message(bytes, dense, static_cast<float>(scale));
+  }
+  gradcomp_py::bump_version(dense);
 }
 
 // -- errors ------------------------------------------------------------------------------------
@@ -613,13 +573,15 @@ PYBIND11_MODULE(_C, m) {
       .def("save_state", &compressor_handle::save_state)
       .def("load_state", &compressor_handle::load_state)
       .def("corrector_state", &compressor_handle::corrector_state)
-      .def("stage_agreed", &compressor_handle::stage_agreed);
+      .def("exchange", &compressor_handle::exchange);
 
   py::class_<cyclic_handle>(m, "CyclicExchange")
       .def(py::init<compressor_handle&, const py::object&, double>(), py::keep_alive<1, 2>())
-      .def("step", &cyclic_handle::step);
+      .def("step", &cyclic_handle::step)
+      .def_property_readonly("bytes_sent", &cyclic_handle::bytes_sent);
 
   m.def("decode", &decode, py::arg("message"));
+  m.def("agree", &gradcomp_py::agree, py::arg("group"), py::arg("who"), py::arg("settings"), py::arg("error"));
   m.def("accumulate", &accumulate, py::arg("message"), py::arg("dense"), py::arg("scale") = 1.0);
 
   m.def(

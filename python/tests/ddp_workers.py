@@ -1,14 +1,13 @@
 """What each rank of the DDP tests runs (in a spawned process; see test_ddp.py)."""
 import io
 import os
-import sys
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 import gradcomp
-from gradcomp.torch import ddp
+from gradcomp.torch import Compressor, accumulate, ddp
 
 import reference
 
@@ -214,7 +213,152 @@ def check_cuda_buckets(rank, world):
             torch.testing.assert_close(got.cpu(), want, rtol=1e-6, atol=1e-7)
 
 
+def raises_alike(call, error, text):
+    """``call()`` raises ``error`` with the text ``text`` on this rank, and every rank's
+    text is the same."""
+    try:
+        call()
+    except error as e:
+        got = str(e)
+    else:
+        raise AssertionError(f"no {error.__name__} was raised (expected {text!r})")
+    assert got == text, got
+    texts = [None] * dist.get_world_size()
+    dist.all_gather_object(texts, got)
+    assert all(t == got for t in texts), texts
+
+
+def memory_of(state):
+    return {i: c.state_dict()["state"].clone() for i, c in state.compressors.items()}
+
+
+def check_disagreeing_ranks(rank, world):
+    """Ranks configured differently, or a rank that fails before the exchange, make every
+    rank raise the same error naming what differs (or the rank where it started), with no
+    memory changed and no rank left waiting; the hook goes on after."""
+    n = 1000
+    last = world - 1
+
+    def two_states(mine, others, steps=1, start_iter=0):
+        options = mine if rank == last else others
+        state = ddp.State(start_iter=start_iter, **options)
+        for step in range(steps):
+            run_hook(state, rank, step, n)
+        return state
+
+    cases = [
+        ({"density": 0.3}, {"density": 0.1}, "option density", "0.1", "0.3"),
+        ({"method": "dgc", "momentum": 0.5}, {"method": "dgc", "momentum": 0.9}, "option momentum", "0.9", "0.5"),
+        ({"method": "scalecom"}, {"method": "topk_ef"}, "the method", "topk_ef", "scalecom"),
+        ({"method": "topk_ef"}, {"method": "scalecom"}, "the method", "scalecom", "topk_ef"),
+    ]
+    for mine, others, name, first, theirs in cases:
+        state = ddp.State(start_iter=0, **(mine if rank == last else others))
+        raises_alike(lambda: run_hook(state, rank, 0, n), gradcomp.InvalidArgumentError,
+                     f"gradcomp: ddp hook: ranks disagree on {name}: rank 0 has {first}, rank {last} has {theirs}")
+        assert state.compressors == {} or all(c.step == 0 for c in state.compressors.values())
+
+    # set_density on one rank only, after steps: refused, nothing changes; then all agree again.
+    state = two_states({"density": 0.05}, {"density": 0.05}, steps=2)
+    if rank == last:
+        state.set_density(0.02)
+    before = memory_of(state)
+    raises_alike(lambda: run_hook(state, rank, 2, n), gradcomp.InvalidArgumentError,
+                 f"gradcomp: ddp hook: ranks disagree on option density: rank 0 has 0.05, rank {last} has 0.02")
+    assert all(torch.equal(memory_of(state)[i], before[i]) for i in before)
+    state.set_density(0.02)
+    run_hook(state, rank, 2, n)
+
+    # start_iter: one rank would all-reduce densely, another compress (at iteration 1):
+    # the dense steps agree too, so the first step already tells.
+    state = ddp.State(density=0.05, start_iter=1 if rank == 0 else 2)
+    raises_alike(lambda: run_hook(state, rank, 0, n), gradcomp.InvalidArgumentError,
+                 "gradcomp: ddp hook: ranks disagree on start_iter: rank 0 has 1, rank 1 has 2")
+
+    # Buckets of other sizes, before any compressor exists.
+    state = ddp.State(density=0.05, start_iter=0)
+    size = n + 1 if rank == 0 else n
+    raises_alike(lambda: ddp.hook(state, Bucket(grad_of(rank, 0, size))), gradcomp.InvalidArgumentError,
+                 f"gradcomp: ddp hook: ranks disagree on the bucket's elements: rank 0 has {n + 1}, rank 1 has {n}")
+
+    # A rank whose checkpoint does not restore fails before the exchange: every rank hears of it.
+    state = two_states({"density": 0.05}, {"density": 0.05}, steps=2)
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    restored = torch.load(buffer)
+    if rank == last:
+        record = restored._saved[0]["state"]
+        record[len(record) // 2] ^= 0x10
+    raises_alike(lambda: run_hook(restored, rank, 2, n), gradcomp.CorruptMessageError,
+                 f"gradcomp: load_state: the record's checksum does not match (rank {last} of {world})")
+    if rank == last:  # no compressor made, the record kept
+        assert restored.compressors == {} and 0 in restored._saved
+    else:  # restored, the step not taken
+        assert restored.compressors[0].step == 2
+
+    # ScaleCom: a NaN on one rank, after the cyclic exchange's first steps.
+    state = ddp.State(method="scalecom", density=0.01, start_iter=0)
+    run_hook(state, rank, 0, n)
+    bad = grad_of(rank, 1, n)
+    if rank == 0:
+        bad[5] = float("nan")
+    before = memory_of(state)
+    raises_alike(lambda: ddp.hook(state, Bucket(bad)), gradcomp.NonFiniteError,
+                 f"gradcomp: preview: grad[5] = nan is not finite (rank 0 of {world})")
+    assert all(torch.equal(memory_of(state)[i], before[i]) for i in before)
+
+
+def simulated_mean(compressors, step, n):
+    """The hook's aggregate written out: every rank's message, in rank order, scaled by 1/W."""
+    want = torch.zeros(n)
+    for r, c in enumerate(compressors):
+        accumulate(c.compress(grad_of(r, step, n)), want, 1.0 / len(compressors))
+    return want
+
+
+def check_every_method(rank, world):
+    """Every method runs from DDP (adacomp and threshold_ef have no density) and its
+    aggregate is every rank's message, added in rank order."""
+    n = 2001
+    for method, options in (("adacomp", {}), ("threshold_ef", {"tau": 1.0}), ("randomk_ef", {"density": 0.02}),
+                            ("dgc", {"density": 0.02, "max_norm": 5.0})):
+        state = ddp.State(method=method, start_iter=0, **options)
+        local = [Compressor(n, method, **options) for _ in range(world)]
+        for step in range(3):
+            assert torch.equal(run_hook(state, rank, step, n), simulated_mean(local, step, n)), (method, step)
+
+
+def check_schedules(rank, world):
+    """set_density reaches every bucket, ScaleCom's included, and survives a resume."""
+    n = 4001
+    # ScaleCom: the leader's k follows the schedule.
+    state = ddp.State(method="scalecom", density=0.01, start_iter=0)
+    for step in range(2):
+        got = run_hook(state, rank, step, n)
+        assert np.count_nonzero(got.numpy()) <= reference.k_for(0.01, n)
+    state.set_density(0.03)
+    got = run_hook(state, rank, 2, n)
+    assert reference.k_for(0.01, n) < np.count_nonzero(got.numpy()) <= reference.k_for(0.03, n)
+    assert state.compressors[0].density == 0.03
+
+    # A resumed State takes a density set after loading, not the checkpoint's.
+    state = ddp.State(method="topk_ef", density=0.05, start_iter=0)
+    run_hook(state, rank, 0, n)
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    restored = torch.load(buffer)
+    restored.set_density(0.01)
+    got = run_hook(restored, rank, 1, n)
+    assert restored.compressors[0].density == 0.01
+    assert np.count_nonzero(got.numpy()) <= world * reference.k_for(0.01, n)
+
+
 SCENARIOS = {
+    "disagree": check_disagreeing_ranks,
+    "methods": check_every_method,
+    "schedules": check_schedules,
     "cuda": check_cuda_buckets,
     "topk": lambda rank, world: check_topk_against_reference(rank, world, 0.01),
     "allreduce": lambda rank, world: check_topk_against_reference(rank, world, 1.0),
@@ -233,9 +377,4 @@ def worker(rank, world, init_file, names):
     for name in names:
         SCENARIOS[name](rank, world)
         dist.barrier()
-    # Every scenario passed. Leave without tearing DDP and the process group down: torch
-    # 1.13's gloo can deadlock there (its worker thread waits for the GIL the exiting
-    # thread holds). A failure raises above and reaches the parent as usual.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    dist.destroy_process_group()

@@ -3,8 +3,16 @@ import numpy as np
 
 
 def k_for(density, n):
-    """k = clamp(ceil(d n), 1, n)."""
-    return int(min(max(int(np.ceil(density * n)), 1), n))
+    """The entries a density names (docs/algorithms.md): the smallest k in [1, n] with
+    k / n >= density, the quotient rounded to double (Python's true division)."""
+    low, high = 1, n
+    while low < high:
+        mid = (low + high) // 2
+        if mid / n >= density:
+            high = mid
+        else:
+            low = mid + 1
+    return low
 
 
 def top_k(x, k):

@@ -21,7 +21,12 @@ def spawn(world, names, tmp_path, timeout=240):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_hook_against_reference(world, tmp_path):
-    spawn(world, ["topk", "allreduce", "nan", "scalecom", "checkpoint", "16-bit"], tmp_path)
+    spawn(world, ["topk", "allreduce", "nan", "scalecom", "checkpoint", "16-bit", "methods", "schedules"], tmp_path)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ranks_that_disagree_or_fail_early_raise_alike_and_nobody_waits(world, tmp_path):
+    spawn(world, ["disagree"], tmp_path)
 
 
 def test_real_ddp_training(tmp_path):

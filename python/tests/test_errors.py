@@ -31,7 +31,12 @@ BAD_GRADS = [
     (lambda: torch.randn(999), gradcomp.InvalidArgumentError, "grad has 999 elements, expected 1000"),
     (lambda: torch.randn(2000)[::2], gradcomp.InvalidArgumentError, "grad must be contiguous"),
     (lambda: torch.randn(10, 100), gradcomp.InvalidArgumentError, "grad must be 1-D"),
-    (lambda: torch.empty(1000, device="meta"), gradcomp.InvalidArgumentError, "grad is on meta, expected cpu"),
+    (lambda: torch.empty(1000, device="meta"), gradcomp.InvalidArgumentError,
+     "grad is on meta; gradcomp reads tensors on cpu and cuda devices"),
+    (lambda: torch.randn(1000).to_sparse(), gradcomp.InvalidArgumentError,
+     r"grad must be a dense \(strided\) tensor, got a Float tensor of shape \[1000\] on cpu \(layout Sparse\)"),
+    (lambda: [0.0] * 1000, gradcomp.InvalidArgumentError, "grad must be a torch.Tensor, got a list"),
+    (lambda: None, gradcomp.InvalidArgumentError, "grad must be a torch.Tensor, got None"),
     (lambda: torch.tensor([float("nan")] + [0.0] * 999), gradcomp.NonFiniteError, r"grad\[0\] = nan is not finite"),
     (lambda: torch.tensor([0.0] * 999 + [float("inf")]), gradcomp.NonFiniteError, r"grad\[999\] = inf is not finite"),
 ]
@@ -122,7 +127,7 @@ def test_accumulate_checks_its_arguments():
     dense = torch.zeros(300)
     with pytest.raises(gradcomp.InvalidArgumentError, match="dense.size\\(\\) = 299 does not match the message's n = 300"):
         accumulate(m, torch.zeros(299))
-    with pytest.raises(gradcomp.InvalidArgumentError, match="scale must be finite"):
+    with pytest.raises(gradcomp.InvalidArgumentError, match="scale must be a finite float32, got inf"):
         accumulate(m, dense, float("inf"))
     with pytest.raises(gradcomp.InvalidArgumentError, match="dense must be a Float tensor"):
         accumulate(m, torch.zeros(300, dtype=torch.float64))

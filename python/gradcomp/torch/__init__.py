@@ -8,9 +8,12 @@ methods are the C++ presets (``topk_ef``, ``dgc``, ``adacomp``, ``randomk_ef``,
 options are the C++ policies' fields under the same names. See docs/torch.md.
 """
 
+import numbers
+
 import torch
 
 from .. import _C
+from .. import _arguments as check
 from ..errors import InvalidArgumentError
 
 __all__ = ["Compressor", "decode", "accumulate", "Warmup", "ratio_plan", "METHODS"]
@@ -24,17 +27,19 @@ _STATE_FORMAT = "gradcomp.torch.Compressor"
 def _flatten(options):
     """Keyword options as the C++ layer reads them: ``selector``, ``corrector`` and
     ``encoder`` may be dicts of their policy's fields (``name`` naming the policy);
-    a ``seed`` inside one of them is that policy's seed alone."""
+    a ``seed`` inside one of them is that policy's seed alone. Every value is checked
+    (a bool, an int that fits 64 bits, a float or a str)."""
     flat = {}
 
     def put(key, value):
         if key in flat:
             raise InvalidArgumentError(f"gradcomp: option {key} is given twice")
-        flat[key] = value
+        flat[key] = check.option("Compressor", key, value)
 
     for key, value in options.items():
         if key in ("selector", "corrector", "encoder") and isinstance(value, dict):
             for field, v in value.items():
+                check.text("Compressor", f"a field name of option {key}", field)
                 if field == "name":
                     if key == "encoder":
                         raise InvalidArgumentError("gradcomp: the encoder is index_value; give its fields only")
@@ -61,11 +66,10 @@ class Compressor:
     """
 
     def __init__(self, numel, method="topk_ef", *, device="cpu", **options):
-        if not isinstance(numel, int) or isinstance(numel, bool):
-            raise InvalidArgumentError(f"gradcomp: Compressor: numel must be an int, got {numel!r}")
-        self.method = method
+        numel = check.integer("Compressor", "numel", numel)
+        self.method = check.text("Compressor", "method", method)
         self._options = dict(options)
-        self._impl = _C.Compressor(numel, method, _flatten(options), torch.device(device))
+        self._impl = _C.Compressor(numel, method, _flatten(options), check.device("Compressor", device))
 
     @property
     def numel(self):
@@ -106,12 +110,12 @@ class Compressor:
         holds a NaN or infinity, :class:`gradcomp.InvalidArgumentError` for a bad
         tensor; the state is unchanged then.
         """
-        return self._impl.compress(grad)
+        return self._impl.compress(check.tensor("compress", "grad", grad))
 
     def stage(self, grad):
         """compress(), but the step becomes current only at accept_staged(); a later
         compress() or stage() drops it (collectives that must agree first)."""
-        return self._impl.stage(grad)
+        return self._impl.stage(check.tensor("stage", "grad", grad))
 
     def accept_staged(self):
         """Makes the staged step current."""
@@ -120,19 +124,21 @@ class Compressor:
     def preview(self, grad):
         """What the next compress(grad) would rank (the corrector's update of the
         committed memory), changing nothing."""
-        return self._impl.preview(grad)
+        return self._impl.preview(check.tensor("preview", "grad", grad))
 
     def set_density(self, density):
-        """Changes the selector's density from the next step on (warm-up)."""
-        self._impl.set_density(float(density))
+        """Changes the selector's density from the next step on (warm-up); for scalecom
+        the leader's k and the compressor's capacity move together."""
+        self._impl.set_density(check.real("set_density", "density", density))
 
     def set_indices(self, indices):
-        """The ascending indices a ``given_indices`` compressor (scalecom) sends."""
-        self._impl.set_indices(torch.as_tensor(indices))
+        """The ascending indices a ``given_indices`` compressor (scalecom) sends: a 1-D
+        integer tensor, or a sequence of ints."""
+        self._impl.set_indices(_index_tensor(indices))
 
     def corrector_state(self, array=0):
         """A copy of the corrector's memory array ``array`` (the residual, say)."""
-        return self._impl.corrector_state(array)
+        return self._impl.corrector_state(check.integer("corrector_state", "array", array, 0))
 
     def state_dict(self):
         """The step, density and memory, for ``torch.save``."""
@@ -153,6 +159,9 @@ class Compressor:
         """
         if not isinstance(state_dict, dict) or state_dict.get("format") != _STATE_FORMAT:
             raise InvalidArgumentError("gradcomp: load_state_dict: not a gradcomp.torch.Compressor state_dict")
+        for key in ("method", "numel", "state"):
+            if key not in state_dict:
+                raise InvalidArgumentError(f"gradcomp: load_state_dict: the state_dict has no {key!r}")
         if state_dict["method"] != self.method:
             raise InvalidArgumentError(
                 f"gradcomp: load_state_dict: the state is of method {state_dict['method']!r}, "
@@ -162,12 +171,30 @@ class Compressor:
                 f"gradcomp: load_state_dict: the state is for numel = {state_dict['numel']}, "
                 f"this compressor has {self.numel}")
         record = state_dict["state"]
-        if not isinstance(record, torch.Tensor) or record.dtype != torch.uint8:
-            raise InvalidArgumentError("gradcomp: load_state_dict: 'state' must be a torch.uint8 tensor")
-        self._impl.load_state(record.cpu().contiguous().numpy().tobytes())
+        if not isinstance(record, torch.Tensor) or record.dtype != torch.uint8 or record.dim() != 1 \
+                or record.layout != torch.strided or record.device.type not in ("cpu", "cuda"):
+            raise InvalidArgumentError("gradcomp: load_state_dict: 'state' must be a 1-D torch.uint8 tensor on cpu "
+                                       f"or cuda, got {check.kind(record)}")
+        self._impl.load_state(record.resolve_neg().cpu().contiguous().numpy().tobytes())
 
     def __repr__(self):
         return f"Compressor(numel={self.numel}, method={self.method!r}, device={str(self.device)!r}, step={self.step})"
+
+
+def _index_tensor(indices):
+    """Indices as a 1-D integer tensor: a tensor (its dtype and shape checked in C++),
+    or a sequence of ints (a float, a bool or a str among them is refused, not cut)."""
+    if isinstance(indices, torch.Tensor):
+        return indices
+    if isinstance(indices, (str, bytes)) or not hasattr(indices, "__len__"):
+        check.fail("set_indices", f"indices must be a 1-D integer tensor or a sequence of ints, got {check.kind(indices)}")
+    values = list(indices)
+    for j, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            check.fail("set_indices", f"indices[{j}] must be an int, got {check.kind(v)}")
+        if not 0 <= int(v) <= 2**32 - 1:
+            check.fail("set_indices", f"indices[{j}] = {int(v)} is not an index")
+    return torch.tensor([int(v) for v in values], dtype=torch.int64)
 
 
 def decode(message):
@@ -175,13 +202,18 @@ def decode(message):
 
     Raises :class:`gradcomp.CorruptMessageError` if anything in it is inconsistent.
     """
-    return _C.decode(message)
+    return _C.decode(check.tensor("decode", "message", message))
 
 
 def accumulate(message, dense, scale=1.0):
     """``dense += scale * decode(message)``, in place. The whole message is checked
-    first; on any error ``dense`` is unchanged."""
-    _C.accumulate(message, dense, float(scale))
+    first, and so is every sum (none may overflow to an infinity); on any error
+    ``dense`` is unchanged. ``dense`` is written as an in-place op is: refused while it
+    requires grad under grad mode (use ``torch.no_grad()``), and its version counter is
+    bumped, so a tensor that backward saved and this changed makes backward raise.
+    ``dense`` must not share memory with ``message``."""
+    _C.accumulate(check.tensor("accumulate", "message", message), check.tensor("accumulate", "dense", dense),
+                  check.real("accumulate", "scale", scale))
 
 
 class Warmup:
@@ -189,18 +221,30 @@ class Warmup:
     6.25%, 1.5625%, 0.39%, then 0.1% with the defaults). Feed it to set_density."""
 
     def __init__(self, start=0.25, factor=0.25, final_density=0.001):
-        self.start, self.factor, self.final_density = float(start), float(factor), float(final_density)
+        self.start = check.real("Warmup", "start", start)
+        self.factor = check.real("Warmup", "factor", factor)
+        self.final_density = check.real("Warmup", "final_density", final_density)
         self.by_epoch(0)  # validates
 
     def by_epoch(self, epoch):
         """Density for a whole epoch (from 0)."""
-        return _C.warmup_by_epoch(self.start, self.factor, self.final_density, int(epoch))
+        epoch = check.integer("Warmup.by_epoch", "epoch", epoch, 0, _UINT64_MAX)
+        return _C.warmup_by_epoch(self.start, self.factor, self.final_density, epoch)
 
     def by_step(self, step, steps_per_epoch):
         """Density at a step, decaying smoothly within epochs."""
-        return _C.warmup_by_step(self.start, self.factor, self.final_density, int(step), int(steps_per_epoch))
+        step = check.integer("Warmup.by_step", "step", step, 0, _UINT64_MAX)
+        steps_per_epoch = check.integer("Warmup.by_step", "steps_per_epoch", steps_per_epoch, 0, _UINT64_MAX)
+        return _C.warmup_by_step(self.start, self.factor, self.final_density, step, steps_per_epoch)
+
+
+_UINT64_MAX = 2**64 - 1
 
 
 def ratio_plan(volumes, mean_density, min_density):
     """DAGC's per-worker densities for data volumes under a traffic budget."""
-    return _C.ratio_plan([float(v) for v in volumes], float(mean_density), float(min_density))
+    if isinstance(volumes, (str, bytes)) or not hasattr(volumes, "__iter__"):
+        check.fail("ratio_plan", f"volumes must be a sequence of numbers, got {check.kind(volumes)}")
+    volumes = [check.real("ratio_plan", f"volumes[{j}]", v) for j, v in enumerate(volumes)]
+    return _C.ratio_plan(volumes, check.real("ratio_plan", "mean_density", mean_density),
+                         check.real("ratio_plan", "min_density", min_density))

@@ -26,82 +26,62 @@ import torch
 import torch.distributed as dist
 
 from .. import _C
-from . import Compressor, accumulate
-from ..errors import InvalidArgumentError
+from .. import _arguments as check
+from ..errors import Error, InvalidArgumentError
+from . import Compressor
 
 __all__ = ["State", "hook"]
 
-
-class _Transport:
-    """The collectives the C++ exchanges call back, on a process group."""
-
-    def __init__(self, group):
-        self.group = group
-        self.rank = dist.get_rank(group)
-        self.size = dist.get_world_size(group)
-        self._device = torch.device("cuda", torch.cuda.current_device()) \
-            if dist.get_backend(group) == "nccl" else torch.device("cpu")
-
-    def _on(self, tensor):
-        return tensor if tensor.device == self._device else tensor.to(self._device)
-
-    def all_gather(self, mine):
-        mine = self._on(mine)
-        parts = [torch.empty_like(mine) for _ in range(self.size)]
-        dist.all_gather(parts, mine, group=self.group)
-        return torch.cat(parts).cpu()
-
-    def broadcast(self, tensor, root):
-        moved = self._on(tensor)
-        dist.broadcast(moved, src=self._global(root), group=self.group)
-        if moved is not tensor:
-            tensor.copy_(moved)
-
-    def reduce_broadcast(self, tensor, root):
-        # Summed at the root, then broadcast: every rank holds the same bits.
-        moved = self._on(tensor)
-        src = self._global(root)
-        dist.reduce(moved, dst=src, group=self.group)
-        dist.broadcast(moved, src=src, group=self.group)
-        if moved is not tensor:
-            tensor.copy_(moved)
-
-    def _global(self, rank):
-        if self.group is None or self.group is dist.group.WORLD:
-            return rank
-        return dist.distributed_c10d._get_global_rank(self.group, rank)
+_WHO = "ddp hook"
 
 
 class State:
     """What the hook keeps between steps: the iteration, one compressor per bucket.
 
-    ``method`` and ``**options`` are those of :class:`gradcomp.torch.Compressor`
-    (``density`` included). ``start_iter``: iterations of dense all-reduce first. With
-    ``dgc``, the momentum correction lives in the hook: run the optimizer without
-    momentum (``torch.optim.SGD(momentum=0)``), and step the warm-up per epoch with
+    ``method`` and ``**options`` are those of :class:`gradcomp.torch.Compressor`;
+    ``density`` (the method's default when None) applies to methods that have one.
+    ``start_iter``: iterations of dense all-reduce first. With ``dgc``, the momentum
+    correction lives in the hook: run the optimizer without momentum
+    (``torch.optim.SGD(momentum=0)``), and step the warm-up per epoch with
     ``state.set_density(gradcomp.torch.Warmup(final_density=d).by_epoch(epoch))``.
 
-    ``torch.save(state)`` keeps the iteration and every bucket's memory (not the
-    process group, as PowerSGDState does); a loaded State restores each bucket's
-    compressor on its first use.
+    ``bytes_sent`` counts the bytes this rank has put into the hook's collectives (the
+    agreement's reports, the messages or ScaleCom's indices and values, the dense
+    warm-up's buckets).
+
+    ``torch.save(state)`` keeps the iteration, the options and every bucket's memory
+    (not the process group, as PowerSGDState does); a loaded State restores each
+    bucket's compressor on its first use, at the State's density (a ``set_density``
+    after loading wins over the checkpoint's).
+
+    Raises :class:`gradcomp.InvalidArgumentError` for a bad method, option or
+    ``start_iter`` here, not in backward.
     """
 
-    def __init__(self, process_group=None, method="topk_ef", density=0.001, start_iter=10, **options):
-        if not isinstance(start_iter, int) or start_iter < 0:
-            raise InvalidArgumentError(f"gradcomp: State: start_iter must be an int >= 0, got {start_iter!r}")
+    def __init__(self, process_group=None, method="topk_ef", density=None, start_iter=10, **options):
         self.process_group = process_group
-        self.method = method
+        self.method = check.text("State", "method", method)
+        self.start_iter = check.integer("State", "start_iter", start_iter, 0)
         self.options = dict(options)
-        self.options["density"] = density
-        self.start_iter = start_iter
+        if density is not None:
+            self.options["density"] = check.real("State", "density", density)
         self.iter = 0
+        self.bytes_sent = 0
         self.compressors = {}
         self._saved = {}
         self._exchanges = {}
-        Compressor(1 << 10, method, **self.options)  # refuses bad options now, not in backward
+        self._probe()  # refuses bad options now, not in backward
+
+    def _probe(self, **changes):
+        """A small compressor of this State's method and options (with ``changes``)."""
+        return Compressor(1 << 10, self.method, **{**self.options, **changes})
 
     def set_density(self, density):
-        """The density of every bucket's compressor from the next step on."""
+        """The density of every bucket's compressor from the next step on (and of those
+        made or restored later). Checked now: a density outside (0, 1], or a method
+        without one, raises :class:`gradcomp.InvalidArgumentError` and changes nothing."""
+        density = check.real("State.set_density", "density", density)
+        self._probe().set_density(density)
         for c in self.compressors.values():
             c.set_density(density)
         self.options["density"] = density
@@ -112,15 +92,38 @@ class State:
             self.iter += 1
 
     def compressor(self, index, numel, device):
-        """The compressor of bucket ``index``, made (or restored) on first use."""
+        """The compressor of bucket ``index``, made (or restored) on first use. A record
+        that fails to restore leaves no compressor and keeps the record."""
         c = self.compressors.get(index)
         if c is None:
             c = Compressor(numel, self.method, device=device, **self.options)
-            saved = self._saved.pop(index, None)
+            saved = self._saved.get(index)
             if saved is not None:
                 c.load_state_dict(saved)
+                density = self.options.get("density")
+                if density is not None and c.density is not None and c.density != density:
+                    c.set_density(density)
+                del self._saved[index]
             self.compressors[index] = c
         return c
+
+    def _exchange(self, index, c, group):
+        """ScaleCom's cyclic exchange of bucket ``index`` over ``group``."""
+        x = self._exchanges.get(index)
+        if x is None:
+            x = _C.CyclicExchange(c._impl, group, c.density)
+            self._exchanges[index] = x
+        return x
+
+    def _group(self):
+        return self.process_group if self.process_group is not None else dist.distributed_c10d._get_default_group()
+
+    def _settings(self, index, buffer):
+        """What every rank must hold alike in this step, as (name, value) texts."""
+        settings = [("the method", self.method), ("start_iter", str(self.start_iter)), ("the iteration", str(self.iter)),
+                    ("the bucket index", str(index)), ("the bucket's elements", str(buffer.numel())),
+                    ("the bucket's dtype", str(buffer.dtype))]
+        return settings + [(f"option {k}", repr(v)) for k, v in sorted(self.options.items())]
 
     def __getstate__(self):
         state = {k: v for k, v in self.__dict__.items() if k not in ("process_group", "compressors", "_exchanges")}
@@ -130,6 +133,7 @@ class State:
         return state
 
     def __setstate__(self, state):
+        self.bytes_sent = 0
         self.__dict__.update(state)
         self.process_group = None
         self.compressors = {}
@@ -147,41 +151,56 @@ def _allreduce_mean(group, tensor):
     return dist.all_reduce(tensor, group=group, async_op=True).get_future().then(lambda f: f.value()[0])
 
 
+def _reported(e):
+    """An exception as the agreement carries it: the gradcomp.Error code and the text."""
+    if isinstance(e, Error):
+        return (e.code, str(e))
+    return ("invalid_argument", f"{type(e).__name__}: {e}")
+
+
 def hook(state, bucket):
-    """The communication hook: ``model.register_comm_hook(state, hook)``."""
-    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    """The communication hook: ``model.register_comm_hook(state, hook)``.
+
+    Every step of every bucket starts with the ranks' agreement (one all-gather of a
+    fixed-size report): each rank's verdict on its own step (a NaN, a bucket of another
+    size, a checkpoint that does not restore), and what all must share (the method,
+    every option, the density, ``start_iter``, the iteration, the bucket's index, size
+    and dtype). Any of those on any rank makes every rank raise the same
+    :class:`gradcomp.Error`, naming the rank where it started, and changes no rank's
+    memory; no rank is left waiting in a collective.
+    """
+    if not isinstance(state, State):
+        check.fail(_WHO, f"state must be a gradcomp.torch.ddp.State, got {check.kind(state)}")
+    group = state._group()
+    world = dist.get_world_size(group)
     buffer = bucket.buffer()
+    index = bucket.index()
+    settings = state._settings(index, buffer)
     if state.iter < state.start_iter:
+        state.bytes_sent += _C.agree(group, _WHO, settings, None) + buffer.numel() * buffer.element_size()
         state.maybe_increase_iter(bucket)
         return _allreduce_mean(group, buffer)
 
-    transport = _Transport(group)
-    index = bucket.index()
-    # gradcomp compresses float32, float16 and bfloat16 buckets as they are (widened
-    # exactly inside); ScaleCom's exchange, and any other dtype, go through a float32 copy.
-    native = buffer.dtype in (torch.float32, torch.float16, torch.bfloat16) and state.method != "scalecom"
-    flat = buffer if native or buffer.dtype == torch.float32 else buffer.float()
-    c = state.compressor(index, flat.numel(), flat.device)
-    mean = torch.zeros(flat.numel(), dtype=torch.float32, device=flat.device)
-    if state.method == "scalecom":
-        exchange = state._exchanges.get(index)
-        if exchange is None:
-            exchange = _C.CyclicExchange(c._impl, transport, float(state.options["density"]))
-            state._exchanges[index] = exchange
-        exchange.step(flat, mean, 1.0 / transport.size)
+    problem, c, exchange, flat, mean = None, None, None, buffer, None
+    try:
+        # gradcomp compresses float32, float16 and bfloat16 buckets as they are (widened
+        # exactly inside); ScaleCom's exchange, and any other dtype, go through a float32 copy.
+        native = buffer.dtype in (torch.float32, torch.float16, torch.bfloat16) and state.method != "scalecom"
+        flat = buffer if native or buffer.dtype == torch.float32 else buffer.float()
+        c = state.compressor(index, flat.numel(), flat.device)
+        if state.method == "scalecom":
+            exchange = state._exchange(index, c, group)
+        mean = torch.zeros(flat.numel(), dtype=torch.float32, device=flat.device)
+    except Exception as e:  # every rank hears of it in the agreement instead of waiting for this one
+        problem = _reported(e)
+    if problem is not None or exchange is not None:
+        state.bytes_sent += _C.agree(group, _WHO, settings, problem)
+    if exchange is not None:
+        before = exchange.bytes_sent
+        exchange.step(flat, mean, 1.0 / world)
+        state.bytes_sent += exchange.bytes_sent - before
     else:
-        message, sizes = c._impl.stage_agreed(transport, flat, "ddp hook", [("the bucket index", index)])
-        longest = max(sizes)
-        padded = torch.zeros(longest, dtype=torch.uint8, device=message.device)
-        padded[: message.numel()] = message
-        padded = transport._on(padded)  # gloo moves CUDA buckets' bytes through host memory
-        gathered = [torch.empty_like(padded) for _ in range(transport.size)]
-        dist.all_gather(gathered, padded, group=group)
-        # Every rank checks every message (the same bytes everywhere, so the same
-        # outcome): a corrupt one raises on all ranks before any accepts its step.
-        for r, size in enumerate(sizes):
-            accumulate(gathered[r][:size].to(mean.device), mean, 1.0 / transport.size)
-        c.accept_staged()
+        state.bytes_sent += c._impl.exchange(group, flat, mean, 1.0 / world, _WHO, settings, None)
     state.maybe_increase_iter(bucket)
     result = mean if buffer.dtype == torch.float32 else mean.to(buffer.dtype)
     future = torch.futures.Future()

@@ -1,0 +1,162 @@
+// gradcomp_py::transport over c10d::ProcessGroup (see process_group.hpp).
+#include "process_group.hpp"
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <gradcomp/detail/collective_checks.hpp>
+
+#if defined(GRADCOMP_PY_CUDA)
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
+#include <cstring>
+#include <string_view>
+
+#include "tensors.hpp"
+
+namespace py = pybind11;
+namespace gc = gradcomp;
+
+namespace gradcomp_py {
+namespace {
+
+using group_ptr = c10::intrusive_ptr<c10d::ProcessGroup>;
+
+group_ptr group_of(const py::object& group) {
+  try {
+    return group.cast<group_ptr>();
+  } catch (const py::cast_error&) {
+    invalid("the process group must be a torch.distributed ProcessGroup, got ", py::str(group.get_type()).cast<std::string>());
+  }
+}
+
+/// Where `group`'s collectives take their tensors: the current CUDA device for NCCL,
+/// the host for every other backend (gloo moves CUDA buckets through host memory).
+torch::Device collective_device(const group_ptr& group) {
+#if defined(GRADCOMP_PY_CUDA)
+  if (group->getBackendName() == "nccl") return {torch::kCUDA, at::cuda::current_device()};
+#endif
+  return torch::kCPU;
+}
+
+/// Runs `call`, which hands arrays of a compressor's memory to a collective and copies
+/// them back on torch's current stream, between the compressor's `stream` (waited for
+/// first) and the caller's next use (the current stream waited for after).
+template <class Call>
+void in_order(const torch::Device& device, void* stream, Call&& call) {
+#if defined(GRADCOMP_PY_CUDA)
+  if (device.is_cuda()) {
+    const cudaError_t synced = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+    if (synced != cudaSuccess) {
+      gc::detail::fail(gc::errc::device, "cudaStreamSynchronize failed: ", cudaGetErrorString(synced));
+    }
+    call();
+    at::cuda::getCurrentCUDAStream().synchronize();
+    return;
+  }
+#endif
+  (void)device;
+  (void)stream;
+  call();
+}
+
+/// `tensor` (a view of a compressor's memory) replaced, for the length of `call(t)`, by
+/// `t` on the collective's device: itself where the devices match, else a copy that is
+/// copied back after.
+template <class Call>
+void on_collective_device(const torch::Tensor& tensor, const torch::Device& device, Call&& call) {
+  if (tensor.device() == device) {
+    call(tensor);
+    return;
+  }
+  torch::Tensor moved = tensor.to(device);
+  call(moved);
+  tensor.copy_(moved);
+}
+
+}  // namespace
+
+transport transport_of(const py::object& group, const torch::Device& device, void* stream) {
+  const group_ptr pg = group_of(group);
+  const torch::Device where = collective_device(pg);
+  transport out;
+  out.rank = pg->getRank();
+  out.size = pg->getSize();
+  const std::shared_ptr<std::uint64_t> sent = out.sent;
+  out.all_gather = [pg, where, sent](std::span<const std::byte> mine, std::span<std::byte> all) {
+    *sent += mine.size();
+    const auto bytes = static_cast<std::int64_t>(mine.size());
+    std::vector<at::Tensor> send{torch::from_blob(const_cast<std::byte*>(mine.data()), {bytes}, torch::kUInt8).to(where)};
+    std::vector<std::vector<at::Tensor>> parts(1);
+    for (int r = 0; r < pg->getSize(); ++r) parts[0].push_back(torch::empty({bytes}, send[0].options()));
+    pg->allgather(parts, send)->wait();
+    for (std::size_t r = 0; r < parts[0].size(); ++r) {
+      const torch::Tensor got = parts[0][r].to(torch::kCPU).contiguous();
+      std::memcpy(all.data() + r * mine.size(), got.data_ptr<std::uint8_t>(), mine.size());
+    }
+  };
+  const auto options = torch::TensorOptions().device(device);
+  out.broadcast = [pg, where, options, device, stream, sent](std::span<std::uint32_t> data, int root) {
+    if (data.empty()) return;
+    *sent += data.size_bytes();
+    const torch::Tensor view =
+        torch::from_blob(data.data(), {static_cast<std::int64_t>(data.size())}, options.dtype(torch::kInt32));
+    in_order(device, stream, [&] {
+      on_collective_device(view, where, [&](const torch::Tensor& t) {
+        std::vector<at::Tensor> tensors{t};
+        c10d::BroadcastOptions o;
+        o.rootRank = root;
+        pg->broadcast(tensors, o)->wait();
+      });
+    });
+  };
+  out.reduce_broadcast = [pg, where, options, device, stream, sent](std::span<float> values, int root) {
+    if (values.empty()) return;
+    *sent += 2 * values.size_bytes();  // the reduce's input, then the broadcast's
+    const torch::Tensor view =
+        torch::from_blob(values.data(), {static_cast<std::int64_t>(values.size())}, options.dtype(torch::kFloat));
+    in_order(device, stream, [&] {
+      on_collective_device(view, where, [&](const torch::Tensor& t) {
+        // Summed at the root, then broadcast: every rank holds the same bits.
+        std::vector<at::Tensor> tensors{t};
+        c10d::ReduceOptions r;
+        r.reduceOp = c10d::ReduceOp::SUM;
+        r.rootRank = root;
+        pg->reduce(tensors, r)->wait();
+        c10d::BroadcastOptions b;
+        b.rootRank = root;
+        pg->broadcast(tensors, b)->wait();
+      });
+    });
+  };
+  return out;
+}
+
+void rethrow(const reported_error& error) {
+  if (!error) return;
+  gc::errc code = gc::errc::invalid_argument;
+  for (const auto each : {gc::errc::invalid_argument, gc::errc::buffer_too_small, gc::errc::non_finite,
+                          gc::errc::corrupt_message, gc::errc::io, gc::errc::device}) {
+    if (error->first == gc::to_string(each)) code = each;
+  }
+  std::string_view text = error->second;
+  constexpr std::string_view prefix = "gradcomp: ";
+  if (text.starts_with(prefix)) text.remove_prefix(prefix.size());
+  gc::detail::fail(code, text);
+}
+
+std::uint64_t agree(const py::object& group, const std::string& who, const std::vector<named_value>& settings,
+                    const reported_error& error) {
+  transport t = transport_of(group, torch::kCPU, nullptr);
+  std::vector<gc::detail::setting> shared;
+  for (const auto& [name, value] : settings) shared.emplace_back(name, value);
+  py::gil_scoped_release unlocked;
+  agreement_comm comm{t};
+  (void)gc::detail::agree(comm, who.c_str(), shared, [&]() -> std::uint64_t {
+    rethrow(error);
+    return 0;
+  });
+  return *t.sent;
+}
+
+}  // namespace gradcomp_py

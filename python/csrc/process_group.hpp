@@ -1,0 +1,51 @@
+// A torch.distributed process group as the transport of gradcomp's collectives (the
+// agreement, ScaleCom's exchange, the DDP hook's all-gather), called from C++ through
+// c10d::ProcessGroup: the collectives run with the GIL released, on tensors made here
+// that never get a Python object. (A tensor with one, released by gloo's worker thread
+// when it drops a finished work, needs the GIL; at exit the main thread holds the GIL
+// while it joins that thread, and the two wait for each other.)
+#pragma once
+
+#include <pybind11/pybind11.h>
+#include <torch/extension.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "api.hpp"
+
+namespace gradcomp_py {
+
+/// The collectives of `group` (a torch.distributed ProcessGroup) on the memory of a
+/// compressor on `device`, whose own CUDA stream is `stream` (nullptr on the host).
+/// Device arrays are handed to the group once `stream` has written them and handed back
+/// once torch's current stream (on which the collectives' copies run) has finished.
+/// \throws gradcomp::error (invalid_argument) if `group` is not a ProcessGroup.
+transport transport_of(const pybind11::object& group, const torch::Device& device, void* stream);
+
+/// detail::agree's view of a transport (host memory only).
+struct agreement_comm {
+  transport& t;
+  [[nodiscard]] int rank() const noexcept { return t.rank; }
+  [[nodiscard]] int size() const noexcept { return t.size; }
+  void all_gather(std::span<const std::byte> mine, std::span<std::byte> all) { t.all_gather(mine, all); }
+};
+
+/// A setting the ranks must share, as Python names and writes it.
+using named_value = std::pair<std::string, std::string>;
+/// An error a rank met before a collective, as Python reports it: the gradcomp.Error
+/// code ("invalid_argument", ...; anything else is taken as invalid_argument) and text.
+using reported_error = std::optional<std::pair<std::string, std::string>>;
+
+/// gradcomp::detail::agree over `group`'s transport (host memory): every rank reports
+/// `error` (if any) and `settings`; every rank raises the same error, naming the rank
+/// where it started, or returns the bytes this rank put into the exchange.
+std::uint64_t agree(const pybind11::object& group, const std::string& who, const std::vector<named_value>& settings,
+           const reported_error& error);
+
+/// Throws `error` as the gradcomp::error of its code (a no-op without one).
+void rethrow(const reported_error& error);
+
+}  // namespace gradcomp_py

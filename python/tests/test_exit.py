@@ -1,0 +1,55 @@
+"""A DDP script that uses gradcomp's hook exits as one without it does (issue: gloo's
+worker thread, releasing a finished work's tensors, waited for the GIL that the exiting
+main thread held while it joined that thread). Each shape runs 10 times, every method
+in turn, on 2 and 4 ranks; a run that does not end within the timeout is a hang."""
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exit_script.py")
+METHODS = ["topk_ef", "dgc", "scalecom", "adacomp", "threshold_ef", "randomk_ef"]
+RUNS = 10
+TIMEOUT = 60  # a run takes a few seconds; one that takes this long hangs
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_once(launch, teardown, world, method, tmp_path, run):
+    args = [sys.executable, SCRIPT, "--launch", launch, "--world", str(world), "--method", method,
+            "--teardown", teardown]
+    if launch == "spawn":
+        procs = [subprocess.Popen(args + ["--init", f"file://{tmp_path}/init-{run}"])]
+    else:
+        port = free_port()
+        procs = []
+        for rank in range(world):
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port))
+            procs.append(subprocess.Popen(args + ["--init", f"tcp://127.0.0.1:{port}"], env=env))
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout=TIMEOUT))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            for q in procs:
+                q.wait()
+            return f"hung: {launch}, {teardown}, {world} ranks, {method}"
+    return None if all(c == 0 for c in codes) else f"failed ({codes}): {launch}, {teardown}, {world} ranks, {method}"
+
+
+@pytest.mark.parametrize("launch,teardown", [("spawn", "destroy"), ("spawn", "none"), ("processes", "destroy"),
+                                             ("processes", "group-first")])
+def test_a_script_using_the_hook_exits(launch, teardown, tmp_path):
+    problems = [run_once(launch, teardown, 2 if run % 2 == 0 else 4, METHODS[run % len(METHODS)], tmp_path, run)
+                for run in range(RUNS)]
+    problems = [p for p in problems if p]
+    assert not problems, problems
