@@ -408,34 +408,38 @@ TEST_CASE("load_state of a byte record: exactly one record, nothing after it") {
 // 0 takes the caller's default, at most that count. Results are those of one thread.
 TEST_CASE("raising OpenMP's thread count after construction changes nothing and reads nothing out of bounds") {
   const int saved = omp_get_max_threads();
-  const std::size_t n = 300'001;
-  omp_set_num_threads(1);
-  auto topk = gc::presets::topk_ef(gc::backend::host{}, n, {.density = 0.01});
-  auto dgc = gc::presets::dgc(gc::backend::host{}, n, {.density = 0.01, .max_norm = 5.0f});
-  auto adacomp = gc::presets::adacomp(gc::backend::host{}, n);
-  auto threshold = gc::presets::threshold_ef(gc::backend::host{}, n, {.tau = 1.5f});
-  CHECK(topk.backend().threads == 1);
-  omp_set_num_threads(4);
-  auto topk_one = gc::presets::topk_ef(gc::backend::host{.threads = 1}, n, {.density = 0.01});
-  auto dgc_one = gc::presets::dgc(gc::backend::host{.threads = 1}, n, {.density = 0.01, .max_norm = 5.0f});
-  auto adacomp_one = gc::presets::adacomp(gc::backend::host{.threads = 1}, n);
-  auto threshold_one = gc::presets::threshold_ef(gc::backend::host{.threads = 1}, n, {.tau = 1.5f});
-  CHECK(topk_one.backend().threads == 1);
-  for (std::uint64_t t = 0; t < 4; ++t) {
-    const auto g = inputs::make(inputs::shape::student_t3, n, 700 + t);
-    const gc::backend::host caller_default{};  // threads 0: the caller's default, now 4
-    CHECK(run_on(topk, caller_default, g) == run_on(topk_one, topk_one.backend(), g));
-    CHECK(run_on(dgc, dgc.backend(), g) == run_on(dgc_one, dgc_one.backend(), g));
-    CHECK(run_on(adacomp, caller_default, g) == run_on(adacomp_one, adacomp_one.backend(), g));
-    CHECK(run_on(threshold, threshold.backend(), g) == run_on(threshold_one, threshold_one.backend(), g));
+  // Below 2^16 entries exact top-k histograms every entry into per-thread bins; above,
+  // it samples first.
+  for (const std::size_t n : {std::size_t{20'011}, std::size_t{300'001}}) {
+    CAPTURE(n);
+    omp_set_num_threads(1);
+    auto topk = gc::presets::topk_ef(gc::backend::host{}, n, {.density = 0.01});
+    auto dgc = gc::presets::dgc(gc::backend::host{}, n, {.density = 0.01, .max_norm = 5.0f});
+    auto adacomp = gc::presets::adacomp(gc::backend::host{}, n);
+    auto threshold = gc::presets::threshold_ef(gc::backend::host{}, n, {.tau = 1.5f});
+    CHECK(topk.backend().threads == 1);
+    omp_set_num_threads(4);
+    auto topk_one = gc::presets::topk_ef(gc::backend::host{.threads = 1}, n, {.density = 0.01});
+    auto dgc_one = gc::presets::dgc(gc::backend::host{.threads = 1}, n, {.density = 0.01, .max_norm = 5.0f});
+    auto adacomp_one = gc::presets::adacomp(gc::backend::host{.threads = 1}, n);
+    auto threshold_one = gc::presets::threshold_ef(gc::backend::host{.threads = 1}, n, {.tau = 1.5f});
+    for (std::uint64_t t = 0; t < 4; ++t) {
+      const auto g = inputs::make(inputs::shape::student_t3, n, 700 + t);
+      const gc::backend::host caller_default{};  // threads 0: the caller's default, now 4
+      // Without a context (the compressor's own backend), and with one of threads 0.
+      CHECK(run_on(topk, t % 2 ? caller_default : topk.backend(), g) == run_on(topk_one, topk_one.backend(), g));
+      CHECK(run_on(dgc, t % 2 ? dgc.backend() : caller_default, g) == run_on(dgc_one, dgc_one.backend(), g));
+      CHECK(run_on(adacomp, caller_default, g) == run_on(adacomp_one, adacomp_one.backend(), g));
+      CHECK(run_on(threshold, threshold.backend(), g) == run_on(threshold_one, threshold_one.backend(), g));
+    }
+    // Made with four, called with a default of two: two run, the same bytes again.
+    auto topk_four = gc::presets::topk_ef(gc::backend::host{}, n, {.density = 0.01});
+    CHECK(topk_four.backend().threads == 4);
+    omp_set_num_threads(2);
+    auto topk_fresh = gc::presets::topk_ef(gc::backend::host{.threads = 1}, n, {.density = 0.01});
+    const auto g = inputs::make(inputs::shape::student_t3, n, 800);
+    CHECK(run_on(topk_four, gc::backend::host{}, g) == run_on(topk_fresh, topk_fresh.backend(), g));
   }
-  // Made with four, called with a default of two: two run, the same bytes again.
-  auto topk_four = gc::presets::topk_ef(gc::backend::host{}, n, {.density = 0.01});
-  CHECK(topk_four.backend().threads == 4);
-  omp_set_num_threads(2);
-  auto topk_fresh = gc::presets::topk_ef(gc::backend::host{.threads = 1}, n, {.density = 0.01});
-  const auto g = inputs::make(inputs::shape::student_t3, n, 800);
-  CHECK(run_on(topk_four, gc::backend::host{}, g) == run_on(topk_fresh, topk_fresh.backend(), g));
   omp_set_num_threads(saved);
 }
 #endif

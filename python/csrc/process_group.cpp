@@ -96,38 +96,38 @@ transport transport_of(const py::object& group, const torch::Device& device, voi
     }
   };
   const auto options = torch::TensorOptions().device(device);
-  out.broadcast = [pg, where, options, device, stream, sent](std::span<std::uint32_t> data, int root) {
-    if (data.empty()) return;
-    *sent += data.size_bytes();
-    const torch::Tensor view =
-        torch::from_blob(data.data(), {static_cast<std::int64_t>(data.size())}, options.dtype(torch::kInt32));
+  // `collective(tensors)` on a view of the compressor's memory, in the order above.
+  const auto run = [where, device, stream](const torch::Tensor& view, auto&& collective) {
     in_order(device, stream, [&] {
       on_collective_device(view, where, [&](const torch::Tensor& t) {
         std::vector<at::Tensor> tensors{t};
-        c10d::BroadcastOptions o;
-        o.rootRank = root;
-        pg->broadcast(tensors, o)->wait();
+        collective(tensors);
       });
     });
   };
-  out.reduce_broadcast = [pg, where, options, device, stream, sent](std::span<float> values, int root) {
+  const auto broadcast = [pg](std::vector<at::Tensor>& tensors, int root) {
+    c10d::BroadcastOptions o;
+    o.rootRank = root;
+    pg->broadcast(tensors, o)->wait();
+  };
+  out.broadcast = [options, sent, run, broadcast](std::span<std::uint32_t> data, int root) {
+    if (data.empty()) return;
+    *sent += data.size_bytes();
+    run(torch::from_blob(data.data(), {static_cast<std::int64_t>(data.size())}, options.dtype(torch::kInt32)),
+        [&](std::vector<at::Tensor>& tensors) { broadcast(tensors, root); });
+  };
+  out.reduce_broadcast = [pg, options, sent, run, broadcast](std::span<float> values, int root) {
     if (values.empty()) return;
     *sent += 2 * values.size_bytes();  // the reduce's input, then the broadcast's
-    const torch::Tensor view =
-        torch::from_blob(values.data(), {static_cast<std::int64_t>(values.size())}, options.dtype(torch::kFloat));
-    in_order(device, stream, [&] {
-      on_collective_device(view, where, [&](const torch::Tensor& t) {
-        // Summed at the root, then broadcast: every rank holds the same bits.
-        std::vector<at::Tensor> tensors{t};
-        c10d::ReduceOptions r;
-        r.reduceOp = c10d::ReduceOp::SUM;
-        r.rootRank = root;
-        pg->reduce(tensors, r)->wait();
-        c10d::BroadcastOptions b;
-        b.rootRank = root;
-        pg->broadcast(tensors, b)->wait();
-      });
-    });
+    run(torch::from_blob(values.data(), {static_cast<std::int64_t>(values.size())}, options.dtype(torch::kFloat)),
+        [&](std::vector<at::Tensor>& tensors) {
+          // Summed at the root, then broadcast: every rank holds the same bits.
+          c10d::ReduceOptions o;
+          o.reduceOp = c10d::ReduceOp::SUM;
+          o.rootRank = root;
+          pg->reduce(tensors, o)->wait();
+          broadcast(tensors, root);
+        });
   };
   return out;
 }
