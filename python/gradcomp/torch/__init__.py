@@ -66,7 +66,7 @@ class Compressor:
     """
 
     def __init__(self, numel, method="topk_ef", *, device="cpu", **options):
-        numel = check.integer("Compressor", "numel", numel)
+        numel = check.integer("Compressor", "numel", numel, 1, 2**32 - 1)
         self.method = check.text("Compressor", "method", method)
         self._options = dict(options)
         self._impl = _C.Compressor(numel, method, _flatten(options), check.device("Compressor", device))
