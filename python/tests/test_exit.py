@@ -46,7 +46,9 @@ def run_once(launch, teardown, world, method, tmp_path, run):
     return None if all(c == 0 for c in codes) else f"failed ({codes}): {launch}, {teardown}, {world} ranks, {method}"
 
 
-@pytest.mark.parametrize("launch,teardown", [("spawn", "destroy"), ("spawn", "none"), ("processes", "destroy"),
+# At 50daf37 (the hook's collectives in Python) the group-first shapes hung in 5 and 7
+# of 10 runs, the others in none.
+@pytest.mark.parametrize("launch,teardown", [("spawn", "group-first"), ("spawn", "none"), ("processes", "destroy"),
                                              ("processes", "group-first")])
 def test_a_script_using_the_hook_exits(launch, teardown, tmp_path):
     problems = [run_once(launch, teardown, 2 if run % 2 == 0 else 4, METHODS[run % len(METHODS)], tmp_path, run)
