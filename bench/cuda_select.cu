@@ -143,7 +143,7 @@ void dgc_step(benchmark::State& state) {
            gc::correct::chain{gc::correct::clip_norm{.max_norm = 1.0f}, gc::correct::momentum{.beta = 0.9f}});
 }
 
-// The selection alone, by backend::cuda's fast path (detail::engine<S, cuda>: the fused
+// The selection alone, by backend::cuda's fast path (detail::fast_engine<S, cuda>: the fused
 // radix select, reduce-by-key) and by the generic algorithm over the backend primitives
 // (detail/select_<name>.hpp), on the same acc: a fast path stays only where it pays
 // (docs/design.md), and tests/cuda/test_cuda_conformance.cu proves both select alike.
@@ -164,7 +164,7 @@ void select_only(benchmark::State& state, const Policy& policy) {
 }
 
 void exact_topk_fast(benchmark::State& state) {
-  using engine = gc::detail::engine<gc::select::exact_topk, gc::backend::cuda>;
+  using engine = gc::detail::fast_engine<gc::select::exact_topk, gc::backend::cuda>;
   select_only<engine>(state, gc::select::exact_topk{.density = density_arg(state)});
 }
 void exact_topk_generic(benchmark::State& state) {
@@ -173,7 +173,7 @@ void exact_topk_generic(benchmark::State& state) {
 }
 // chunk_local has no density: its bin is 1 / density (50 in AdaComp's paper).
 void chunk_local_fast(benchmark::State& state) {
-  using engine = gc::detail::engine<gc::select::chunk_local, gc::backend::cuda>;
+  using engine = gc::detail::fast_engine<gc::select::chunk_local, gc::backend::cuda>;
   select_only<engine>(state, gc::select::chunk_local{.bin = static_cast<std::size_t>(state.range(1))});
 }
 void chunk_local_generic(benchmark::State& state) {

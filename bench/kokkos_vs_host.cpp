@@ -5,8 +5,9 @@
 // backend::host: what backend::host's fused fast path gains over it.
 // Family "host" is the baseline: "speed-up vs host" below 1 means slower than the host.
 #include <gradcomp/backend/kokkos.hpp>
-#include <gradcomp/detail/stages_at_once.hpp>
 #include <gradcomp/gradcomp.hpp>
+
+#include "support/engine_stages.hpp"
 
 #include "bench_common.hpp"
 
@@ -21,12 +22,12 @@ const char* const selectors[] = {"exact_topk", "sampled_threshold", "chunk_local
 template <class Backend, class Policy>
 void run(benchmark::State& state, const Backend& be, const Policy& policy) {
   const auto& g = bench::gradient(n);
-  gc::detail::engine<Policy, Backend> engine(be, policy, g.size());
+  gc::detail::engine_for<Policy, Backend> engine(be, policy, g.size());
   auto out = be.template allocate<std::uint32_t>(policy.max_selected(g.size()));
   std::uint64_t step = 0;
   std::size_t sent = 0;
   for (auto _ : state) {
-    sent = gc::detail::select_now(engine, be, policy, {g, g, step++}, std::span<std::uint32_t>(out.data(), out.size())).count;
+    sent = support::select_now(engine, be, policy, {g, g, step++}, std::span<std::uint32_t>(out.data(), out.size())).count;
     benchmark::DoNotOptimize(out.data());
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * n * 4);
@@ -41,8 +42,8 @@ void run_corrector(benchmark::State& state, Engine& engine, const Backend& be, c
   for (std::uint32_t i = 0; i < n; i += 1000) index.push_back(i);
   const std::vector<float> sent(index.size(), 0.25f);
   for (auto _ : state) {
-    const bool finite = gc::detail::update_now(engine, be, policy, g);
-    gc::detail::commit_now(engine, be, policy, index, sent);
+    const bool finite = support::update_now(engine, be, policy, g);
+    support::commit_now(engine, be, policy, index, sent);
     engine.accept();
     benchmark::DoNotOptimize(finite);
   }

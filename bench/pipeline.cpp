@@ -3,11 +3,12 @@
 // unfused (the same engines run one after the other), against the streaming read; and
 // delta_bitpack index coding throughput on one core.
 #include <gradcomp/detail/decode_index_value.hpp>
-#include <gradcomp/detail/stages_at_once.hpp>
 #include <gradcomp/gradcomp.hpp>
 
 #include <bit>
 #include <type_traits>
+
+#include "support/engine_stages.hpp"
 
 #include "bench_common.hpp"
 
@@ -53,21 +54,21 @@ template <class Selector, class Corrector, class Encoder>
 void run_unfused(benchmark::State& state, std::size_t n, Selector s, Corrector c, Encoder e) {
   const auto& g = bench::gradient(n);
   const gc::backend::host host{};
-  gc::detail::engine<Selector, gc::backend::host> select(host, s, n);
-  gc::detail::engine<Corrector, gc::backend::host> correct(host, c, n);
-  gc::detail::engine<Encoder, gc::backend::host> encode(host, e, n, s.max_selected(n));
+  gc::detail::engine_for<Selector, gc::backend::host> select(host, s, n);
+  gc::detail::engine_for<Corrector, gc::backend::host> correct(host, c, n);
+  gc::detail::engine_for<Encoder, gc::backend::host> encode(host, e, n, s.max_selected(n));
   std::vector<std::uint32_t> index(s.max_selected(n));
   std::vector<float> sent(index.size());
   std::vector<std::byte> buf(e.max_bytes(n, index.size()));
   std::uint64_t step = 0;
   auto one_step = [&] {
-    const bool finite = gc::detail::update_now(correct, host, c, g);
+    const bool finite = support::update_now(correct, host, c, g);
     benchmark::DoNotOptimize(finite);
     const auto acc = correct.acc(g);
-    const auto chosen = gc::detail::select_now(select, host, s, {acc, g, step}, index);
+    const auto chosen = support::select_now(select, host, s, {acc, g, step}, index);
     const std::span<const std::uint32_t> idx(index.data(), chosen.count);
-    gc::detail::encode_now(encode, host, e, {acc, idx, step, chosen.value_scale}, buf, sent);
-    gc::detail::commit_now(correct, host, c, idx, std::span<const float>(sent.data(), chosen.count));
+    support::encode_now(encode, host, e, {acc, idx, step, chosen.value_scale}, buf, sent);
+    support::commit_now(correct, host, c, idx, std::span<const float>(sent.data(), chosen.count));
     correct.accept();
     select.accept();
     ++step;
@@ -152,7 +153,7 @@ void BM_delta_encode(benchmark::State& state) {
   std::vector<std::byte> out(policy.max_bytes(step_n, idx.size()));
   std::size_t bytes = 0;
   for (auto _ : state) {
-    bytes = gc::detail::encode_message(policy, step_n, idx, values, out, sent, 0);
+    bytes = support::encode_message(policy, step_n, idx, values, out, sent, 0);
     benchmark::DoNotOptimize(out.data());
   }
   if (gc::decode(std::span<const std::byte>(out.data(), bytes)).indices != idx) state.SkipWithError("round trip failed");
@@ -167,7 +168,7 @@ void BM_delta_decode(benchmark::State& state) {
   const std::vector<float> values(idx.size(), 1.0f);
   std::vector<float> sent(idx.size());
   std::vector<std::byte> message(policy.max_bytes(step_n, idx.size()));
-  message.resize(gc::detail::encode_message(policy, step_n, idx, values, message, sent, 0));
+  message.resize(support::encode_message(policy, step_n, idx, values, message, sent, 0));
   const gc::message_header h = gc::detail::read_header(message, message.size());
   const std::byte* section = message.data() + gc::message_header::size;
   std::vector<std::uint32_t> back(idx.size());
@@ -192,7 +193,7 @@ void BM_accumulate(benchmark::State& state) {
   const std::vector<float> values(idx.size(), 0.5f);
   std::vector<float> sent(idx.size());
   std::vector<std::byte> message(policy.max_bytes(step_n, idx.size()));
-  message.resize(gc::detail::encode_message(policy, step_n, idx, values, message, sent, 0));
+  message.resize(support::encode_message(policy, step_n, idx, values, message, sent, 0));
   std::vector<float> dense(step_n, 0.0f);
   const gc::backend::host be{};
   gc::detail::message_decoder<gc::backend::host> generic(be);

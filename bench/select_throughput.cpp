@@ -5,7 +5,6 @@
 // Selectors run standalone (the selection step given acc = g, as with correct::none),
 // so each does its own passes over memory; inside a compressor the first pass is fused
 // into the corrector's (see pipeline.cpp).
-#include <gradcomp/detail/stages_at_once.hpp>
 #include <gradcomp/gradcomp.hpp>
 
 #include <algorithm>
@@ -17,6 +16,8 @@
 #if GRADCOMP_BENCH_TORCH
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
+
+#include "support/engine_stages.hpp"
 #endif
 
 namespace gc = gradcomp;
@@ -38,12 +39,12 @@ template <class Policy>
 void run_selector(benchmark::State& state, const Policy& policy) {
   const auto& g = bench::gradient(n_of(state));
   const gc::backend::host host{};
-  gc::detail::engine<Policy, gc::backend::host> engine(host, policy, g.size());
+  gc::detail::engine_for<Policy, gc::backend::host> engine(host, policy, g.size());
   std::vector<std::uint32_t> out(policy.max_selected(g.size()));
   std::uint64_t step = 0;
   std::size_t sent = 0;
   for (auto _ : state) {
-    sent = gc::detail::select_now(engine, host, policy, {g, g, step++}, out).count;
+    sent = support::select_now(engine, host, policy, {g, g, step++}, out).count;
     benchmark::DoNotOptimize(out.data());
   }
   account(state, sent);
@@ -58,12 +59,12 @@ void BM_sampled_threshold_reuse(benchmark::State& s) {
   const auto& g = bench::gradient(n_of(s));
   const gc::select::sampled_threshold policy{.density = density_of(s), .reuse_threshold = true};
   const gc::backend::host host{};
-  gc::detail::engine<gc::select::sampled_threshold, gc::backend::host> engine(host, policy, g.size());
+  gc::detail::engine_for<gc::select::sampled_threshold, gc::backend::host> engine(host, policy, g.size());
   std::vector<std::uint32_t> out(policy.max_selected(g.size()));
   std::uint64_t step = 0;
   std::size_t sent = 0;
   for (auto _ : s) {
-    sent = gc::detail::select_now(engine, host, policy, {g, g, step++}, out).count;
+    sent = support::select_now(engine, host, policy, {g, g, step++}, out).count;
     engine.accept();
   }
   account(s, sent);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 
+#include "support/engine_stages.hpp"
 #include "support/inputs.hpp"
 #include "support/reference.hpp"
 
@@ -106,7 +107,7 @@ TEST_CASE("delta_bitpack handles gaps of every width, up to the full 32 bits") {
   const std::vector<float> values(indices.size(), 1.0f);
   std::vector<float> sent(indices.size());
   std::vector<std::byte> message(policy.max_bytes(n, indices.size()));
-  message.resize(gc::detail::encode_message(policy, n, indices, values, message, sent, 0));
+  message.resize(support::encode_message(policy, n, indices, values, message, sent, 0));
   const gc::message_header h = gc::detail::read_header(message, message.size());
   CHECK(h.index_bytes == reference::index_section_bytes(reference::indices::delta_bitpack, n, indices));
   CHECK(gc::decode(message).indices == indices);

@@ -2,7 +2,6 @@
 // threads, or, built with GRADCOMP_TEST_KOKKOS, on backend::kokkos<DefaultExecutionSpace>;
 // and the properties that hold over many steps.
 #include <doctest/doctest.h>
-#include <gradcomp/detail/stages_at_once.hpp>
 #include <gradcomp/gradcomp.hpp>
 
 #include <cstring>
@@ -12,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "support/engine_stages.hpp"
 #include "support/conformance.hpp"
 #include "support/inputs.hpp"
 #include "support/opaque_host.hpp"
@@ -151,7 +151,7 @@ void fast_path_matches_generic() {
         const auto policy = Case::make(variant).first;
         using policy_type = std::remove_const_t<decltype(policy)>;
         const gc::backend::host be{.threads = threads};
-        gc::detail::engine<policy_type, gc::backend::host> fast(be, policy, n);
+        gc::detail::fast_engine<policy_type, gc::backend::host> fast(be, policy, n);
         generic_engine<policy_type> generic(be, policy, n);
         for (std::uint64_t t = 0; t < 8; ++t) {
           const auto shape = inputs::all_shapes[t % std::size(inputs::all_shapes)];
@@ -169,12 +169,12 @@ void fast_path_matches_generic() {
           CAPTURE(t);
 
           std::vector<float> preview_fast(n), preview_generic(n);
-          const bool preview_ok = gc::detail::preview_now(fast, be, policy, g, preview_fast);
-          REQUIRE(gc::detail::preview_now(generic, be, policy, g, preview_generic) == preview_ok);
+          const bool preview_ok = support::preview_now(fast, be, policy, g, preview_fast);
+          REQUIRE(support::preview_now(generic, be, policy, g, preview_generic) == preview_ok);
           if (preview_ok) REQUIRE(std::memcmp(preview_fast.data(), preview_generic.data(), 4 * n) == 0);
 
-          const bool ok = gc::detail::update_now(fast, be, policy, g);
-          REQUIRE(gc::detail::update_now(generic, be, policy, g) == ok);
+          const bool ok = support::update_now(fast, be, policy, g);
+          REQUIRE(support::update_now(generic, be, policy, g) == ok);
           REQUIRE(ok == (t != 5));
           if (!ok) continue;  // rejected: nothing committed, nothing accepted
           const auto acc_fast = fast.acc(g);
@@ -189,8 +189,8 @@ void fast_path_matches_generic() {
               sent.push_back(t % 2 == 1 ? acc_fast[i] * 0.5f : acc_fast[i]);  // lossy and lossless values
             }
           }
-          gc::detail::commit_now(fast, be, policy, index, sent);
-          gc::detail::commit_now(generic, be, policy, index, sent);
+          support::commit_now(fast, be, policy, index, sent);
+          support::commit_now(generic, be, policy, index, sent);
           fast.accept();
           generic.accept();
           for (std::size_t a = 0; a != policy_type::state_arrays; ++a) {
@@ -223,8 +223,8 @@ template <class Fast, class Generic, class Policy>
 void require_same_selection(const gc::backend::host& be, Fast& fast, Generic& generic, const Policy& policy, const gc::detail::select_input& in) {
   const std::size_t n = in.acc.size();
   std::vector<std::uint32_t> out_fast(n), out_generic(n, 0xFFFFFFFFu);
-  const auto a = gc::detail::select_now(fast, be, policy, in, out_fast);
-  const auto b = gc::detail::select_now(generic, be, policy, in, out_generic);
+  const auto a = support::select_now(fast, be, policy, in, out_fast);
+  const auto b = support::select_now(generic, be, policy, in, out_generic);
   REQUIRE(a.finite);
   REQUIRE(b.finite);
   REQUIRE(a.count == b.count);
@@ -243,7 +243,7 @@ TEST_CASE("backend::host's threshold fast path equals the generic algorithm on b
         for (const float tau : {0.0f, 1e-30f, 0.5f, 1.0f, 3.0f}) {
           const gc::backend::host be{.threads = threads};
           const gc::select::threshold policy{.tau = tau};
-          gc::detail::engine<gc::select::threshold, gc::backend::host> fast(be, policy, n);
+          gc::detail::fast_engine<gc::select::threshold, gc::backend::host> fast(be, policy, n);
           gc::detail::threshold_selection<gc::backend::host> generic(be, policy, n);
           const auto acc = inputs::make(shape, n, 31);
           CAPTURE(threads);
@@ -273,7 +273,7 @@ void require_sampled_threshold_fast_path_equals(const std::string& generic_name)
         for (const double density : {0.001, 0.05, 0.5}) {
           const gc::backend::host be{.threads = threads};
           const auto policy = case_type::make(variant, n, density).first;
-          gc::detail::engine<gc::select::sampled_threshold, gc::backend::host> fast(be, policy, n);
+          gc::detail::fast_engine<gc::select::sampled_threshold, gc::backend::host> fast(be, policy, n);
           const Backend generic_be{be};
           gc::detail::sampled_threshold_selection<Backend> generic(generic_be, policy, n);
           for (std::uint64_t t = 0; t < 6; ++t) {
@@ -286,8 +286,8 @@ void require_sampled_threshold_fast_path_equals(const std::string& generic_name)
             CAPTURE(density);
             CAPTURE(t);
             std::vector<std::uint32_t> out_fast(n), out_generic(n, 0xFFFFFFFFu);
-            const auto a = gc::detail::select_now(fast, be, policy, {acc, acc, t}, out_fast);
-            const auto b = gc::detail::select_now(generic, generic_be, policy, {acc, acc, t}, out_generic);
+            const auto a = support::select_now(fast, be, policy, {acc, acc, t}, out_fast);
+            const auto b = support::select_now(generic, generic_be, policy, {acc, acc, t}, out_generic);
             REQUIRE(a.count == b.count);
             REQUIRE(std::equal(out_fast.begin(), out_fast.begin() + static_cast<std::ptrdiff_t>(a.count),
                                out_generic.begin()));
@@ -329,7 +329,7 @@ TEST_CASE("backend::host's exact_topk fast path equals the generic algorithm on 
           }
           const gc::backend::host be{.threads = threads};
           const gc::select::exact_topk policy{.count = std::min(k, n)};
-          gc::detail::engine<gc::select::exact_topk, gc::backend::host> fast(be, policy, n);
+          gc::detail::fast_engine<gc::select::exact_topk, gc::backend::host> fast(be, policy, n);
           gc::detail::exact_topk_selection<gc::backend::host> generic(be, policy, n);
           CAPTURE(threads);
           CAPTURE(n);
@@ -354,7 +354,7 @@ TEST_CASE("backend::host's chunk_local fast path equals the generic algorithm on
         for (std::size_t s = 0; s < std::size(inputs::all_shapes); ++s) {
           const gc::backend::host be{.threads = threads};
           const gc::select::chunk_local policy{.bin = bin};
-          gc::detail::engine<gc::select::chunk_local, gc::backend::host> fast(be, policy, n);
+          gc::detail::fast_engine<gc::select::chunk_local, gc::backend::host> fast(be, policy, n);
           gc::detail::chunk_local_selection<gc::backend::host> generic(be, policy, n);
           const auto acc = inputs::make(inputs::all_shapes[s], n, 1300 + s);
           const auto g = inputs::make(inputs::all_shapes[(s + 3) % std::size(inputs::all_shapes)], n, 1400 + s);

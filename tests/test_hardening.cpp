@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "support/engine_stages.hpp"
 #include "support/inputs.hpp"
 
 namespace gc = gradcomp;
@@ -384,7 +385,7 @@ TEST_CASE("count + 1 with a recomputed checksum: refused, or the canonical messa
     }
     std::vector<std::byte> again(e.max_bytes(n, s.indices.size()));
     std::vector<float> sent(s.indices.size());
-    const std::size_t bytes = gc::detail::encode_message(e, n, s.indices, s.values, again, sent, 0);
+    const std::size_t bytes = support::encode_message(e, n, s.indices, s.values, again, sent, 0);
     again.resize(bytes);
     CHECK(again == m);
     ++canonical;

@@ -1,7 +1,6 @@
 // The selectors beyond exact_topk, each against the rule ALGORITHMS.md states,
 // re-implemented here.
 #include <doctest/doctest.h>
-#include <gradcomp/detail/stages_at_once.hpp>
 #include <gradcomp/gradcomp.hpp>
 
 #include <cmath>
@@ -9,6 +8,7 @@
 #include <sstream>
 #include <string>
 
+#include "support/engine_stages.hpp"
 #include "support/inputs.hpp"
 #include "support/reference.hpp"
 
@@ -137,22 +137,22 @@ std::vector<std::vector<std::uint32_t>> unfused_steps(std::size_t n, Selector s,
                                                       const std::vector<std::vector<float>>& grads) {
   const gc::backend::host host{};
   const gc::encode::index_value e{};
-  gc::detail::engine<Selector, gc::backend::host> select(host, s, n);
-  gc::detail::engine<Corrector, gc::backend::host> correct(host, c, n);
-  gc::detail::engine<gc::encode::index_value, gc::backend::host> encode(host, e, n, s.max_selected(n));
+  gc::detail::engine_for<Selector, gc::backend::host> select(host, s, n);
+  gc::detail::engine_for<Corrector, gc::backend::host> correct(host, c, n);
+  gc::detail::engine_for<gc::encode::index_value, gc::backend::host> encode(host, e, n, s.max_selected(n));
   std::vector<std::uint32_t> index(s.max_selected(n));
   std::vector<float> sent(index.size());
   std::vector<std::byte> buf(e.max_bytes(n, index.size()));
   std::vector<std::vector<std::uint32_t>> out;
   for (std::uint64_t step = 0; step < grads.size(); ++step) {
     const auto& g = grads[step];
-    REQUIRE(gc::detail::update_now(correct, host, c, g));
+    REQUIRE(support::update_now(correct, host, c, g));
     const auto acc = correct.acc(g);
-    const auto chosen = gc::detail::select_now(select, host, s, {acc, g, step}, index);
+    const auto chosen = support::select_now(select, host, s, {acc, g, step}, index);
     REQUIRE(chosen.finite);
     const std::span<const std::uint32_t> idx(index.data(), chosen.count);
-    gc::detail::encode_now(encode, host, e, {acc, idx, step, chosen.value_scale}, buf, sent);
-    gc::detail::commit_now(correct, host, c, idx, std::span<const float>(sent.data(), chosen.count));
+    support::encode_now(encode, host, e, {acc, idx, step, chosen.value_scale}, buf, sent);
+    support::commit_now(correct, host, c, idx, std::span<const float>(sent.data(), chosen.count));
     correct.accept();
     select.accept();
     out.emplace_back(idx.begin(), idx.end());

@@ -2,7 +2,6 @@
 /// The facade: one selector, one corrector and one encoder composed on one backend.
 #pragma once
 
-#include <gradcomp/backend/host.hpp>
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/config.hpp>
 #include <gradcomp/correct/none.hpp>
@@ -46,8 +45,8 @@ class compressor {
   // device memory, and a step can be queued without reading anything back.
   static constexpr bool on_device = std::is_same_v<typename Backend::message_memory, device_memory>;
 
-  using select_engine = detail::engine<Selector, Backend>;
-  using correct_engine = detail::engine<Corrector, Backend>;
+  using select_engine = detail::engine_for<Selector, Backend>;
+  using correct_engine = detail::engine_for<Corrector, Backend>;
   // The selector watches the corrector's pass chunk by chunk where both engines can
   // (backend::host's fast paths), so that acc is read while it is in cache.
   static constexpr bool fused_pass = detail::selector_engine_observes<select_engine, Selector, Backend> &&
@@ -284,7 +283,7 @@ class compressor {
   /// \throws gradcomp::error unless they ascend strictly, are below n and number at
   ///         most the selector's capacity (max_selected(n)); the previous set stays then.
   void set_indices(std::span<const std::uint32_t> indices)
-    requires requires(detail::engine<Selector, Backend>& e, const Selector& s) { e.set_indices(s, indices); }
+    requires requires(detail::engine_for<Selector, Backend>& e, const Selector& s) { e.set_indices(s, indices); }
   {
     check_device("set_indices");
     select_.set_indices(selector_, indices);
@@ -555,7 +554,7 @@ class compressor {
   // Grows the index and value workspace (strong guarantee: allocate, then swap).
   void reserve(std::size_t capacity) {
     if (capacity <= capacity_) return;
-    auto encode = detail::engine<Encoder, Backend>(backend_, encoder_, n_, capacity);
+    auto encode = detail::engine_for<Encoder, Backend>(backend_, encoder_, n_, capacity);
     auto index = backend_.template allocate<std::uint32_t>(capacity);
     auto sent = backend_.template allocate<float>(capacity);
     encode_ = std::move(encode);
@@ -615,7 +614,7 @@ class compressor {
   std::size_t capacity_;
   select_engine select_;
   correct_engine correct_;
-  detail::engine<Encoder, Backend> encode_;
+  detail::engine_for<Encoder, Backend> encode_;
   typename Backend::template buffer<std::uint32_t> index_;
   typename Backend::template buffer<float> sent_;
   typename Backend::template buffer<detail::step_status> status_;  // [0] a step's, [1] a preview's

@@ -15,18 +15,38 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 GRADCOMP_NAMESPACE_BEGIN
 
 namespace detail {
-/// The implementation of policy `Policy` on backend `Backend`. The primary template is
-/// never defined: each backend specialises it for the policies it runs.
+/// The implementation of policy `Policy` on backend `Backend`: the algorithm written once
+/// over the backend primitives (each policy's detail/ header specialises it for every
+/// backend; a policy written outside gradcomp specialises it for the backends it runs on).
+/// The primary template is never defined.
 template <class Policy, class Backend>
 class engine;
 
+/// A backend's own implementation of a policy, where one pays (a fast path): defined in
+/// detail/<backend>/, included by that backend's header alone, and proved equal to the
+/// engine above by the tests.
 template <class Policy, class Backend>
-concept has_engine = requires { sizeof(engine<Policy, Backend>); };
+class fast_engine;
+
+/// Whether `Backend` has a fast path for `Policy`: false unless the fast path's header
+/// says so beside its fast_engine (as Kokkos Kernels' *_tpl_spec_avail does).
+template <class Policy, class Backend>
+struct has_fast_path : std::false_type {};
+
+/// What a compressor runs for `Policy` on `Backend`: the fast path where there is one,
+/// else the engine.
+template <class Policy, class Backend>
+using engine_for =
+    std::conditional_t<has_fast_path<Policy, Backend>::value, fast_engine<Policy, Backend>, engine<Policy, Backend>>;
+
+template <class Policy, class Backend>
+concept has_engine = requires { sizeof(engine_for<Policy, Backend>); };
 }  // namespace detail
 
 // -- one requirement each, named so that a failed check names the member ------------
@@ -338,9 +358,9 @@ consteval bool check_policies() {
 template <class Backend, class Selector, class Corrector, class Encoder>
 consteval bool check_engines() {
   if constexpr (has_engine<Selector, Backend> && has_engine<Corrector, Backend> && has_engine<Encoder, Backend>) {
-    using select_engine = engine<Selector, Backend>;
-    using correct_engine = engine<Corrector, Backend>;
-    using encode_engine = engine<Encoder, Backend>;
+    using select_engine = engine_for<Selector, Backend>;
+    using correct_engine = engine_for<Corrector, Backend>;
+    using encode_engine = engine_for<Encoder, Backend>;
     static_assert(selector_engine<select_engine, Selector, Backend>,
                   "gradcomp: the selector's engine lacks the step protocol: "
                   "select(context, policy, select_input, out, step_status*) -> queued_selection, and accept()");

@@ -23,7 +23,6 @@
 /// Parameters a coding does not use must be zero. docs/wire-format.md has the sections.
 #pragma once
 
-#include <gradcomp/backend/host.hpp>
 #include <gradcomp/config.hpp>
 #include <gradcomp/detail/codecs.hpp>
 #include <gradcomp/detail/wire.hpp>

@@ -8,6 +8,7 @@
 #include "process_group.hpp"
 #include "tensors.hpp"
 
+#include <gradcomp/backend/host.hpp>
 #include <gradcomp/detail/collective_checks.hpp>
 #include <gradcomp/message.hpp>
 #include <gradcomp/schedule/ratio_plan.hpp>

@@ -73,14 +73,14 @@ TEST_CASE("cuda: the exact_topk and chunk_local fast paths equal the generic alg
       CAPTURE(inputs::name(inputs::all_shapes[s]));
       for (const std::size_t k : {std::size_t{1}, n / 1000 + 1, n / 7 + 1, n}) {
         const gc::select::exact_topk policy{.count = k};
-        gc::detail::engine<gc::select::exact_topk, gc::backend::cuda> fast(be, policy, n);
+        gc::detail::fast_engine<gc::select::exact_topk, gc::backend::cuda> fast(be, policy, n);
         gc::detail::exact_topk_selection<gc::backend::cuda> generic(be, policy, n);
         CAPTURE(k);
         REQUIRE(queued_indices(fast, be, policy, acc, acc) == queued_indices(generic, be, policy, acc, acc));
       }
       for (const std::size_t bin : {std::size_t{1}, std::size_t{50}, std::size_t{5000}, n}) {
         const gc::select::chunk_local policy{.bin = bin};
-        gc::detail::engine<gc::select::chunk_local, gc::backend::cuda> fast(be, policy, n);
+        gc::detail::fast_engine<gc::select::chunk_local, gc::backend::cuda> fast(be, policy, n);
         gc::detail::chunk_local_selection<gc::backend::cuda> generic(be, policy, n);
         CAPTURE(bin);
         REQUIRE(queued_indices(fast, be, policy, acc, g) == queued_indices(generic, be, policy, acc, g));

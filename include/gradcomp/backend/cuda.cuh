@@ -258,5 +258,11 @@ struct cuda {
 }  // namespace backend
 GRADCOMP_NAMESPACE_END
 
-#include <gradcomp/detail/cuda/chunk_local.cuh>
-#include <gradcomp/detail/cuda/exact_topk.cuh>
+// backend::cuda's fast paths (detail/cuda/select_*.cuh: each a detail::fast_engine with
+// its has_fast_path), the parts of this header, included here alone once backend::cuda is
+// complete.
+/// Defined once the backend is complete: its parts (the fast paths) refuse to be included
+/// other than through backend/cuda.cuh.
+#define GRADCOMP_BACKEND_CUDA_COMPLETE 1
+#include <gradcomp/detail/cuda/select_chunk_local.cuh>
+#include <gradcomp/detail/cuda/select_exact_topk.cuh>

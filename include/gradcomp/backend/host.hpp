@@ -269,3 +269,17 @@ struct host {
 
 }  // namespace backend
 GRADCOMP_NAMESPACE_END
+
+// backend::host's fast paths (detail/host/: each a detail::fast_engine with its
+// has_fast_path, and their helpers), the parts of this header, included here alone once
+// backend::host is complete: a program that runs on the host has them all, one that does
+// not compiles none of them.
+/// Defined once the backend is complete: its parts (the fast paths) refuse to be included
+/// other than through backend/host.hpp.
+#define GRADCOMP_BACKEND_HOST_COMPLETE 1
+#include <gradcomp/detail/host/correct_elementwise.hpp>
+#include <gradcomp/detail/host/correct_none.hpp>
+#include <gradcomp/detail/host/select_chunk_local.hpp>
+#include <gradcomp/detail/host/select_exact_topk.hpp>
+#include <gradcomp/detail/host/select_sampled_threshold.hpp>
+#include <gradcomp/detail/host/select_threshold.hpp>

@@ -106,11 +106,8 @@ struct kokkos {
   template <class Keep>
   void compact(std::size_t n, const Keep& keep, std::uint32_t* out, std::span<std::byte>, std::uint32_t* count) const {
     if (n == 0) return clear(count, 1);
-    if constexpr (std::is_same_v<Keep, detail::magnitude_at_least>) {
-      // A threshold on magnitudes: sixteen entries per work item with the SIMD mask of
-      // detail/host/simd.hpp, so groups without a hit cost one compare (bench_kokkos).
-      const auto kept = static_cast<std::uint32_t>(
-          detail::kk::compact_at_least(space, space_view<const float>(keep.acc, n), keep.key, space_view<std::uint32_t>(out, n)));
+    if constexpr (detail::kk::has_fast_compaction<Keep>::value) {  // e.g. a SIMD-masked threshold (bench_kokkos)
+      const std::uint32_t kept = detail::kk::fast_compaction(space, n, keep, out);
       to_device(&kept, 1, count);
     } else {
       expand(n, detail::kept_index<Keep>{keep}, out, {}, count);

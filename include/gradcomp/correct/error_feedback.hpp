@@ -52,4 +52,3 @@ struct error_feedback {
 GRADCOMP_NAMESPACE_END
 
 #include <gradcomp/detail/correct_elementwise.hpp>       // the algorithm, on every backend
-#include <gradcomp/detail/host/elementwise_corrector.hpp>  // backend::host's fused fast path

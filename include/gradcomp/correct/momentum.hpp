@@ -63,4 +63,3 @@ struct momentum {
 GRADCOMP_NAMESPACE_END
 
 #include <gradcomp/detail/correct_elementwise.hpp>       // the algorithm, on every backend
-#include <gradcomp/detail/host/elementwise_corrector.hpp>  // backend::host's fused fast path

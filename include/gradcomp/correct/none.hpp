@@ -23,4 +23,3 @@ struct none {
 GRADCOMP_NAMESPACE_END
 
 #include <gradcomp/detail/correct_none.hpp>     // the algorithm, on every backend
-#include <gradcomp/detail/host/none.hpp>     // backend::host's fused pass

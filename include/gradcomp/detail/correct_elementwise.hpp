@@ -2,7 +2,7 @@
 /// The algorithm of every corrector defined element by element (error_feedback,
 /// momentum, clip_norm, low_pass, chain), written once over the backend primitives of
 /// concepts.hpp: it is what backend::kokkos and backend::cuda run, and backend::host's
-/// fused engine (detail/host/elementwise_corrector.hpp) is a fast path proved
+/// fused engine (detail/host/correct_elementwise.hpp) is a fast path proved
 /// bit-identical to it by the tests. The policy supplies `update(state, g) -> acc` and
 /// `commit(state, old_state, acc, sent)` for one element; this file supplies the passes
 /// and the double-buffered state, so a rejected step leaves the committed state as it

@@ -23,7 +23,6 @@
 ///  7. the checksum: a CRC-32C register per kilobyte, then one item chains them.
 #pragma once
 
-#include <gradcomp/backend/host.hpp>
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/config.hpp>
 #include <gradcomp/detail/bits.hpp>
@@ -539,21 +538,6 @@ class engine<encode::index_value, Backend> {
   typename Backend::template buffer<float> values_;  // the gathered, scaled values
   typename Backend::template buffer<std::byte> message_;  // staged: the message in the space's memory
 };
-
-/// Writes the message of ascending `index` with `values` (already scaled) of a tensor
-/// of n elements on backend::host (one thread) into `out` (at least policy.max_bytes
-/// long) and what the receiver decodes into `sent`; returns the message's size. For
-/// tools and tests that hold entries rather than a compressor.
-inline std::size_t encode_message(const encode::index_value& policy, std::size_t n, std::span<const std::uint32_t> index,
-                                  std::span<const float> values, std::span<std::byte> out, std::span<float> sent,
-                                  std::uint64_t step) {
-  const backend::host one_thread{.threads = 1};
-  message_writer<backend::host> writer(one_thread, policy, n, index.size());
-  step_status status;  // host memory
-  status.count = static_cast<std::uint32_t>(index.size());
-  writer.queue(one_thread, policy, index.size(), index.data(), values.data(), step, out.data(), sent.data(), &status);
-  return static_cast<std::size_t>(status.bytes);
-}
 
 }  // namespace detail
 GRADCOMP_NAMESPACE_END

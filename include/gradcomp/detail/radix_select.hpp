@@ -44,6 +44,12 @@ struct radix_digit {
 inline constexpr std::array<radix_digit, 3> magnitude_digits{{{20, 11}, {10, 10}, {0, 10}}};
 inline constexpr std::size_t top_digit_bins = std::size_t{1} << 11;
 
+/// exact_topk's sample, on every backend: every topk_sample_stride-th entry of acc
+/// brackets the k-th largest key (sample_bracket); below topk_min_sampled_n entries
+/// the top digit's histogram runs at once.
+inline constexpr std::size_t topk_sample_stride = 512;
+inline constexpr std::size_t topk_min_sampled_n = std::size_t{1} << 16;
+
 /// Where the k-th largest key sits.
 struct kth_key {
   std::uint32_t key;      ///< the k-th largest key

@@ -1,11 +1,11 @@
-/// \file detail/host/select_bin.hpp
+/// \file detail/select_bin.hpp
 /// chunk_local's kernel for one bin on the host (SSE2 where available): backend::host's
 /// engine runs it inside the corrector's pass, and the generic algorithm
 /// (detail/select_chunk_local.hpp) writes each bin's hits with it on the host. Not API.
 #pragma once
 
 #include <gradcomp/config.hpp>
-#include <gradcomp/detail/host/simd.hpp>
+#include <gradcomp/detail/simd.hpp>
 #include <gradcomp/detail/radix_select.hpp>
 
 #include <cmath>

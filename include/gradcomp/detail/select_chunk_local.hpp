@@ -2,15 +2,15 @@
 /// select::chunk_local's algorithm (AdaComp) over the backend primitives: one ordered
 /// expansion over the bins, in which each bin finds its largest |acc| and makes the
 /// indices with |acc_i + g_i| >= it, its count going straight into the step's status.
-/// What backend::kokkos runs; backend::host's engine (detail/host/chunk_local.hpp,
+/// What backend::kokkos runs; backend::host's engine (detail/host/select_chunk_local.hpp,
 /// inside the corrector's pass) and backend::cuda's (a CUB reduce-by-key over the bins
-/// and one compaction, detail/cuda/chunk_local.cuh) are fast paths, the first proved
+/// and one compaction, detail/cuda/select_chunk_local.cuh) are fast paths, the first proved
 /// equal to this by the tests. Not API.
 #pragma once
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/config.hpp>
-#include <gradcomp/detail/host/select_bin.hpp>
+#include <gradcomp/detail/select_bin.hpp>
 #include <gradcomp/detail/selector_work.hpp>
 #include <gradcomp/detail/step_input.hpp>
 #include <gradcomp/select/chunk_local.hpp>

@@ -48,8 +48,8 @@ struct top_digit_of {
 /// step.
 template <class Backend>
 class exact_topk_selection {
-  static constexpr std::size_t sample_stride = 512;
-  static constexpr std::size_t min_sampled_n = std::size_t{1} << 16;  // below, the histogram at once
+  static constexpr std::size_t sample_stride = topk_sample_stride;
+  static constexpr std::size_t min_sampled_n = topk_min_sampled_n;
   static constexpr bool staged = !Backend::host_accessible;            // host copies of what the host reads
 
  public:

@@ -26,7 +26,7 @@
 /// queued and passes run over the count rather than the capacity; the results are the
 /// same, since every item is guarded (tests/test_conformance.cpp runs the algorithm on a
 /// host backend that declares its memory unreadable too). backend::host's own engine
-/// (detail/host/sampled_threshold.hpp) samples ahead of and collects in the corrector's
+/// (detail/host/select_sampled_threshold.hpp) samples ahead of and collects in the corrector's
 /// pass, a fast path the tests prove equal to this. Not API.
 #pragma once
 
@@ -563,7 +563,7 @@ class sampled_threshold_selection {
 
   Backend backend_;
   std::size_t n_;
-  engine<select::exact_topk, Backend> topk_;  // where the sample would be all of acc
+  engine_for<select::exact_topk, Backend> topk_;  // where the sample would be all of acc
   typename Backend::template buffer<std::uint32_t> candidates_, keys_, found_, bins_, steps_, between_;
   typename Backend::template buffer<threshold_search> search_;
   typename Backend::template buffer<std::byte> workspace_;

@@ -2,7 +2,7 @@
 /// select::threshold's algorithm over the backend primitives: one ordered compaction of
 /// the indices with |acc_i| >= tau, whose count goes straight into the step's status.
 /// What backend::kokkos and backend::cuda run; backend::host's engine
-/// (detail/host/threshold.hpp) collects during the corrector's pass instead, a fast
+/// (detail/host/select_threshold.hpp) collects during the corrector's pass instead, a fast
 /// path the tests prove equal to this. Not API.
 #pragma once
 

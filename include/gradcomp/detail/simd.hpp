@@ -1,4 +1,4 @@
-/// \file detail/host/simd.hpp
+/// \file detail/simd.hpp
 /// The one SIMD idiom the host passes need: a bit mask of which of 16 floats have a
 /// magnitude key at or above a bound. With it a pass skips the (vast majority of)
 /// groups with no hit at the speed of a streaming read, and visits hits by bit scan.

@@ -36,4 +36,3 @@ struct chunk_local {
 GRADCOMP_NAMESPACE_END
 
 #include <gradcomp/detail/select_chunk_local.hpp>  // the algorithm, on every backend
-#include <gradcomp/detail/host/chunk_local.hpp>    // backend::host's fast path, inside the corrector's pass

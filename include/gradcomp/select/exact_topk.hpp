@@ -53,4 +53,3 @@ struct exact_topk {
 GRADCOMP_NAMESPACE_END
 
 #include <gradcomp/detail/select_exact_topk.hpp>  // the algorithm, on every backend
-#include <gradcomp/detail/host/exact_topk.hpp>  // backend::host's fast path, a SIMD radix select fused with the corrector's pass

@@ -76,4 +76,3 @@ struct sampled_threshold {
 GRADCOMP_NAMESPACE_END
 
 #include <gradcomp/detail/select_sampled_threshold.hpp>  // the algorithm, on every backend
-#include <gradcomp/detail/host/sampled_threshold.hpp>       // backend::host's fast path, sampling ahead of the corrector's pass

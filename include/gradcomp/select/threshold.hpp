@@ -31,4 +31,3 @@ struct threshold {
 GRADCOMP_NAMESPACE_END
 
 #include <gradcomp/detail/select_threshold.hpp>  // the algorithm, on every backend
-#include <gradcomp/detail/host/threshold.hpp>   // backend::host's fast path, fused with the corrector's pass

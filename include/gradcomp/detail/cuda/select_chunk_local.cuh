@@ -1,4 +1,4 @@
-/// \file detail/cuda/chunk_local.cuh
+/// \file detail/cuda/select_chunk_local.cuh
 /// select::chunk_local (AdaComp) on backend::cuda: the bins' max |acc| by one
 /// cub::DeviceReduce::ReduceByKey over the bin number i / bin (one pass, whatever the
 /// bin size), then an ordered compaction (cub::DeviceSelect::If) of the indices with
@@ -6,7 +6,10 @@
 /// status. Magnitudes are compared as keys, which order as the host's floats. Not API.
 #pragma once
 
-#include <gradcomp/backend/cuda.cuh>
+#if !defined(GRADCOMP_BACKEND_CUDA_COMPLETE)
+#error "gradcomp: detail/cuda/select_*.cuh are parts of <gradcomp/backend/cuda.cuh>, which includes them: include that"
+#endif
+
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/detail/cuda/compaction.cuh>
 #include <gradcomp/detail/cuda/device_buffer.cuh>
@@ -61,9 +64,12 @@ using magnitudes = thrust::transform_iterator<magnitude_of, indices>;
 }  // namespace cuda_chunk_local
 
 template <>
-class engine<select::chunk_local, backend::cuda> {
+struct has_fast_path<select::chunk_local, backend::cuda> : std::true_type {};
+
+template <>
+class fast_engine<select::chunk_local, backend::cuda> {
  public:
-  engine(const backend::cuda& be, const select::chunk_local& policy, std::size_t n)
+  fast_engine(const backend::cuda& be, const select::chunk_local& policy, std::size_t n)
       : n_(n),
         bin_max_(be.template allocate<std::uint32_t>(n / policy.bin_for(n) + (n % policy.bin_for(n) != 0 ? 1 : 0))),
         runs_(be.template allocate<std::uint32_t>(1)),

@@ -1,11 +1,14 @@
-/// \file detail/cuda/exact_topk.cuh
+/// \file detail/cuda/select_exact_topk.cuh
 /// select::exact_topk on backend::cuda: a radix select of the k-th largest magnitude
 /// (detail/cuda/radix_topk.cuh), a second radix select among the entries equal to it
 /// that keeps the lowest indices, then a CUB radix sort of the k chosen indices so that
 /// they ascend. The same indices as backend::host. Not API.
 #pragma once
 
-#include <gradcomp/backend/cuda.cuh>
+#if !defined(GRADCOMP_BACKEND_CUDA_COMPLETE)
+#error "gradcomp: detail/cuda/select_*.cuh are parts of <gradcomp/backend/cuda.cuh>, which includes them: include that"
+#endif
+
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/detail/cuda/device_buffer.cuh>
 #include <gradcomp/detail/cuda/launch.cuh>
@@ -26,11 +29,14 @@ GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 
 template <>
-class engine<select::exact_topk, backend::cuda> {
+struct has_fast_path<select::exact_topk, backend::cuda> : std::true_type {};
+
+template <>
+class fast_engine<select::exact_topk, backend::cuda> {
  public:
   static constexpr bool checks_finite = true;  // the top digit's histogram counts NaN and infinity keys
 
-  engine(const backend::cuda& be, const select::exact_topk& policy, std::size_t n)
+  fast_engine(const backend::cuda& be, const select::exact_topk& policy, std::size_t n)
       : allocate_from_(be),
         n_(static_cast<std::uint32_t>(n)),
         grid_(cuda_launch::grid_for(n)),

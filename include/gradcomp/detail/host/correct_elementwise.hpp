@@ -1,4 +1,4 @@
-/// \file detail/host/elementwise_corrector.hpp
+/// \file detail/host/correct_elementwise.hpp
 /// backend::host's fast path for the element-wise correctors (error_feedback, momentum,
 /// clip_norm, low_pass, chain): the algorithm of detail/correct_elementwise.hpp fused
 /// with the selector's first pass (each chunk of acc is handed over while in cache),
@@ -7,7 +7,10 @@
 /// backend::host; bench_kokkos measures what it gains.
 #pragma once
 
-#include <gradcomp/backend/host.hpp>
+#if !defined(GRADCOMP_BACKEND_HOST_COMPLETE)
+#error "gradcomp: detail/host/ holds the parts of <gradcomp/backend/host.hpp>, which includes them: include that"
+#endif
+
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/detail/correct_elementwise.hpp>
 #include <gradcomp/detail/fixed_order_sum.hpp>
@@ -37,7 +40,10 @@ concept bounded_update = requires(const P& p, const double* state_max, double g_
 // Loops over the state arrays test `a != arrays`: nvcc warns that `a < arrays` is
 // pointless for the stateless correctors (arrays = 0).
 template <elementwise_corrector Policy>
-class engine<Policy, backend::host> {
+struct has_fast_path<Policy, backend::host> : std::true_type {};
+
+template <elementwise_corrector Policy>
+class fast_engine<Policy, backend::host> {
   static constexpr std::size_t arrays = Policy::state_arrays;
   static constexpr bool own_acc = Policy::acc_state < 0;
   // In place only where the gradient is read before the update anyway (the clipping
@@ -45,7 +51,7 @@ class engine<Policy, backend::host> {
   static constexpr bool in_place_capable = arrays > 0 && bounded_update<Policy> && scales_gradient<Policy>();
 
  public:
-  engine(const backend::host& be, const Policy&, std::size_t n)
+  fast_engine(const backend::host& be, const Policy&, std::size_t n)
       : threads_(be.concurrency()),
         state_(n),
         acc_(own_acc ? n : 0),

@@ -1,6 +1,10 @@
-/// \file detail/host/none.hpp
+/// \file detail/host/correct_none.hpp
 /// correct::none on backend::host.
 #pragma once
+
+#if !defined(GRADCOMP_BACKEND_HOST_COMPLETE)
+#error "gradcomp: detail/host/ holds the parts of <gradcomp/backend/host.hpp>, which includes them: include that"
+#endif
 
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/correct/none.hpp>
@@ -15,9 +19,12 @@ GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 
 template <>
-class engine<correct::none, backend::host> {
+struct has_fast_path<correct::none, backend::host> : std::true_type {};
+
+template <>
+class fast_engine<correct::none, backend::host> {
  public:
-  engine(const backend::host&, const correct::none&, std::size_t) {}
+  fast_engine(const backend::host&, const correct::none&, std::size_t) {}
 
   /// Checks g and hands each chunk to `visit(thread, begin, acc_chunk)`; a NaN or
   /// infinity in g sets the status's verdict (host memory).

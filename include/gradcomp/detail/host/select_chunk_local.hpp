@@ -1,12 +1,15 @@
-/// \file detail/host/chunk_local.hpp
+/// \file detail/host/select_chunk_local.hpp
 /// select::chunk_local on backend::host, inside the corrector's pass: each chunk
 /// handles the bins that lie wholly in it; the few bins that straddle two chunks are
 /// handled in select() as their lists are concatenated.
 #pragma once
 
-#include <gradcomp/backend/host.hpp>
+#if !defined(GRADCOMP_BACKEND_HOST_COMPLETE)
+#error "gradcomp: detail/host/ holds the parts of <gradcomp/backend/host.hpp>, which includes them: include that"
+#endif
+
 #include <gradcomp/concepts.hpp>
-#include <gradcomp/detail/host/select_bin.hpp>
+#include <gradcomp/detail/select_bin.hpp>
 #include <gradcomp/detail/host/slices.hpp>
 #include <gradcomp/detail/radix_select.hpp>
 #include <gradcomp/detail/step_input.hpp>
@@ -20,11 +23,14 @@ GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 
 template <>
-class engine<select::chunk_local, backend::host> {
+struct has_fast_path<select::chunk_local, backend::host> : std::true_type {};
+
+template <>
+class fast_engine<select::chunk_local, backend::host> {
  public:
   static constexpr bool checks_finite = true;  // every bin's maximum is computed
 
-  engine(const backend::host& be, const select::chunk_local&, std::size_t n)
+  fast_engine(const backend::host& be, const select::chunk_local&, std::size_t n)
       : threads_(be.concurrency()), n_(n), slices_(n), block_counts_(static_cast<std::size_t>(threads_)) {}
 
   void begin_observe(const backend::host&, const select::chunk_local& policy, std::uint64_t) noexcept {

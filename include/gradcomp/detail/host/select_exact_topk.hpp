@@ -1,4 +1,4 @@
-/// \file detail/host/exact_topk.hpp
+/// \file detail/host/select_exact_topk.hpp
 /// exact_topk on backend::host: one pass over acc in the common case.
 ///
 /// 1. A strided sample (every 512th entry; gathered during the corrector's pass when
@@ -19,9 +19,12 @@
 /// the common case for slowly changing residuals, acc is never read again.
 #pragma once
 
-#include <gradcomp/backend/host.hpp>
+#if !defined(GRADCOMP_BACKEND_HOST_COMPLETE)
+#error "gradcomp: detail/host/ holds the parts of <gradcomp/backend/host.hpp>, which includes them: include that"
+#endif
+
 #include <gradcomp/concepts.hpp>
-#include <gradcomp/detail/host/simd.hpp>
+#include <gradcomp/detail/simd.hpp>
 #include <gradcomp/detail/radix_select.hpp>
 #include <gradcomp/detail/step_input.hpp>
 #include <gradcomp/select/exact_topk.hpp>
@@ -43,8 +46,8 @@ namespace detail {
 /// largest. Shared by the selectors that end in an exact top-k over the whole tensor.
 class host_topk {
  public:
-  static constexpr std::size_t sample_stride = 512;
-  static constexpr std::size_t min_sampled_n = std::size_t{1} << 16;  // below: histogram directly
+  static constexpr std::size_t sample_stride = topk_sample_stride;
+  static constexpr std::size_t min_sampled_n = topk_min_sampled_n;
 
   host_topk(const backend::host& be, std::size_t n)
       : threads_(be.concurrency()),
@@ -249,11 +252,14 @@ class host_topk {
 };
 
 template <>
-class engine<select::exact_topk, backend::host> {
+struct has_fast_path<select::exact_topk, backend::host> : std::true_type {};
+
+template <>
+class fast_engine<select::exact_topk, backend::host> {
  public:
   static constexpr bool checks_finite = true;  // select() reads every entry
 
-  engine(const backend::host& be, const select::exact_topk&, std::size_t n) : topk_(be, n) {}
+  fast_engine(const backend::host& be, const select::exact_topk&, std::size_t n) : topk_(be, n) {}
 
   void reserve(const select::exact_topk&) noexcept {}  // the workspace is sized by n, not k
   void begin_observe(const backend::host&, const select::exact_topk&, std::uint64_t /*step*/) noexcept {

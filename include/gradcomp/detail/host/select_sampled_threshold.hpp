@@ -1,4 +1,4 @@
-/// \file detail/host/sampled_threshold.hpp
+/// \file detail/host/select_sampled_threshold.hpp
 /// select::sampled_threshold on backend::host. Behind a corrector, the strided sample is
 /// taken before the corrector's pass (its values computed ahead from the state and g),
 /// so that the pass itself collects the candidates above the sampled threshold (or,
@@ -6,9 +6,12 @@
 /// count misses the bounds.
 #pragma once
 
-#include <gradcomp/backend/host.hpp>
+#if !defined(GRADCOMP_BACKEND_HOST_COMPLETE)
+#error "gradcomp: detail/host/ holds the parts of <gradcomp/backend/host.hpp>, which includes them: include that"
+#endif
+
 #include <gradcomp/concepts.hpp>
-#include <gradcomp/detail/host/exact_topk.hpp>
+#include <gradcomp/detail/host/select_exact_topk.hpp>
 #include <gradcomp/detail/host/slices.hpp>
 #include <gradcomp/detail/radix_select.hpp>
 #include <gradcomp/detail/random.hpp>
@@ -26,11 +29,14 @@ GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 
 template <>
-class engine<select::sampled_threshold, backend::host> : public carries_threshold {
+struct has_fast_path<select::sampled_threshold, backend::host> : std::true_type {};
+
+template <>
+class fast_engine<select::sampled_threshold, backend::host> : public carries_threshold {
  public:
   static constexpr bool checks_finite = true;  // its collect pass reads every entry
 
-  engine(const backend::host& be, const select::sampled_threshold& policy, std::size_t n)
+  fast_engine(const backend::host& be, const select::sampled_threshold& policy, std::size_t n)
       : threads_(be.concurrency()), n_(n), topk_(be, n), slices_(n) {
     reserve(policy);
   }

@@ -1,9 +1,12 @@
-/// \file detail/host/threshold.hpp
+/// \file detail/host/select_threshold.hpp
 /// select::threshold on backend::host: selection happens entirely inside the
 /// corrector's pass (observe); select() only concatenates the per-chunk lists.
 #pragma once
 
-#include <gradcomp/backend/host.hpp>
+#if !defined(GRADCOMP_BACKEND_HOST_COMPLETE)
+#error "gradcomp: detail/host/ holds the parts of <gradcomp/backend/host.hpp>, which includes them: include that"
+#endif
+
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/detail/host/slices.hpp>
 #include <gradcomp/detail/radix_select.hpp>
@@ -16,11 +19,14 @@ GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 
 template <>
-class engine<select::threshold, backend::host> {
+struct has_fast_path<select::threshold, backend::host> : std::true_type {};
+
+template <>
+class fast_engine<select::threshold, backend::host> {
  public:
   static constexpr bool checks_finite = true;  // non-finite keys are above every tau
 
-  engine(const backend::host& be, const select::threshold&, std::size_t n) : threads_(be.concurrency()), slices_(n) {}
+  fast_engine(const backend::host& be, const select::threshold&, std::size_t n) : threads_(be.concurrency()), slices_(n) {}
 
   void begin_observe(const backend::host&, const select::threshold& policy, std::uint64_t) noexcept {
     key_ = magnitude_key(policy.tau);

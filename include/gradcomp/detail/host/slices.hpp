@@ -4,8 +4,11 @@
 /// short serial gather concatenates the slices in chunk order. Not API.
 #pragma once
 
-#include <gradcomp/backend/host.hpp>
-#include <gradcomp/detail/host/simd.hpp>
+#if !defined(GRADCOMP_BACKEND_HOST_COMPLETE)
+#error "gradcomp: detail/host/ holds the parts of <gradcomp/backend/host.hpp>, which includes them: include that"
+#endif
+
+#include <gradcomp/detail/simd.hpp>
 
 #include <cstdint>
 #include <cstring>

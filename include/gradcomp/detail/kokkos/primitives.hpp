@@ -1,16 +1,18 @@
 /// \file detail/kokkos/primitives.hpp
-/// backend::kokkos::compact's fast path for a magnitude threshold: the SIMD-masked
-/// compaction. (The general ordered compaction is backend::kokkos::expand.) Not API.
+/// backend::kokkos's fast paths, chosen by one trait each: a compaction that a functor
+/// admits faster than the general ordered one (backend::kokkos::expand), the
+/// SIMD-masked compaction of a magnitude threshold. Not API.
 #pragma once
 
 #include <gradcomp/config.hpp>
-#include <gradcomp/detail/host/simd.hpp>
+#include <gradcomp/detail/simd.hpp>
 #include <gradcomp/detail/radix_select.hpp>
 
 #include <Kokkos_Core.hpp>
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace detail::kk {
@@ -29,7 +31,7 @@ Kokkos::RangePolicy<Space> range(const Space& space, std::size_t n) {
 
 /// Writes, ascending, every i with magnitude_key(x(i)) >= low to out (up to its
 /// extent) and returns how many there are (possibly more than out holds). Sixteen
-/// entries per work item with the SIMD mask of detail/host/simd.hpp: groups without a
+/// entries per work item with the SIMD mask of detail/simd.hpp: groups without a
 /// hit cost one compare.
 template <class Space>
 std::size_t compact_at_least(const Space& space, const view<const float, Space>& x, std::uint32_t low,
@@ -55,6 +57,22 @@ std::size_t compact_at_least(const Space& space, const view<const float, Space>&
       total);
   space.fence();
   return total;
+}
+
+/// Whether backend::kokkos::compact has a faster way for the keep functor `Keep` than
+/// the ordered expansion: false unless specialised beside its fast_compaction (the
+/// primitives' counterpart of detail::has_fast_path).
+template <class Keep>
+struct has_fast_compaction : std::false_type {};
+
+/// A threshold on magnitudes (threshold's selection, sampled_threshold's collection).
+template <>
+struct has_fast_compaction<magnitude_at_least> : std::true_type {};
+/// compact() of a magnitude threshold over n entries: compact_at_least.
+template <class Space>
+std::uint32_t fast_compaction(const Space& space, std::size_t n, const magnitude_at_least& keep, std::uint32_t* out) {
+  return static_cast<std::uint32_t>(
+      compact_at_least(space, view<const float, Space>(keep.acc, n), keep.key, view<std::uint32_t, Space>(out, n)));
 }
 
 }  // namespace detail::kk

@@ -1,19 +1,26 @@
-/// \file detail/stages_at_once.hpp
-/// One engine stage run at once on context `be`, with a step_status of its own in host
-/// memory: for tests and benchmarks that drive the engines of a host-memory backend
-/// (host, Kokkos on host memory) by hand. The compressor queues a whole step with one
-/// status. Not API.
+// The engines driven by hand, one stage at a time, for the tests and benchmarks that
+// compare an engine with another or time one stage (the compressor queues a whole step
+// with one status): each stage runs at once on context `be` with a step_status of its
+// own in host memory, for a host-memory backend (host, Kokkos on host memory); and a
+// message written from entries rather than a compressor.
 #pragma once
 
-#include <gradcomp/config.hpp>
+#include <gradcomp/backend/host.hpp>
+#include <gradcomp/detail/encode_index_value.hpp>
 #include <gradcomp/detail/step_input.hpp>
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
 
-GRADCOMP_NAMESPACE_BEGIN
-namespace detail {
+namespace support {
+
+using gradcomp::detail::encode_input;
+using gradcomp::detail::message_writer;
+using gradcomp::detail::queued_selection;
+using gradcomp::detail::select_input;
+using gradcomp::detail::selection;
+using gradcomp::detail::step_status;
 
 /// The engine's selection at once: out[0, count) holds the ascending indices.
 template <class Engine, class Backend, class Policy>
@@ -60,5 +67,19 @@ std::size_t encode_now(Engine& engine, const Backend& be, const Policy& policy, 
   return static_cast<std::size_t>(status.bytes);
 }
 
-}  // namespace detail
-GRADCOMP_NAMESPACE_END
+/// Writes the message of ascending `index` with `values` (already scaled) of a tensor
+/// of n elements on backend::host (one thread) into `out` (at least policy.max_bytes
+/// long) and what the receiver decodes into `sent`; returns the message's size. For
+/// tools and tests that hold entries rather than a compressor.
+inline std::size_t encode_message(const gradcomp::encode::index_value& policy, std::size_t n, std::span<const std::uint32_t> index,
+                                  std::span<const float> values, std::span<std::byte> out, std::span<float> sent,
+                                  std::uint64_t step) {
+  const gradcomp::backend::host one_thread{.threads = 1};
+  message_writer<gradcomp::backend::host> writer(one_thread, policy, n, index.size());
+  step_status status;  // host memory
+  status.count = static_cast<std::uint32_t>(index.size());
+  writer.queue(one_thread, policy, index.size(), index.data(), values.data(), step, out.data(), sent.data(), &status);
+  return static_cast<std::size_t>(status.bytes);
+}
+
+}  // namespace support
