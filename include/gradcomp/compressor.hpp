@@ -6,26 +6,26 @@
 #include <gradcomp/config.hpp>
 #include <gradcomp/correct/none.hpp>
 #include <gradcomp/detail/density.hpp>
+#include <gradcomp/detail/non_finite.hpp>
 #include <gradcomp/detail/selector_work.hpp>
 #include <gradcomp/detail/state_io.hpp>
 #include <gradcomp/detail/step_input.hpp>
+#include <gradcomp/detail/widening.hpp>
 #include <gradcomp/encode/index_value.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/float16.hpp>
 #include <gradcomp/message.hpp>
 
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <istream>
-#include <sstream>
 #include <ostream>
 #include <span>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <utility>
-#include <vector>
 
 GRADCOMP_NAMESPACE_BEGIN
 
@@ -83,7 +83,7 @@ class compressor {
   /// The corrector's committed memory array `a` (< Corrector::state_arrays), e.g. the
   /// error-feedback residual, readable on the host (a copy, for device memory).
   [[nodiscard]] std::span<const float> corrector_state(std::size_t a) const {
-    check_device("corrector_state");
+    detail::require_current_device(backend_, "corrector_state");
     detail::require(std::cmp_less(a, Corrector::state_arrays), errc::invalid_argument, "corrector_state: array ", a,
                     " does not exist, ", corrector_.name(), " keeps ", Corrector::state_arrays);
     return correct_.committed(a);
@@ -112,106 +112,18 @@ class compressor {
 
   /// Runs one step: updates the corrector's memory with `grad`, selects, encodes into
   /// `out` and commits what was sent.
-  /// \param grad the gradient, n elements in the backend's memory
+  /// \param grad the gradient: n elements of float32, IEEE half or bfloat16 in the
+  ///             backend's memory (gradient_view). A 16-bit gradient is widened to
+  ///             float32 exactly, into n floats of workspace that the first such call
+  ///             allocates; state and arithmetic stay float32.
   /// \param out  at least max_message_bytes() bytes: host memory on the host and Kokkos
   ///             backends, device memory on backend::cuda (where the step's work is
   ///             queued on the stream and one status record is read back)
   /// \returns a view of the message written at the front of `out`
   /// \throws gradcomp::error if grad.size() != n, `out` is too small, or grad (or the
   ///         accumulated value) holds a NaN or infinity; state and `out` are then unchanged.
-  message_type compress(view<const float> grad, message_bytes out) { return compress(backend_, grad, out); }
-
-  /// \name An execution context per call
-  /// compress(), stage(), preview() and compress_async() run on the backend the
-  /// compressor was made with, or on `context`, given first: a value of the same backend
-  /// type that shares its memory and says where this call's work is queued (as Kokkos
-  /// Kernels takes an execution-space instance first). backend::host: the call's threads,
-  /// at most the constructor's, which sized the per-thread workspace; results are
-  /// identical for any thread count. backend::kokkos: an execution-space instance.
-  /// backend::cuda: a stream (PyTorch's current stream, which changes from call to
-  /// call) on the compressor's device (`device` -1 takes it). They throw as the calls
-  /// without a context do, and gradcomp::error (invalid_argument) naming the context's
-  /// threads or device where it does not fit the compressor; nothing changes then.
-  /// The compressor does not order calls made on different streams: its state is device
-  /// memory that one call writes and the next reads, so a caller that changes streams
-  /// between calls makes the new one wait for the old (an event), as for any memory used
-  /// on two streams; gradcomp.torch does so (python/csrc/module.cpp, call_order).
-  /// @{
-
-  /// compress() on `context`.
-  message_type compress(const Backend& context, view<const float> grad, message_bytes out) {
-    return step_on(context, detail::raw(grad), detail::raw(out), false);
-  }
-  /// compress() of an IEEE half gradient on `context`.
-  message_type compress(const Backend& context, view<const half> grad, message_bytes out) {
-    return narrow_step(context, detail::raw(grad), detail::raw(out), false);
-  }
-  /// compress() of a bfloat16 gradient on `context`.
-  message_type compress(const Backend& context, view<const bfloat16> grad, message_bytes out) {
-    return narrow_step(context, detail::raw(grad), detail::raw(out), false);
-  }
-  /// stage() on `context`.
-  message_type stage(const Backend& context, view<const float> grad, message_bytes out) {
-    return step_on(context, detail::raw(grad), detail::raw(out), true);
-  }
-  /// stage() of an IEEE half gradient on `context`.
-  message_type stage(const Backend& context, view<const half> grad, message_bytes out) {
-    return narrow_step(context, detail::raw(grad), detail::raw(out), true);
-  }
-  /// stage() of a bfloat16 gradient on `context`.
-  message_type stage(const Backend& context, view<const bfloat16> grad, message_bytes out) {
-    return narrow_step(context, detail::raw(grad), detail::raw(out), true);
-  }
-  /// preview() on `context`.
-  view<const float> preview(const Backend& context, view<const float> grad) {
-    return as_view(preview_on(context, detail::raw(grad)));
-  }
-  /// preview() of an IEEE half gradient on `context`.
-  view<const float> preview(const Backend& context, view<const half> grad) {
-    return as_view(narrow_preview(context, detail::raw(grad)));
-  }
-  /// preview() of a bfloat16 gradient on `context`.
-  view<const float> preview(const Backend& context, view<const bfloat16> grad) {
-    return as_view(narrow_preview(context, detail::raw(grad)));
-  }
-  /// compress_async() on `context`: the step is queued on its stream (capture that
-  /// stream into a CUDA graph); last_step_finite() reads the status on it.
-  message_type compress_async(const Backend& context, view<const float> grad_at, message_bytes out_at)
-    requires(on_device && Corrector::state_arrays == 0 && detail::engine_has_fixed_count<select_engine, Selector>)
-  {
-    const Backend on = checked_context("compress_async", context);
-    const std::span<const float> grad = detail::raw(grad_at);
-    const std::span<std::byte> out = detail::raw(out_at);
-    check_step("compress_async", grad, out);
-    const std::size_t count = select_.fixed_count(selector_);
-    const auto bytes = encode_.fixed_bytes(encoder_, n_, count);
-    detail::require(bytes.has_value(), errc::invalid_argument, "compress_async: the size of ", encoder_.name(),
-                    " messages depends on the data; use compress (raw32 or bitmap indices give a fixed size)");
-    queue_step(on, grad, out);
-    finish_step();
-    last_async_ = on;
-    return written(out, *bytes, count);
-  }
-  /// @}
-
-  // Gradients in 16 bits: compress(), stage() and preview() for a gradient in IEEE half
-  // or bfloat16 (in the backend's memory). Its values are widened to float32 exactly,
-  // into n floats of workspace that the first such call allocates, and the step runs on
-  // them as on a float32 gradient (one more pass over the gradient than float32 takes).
-  // They throw as the float32 overloads do; a NaN or infinity is named by its index.
-
-  /// compress() of an IEEE half gradient, widened to float32 exactly (see float16.hpp).
-  message_type compress(view<const half> grad, message_bytes out) { return compress(backend_, grad, out); }
-  /// compress() of a bfloat16 gradient, widened to float32 exactly.
-  message_type compress(view<const bfloat16> grad, message_bytes out) { return compress(backend_, grad, out); }
-  /// stage() of an IEEE half gradient, widened to float32 exactly.
-  message_type stage(view<const half> grad, message_bytes out) { return stage(backend_, grad, out); }
-  /// stage() of a bfloat16 gradient, widened to float32 exactly.
-  message_type stage(view<const bfloat16> grad, message_bytes out) { return stage(backend_, grad, out); }
-  /// preview() of an IEEE half gradient, widened to float32 exactly.
-  view<const float> preview(view<const half> grad) { return preview(backend_, grad); }
-  /// preview() of a bfloat16 gradient, widened to float32 exactly.
-  view<const float> preview(view<const bfloat16> grad) { return preview(backend_, grad); }
+  template <gradient_view<Backend> Grad>
+  message_type compress(const Grad& grad, message_bytes out) { return compress(backend_, grad, out); }
 
   /// Runs one step like compress() but keeps its outcome aside: the message is written
   /// to `out` and the new state is computed, yet until accept_staged() the compressor's
@@ -221,7 +133,8 @@ class compressor {
   /// before any commits (the PyTorch DDP hook): stage, agree, then accept or drop.
   /// (The in-place update of a clipping step is not used: it could not be dropped.)
   /// \throws gradcomp::error as compress() does; nothing is staged then.
-  message_type stage(view<const float> grad, message_bytes out) { return stage(backend_, grad, out); }
+  template <gradient_view<Backend> Grad>
+  message_type stage(const Grad& grad, message_bytes out) { return stage(backend_, grad, out); }
 
   /// Makes the step of the last stage() current, as compress() would have.
   /// \throws gradcomp::error (invalid_argument) if no step is staged.
@@ -241,7 +154,54 @@ class compressor {
   /// call.
   /// \throws gradcomp::error if grad.size() != n, or the value holds a NaN or infinity
   ///         (the error compress would raise).
-  view<const float> preview(view<const float> grad) { return preview(backend_, grad); }
+  template <gradient_view<Backend> Grad>
+  view<const float> preview(const Grad& grad) { return preview(backend_, grad); }
+
+  /// \name An execution context per call
+  /// compress(), stage(), preview() and compress_async() run on the backend the
+  /// compressor was made with, or on `context`, given first: a value of the same backend
+  /// type that shares its memory and says where this call's work is queued (as Kokkos
+  /// Kernels takes an execution-space instance first). backend::host: the call's threads,
+  /// at most the constructor's, which sized the per-thread workspace; results are
+  /// identical for any thread count. backend::kokkos: an execution-space instance.
+  /// backend::cuda: a stream (PyTorch's current stream, which changes from call to
+  /// call) on the compressor's device (`device` -1 takes it). They throw as the calls
+  /// without a context do, and gradcomp::error (invalid_argument) naming the context's
+  /// threads or device where it does not fit the compressor; nothing changes then.
+  /// The compressor does not order calls made on different streams: its state is device
+  /// memory that one call writes and the next reads, so a caller that changes streams
+  /// between calls makes the new one wait for the old (an event), as for any memory used
+  /// on two streams; gradcomp.torch does so (python/csrc/module.cpp, call_order).
+  /// @{
+
+  /// compress() on `context`.
+  template <gradient_view<Backend> Grad>
+  message_type compress(const Backend& context, const Grad& grad, message_bytes out) { return step_on(context, grad, out, false); }
+  /// stage() on `context`.
+  template <gradient_view<Backend> Grad>
+  message_type stage(const Backend& context, const Grad& grad, message_bytes out) { return step_on(context, grad, out, true); }
+  /// preview() on `context`.
+  template <gradient_view<Backend> Grad>
+  view<const float> preview(const Backend& context, const Grad& grad) { return as_view(preview_on(context, grad)); }
+  /// compress_async() on `context`: the step is queued on its stream (capture that
+  /// stream into a CUDA graph); last_step_finite() reads the status on it.
+  message_type compress_async(const Backend& context, view<const float> grad_at, message_bytes out_at)
+    requires(on_device && Corrector::state_arrays == 0 && detail::engine_has_fixed_count<select_engine, Selector>)
+  {
+    const Backend on = detail::context_for(backend_, "compress_async", context);
+    const std::span<const float> grad = detail::raw(grad_at);
+    const std::span<std::byte> out = detail::raw(out_at);
+    check_step("compress_async", grad, out);
+    const std::size_t count = select_.fixed_count(selector_);
+    const auto bytes = encode_.fixed_bytes(encoder_, n_, count);
+    detail::require(bytes.has_value(), errc::invalid_argument, "compress_async: the size of ", encoder_.name(),
+                    " messages depends on the data; use compress (raw32 or bitmap indices give a fixed size)");
+    queue_step(on, grad, out);
+    finish_step();
+    last_async_ = on;
+    return written(out, *bytes, count);
+  }
+  /// @}
 
   /// Queues one step on backend::cuda's stream and returns at once, reading nothing
   /// back, so that the step can be captured in a CUDA graph and replayed. For
@@ -270,7 +230,7 @@ class compressor {
   void set_density(double d)
     requires requires(Selector s) { s.density = d; }
   {
-    check_device("set_density");
+    detail::require_current_device(backend_, "set_density");
     const Selector next = detail::with_density(selector_, d);
     next.validate(n_);
     reserve(next.max_selected(n_));
@@ -285,23 +245,16 @@ class compressor {
   void set_indices(std::span<const std::uint32_t> indices)
     requires requires(detail::engine_for<Selector, Backend>& e, const Selector& s) { e.set_indices(s, indices); }
   {
-    check_device("set_indices");
+    detail::require_current_device(backend_, "set_indices");
     select_.set_indices(selector_, indices);
   }
 
-  /// Writes the step counter, the selector's density and the corrector's memory.
+  /// Writes the step counter, the selector's density and the corrector's memory
+  /// (detail/state_io.hpp).
   /// \throws gradcomp::error (io) if the stream fails.
   void save_state(std::ostream& out) const {
-    check_device("save_state");
-    detail::state_writer w;
-    w.header(signature(), n_, step_, density());
-    for (std::size_t a = 0; a != Corrector::state_arrays; ++a) w.array(correct_.committed(a));
-    if constexpr (detail::engine_saves_state<select_engine>) {
-      w.selector_record(select_.saved_state());
-    } else {
-      w.no_selector_record();
-    }
-    w.finish(out);
+    detail::require_current_device(backend_, "save_state");
+    detail::write_state<Corrector::state_arrays>(out, signature(), n_, step_, density(), correct_, select_);
   }
 
   /// Restores what save_state wrote, for a compressor of the same policies and n. The
@@ -319,47 +272,20 @@ class compressor {
   }
 
  private:
+  // A record read and checked whole (detail/state_io.hpp) made current.
   void load_record(const detail::state_reader& r) {
-    check_device("load_state");
-    [[maybe_unused]] const auto saved_selector = read_selector_record(r);
-    // The record's values must be ones compress could have left: a density in (0, 1]
-    // (0 where the selector has none, or counts instead), finite memory.
-    const double saved_density = r.density();
-    for (std::size_t a = 0; a != Corrector::state_arrays; ++a) {
-      const std::span<const float> values = r.array(a);
-      for (std::size_t i = 0; i < values.size(); ++i) {
-        detail::require(std::isfinite(values[i]), errc::corrupt_message, "load_state: the corrector's array ", a,
-                        " holds ", values[i], " at index ", i, "; its memory is always finite");
-      }
-    }
-    Selector next = selector_;
-    if constexpr (requires { next.density = 1.0; }) {
-      detail::require(saved_density == 0.0 || (saved_density > 0.0 && saved_density <= 1.0), errc::corrupt_message,
-                      "load_state: the saved density ", saved_density, " is outside (0, 1]");
-      if (saved_density > 0.0) next = detail::with_density(next, saved_density);
-      next.validate(n_);
+    detail::require_current_device(backend_, "load_state");
+    [[maybe_unused]] const auto saved_selector = detail::restored_selector_state<select_engine>(r, selector_.name());
+    const Selector next = detail::restored_selector(r, selector_, n_);
+    if constexpr (detail::selector_has_density<Selector>) {
       reserve(next.max_selected(n_));
       select_.reserve(next);
-    } else {
-      detail::require(saved_density == 0.0, errc::corrupt_message, "load_state: the saved density ", saved_density,
-                      " belongs to no parameter of ", selector_.name());
     }
     for (std::size_t a = 0; a != Corrector::state_arrays; ++a) correct_.load_committed(a, r.array(a));
     if constexpr (detail::engine_restores_state<select_engine>) select_.restore_state(saved_selector);
     selector_ = next;
     step_ = r.step();
     staged_ = false;
-  }
-
-  // The selector's state record in `r`, checked (nullptr where its engine keeps none).
-  auto read_selector_record(const detail::state_reader& r) const {
-    if constexpr (detail::engine_restores_state<select_engine>) {
-      return r.template selector_record<decltype(select_.saved_state())>(selector_.name());
-    } else {
-      detail::require(!r.has_selector_state(), errc::corrupt_message, "load_state: the record holds selector state, ",
-                      selector_.name(), " keeps none");
-      return nullptr;
-    }
   }
 
   static constexpr bool skips_update = [] {
@@ -370,30 +296,15 @@ class compressor {
     }
   }();
 
-  // On a device backend, every call that touches the compressor's memory must run with
-  // the device it was made on current.
-  void check_device(const char* who) const {
-    if constexpr (requires { backend_.require_current_device(who); }) backend_.require_current_device(who);
-  }
-
   void check_step(const char* who, std::span<const float> grad, std::span<std::byte> out) const {
-    check_device(who);
+    detail::require_current_device(backend_, who);
     detail::require(grad.size() == n_, errc::invalid_argument, who, ": grad.size() = ", grad.size(),
                     " does not match the compressor's n = ", n_);
     const std::size_t need = max_message_bytes();
     detail::require(out.size() >= need, errc::buffer_too_small, who, ": out.size() = ", out.size(),
                     " bytes is smaller than max_message_bytes() = ", need);
-    check_memory(who, "grad", grad.data());
-    check_memory(who, "out", out.data());
-  }
-
-  // A view the caller made of a device pointer must point at device memory: a host
-  // pointer wrapped in a device_span is refused by the backend, naming it (backend::cuda
-  // asks the driver; backends of host memory need no check).
-  void check_memory(const char* who, const char* what, const void* p) const {
-    if constexpr (requires { backend_.require_device_pointer(who, what, p); }) {
-      backend_.require_device_pointer(who, what, p);
-    }
+    detail::require_device_pointer(backend_, who, "grad", grad.data());
+    detail::require_device_pointer(backend_, who, "out", out.data());
   }
 
   // A view of the caller's kind over the compressor's memory, and the message written
@@ -403,9 +314,12 @@ class compressor {
     return message_type(typename message_type::bytes_type(out.data(), bytes), n_, count);
   }
 
-  // compress() (stage_it false) or stage() of a float32 gradient on `context`.
-  message_type step_on(const Backend& context, std::span<const float> grad, std::span<std::byte> out, bool stage_it) {
-    const Backend on = checked_context("compress", context);
+  // compress() (stage_it false) or stage() of a gradient on `context`.
+  template <class Grad>
+  message_type step_on(const Backend& context, const Grad& grad_at, message_bytes out_at, bool stage_it) {
+    const Backend on = detail::context_for(backend_, "compress", context);
+    const std::span<const float> grad = float_values(on, "compress", grad_at);
+    const std::span<std::byte> out = detail::raw(out_at);
     if (!stage_it) {
       const message_type m = run_step(on, grad, out);
       finish_step();
@@ -422,30 +336,22 @@ class compressor {
     return m;
   }
 
-  // preview() of a float32 gradient on `context`.
-  std::span<const float> preview_on(const Backend& context, std::span<const float> grad) {
-    const Backend on = checked_context("preview", context);
-    check_device("preview");
+  // preview() of a gradient on `context`.
+  template <class Grad>
+  std::span<const float> preview_on(const Backend& context, const Grad& grad_at) {
+    const Backend on = detail::context_for(backend_, "preview", context);
+    const std::span<const float> grad = float_values(on, "preview", grad_at);
+    detail::require_current_device(backend_, "preview");
     detail::require(grad.size() == n_, errc::invalid_argument, "preview: grad.size() = ", grad.size(),
                     " does not match the compressor's n = ", n_);
-    check_memory("preview", "grad", grad.data());
+    detail::require_device_pointer(backend_, "preview", "grad", grad.data());
     if (static_cast<std::size_t>(preview_.size()) != n_) preview_ = backend_.template allocate<float>(n_);
     const std::span<float> acc(preview_.data(), n_);
     detail::step_status* status = status_.data() + 1;  // [0] is the step's (last_step_finite)
     on.clear(status, 1);
     correct_.preview(on, corrector_, grad, acc, status);
-    if (on.read(status).non_finite != 0) report_non_finite(on, "preview", grad, acc);
+    if (on.read(status).non_finite != 0) detail::report_non_finite(on, "preview", grad, acc);
     return acc;
-  }
-
-  // The execution context of one call, checked against the backend the compressor was
-  // made with (backend::host: its threads; backend::cuda: its device).
-  Backend checked_context(const char* who, const Backend& context) const {
-    if constexpr (requires { backend_.context_for(who, context); }) {
-      return backend_.context_for(who, context);
-    } else {
-      return context;
-    }
   }
 
   // One step up to (not including) making it current: check, then the step queued on
@@ -455,7 +361,7 @@ class compressor {
     check_step("compress", grad, out);
     queue_step(on, grad, out);
     const detail::step_status status = on.read(status_.data());
-    if (status.non_finite != 0) report_non_finite(on, "compress", grad, correct_.acc(grad));
+    if (status.non_finite != 0) detail::report_non_finite(on, "compress", grad, correct_.acc(grad));
     return written(out, static_cast<std::size_t>(status.bytes), status.count);
   }
 
@@ -528,11 +434,7 @@ class compressor {
     // The backend's defaults are settled now, for the compressor's whole life: backend::host
     // its threads (0: OpenMP's default now, which sizes the per-thread workspace),
     // backend::cuda its device (-1: the current one).
-    if constexpr (requires { backend.resolved("compressor"); }) {
-      return backend.resolved("compressor");
-    } else {
-      return backend;
-    }
+    return detail::resolved(backend, "compressor");
   }
 
   // Spans over the workspace buffers (std::vector or Kokkos::View: data() and size()).
@@ -563,47 +465,16 @@ class compressor {
     capacity_ = capacity;
   }
 
-  // compress() (or stage()) of a 16-bit gradient on `context`: widened, then the float32 step.
-  template <detail::narrow_float T>
-  message_type narrow_step(const Backend& context, std::span<const T> grad, std::span<std::byte> out, bool stage_it) {
-    const Backend on = checked_context("compress", context);
-    return step_on(on, widened(on, "compress", grad), out, stage_it);
-  }
-  // preview() of a 16-bit gradient on `context`.
-  template <detail::narrow_float T>
-  std::span<const float> narrow_preview(const Backend& context, std::span<const T> grad) {
-    const Backend on = checked_context("preview", context);
-    return preview_on(on, widened(on, "preview", grad));
-  }
-
-  // The float32 values of a 16-bit gradient, in the widening workspace (allocated by
-  // the first call; if that throws, nothing has changed).
-  template <detail::narrow_float T>
-  std::span<const float> widened(const Backend& on, const char* who, std::span<const T> grad) {
-    check_device(who);
-    detail::require(grad.size() == n_, errc::invalid_argument, who, ": grad.size() = ", grad.size(),
-                    " does not match the compressor's n = ", n_);
-    check_memory(who, "grad", grad.data());
-    if (static_cast<std::size_t>(wide_.size()) != n_) wide_ = backend_.template allocate<float>(n_);
-    on.for_each(n_, detail::widen_to_float<T>{grad.data(), wide_.data()});
-    return {wide_.data(), n_};
-  }
-
-  // Names the first NaN or infinity of grad, else of acc (both the backend's memory).
-  [[noreturn]] void report_non_finite(const Backend& on, const char* who, std::span<const float> grad_at,
-                                      std::span<const float> acc_at) const {
-    std::vector<float> grad_copy(Backend::host_accessible ? 0 : grad_at.size());
-    std::vector<float> acc_copy(Backend::host_accessible ? 0 : acc_at.size());
-    const std::span<const float> grad = detail::on_host(on, grad_at.data(), grad_at.size(), grad_copy);
-    const std::span<const float> acc = detail::on_host(on, acc_at.data(), acc_at.size(), acc_copy);
-    for (std::size_t i = 0; i < grad.size(); ++i) {
-      detail::require(std::isfinite(grad[i]), errc::non_finite, who, ": grad[", i, "] = ", grad[i], " is not finite");
+  // The float32 values of `grad` (a gradient_view): its own, or a 16-bit gradient's
+  // widened exactly (detail::widening).
+  template <class Grad>
+  std::span<const float> float_values(const Backend& on, const char* who, const Grad& grad) {
+    if constexpr (std::is_convertible_v<const Grad&, view<const float>>) {
+      return detail::raw(view<const float>(grad));
+    } else {
+      using T = std::conditional_t<std::is_convertible_v<const Grad&, view<const half>>, half, bfloat16>;
+      return wide_.values(on, backend_, who, detail::raw(view<const T>(grad)), n_);
     }
-    for (std::size_t i = 0; i < acc.size(); ++i) {
-      detail::require(std::isfinite(acc[i]), errc::non_finite, who, ": the corrector's value at index ", i,
-                      " overflowed to ", acc[i], " (grad[", i, "] = ", grad[i], ")");
-    }
-    detail::fail(errc::non_finite, who, ": non-finite value detected");
   }
 
   Backend backend_;
@@ -619,7 +490,7 @@ class compressor {
   typename Backend::template buffer<float> sent_;
   typename Backend::template buffer<detail::step_status> status_;  // [0] a step's, [1] a preview's
   typename Backend::template buffer<float> preview_;
-  typename Backend::template buffer<float> wide_;  // a 16-bit gradient widened to float32
+  detail::widening<Backend> wide_;  // a 16-bit gradient widened to float32
   Backend last_async_ = backend_;  // the context of the last compress_async (last_step_finite)
   std::uint64_t step_ = 0;
   bool staged_ = false;  // a stage()d step waits for accept_staged()

@@ -200,6 +200,41 @@ concept backend_type = std::copyable<B> && backend_has_allocate<B> && backend_ha
                        backend_has_reductions<B> && backend_has_compaction<B> && backend_has_transfers<B> &&
                        backend_names_memory<B>;
 
+// A backend's optional members, called where it has them (a no-op, or the backend
+// itself, where it has not): `who` names the call in their errors.
+namespace detail {
+/// `be` settled for a compressor made now (backend::host: its threads; backend::cuda:
+/// its device).
+template <class B>
+B resolved(const B& be, const char* who) {
+  if constexpr (requires { be.resolved(who); }) {
+    return be.resolved(who);
+  } else {
+    return be;
+  }
+}
+/// `context` checked as one call's execution context on a compressor made with `be`.
+template <class B>
+B context_for(const B& be, const char* who, const B& context) {
+  if constexpr (requires { be.context_for(who, context); }) {
+    return be.context_for(who, context);
+  } else {
+    return context;
+  }
+}
+/// Throws unless `be`'s device is current (a device backend's memory is its device's).
+template <class B>
+void require_current_device(const B& be, const char* who) {
+  if constexpr (requires { be.require_current_device(who); }) be.require_current_device(who);
+}
+/// Throws if `p`, the start of the view `what` a caller passed as the backend's memory,
+/// is host memory wrapped as a device's (backend::cuda asks the driver).
+template <class B>
+void require_device_pointer(const B& be, const char* who, const char* what, const void* p) {
+  if constexpr (requires { be.require_device_pointer(who, what, p); }) be.require_device_pointer(who, what, p);
+}
+}  // namespace detail
+
 // -- the engine contract ---------------------------------------------------------------
 //
 // What compressor calls on detail::engine<Policy, Backend>, the code that runs a policy on

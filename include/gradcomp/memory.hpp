@@ -12,6 +12,7 @@
 #pragma once
 
 #include <gradcomp/config.hpp>
+#include <gradcomp/float16.hpp>
 
 #include <cstddef>
 #include <span>
@@ -73,6 +74,14 @@ using backend_span = span_in<typename Backend::memory, T>;
 /// The view of message bytes in the memory where `Backend` writes and reads messages.
 template <class Backend, class Byte = const std::byte>
 using message_span = span_in<typename Backend::message_memory, Byte>;
+
+/// A gradient that a compressor on `Backend` takes: elements of float32, IEEE half or
+/// bfloat16 (float16.hpp) in the backend's memory, as a backend_span or what converts to
+/// one (std::vector<float>, std::span<float>, ...).
+template <class Grad, class Backend>
+concept gradient_view = std::is_convertible_v<const Grad&, backend_span<Backend, const float>> ||
+                        std::is_convertible_v<const Grad&, backend_span<Backend, const half>> ||
+                        std::is_convertible_v<const Grad&, backend_span<Backend, const bfloat16>>;
 
 namespace detail {
 /// The pointer and size of a view of either memory, as the std::span that engines take

@@ -9,10 +9,13 @@
 /// f64 values (u32 count, then the values); it is still read.
 #pragma once
 
+#include <gradcomp/concepts.hpp>
 #include <gradcomp/config.hpp>
+#include <gradcomp/detail/density.hpp>
 #include <gradcomp/detail/wire.hpp>
 #include <gradcomp/error.hpp>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <istream>
@@ -21,6 +24,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 GRADCOMP_NAMESPACE_BEGIN
@@ -141,6 +145,13 @@ class state_reader {
     require(get<std::uint32_t>() == crc, errc::corrupt_message, "load_state: the record's checksum does not match");
     require(record_size == 0 || record_size == seen_.size(), errc::corrupt_message, "load_state: ",
             record_size - seen_.size(), " bytes follow the ", seen_.size(), "-byte record");
+    // Values compress could have left: the corrector's memory is always finite.
+    for (std::size_t a = 0; a < arrays_.size(); ++a) {
+      for (std::size_t i = 0; i < arrays_[a].size(); ++i) {
+        require(std::isfinite(arrays_[a][i]), errc::corrupt_message, "load_state: the corrector's array ", a,
+                " holds ", arrays_[a][i], " at index ", i, "; its memory is always finite");
+      }
+    }
   }
 
   [[nodiscard]] std::uint64_t step() const noexcept { return step_; }
@@ -193,6 +204,55 @@ class state_reader {
   };
   std::vector<field> selector_;
 };
+
+/// Writes the record of a compressor of `signature` (its policies' names) and n: its
+/// step, the selector's density (0 where it has none), the corrector's committed arrays
+/// (Arrays of them) and the selector engine's saved state, where it keeps one.
+template <std::size_t Arrays, class CorrectEngine, class SelectEngine>
+void write_state(std::ostream& out, const std::string& signature, std::uint64_t n, std::uint64_t step, double density,
+                 const CorrectEngine& correct, const SelectEngine& select) {
+  state_writer w;
+  w.header(signature, n, step, density);
+  for (std::size_t a = 0; a != Arrays; ++a) w.array(correct.committed(a));
+  if constexpr (engine_saves_state<SelectEngine>) {
+    w.selector_record(select.saved_state());
+  } else {
+    w.no_selector_record();
+  }
+  w.finish(out);
+}
+
+/// The selector that record `r` restores: `current` at the record's density, which must
+/// be one compress could have left (in (0, 1], or 0 where the selector has none or
+/// counts instead); valid for n.
+template <class Selector>
+Selector restored_selector(const state_reader& r, const Selector& current, std::size_t n) {
+  const double saved = r.density();
+  if constexpr (requires(Selector s) { s.density = 1.0; }) {
+    require(saved == 0.0 || (saved > 0.0 && saved <= 1.0), errc::corrupt_message, "load_state: the saved density ",
+            saved, " is outside (0, 1]");
+    const Selector next = saved > 0.0 ? with_density(current, saved) : current;
+    next.validate(n);
+    return next;
+  } else {
+    require(saved == 0.0, errc::corrupt_message, "load_state: the saved density ", saved,
+            " belongs to no parameter of ", current.name());
+    return current;
+  }
+}
+
+/// The selector engine's state in record `r`, checked (nullptr where `SelectEngine`
+/// keeps none, and then the record must hold none).
+template <class SelectEngine>
+auto restored_selector_state(const state_reader& r, const std::string& selector) {
+  if constexpr (engine_restores_state<SelectEngine>) {
+    return r.template selector_record<decltype(std::declval<const SelectEngine&>().saved_state())>(selector);
+  } else {
+    require(!r.has_selector_state(), errc::corrupt_message, "load_state: the record holds selector state, ", selector,
+            " keeps none");
+    return nullptr;
+  }
+}
 
 }  // namespace detail
 GRADCOMP_NAMESPACE_END
