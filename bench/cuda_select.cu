@@ -1,6 +1,6 @@
 // GPU benchmarks of backend::cuda, timed with CUDA events (manual time): exact_topk,
-// threshold, sampled_threshold and chunk_local (behind error feedback) selection, the full DGC step (clip + momentum + exact_topk + encode),
-// the selection alone by the exact_topk and chunk_local fast paths and by their generic
+// threshold, sampled_threshold and chunk_local (behind error feedback) selection, the full DGC step (clip + momentum +
+// exact_topk + encode), the selection alone by the exact_topk and chunk_local fast paths and by their generic
 // algorithms, and in
 // the same run the bound (a device-to-device streaming read of the gradient) and a
 // baseline (top-k by a CUB radix sort of all |g| with their indices). N = 10^7, 10^8 and
@@ -96,7 +96,8 @@ void read(benchmark::State& state) {
   thrust::device_vector<float> sink(1);
   timed(state, n, [&] {
     streaming_read<<<gc::detail::cuda_launch::grid_for(n / 4), 256>>>(
-        reinterpret_cast<const float4*>(thrust::raw_pointer_cast(g.data())), n / 4, thrust::raw_pointer_cast(sink.data()));
+        reinterpret_cast<const float4*>(thrust::raw_pointer_cast(g.data())), n / 4,
+        thrust::raw_pointer_cast(sink.data()));
   });
 }
 
@@ -134,9 +135,7 @@ void sampled_threshold(benchmark::State& state) {
 }
 
 // AdaComp's selection behind its error feedback (the selection rides on acc and g).
-void chunk_local(benchmark::State& state) {
-  compress(state, gc::select::chunk_local{}, gc::correct::error_feedback{});
-}
+void chunk_local(benchmark::State& state) { compress(state, gc::select::chunk_local{}, gc::correct::error_feedback{}); }
 
 void dgc_step(benchmark::State& state) {
   compress(state, gc::select::exact_topk{.density = density_arg(state)},
@@ -192,20 +191,18 @@ void cub_sort_topk(benchmark::State& state) {
   thrust::device_vector<std::uint32_t> keys(n), keys_out(n), index(n), index_out(n);
   thrust::sequence(index.begin(), index.end());
   std::size_t bytes = 0;
-  cub::DeviceRadixSort::SortPairsDescending(nullptr, bytes, thrust::raw_pointer_cast(keys.data()),
-                                            thrust::raw_pointer_cast(keys_out.data()),
-                                            thrust::raw_pointer_cast(index.data()),
-                                            thrust::raw_pointer_cast(index_out.data()), static_cast<std::int64_t>(n));
+  cub::DeviceRadixSort::SortPairsDescending(
+      nullptr, bytes, thrust::raw_pointer_cast(keys.data()), thrust::raw_pointer_cast(keys_out.data()),
+      thrust::raw_pointer_cast(index.data()), thrust::raw_pointer_cast(index_out.data()), static_cast<std::int64_t>(n));
   thrust::device_vector<std::byte> scratch(bytes);
   timed(state, n, [&] {
     magnitude_keys<<<gc::detail::cuda_launch::grid_for(n), 256>>>(thrust::raw_pointer_cast(g.data()),
-                                                                   thrust::raw_pointer_cast(keys.data()), n);
+                                                                  thrust::raw_pointer_cast(keys.data()), n);
     std::size_t b = bytes;
-    cub::DeviceRadixSort::SortPairsDescending(thrust::raw_pointer_cast(scratch.data()), b,
-                                              thrust::raw_pointer_cast(keys.data()),
-                                              thrust::raw_pointer_cast(keys_out.data()),
-                                              thrust::raw_pointer_cast(index.data()),
-                                              thrust::raw_pointer_cast(index_out.data()), static_cast<std::int64_t>(n));
+    cub::DeviceRadixSort::SortPairsDescending(
+        thrust::raw_pointer_cast(scratch.data()), b, thrust::raw_pointer_cast(keys.data()),
+        thrust::raw_pointer_cast(keys_out.data()), thrust::raw_pointer_cast(index.data()),
+        thrust::raw_pointer_cast(index_out.data()), static_cast<std::int64_t>(n));
   });
 }
 

@@ -27,7 +27,8 @@ void run(benchmark::State& state, const Backend& be, const Policy& policy) {
   std::uint64_t step = 0;
   std::size_t sent = 0;
   for (auto _ : state) {
-    sent = support::select_now(engine, be, policy, {g, g, step++}, std::span<std::uint32_t>(out.data(), out.size())).count;
+    sent =
+        support::select_now(engine, be, policy, {g, g, step++}, std::span<std::uint32_t>(out.data(), out.size())).count;
     benchmark::DoNotOptimize(out.data());
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * n * 4);
@@ -71,10 +72,14 @@ void BM_backend(benchmark::State& state, const Backend& be) {
   if (state.range(0) >= 5) return BM_corrector<gc::detail::engine>(state, be);
   state.SetLabel(selectors[state.range(0)]);
   switch (state.range(0)) {
-    case 0: return run(state, be, gc::select::exact_topk{.density = density});
-    case 1: return run(state, be, gc::select::sampled_threshold{.density = density});
-    case 2: return run(state, be, gc::select::chunk_local{.bin = 50});
-    case 3: return run(state, be, gc::select::random_k{.density = density});
+    case 0:
+      return run(state, be, gc::select::exact_topk{.density = density});
+    case 1:
+      return run(state, be, gc::select::sampled_threshold{.density = density});
+    case 2:
+      return run(state, be, gc::select::chunk_local{.bin = 50});
+    case 3:
+      return run(state, be, gc::select::random_k{.density = density});
     default: {
       const auto& g = bench::gradient(n);  // tau at the k-th magnitude
       std::vector<float> a(g.size());

@@ -156,7 +156,8 @@ void BM_delta_encode(benchmark::State& state) {
     bytes = support::encode_message(policy, step_n, idx, values, out, sent, 0);
     benchmark::DoNotOptimize(out.data());
   }
-  if (gc::decode(std::span<const std::byte>(out.data(), bytes)).indices != idx) state.SkipWithError("round trip failed");
+  if (gc::decode(std::span<const std::byte>(out.data(), bytes)).indices != idx)
+    state.SkipWithError("round trip failed");
   const auto index_bytes = gc::detail::load_le<std::uint64_t>(out.data() + 32);  // the header's index section size
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * idx.size() * 4));
   state.counters["bits_per_index"] = 8.0 * static_cast<double>(index_bytes) / static_cast<double>(idx.size());
@@ -217,17 +218,47 @@ void BM_accumulate(benchmark::State& state) {
 }  // namespace
 
 BENCHMARK(bench::BM_read)->Name("read")->Arg(step_n)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
-BENCHMARK(BM_topk_ef_step_unfused)->Name("topk_ef_step_unfused/25000000")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_topk_ef_step_unfused)
+    ->Name("topk_ef_step_unfused/25000000")
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(0.5);
 BENCHMARK(BM_topk_ef_step)->Name("topk_ef_step/25000000")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
-BENCHMARK(BM_dgc_step_unfused)->Name("dgc_step_unfused/25000000")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_dgc_step_unfused)
+    ->Name("dgc_step_unfused/25000000")
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(0.5);
 BENCHMARK(BM_dgc_step)->Name("dgc_step/25000000")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
-BENCHMARK(BM_topk_ef_step_bf16)->Name("topk_ef_step_bf16/25000000")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_topk_ef_step_bf16)
+    ->Name("topk_ef_step_bf16/25000000")
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(0.5);
 BENCHMARK(BM_dgc_step_bf16)->Name("dgc_step_bf16/25000000")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
-BENCHMARK(BM_dgc_step_reuse)->Name("dgc_step_reuse/25000000")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
-BENCHMARK(BM_momentum_traffic)->Name("momentum_traffic_in_place/25000000")->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
-BENCHMARK(BM_momentum_traffic)->Name("momentum_traffic_double_buffered/25000000")->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_dgc_step_reuse)
+    ->Name("dgc_step_reuse/25000000")
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(0.5);
+BENCHMARK(BM_momentum_traffic)
+    ->Name("momentum_traffic_in_place/25000000")
+    ->Arg(0)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(0.5);
+BENCHMARK(BM_momentum_traffic)
+    ->Name("momentum_traffic_double_buffered/25000000")
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(0.5);
 BENCHMARK(BM_delta_encode)->Name("delta_encode")->Arg(10)->Arg(100)->ArgName("d_1e4")->Threads(1);
 BENCHMARK(BM_delta_decode)->Name("delta_decode")->Arg(10)->Arg(100)->ArgName("d_1e4")->Threads(1);
-BENCHMARK(BM_accumulate)->Name("accumulate")->ArgsProduct({{10, 25, 50, 100}, {0, 1, 2}})->ArgNames({"d_1e4", "way"})->Threads(1);
+BENCHMARK(BM_accumulate)
+    ->Name("accumulate")
+    ->ArgsProduct({{10, 25, 50, 100}, {0, 1, 2}})
+    ->ArgNames({"d_1e4", "way"})
+    ->Threads(1);
 
 int main(int argc, char** argv) { return bench::run_main(argc, argv, "none"); }

@@ -69,7 +69,8 @@ def main():
         print("|---|---:|---:|---:|")
         for label, times in backends.items():
             if "host" in times and "kokkos" in times:
-                print(f"| {label} | {times['host']:.2f} | {times['kokkos']:.2f} | {times['kokkos'] / times['host']:.2f} |")
+                ratio = times['kokkos'] / times['host']
+                print(f"| {label} | {times['host']:.2f} | {times['kokkos']:.2f} | {ratio:.2f} |")
     try:
         import matplotlib
         matplotlib.use("Agg")

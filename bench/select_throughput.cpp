@@ -130,7 +130,9 @@ void BM_heap_topk(benchmark::State& state) {
   const auto& g = bench::gradient(n_of(state));
   const std::size_t k = k_of(state);
   using entry = std::pair<float, std::uint32_t>;  // min-heap on (|g|, -index)
-  auto worse = [](const entry& a, const entry& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; };
+  auto worse = [](const entry& a, const entry& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  };
   std::vector<entry> heap;
   std::vector<std::uint32_t> out(k);
   for (auto _ : state) {
@@ -158,7 +160,8 @@ void BM_torch_topk(benchmark::State& state) {
   const auto& g = bench::gradient(n_of(state));
   const std::size_t k = k_of(state);
   at::set_num_threads(omp_get_max_threads());
-  const torch::Tensor t = torch::from_blob(const_cast<float*>(g.data()), {static_cast<std::int64_t>(g.size())}, torch::kFloat32);
+  const torch::Tensor t =
+      torch::from_blob(const_cast<float*>(g.data()), {static_cast<std::int64_t>(g.size())}, torch::kFloat32);
   for (auto _ : state) {
     auto [values, indices] = torch::topk(t.abs(), static_cast<std::int64_t>(k));
     benchmark::DoNotOptimize(indices.data_ptr());

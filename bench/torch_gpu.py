@@ -37,13 +37,13 @@ def main():
     rows = []
     for n in (int(float(s)) for s in args.sizes.split(",")):
         g = torch.randn(n, device="cuda") * torch.exp(1.5 * torch.randn(n, device="cuda")) * 1e-3
-        read = timed(lambda: g.sum(), args.repeats)
+        read = timed(lambda g=g: g.sum(), args.repeats)
         for d in (float(x) for x in args.densities.split(",")):
             k = max(1, int(-(-d * n // 1)))
-            topk = timed(lambda: torch.topk(g.abs(), k, sorted=False), args.repeats)
+            topk = timed(lambda g=g, k=k: torch.topk(g.abs(), k, sorted=False), args.repeats)
             c = Compressor(n, "compose", selector="exact_topk", corrector="none", index="raw32", value="f32",
                            density=d, device="cuda")
-            ours = timed(lambda: c.compress(g), args.repeats)
+            ours = timed(lambda c=c, g=g: c.compress(g), args.repeats)
             rows.append({"n": n, "density": d, "read_ms": read, "torch_topk_ms": topk, "gradcomp_ms": ours})
             print(f"N={n:.0e} d={d}: read {read:.3f} ms, torch.topk {topk:.3f} ms, gradcomp exact_topk {ours:.3f} ms "
                   f"({topk / ours:.1f}x faster than torch.topk, {ours / read:.1f}x the read)", flush=True)

@@ -32,8 +32,9 @@ int main() {
   constexpr int workers = 4;  // simulated: each adds its message to the aggregate
   constexpr int steps = 5;
 
-  std::vector<gc::compressor<gc::backend::cuda, gc::select::exact_topk,
-                             gc::correct::chain<gc::correct::clip_norm, gc::correct::momentum>, gc::encode::index_value>>
+  std::vector<
+      gc::compressor<gc::backend::cuda, gc::select::exact_topk,
+                     gc::correct::chain<gc::correct::clip_norm, gc::correct::momentum>, gc::encode::index_value>>
       worker;
   for (int w = 0; w < workers; ++w) {
     worker.emplace_back(gc::backend::cuda{}, n, gc::select::exact_topk{.density = 0.001},
@@ -63,7 +64,8 @@ int main() {
       bytes += m.bytes().size();
     }
     const float norm = std::sqrt(thrust::transform_reduce(
-        aggregate.begin(), aggregate.end(), [] __device__(float v) -> float { return v * v; }, 0.0f, thrust::plus<float>()));
+        aggregate.begin(), aggregate.end(), [] __device__(float v) -> float { return v * v; }, 0.0f,
+        thrust::plus<float>()));
     std::printf("step %d: %zu bytes sent per worker (ratio %.0fx), |aggregate| = %.6g\n", step, bytes / workers,
                 static_cast<double>(n * sizeof(float)) / static_cast<double>(bytes / workers), norm);
   }

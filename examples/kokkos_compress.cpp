@@ -19,7 +19,8 @@ int main(int argc, char** argv) {
       "fill", n, KOKKOS_LAMBDA(const std::size_t i) { grad(i) = static_cast<float>((i * 7919) % 1000) - 499.5f; });
 
   const gradcomp::backend::kokkos<space> backend{};
-  gradcomp::compressor c{backend, n, gradcomp::select::exact_topk{.density = 1e-3}, gradcomp::correct::error_feedback{}};
+  gradcomp::compressor c{backend, n, gradcomp::select::exact_topk{.density = 1e-3},
+                         gradcomp::correct::error_feedback{}};
   std::vector<std::byte> buf(c.max_message_bytes());  // messages live in host memory
   const gradcomp::message m = c.compress(gradcomp::as_span(grad), buf);
 
@@ -29,8 +30,8 @@ int main(int argc, char** argv) {
   Kokkos::parallel_reduce(
       "sum", n, KOKKOS_LAMBDA(const std::size_t i, float& s) { s += dense(i) < 0 ? -dense(i) : dense(i); }, total);
 
-  std::printf("kokkos (%s): sent %zu of %zu entries in %zu bytes (%.0fx smaller); sum |dense| = %.1f\n",
-              space::name(), m.count(), n, m.bytes().size(), m.ratio(), static_cast<double>(total));
+  std::printf("kokkos (%s): sent %zu of %zu entries in %zu bytes (%.0fx smaller); sum |dense| = %.1f\n", space::name(),
+              m.count(), n, m.bytes().size(), m.ratio(), static_cast<double>(total));
   // Every sent entry has |g| = 499.5: the sum must be exactly count * 499.5.
   return total == static_cast<float>(m.count()) * 499.5f ? 0 : 1;
 }

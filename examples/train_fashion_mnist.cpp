@@ -41,7 +41,7 @@ using vector = Eigen::VectorXf;
 // --- data ------------------------------------------------------------------------------
 
 struct dataset {
-  matrix images;                // one row per image, pixels scaled to [0, 1]
+  matrix images;  // one row per image, pixels scaled to [0, 1]
   std::vector<int> labels;
 };
 
@@ -84,7 +84,7 @@ dataset load(const std::string& dir, const std::string& prefix, std::size_t limi
 // array, layer after layer; each layer is compressed on its own.
 struct mlp {
   static constexpr int in = 784, hidden = 256, out = 10;
-  static constexpr std::array<std::size_t, 4> layer_sizes{hidden * in, hidden, out * hidden, out};
+  static constexpr std::array<std::size_t, 4> layer_sizes{hidden * in, hidden, out* hidden, out};
   static constexpr std::size_t size = hidden * in + hidden + out * hidden + out;
 
   template <class T>
@@ -275,8 +275,8 @@ struct options {
   bool verbose = false;
 };
 
-const std::vector<std::string> all_methods{"dense", "topk", "topk_ef", "dgc", "adacomp", "scalecom", "randomk_ef",
-                                           "dagc"};
+const std::vector<std::string> all_methods{"dense",   "topk",     "topk_ef",    "dgc",
+                                           "adacomp", "scalecom", "randomk_ef", "dagc"};
 
 std::unique_ptr<exchange> make_exchange(const std::string& method, gradcomp::comm::mpi& comm, const options& o,
                                         std::span<const double> shard_weights) {
@@ -301,19 +301,23 @@ std::unique_ptr<exchange> make_exchange(const std::string& method, gradcomp::com
   if (method == "dgc") {  // clipping, momentum correction and masking, with DGC's warm-up
     const int workers = comm.size();
     auto make = [d, o, workers](std::size_t n) {
-      return presets::dgc(backend::host{}, n,
-                          {.density = 0.25, .momentum = o.momentum, .max_norm = 5.0f, .workers = workers, .seed = o.seed});
+      return presets::dgc(
+          backend::host{}, n,
+          {.density = 0.25, .momentum = o.momentum, .max_norm = 5.0f, .workers = workers, .seed = o.seed});
     };
     const schedule::warmup warmup{.final_density = d};
-    return std::make_unique<sparse_allgather<decltype(make(1))>>(
-        comm, make, true, [warmup](auto& c, int epoch) { c.set_density(warmup.by_epoch(static_cast<unsigned>(epoch))); });
+    return std::make_unique<sparse_allgather<decltype(make(1))>>(comm, make, true, [warmup](auto& c, int epoch) {
+      c.set_density(warmup.by_epoch(static_cast<unsigned>(epoch)));
+    });
   }
   if (method == "adacomp") {
     auto make = [](std::size_t n) { return presets::adacomp(backend::host{}, n); };
     return std::make_unique<sparse_allgather<decltype(make(1))>>(comm, make);
   }
   if (method == "randomk_ef") {
-    auto make = [d, o](std::size_t n) { return presets::randomk_ef(backend::host{}, n, {.density = d, .seed = o.seed}); };
+    auto make = [d, o](std::size_t n) {
+      return presets::randomk_ef(backend::host{}, n, {.density = d, .seed = o.seed});
+    };
     return std::make_unique<sparse_allgather<decltype(make(1))>>(comm, make);
   }
   if (method == "scalecom") return std::make_unique<scalecom_exchange>(comm, d);
@@ -331,12 +335,15 @@ result train(const std::string& method, gradcomp::comm::mpi& comm, const options
              const dataset& test_set) {
   // Shards: contiguous ranges in proportion to the weights; each rank's batch is its
   // share of the global batch, so all ranks take the same number of steps per epoch.
-  std::vector<double> weights = o.shards.empty() ? std::vector<double>(static_cast<std::size_t>(comm.size()), 1.0) : o.shards;
+  std::vector<double> weights =
+      o.shards.empty() ? std::vector<double>(static_cast<std::size_t>(comm.size()), 1.0) : o.shards;
   const double weight_sum = std::accumulate(weights.begin(), weights.end(), 0.0);
   const auto rows = static_cast<double>(train_set.images.rows());
   const auto r = static_cast<std::size_t>(comm.rank());
-  const auto first = static_cast<Eigen::Index>(rows * std::accumulate(weights.begin(), weights.begin() + r, 0.0) / weight_sum);
-  const auto last = static_cast<Eigen::Index>(rows * std::accumulate(weights.begin(), weights.begin() + r + 1, 0.0) / weight_sum);
+  const auto first =
+      static_cast<Eigen::Index>(rows * std::accumulate(weights.begin(), weights.begin() + r, 0.0) / weight_sum);
+  const auto last =
+      static_cast<Eigen::Index>(rows * std::accumulate(weights.begin(), weights.begin() + r + 1, 0.0) / weight_sum);
   const auto steps = static_cast<Eigen::Index>(rows) / o.batch;
   const Eigen::Index local_batch = (last - first) / steps;
   if (local_batch < 1) throw std::invalid_argument("--batch: too small for the shard of rank " + std::to_string(r));
@@ -378,16 +385,17 @@ result train(const std::string& method, gradcomp::comm::mpi& comm, const options
     // Test accuracy: each rank scores a slice of the test set.
     const Eigen::Index n_test = test_set.images.rows();
     const Eigen::Index lo = n_test * comm.rank() / comm.size(), hi = n_test * (comm.rank() + 1) / comm.size();
-    int hits = model.correct(test_set.images.middleRows(lo, hi - lo),
-                             std::span<const int>(test_set.labels).subspan(static_cast<std::size_t>(lo),
-                                                                            static_cast<std::size_t>(hi - lo)));
+    int hits = model.correct(
+        test_set.images.middleRows(lo, hi - lo),
+        std::span<const int>(test_set.labels).subspan(static_cast<std::size_t>(lo), static_cast<std::size_t>(hi - lo)));
     int all_hits = 0;
     MPI_Allreduce(&hits, &all_hits, 1, MPI_INT, MPI_SUM, comm.communicator());
     accuracy = 100.0 * all_hits / static_cast<double>(n_test);
     total.sent += ex->epoch_traffic.sent;
     total.received += ex->epoch_traffic.received;
     total.steps += ex->epoch_traffic.steps;
-    if (o.verbose && comm.rank() == 0) std::printf("  %s epoch %d: test accuracy %.2f%%\n", method.c_str(), epoch, accuracy);
+    if (o.verbose && comm.rank() == 0)
+      std::printf("  %s epoch %d: test accuracy %.2f%%\n", method.c_str(), epoch, accuracy);
   }
   const double seconds = MPI_Wtime() - start;
   // Per worker: the mean over ranks (ranks differ under a DAGC plan and for ScaleCom's leader).
@@ -406,7 +414,8 @@ std::vector<double> parse_list(const std::string& flag, const std::string& text)
   while (std::getline(in, item, ',')) {
     char* end = nullptr;
     const double x = std::strtod(item.c_str(), &end);
-    if (item.empty() || *end != '\0' || !(x > 0)) throw std::invalid_argument(flag + ": '" + item + "' is not a positive number");
+    if (item.empty() || *end != '\0' || !(x > 0))
+      throw std::invalid_argument(flag + ": '" + item + "' is not a positive number");
     v.push_back(x);
   }
   return v;
@@ -425,20 +434,32 @@ options parse(int argc, char** argv) {
     auto number = [&] {
       char* end = nullptr;
       const double x = std::strtod(value.c_str(), &end);
-      if (value.empty() || *end != '\0' || !(x > 0)) throw std::invalid_argument(flag + ": '" + value + "' is not a positive number");
+      if (value.empty() || *end != '\0' || !(x > 0))
+        throw std::invalid_argument(flag + ": '" + value + "' is not a positive number");
       return x;
     };
-    if (flag == "--method") o.method = value;
-    else if (flag == "--data") o.data = value;
-    else if (flag == "--epochs") o.epochs = static_cast<int>(number());
-    else if (flag == "--batch") o.batch = static_cast<int>(number());
-    else if (flag == "--lr") o.lr = static_cast<float>(number());
-    else if (flag == "--density") o.density = number();
-    else if (flag == "--shards") o.shards = parse_list(flag, value);
-    else if (flag == "--train-limit") o.train_limit = static_cast<std::size_t>(number());
-    else if (flag == "--test-limit") o.test_limit = static_cast<std::size_t>(number());
-    else if (flag == "--seed") o.seed = static_cast<std::uint64_t>(number());
-    else throw std::invalid_argument("unknown flag " + flag);
+    if (flag == "--method")
+      o.method = value;
+    else if (flag == "--data")
+      o.data = value;
+    else if (flag == "--epochs")
+      o.epochs = static_cast<int>(number());
+    else if (flag == "--batch")
+      o.batch = static_cast<int>(number());
+    else if (flag == "--lr")
+      o.lr = static_cast<float>(number());
+    else if (flag == "--density")
+      o.density = number();
+    else if (flag == "--shards")
+      o.shards = parse_list(flag, value);
+    else if (flag == "--train-limit")
+      o.train_limit = static_cast<std::size_t>(number());
+    else if (flag == "--test-limit")
+      o.test_limit = static_cast<std::size_t>(number());
+    else if (flag == "--seed")
+      o.seed = static_cast<std::uint64_t>(number());
+    else
+      throw std::invalid_argument("unknown flag " + flag);
   }
   if (o.density > 1) throw std::invalid_argument("--density: must be in (0, 1], got " + std::to_string(o.density));
   return o;
@@ -460,8 +481,11 @@ int main(int argc, char** argv) {
     const dataset test_set = load(o.data, "t10k", o.test_limit);
     const std::vector<std::string> methods = o.method == "all" ? all_methods : std::vector<std::string>{o.method};
     if (comm.rank() == 0) {
-      std::printf("%d ranks, %d epochs, global batch %d, lr %g, density %g, %zu parameters, shards %s; bytes per worker per step (mean over ranks)\n", comm.size(),
-                  o.epochs, o.batch, static_cast<double>(o.lr), o.density, mlp::size, o.shards.empty() ? "equal" : "unequal");
+      std::printf(
+          "%d ranks, %d epochs, global batch %d, lr %g, density %g, %zu parameters, shards %s; bytes per worker per "
+          "step (mean over ranks)\n",
+          comm.size(), o.epochs, o.batch, static_cast<double>(o.lr), o.density, mlp::size,
+          o.shards.empty() ? "equal" : "unequal");
       std::printf("%-11s %9s %14s %14s %9s %14s %8s\n", "method", "test acc", "sent B/step", "recv B/step", "ratio",
                   "sent B/step", "wall s");
       std::printf("%-11s %9s %14s %14s %9s %14s %8s\n", "", "", "(last epoch)", "(last epoch)", "", "(all epochs)", "");

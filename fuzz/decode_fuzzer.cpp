@@ -19,7 +19,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     n = s.n;
     if (s.indices.size() != s.values.size()) std::abort();
     for (std::size_t j = 0; j < s.indices.size(); ++j) {
-      if (s.indices[j] >= s.n || (j > 0 && s.indices[j] <= s.indices[j - 1]) || !std::isfinite(s.values[j])) std::abort();
+      if (s.indices[j] >= s.n || (j > 0 && s.indices[j] <= s.indices[j - 1]) || !std::isfinite(s.values[j]))
+        std::abort();
     }
   } catch (const gradcomp::error&) {
   }

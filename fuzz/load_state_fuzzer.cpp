@@ -60,9 +60,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::memcpy(record.data() + record.size() - 4, &crc, 4);
   }
   switch (data[0] % 4) {
-    case 0: load(gc::presets::topk_ef(gc::backend::host{}, n, {.density = 0.05}), record); break;
-    case 1: load(gc::presets::dgc(gc::backend::host{}, n, {.density = 0.05, .max_norm = 1.0f, .reuse_threshold = true}), record); break;
-    case 2: load(gc::presets::scalecom(gc::backend::host{}, n, {.density = 0.05, .beta = 0.5f}), record); break;
+    case 0:
+      load(gc::presets::topk_ef(gc::backend::host{}, n, {.density = 0.05}), record);
+      break;
+    case 1:
+      load(gc::presets::dgc(gc::backend::host{}, n, {.density = 0.05, .max_norm = 1.0f, .reuse_threshold = true}),
+           record);
+      break;
+    case 2:
+      load(gc::presets::scalecom(gc::backend::host{}, n, {.density = 0.05, .beta = 0.5f}), record);
+      break;
     default:
       load(gc::compressor{gc::backend::host{}, n, gc::select::chunk_local{.bin = 7}, gc::correct::momentum{}}, record);
       break;

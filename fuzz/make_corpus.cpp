@@ -18,8 +18,8 @@ int main(int argc, char** argv) {
     std::vector<float> g(n);
     for (std::size_t i = 0; i < n; ++i) g[i] = static_cast<float>((i * 37) % 23) - 11.0f;
     for (const auto ic : {gc::index_coding::raw32, gc::index_coding::delta_bitpack, gc::index_coding::bitmap}) {
-      for (const auto vc : {gc::value_coding::f32, gc::value_coding::f16, gc::value_coding::bf16, gc::value_coding::int8,
-                            gc::value_coding::ternary, gc::value_coding::qsgd}) {
+      for (const auto vc : {gc::value_coding::f32, gc::value_coding::f16, gc::value_coding::bf16,
+                            gc::value_coding::int8, gc::value_coding::ternary, gc::value_coding::qsgd}) {
         for (const bool checksum : {false, true}) {
           gc::compressor c{gc::backend::host{}, n, gc::select::exact_topk{.density = 0.1}, gc::correct::none{},
                            gc::encode::index_value{.index = ic, .value = vc, .levels = 7, .checksum = checksum}};
@@ -49,7 +49,8 @@ int main(int argc, char** argv) {
     }
   };
   write_state(gc::presets::topk_ef(gc::backend::host{}, n, {.density = 0.05}), 0);
-  write_state(gc::presets::dgc(gc::backend::host{}, n, {.density = 0.05, .max_norm = 1.0f, .reuse_threshold = true}), 1);
+  write_state(gc::presets::dgc(gc::backend::host{}, n, {.density = 0.05, .max_norm = 1.0f, .reuse_threshold = true}),
+              1);
   write_state(gc::presets::scalecom(gc::backend::host{}, n, {.density = 0.05, .beta = 0.5f}), 2);
   write_state(gc::compressor{gc::backend::host{}, n, gc::select::chunk_local{.bin = 7}, gc::correct::momentum{}}, 3);
 }

@@ -70,8 +70,11 @@ template <class Selector, class Corrector>
 void run(Selector s, Corrector corrector, std::size_t n, input& in) {
   const auto ic = static_cast<gc::index_coding>(in.next<std::uint8_t>() % 4);
   const auto vc = static_cast<gc::value_coding>(1 + in.next<std::uint8_t>() % 6);
-  const gc::encode::index_value e{.index = ic, .value = vc, .levels = 1u + in.next<std::uint8_t>() % 16,
-                                  .seed = in.next<std::uint8_t>(), .checksum = (in.next<std::uint8_t>() & 1) != 0};
+  const gc::encode::index_value e{.index = ic,
+                                  .value = vc,
+                                  .levels = 1u + in.next<std::uint8_t>() % 16,
+                                  .seed = in.next<std::uint8_t>(),
+                                  .checksum = (in.next<std::uint8_t>() & 1) != 0};
   try {
     gc::compressor c{gc::backend::host{.threads = 1}, n, s, corrector, e};
     steps(c, in);
@@ -83,10 +86,18 @@ void run(Selector s, Corrector corrector, std::size_t n, input& in) {
 template <class Selector>
 void with_corrector(Selector s, std::size_t n, input& in) {
   switch (in.next<std::uint8_t>() % 5) {
-    case 0: run(s, gc::correct::none{}, n, in); break;
-    case 1: run(s, gc::correct::error_feedback{.beta = in.next<float>(), .gamma = 1.0f}, n, in); break;
-    case 2: run(s, gc::correct::momentum{.beta = in.next<float>()}, n, in); break;
-    case 3: run(s, gc::correct::low_pass{.beta = in.next<float>()}, n, in); break;
+    case 0:
+      run(s, gc::correct::none{}, n, in);
+      break;
+    case 1:
+      run(s, gc::correct::error_feedback{.beta = in.next<float>(), .gamma = 1.0f}, n, in);
+      break;
+    case 2:
+      run(s, gc::correct::momentum{.beta = in.next<float>()}, n, in);
+      break;
+    case 3:
+      run(s, gc::correct::low_pass{.beta = in.next<float>()}, n, in);
+      break;
     default:
       run(s,
           gc::correct::chain{gc::correct::clip_norm{.max_norm = in.next<float>()}, gc::correct::momentum{.beta = 0.9f}},
@@ -102,16 +113,26 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::size_t n = 1 + in.next<std::uint16_t>() % 3000;
   const double density = in.next<double>();
   switch (in.next<std::uint8_t>() % 6) {
-    case 0: with_corrector(gc::select::exact_topk{.density = density}, n, in); break;
-    case 1:
-      with_corrector(gc::select::sampled_threshold{.density = density, .sample_ratio = 0.05,
-                                                   .reuse_threshold = (size & 1) != 0},
-                     n, in);
+    case 0:
+      with_corrector(gc::select::exact_topk{.density = density}, n, in);
       break;
-    case 2: with_corrector(gc::select::chunk_local{.bin = in.next<std::uint64_t>()}, n, in); break;
-    case 3: with_corrector(gc::select::random_k{.density = density, .unbiased = (size & 1) != 0}, n, in); break;
-    case 4: with_corrector(gc::select::threshold{.tau = in.next<float>()}, n, in); break;
-    default: with_corrector(gc::select::exact_topk{.count = in.next<std::uint16_t>()}, n, in); break;
+    case 1:
+      with_corrector(
+          gc::select::sampled_threshold{.density = density, .sample_ratio = 0.05, .reuse_threshold = (size & 1) != 0},
+          n, in);
+      break;
+    case 2:
+      with_corrector(gc::select::chunk_local{.bin = in.next<std::uint64_t>()}, n, in);
+      break;
+    case 3:
+      with_corrector(gc::select::random_k{.density = density, .unbiased = (size & 1) != 0}, n, in);
+      break;
+    case 4:
+      with_corrector(gc::select::threshold{.tau = in.next<float>()}, n, in);
+      break;
+    default:
+      with_corrector(gc::select::exact_topk{.count = in.next<std::uint16_t>()}, n, in);
+      break;
   }
   return 0;
 }

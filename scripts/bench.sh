@@ -5,9 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh bench
-cmake -S . -B build/bench -DCMAKE_BUILD_TYPE=Release -DGRADCOMP_BUILD_TESTS=OFF -DGRADCOMP_BUILD_BENCHMARKS=ON \
-  -DGRADCOMP_BUILD_TOOLS=OFF -DGRADCOMP_BUILD_EXAMPLES=OFF
-cmake --build build/bench -j"$(nproc)"
+cmake --preset bench
+cmake --build --preset bench -j"$(nproc)"
 build/bench/bench/bench_select --benchmark_out=build/bench/select.json --benchmark_out_format=json "$@"
 build/bench/bench/bench_pipeline --benchmark_out=build/bench/pipeline.json --benchmark_out_format=json
 if [[ -x build/bench/bench/bench_kokkos ]]; then  # Kokkos<Serial> against the host backend on one thread

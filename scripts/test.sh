@@ -3,9 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
-cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DGRADCOMP_BUILD_TESTS=ON -DGRADCOMP_BUILD_TOOLS=ON \
-  -DGRADCOMP_BUILD_EXAMPLES=ON -DGRADCOMP_BUILD_BENCHMARKS=ON -DGRADCOMP_FUZZ=ON
-cmake --build build/release -j"$(nproc)"
+cmake --preset release
+cmake --build --preset release -j"$(nproc)"
 ctest --test-dir build/release --output-on-failure --no-tests=error -j"$(nproc)" --output-junit ctest.xml
 
 # The PyTorch package (python/, docs/torch.md): built against Debian's torch in a virtual
@@ -14,13 +13,18 @@ ctest --test-dir build/release --output-on-failure --no-tests=error -j"$(nproc)"
 # tests report themselves skipped without a GPU).
 /usr/bin/python3 -m venv --system-site-packages build/venv
 build/venv/bin/python -m pip install --quiet --no-build-isolation --no-deps --no-index .
+
+# The C++ sources formatted and the Python lint-clean (scripts/format.sh; ruff comes from
+# PyPI, which Debian 12 does not package).
+build/venv/bin/python -m pip install --quiet "ruff==0.17.6"
+bash scripts/format.sh --check
 (cd build && venv/bin/python -m pytest -q -rs --timeout=900 --junitxml=pytest.xml ../python/tests)
 
 # The unit and MPI tests once more under AddressSanitizer and UndefinedBehaviorSanitizer
 # (CMakePresets.json "debug"): the SIMD kernels' loads and stores stay in bounds, and
 # ranks configured differently never write past a buffer.
-cmake --preset debug -DGRADCOMP_BUILD_TOOLS=OFF -DGRADCOMP_BUILD_EXAMPLES=OFF
-cmake --build build/debug -j"$(nproc)"
+cmake --preset debug
+cmake --build --preset debug -j"$(nproc)"
 ctest --test-dir build/debug --output-on-failure --no-tests=error -j"$(nproc)" -L "unit|mpi" --output-junit ctest.xml
 
 # One line per suite: how many ran, what was skipped and why (the CUDA tests without a GPU).

@@ -5,9 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh results
-cmake -S . -B build/results -DCMAKE_BUILD_TYPE=Release -DGRADCOMP_BUILD_TESTS=OFF -DGRADCOMP_BUILD_BENCHMARKS=OFF \
-      -DGRADCOMP_BUILD_TOOLS=OFF >/dev/null
-cmake --build build/results --target train_fashion_mnist -j"$(nproc)" >/dev/null
+cmake --preset results >/dev/null
+cmake --build --preset results -j"$(nproc)" >/dev/null
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 train() { mpirun --oversubscribe -n "$1" build/results/examples/train_fashion_mnist "${@:2}"; }
 

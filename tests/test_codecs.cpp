@@ -19,13 +19,14 @@ namespace {
 
 constexpr index_coding index_codings[] = {index_coding::raw32, index_coding::delta_bitpack, index_coding::bitmap,
                                           index_coding::automatic};
-constexpr value_coding value_codings[] = {value_coding::f32, value_coding::f16, value_coding::bf16,
+constexpr value_coding value_codings[] = {value_coding::f32,  value_coding::f16,     value_coding::bf16,
                                           value_coding::int8, value_coding::ternary, value_coding::qsgd};
 
 // A message carrying exactly `indices` of `x`, through the public API (given_indices).
 std::vector<std::byte> message_of(const std::vector<float>& x, const std::vector<std::uint32_t>& indices,
                                   gc::encode::index_value enc, std::uint64_t steps = 1) {
-  gc::compressor c{gc::backend::host{}, x.size(), gc::select::given_indices{.max_count = std::max<std::size_t>(indices.size(), 1)},
+  gc::compressor c{gc::backend::host{}, x.size(),
+                   gc::select::given_indices{.max_count = std::max<std::size_t>(indices.size(), 1)},
                    gc::correct::none{}, enc};
   c.set_indices(indices);
   std::vector<std::byte> buf(c.max_message_bytes());
@@ -48,7 +49,8 @@ std::vector<std::uint32_t> random_subset(std::size_t n, double density, std::uin
 // rounds magnitudes from the midpoint 0x1.FFp127 up to infinity, we saturate instead.
 std::uint16_t reference_bfloat(float f) {
   const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
-  if (std::fabs(static_cast<double>(f)) >= 0x1.FFp127) return static_cast<std::uint16_t>(((x >> 16) & 0x8000u) | 0x7F7Fu);
+  if (std::fabs(static_cast<double>(f)) >= 0x1.FFp127)
+    return static_cast<std::uint16_t>(((x >> 16) & 0x8000u) | 0x7F7Fu);
   const std::uint32_t lo = x & 0xFFFF0000u;  // truncated: toward zero
   const std::uint32_t hi = lo + 0x10000u;    // one bfloat step away from zero
   const double d_lo = std::fabs(static_cast<double>(f) - static_cast<double>(std::bit_cast<float>(lo)));
@@ -63,9 +65,26 @@ std::vector<float> float_classes() {
     const float f = std::bit_cast<float>(static_cast<std::uint32_t>(bits));
     if (std::isfinite(f)) v.push_back(f);
   }
-  for (const float f : {0.0f, -0.0f, 65504.0f, 65519.99f, 65520.0f, -65520.0f, 1e10f, -3.4e38f, 3.4028235e38f,
-                        0x1.0p-14f, 0x1.0p-24f, 0x1.0p-25f, 0x1.8p-25f, 0x1.0p-26f, 0x1.FFCp-15f, 1.0f + 0x1.0p-11f,
-                        1.0f + 0x1.8p-11f, 1.0f + 0x1.0p-8f, 1.0f + 0x1.8p-8f, std::numeric_limits<float>::denorm_min()}) {
+  for (const float f : {0.0f,
+                        -0.0f,
+                        65504.0f,
+                        65519.99f,
+                        65520.0f,
+                        -65520.0f,
+                        1e10f,
+                        -3.4e38f,
+                        3.4028235e38f,
+                        0x1.0p-14f,
+                        0x1.0p-24f,
+                        0x1.0p-25f,
+                        0x1.8p-25f,
+                        0x1.0p-26f,
+                        0x1.FFCp-15f,
+                        1.0f + 0x1.0p-11f,
+                        1.0f + 0x1.8p-11f,
+                        1.0f + 0x1.0p-8f,
+                        1.0f + 0x1.8p-8f,
+                        std::numeric_limits<float>::denorm_min()}) {
     v.push_back(f);
   }
   return v;
@@ -74,7 +93,8 @@ std::vector<float> float_classes() {
 }  // namespace
 
 TEST_CASE("index codings round-trip exactly with f32 values") {
-  for (const std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{130}, std::size_t{100003}}) {
+  for (const std::size_t n :
+       {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{130}, std::size_t{100003}}) {
     const auto x = inputs::make(inputs::shape::student_t3, n, 1);
     for (const double density : {0.0, 0.001, 0.05, 0.5, 1.0}) {
       auto subset = random_subset(n, density, n + static_cast<std::uint64_t>(density * 1000));
@@ -178,7 +198,8 @@ TEST_CASE("bf16 equals IEEE round-to-nearest-even (saturating) on every input cl
 }
 
 TEST_CASE("int8 and ternary stay within their stated error") {
-  for (const auto shape : {inputs::shape::normal, inputs::shape::log_normal, inputs::shape::ties, inputs::shape::all_zero}) {
+  for (const auto shape :
+       {inputs::shape::normal, inputs::shape::log_normal, inputs::shape::ties, inputs::shape::all_zero}) {
     const auto x = inputs::make(shape, 5000, 4);
     const auto subset = random_subset(x.size(), 0.1, 5);
     float largest = 0.0f;
@@ -322,7 +343,7 @@ TEST_CASE("hostile sections are rejected for every coding") {
 
   const std::size_t values_at = h + 20;  // raw32 indices of 5 entries
   const auto f16 = message_of(x, subset, {.index = index_coding::raw32, .value = value_coding::f16});
-  require_rejected(with<std::uint16_t>(f16, values_at, 0x7C00), n);  // +inf
+  require_rejected(with<std::uint16_t>(f16, values_at, 0x7C00), n);      // +inf
   require_rejected(with<std::uint16_t>(f16, values_at + 2, 0xFE01), n);  // NaN
   const auto bf16 = message_of(x, subset, {.index = index_coding::raw32, .value = value_coding::bf16});
   require_rejected(with<std::uint16_t>(bf16, values_at, 0x7F80), n);
@@ -332,8 +353,8 @@ TEST_CASE("hostile sections are rejected for every coding") {
   require_rejected(with<float>(int8, 48, INFINITY), n);
   require_rejected(with<std::uint32_t>(int8, 52, 3), n);  // a parameter int8 does not take
   const auto qsgd = message_of(x, subset, {.index = index_coding::raw32, .value = value_coding::qsgd, .levels = 5});
-  require_rejected(with<std::uint32_t>(qsgd, 52, 0), n);        // zero levels
-  require_rejected(with<std::uint32_t>(qsgd, 52, 1u << 20), n);  // too many levels
+  require_rejected(with<std::uint32_t>(qsgd, 52, 0), n);           // zero levels
+  require_rejected(with<std::uint32_t>(qsgd, 52, 1u << 20), n);    // too many levels
   require_rejected(with<std::uint8_t>(qsgd, values_at, 0xFE), n);  // level 7 > 5 in the first 4-bit field
   const auto f32 = message_of(x, subset, {.index = index_coding::raw32});
   require_rejected(with<float>(f32, 48, 1.0f), n);  // f32 takes no scale

@@ -90,9 +90,11 @@ TEST_CASE("a tensor of 2^20 + 3 entries matches its reference") {
 }
 
 TEST_CASE("error feedback conserves the gradient over 100 steps") {
-  for (const auto s : {inputs::shape::normal, inputs::shape::student_t3, inputs::shape::log_normal, inputs::shape::ties}) {
+  for (const auto s :
+       {inputs::shape::normal, inputs::shape::student_t3, inputs::shape::log_normal, inputs::shape::ties}) {
     const std::size_t n = 4099;
-    auto c = gc::compressor{backend_under_test{}, n, gc::select::exact_topk{.density = 0.01}, gc::correct::error_feedback{}};
+    auto c =
+        gc::compressor{backend_under_test{}, n, gc::select::exact_topk{.density = 0.01}, gc::correct::error_feedback{}};
     std::vector<std::byte> buf(c.max_message_bytes());
     std::vector<double> gradient_sum(n, 0.0), magnitude_sum(n, 0.0);
     std::vector<float> sent_sum(n, 0.0f);
@@ -161,7 +163,7 @@ void fast_path_matches_generic() {
             for (float& x : g) x *= 1e4f;
           }
           if (t == 5) g[n / 2] = std::numeric_limits<float>::quiet_NaN();  // a rejected step
-          const bool in_place = t % 2 == 0;  // compressor::stage forbids in-place updates
+          const bool in_place = t % 2 == 0;                                // compressor::stage forbids in-place updates
           if constexpr (requires { fast.allow_in_place(in_place); }) fast.allow_in_place(in_place);
           CAPTURE(Case::name(variant));
           CAPTURE(threads);
@@ -210,7 +212,8 @@ TEST_CASE("backend::host's corrector fast paths equal the generic algorithm on b
   fast_path_matches_generic<conformance::error_feedback_case>();
   fast_path_matches_generic<conformance::momentum_case>();
   fast_path_matches_generic<conformance::low_pass_case>();
-  fast_path_matches_generic<conformance::clipped_case<gc::correct::error_feedback, conformance::kind::error_feedback>>();
+  fast_path_matches_generic<
+      conformance::clipped_case<gc::correct::error_feedback, conformance::kind::error_feedback>>();
   fast_path_matches_generic<conformance::clipped_case<gc::correct::momentum, conformance::kind::momentum>>();
 }
 #endif
@@ -220,7 +223,8 @@ namespace {
 // A selector's fast path and its generic algorithm select the same entries from `in`,
 // standalone, and both see a finite input.
 template <class Fast, class Generic, class Policy>
-void require_same_selection(const gc::backend::host& be, Fast& fast, Generic& generic, const Policy& policy, const gc::detail::select_input& in) {
+void require_same_selection(const gc::backend::host& be, Fast& fast, Generic& generic, const Policy& policy,
+                            const gc::detail::select_input& in) {
   const std::size_t n = in.acc.size();
   std::vector<std::uint32_t> out_fast(n), out_generic(n, 0xFFFFFFFFu);
   const auto a = support::select_now(fast, be, policy, in, out_fast);
@@ -277,7 +281,8 @@ void require_sampled_threshold_fast_path_equals(const std::string& generic_name)
           const Backend generic_be{be};
           gc::detail::sampled_threshold_selection<Backend> generic(generic_be, policy, n);
           for (std::uint64_t t = 0; t < 6; ++t) {
-            const auto shape = inputs::all_shapes[(t + static_cast<std::uint64_t>(variant)) % std::size(inputs::all_shapes)];
+            const auto shape =
+                inputs::all_shapes[(t + static_cast<std::uint64_t>(variant)) % std::size(inputs::all_shapes)];
             const auto acc = inputs::make(shape, n, 500 + t);
             CAPTURE(generic_name);
             CAPTURE(case_type::name(variant));
@@ -316,8 +321,8 @@ TEST_CASE("backend::host's sampled_threshold fast path equals the generic algori
 // entry sits apart).
 TEST_CASE("backend::host's exact_topk fast path equals the generic algorithm on backend::host") {
   for (const int threads : {1, 2}) {
-    for (const std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{70003},
-                                std::size_t{300000}}) {
+    for (const std::size_t n :
+         {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{70003}, std::size_t{300000}}) {
       for (const std::size_t k : {std::size_t{1}, std::size_t{2}, n / 1000 + 1, n / 7 + 1, n - n / 3, n}) {
         for (std::size_t s = 0; s <= std::size(inputs::all_shapes); ++s) {
           std::vector<float> acc;
@@ -325,7 +330,8 @@ TEST_CASE("backend::host's exact_topk fast path equals the generic algorithm on 
             acc = inputs::make(inputs::all_shapes[s], n, 900 + s);
           } else {  // the sample (every 512th entry) holds the largest values only
             acc.resize(n);
-            for (std::size_t i = 0; i < n; ++i) acc[i] = i % 512 == 0 ? 1e3f + static_cast<float>(i) : 1.0f / (1.0f + static_cast<float>(i % 977));
+            for (std::size_t i = 0; i < n; ++i)
+              acc[i] = i % 512 == 0 ? 1e3f + static_cast<float>(i) : 1.0f / (1.0f + static_cast<float>(i % 977));
           }
           const gc::backend::host be{.threads = threads};
           const gc::select::exact_topk policy{.count = std::min(k, n)};
@@ -350,7 +356,8 @@ TEST_CASE("backend::host's exact_topk fast path equals the generic algorithm on 
 TEST_CASE("backend::host's chunk_local fast path equals the generic algorithm on backend::host") {
   for (const int threads : {1, 2}) {
     for (const std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{70003}}) {
-      for (const std::size_t bin : {std::size_t{1}, std::size_t{7}, std::size_t{50}, std::size_t{5000}, std::size_t{100000}}) {
+      for (const std::size_t bin :
+           {std::size_t{1}, std::size_t{7}, std::size_t{50}, std::size_t{5000}, std::size_t{100000}}) {
         for (std::size_t s = 0; s < std::size(inputs::all_shapes); ++s) {
           const gc::backend::host be{.threads = threads};
           const gc::select::chunk_local policy{.bin = bin};

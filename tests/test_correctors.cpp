@@ -15,7 +15,9 @@ namespace {
 constexpr std::size_t n = 2053;
 constexpr std::size_t k = 31;
 
-std::vector<float> gradient(int t) { return inputs::make(inputs::shape::student_t3, n, 500 + static_cast<std::uint64_t>(t)); }
+std::vector<float> gradient(int t) {
+  return inputs::make(inputs::shape::student_t3, n, 500 + static_cast<std::uint64_t>(t));
+}
 
 // Runs a compressor with exact top-k (count k) and returns each step's decoded message.
 template <class C>
@@ -139,13 +141,15 @@ TEST_CASE("corrector parameters are validated by name") {
                        doctest::Contains("momentum: beta must be finite"), gc::error);
   CHECK_THROWS_WITH_AS(gc::compressor(h, 10, exact_topk{.count = 1}, gc::correct::clip_norm{.max_norm = 0.0f}),
                        doctest::Contains("clip_norm: max_norm must be > 0, got 0"), gc::error);
-  CHECK_THROWS_WITH_AS(gc::compressor(h, 10, exact_topk{.count = 1}, gc::correct::clip_norm{.max_norm = 1, .workers = 0}),
-                       doctest::Contains("workers must be >= 1, got 0"), gc::error);
+  CHECK_THROWS_WITH_AS(
+      gc::compressor(h, 10, exact_topk{.count = 1}, gc::correct::clip_norm{.max_norm = 1, .workers = 0}),
+      doctest::Contains("workers must be >= 1, got 0"), gc::error);
   CHECK_THROWS_WITH_AS(gc::compressor(h, 10, exact_topk{.count = 1}, gc::correct::low_pass{.beta = 1.5f}),
                        doctest::Contains("low_pass: beta must be in (0, 1], got 1.5"), gc::error);
-  CHECK_THROWS_WITH_AS(gc::compressor(h, 10, exact_topk{.count = 1},
-                                      gc::correct::chain{gc::correct::clip_norm{.max_norm = -1}, gc::correct::momentum{}}),
-                       doctest::Contains("max_norm must be > 0, got -1"), gc::error);
+  CHECK_THROWS_WITH_AS(
+      gc::compressor(h, 10, exact_topk{.count = 1},
+                     gc::correct::chain{gc::correct::clip_norm{.max_norm = -1}, gc::correct::momentum{}}),
+      doctest::Contains("max_norm must be > 0, got -1"), gc::error);
 }
 
 TEST_CASE("the dgc preset with exact selection reproduces a plain DGC for 50 steps") {
@@ -232,9 +236,10 @@ TEST_CASE("preview gives what the next compress ranks and changes nothing") {
   preview_matches_compress(gc::correct::low_pass{.beta = 0.5f}, 1.0f);
   // The norm is about 78 at scale 1: steps at scales 1.3..1.9 clip at 100, scale 1 does not.
   preview_matches_compress(gc::correct::clip_norm{.max_norm = 100.0f}, 1.0f);
-  preview_matches_compress(gc::correct::chain{gc::correct::clip_norm{.max_norm = 100.0f}, gc::correct::momentum{}}, 1.0f);
-  preview_matches_compress(gc::correct::chain{gc::correct::clip_norm{.max_norm = 100.0f}, gc::correct::error_feedback{}},
+  preview_matches_compress(gc::correct::chain{gc::correct::clip_norm{.max_norm = 100.0f}, gc::correct::momentum{}},
                            1.0f);
+  preview_matches_compress(
+      gc::correct::chain{gc::correct::clip_norm{.max_norm = 100.0f}, gc::correct::error_feedback{}}, 1.0f);
 }
 
 TEST_CASE("preview rejects a bad gradient by name and changes nothing") {
@@ -253,8 +258,8 @@ TEST_CASE("preview rejects a bad gradient by name and changes nothing") {
                        "gradcomp: preview: grad.size() = 2052 does not match the compressor's n = 2053", gc::error);
   g = gradient(1);
   g[3] = 3e38f;
-  CHECK_THROWS_WITH_AS((void)c.preview(g), doctest::Contains("preview: the corrector's value at index 3 overflowed to inf"),
-                       gc::error);
+  CHECK_THROWS_WITH_AS((void)c.preview(g),
+                       doctest::Contains("preview: the corrector's value at index 3 overflowed to inf"), gc::error);
   c.save_state(after);
   CHECK(before.str() == after.str());
 }

@@ -26,16 +26,21 @@ std::string snapshot(const C& c) {
 TEST_CASE("constructor parameters are checked by name") {
   using gc::select::exact_topk;
   const gc::backend::host h{};
-  CHECK_THROWS_WITH_AS(gc::compressor(h, 100, exact_topk{.density = 0.0}), Contains("density must be in (0, 1], got 0"), gc::error);
+  CHECK_THROWS_WITH_AS(gc::compressor(h, 100, exact_topk{.density = 0.0}), Contains("density must be in (0, 1], got 0"),
+                       gc::error);
   CHECK_THROWS_WITH_AS(gc::compressor(h, 100, exact_topk{.density = -0.5}), Contains("got -0.5"), gc::error);
   CHECK_THROWS_WITH_AS(gc::compressor(h, 100, exact_topk{.density = 1.5}), Contains("got 1.5"), gc::error);
   CHECK_THROWS_WITH_AS(gc::compressor(h, 100, exact_topk{.density = std::nan("")}), Contains("density"), gc::error);
-  CHECK_THROWS_WITH_AS(gc::compressor(h, 100, exact_topk{.count = 101}), Contains("count must be in [1, n = 100], got 101"), gc::error);
+  CHECK_THROWS_WITH_AS(gc::compressor(h, 100, exact_topk{.count = 101}),
+                       Contains("count must be in [1, n = 100], got 101"), gc::error);
   CHECK_THROWS_WITH_AS(gc::compressor(h, 100, exact_topk{.density = 0.1, .count = 3}), Contains("not both"), gc::error);
-  CHECK_THROWS_WITH_AS(gc::compressor(h, 0, exact_topk{.density = 0.1}), Contains("n must be in [1, 4294967295], got 0"), gc::error);
-  CHECK_THROWS_WITH_AS(gc::compressor(h, std::size_t{1} << 33, exact_topk{.density = 0.1}), Contains("got 8589934592"), gc::error);
-  CHECK_THROWS_WITH_AS(gc::compressor(h, 10, exact_topk{.density = 0.1}, gc::correct::error_feedback{.beta = inf_value}),
-                       Contains("beta must be finite"), gc::error);
+  CHECK_THROWS_WITH_AS(gc::compressor(h, 0, exact_topk{.density = 0.1}),
+                       Contains("n must be in [1, 4294967295], got 0"), gc::error);
+  CHECK_THROWS_WITH_AS(gc::compressor(h, std::size_t{1} << 33, exact_topk{.density = 0.1}), Contains("got 8589934592"),
+                       gc::error);
+  CHECK_THROWS_WITH_AS(
+      gc::compressor(h, 10, exact_topk{.density = 0.1}, gc::correct::error_feedback{.beta = inf_value}),
+      Contains("beta must be finite"), gc::error);
   CHECK_THROWS_WITH_AS(gc::compressor(gc::backend::host{.threads = -1}, 10, exact_topk{.density = 0.1}),
                        Contains("threads must be >= 0, got -1"), gc::error);
   try {
@@ -75,10 +80,10 @@ TEST_CASE("a rejected compress leaves the buffer and the state untouched") {
     CHECK(snapshot(doubled) == doubled_before);
   }
   SUBCASE("infinity and NaN in a half or bfloat16 gradient") {
-    std::vector<gc::half> h(n);        // +0
+    std::vector<gc::half> h(n);  // +0
     std::vector<gc::bfloat16> b(n);
-    h[77] = {0x7C00};                  // +inf in binary16
-    b[5] = {0xFFC0};                   // a NaN in bfloat16
+    h[77] = {0x7C00};  // +inf in binary16
+    b[5] = {0xFFC0};   // a NaN in bfloat16
     CHECK_THROWS_WITH_AS(c.compress(h, buf), Contains("grad[77] = inf is not finite"), gc::error);
     CHECK_THROWS_WITH_AS(c.stage(b, buf), Contains("grad[5] = -nan is not finite"), gc::error);
     CHECK_THROWS_WITH_AS(c.preview(h), Contains("preview: grad[77] = inf"), gc::error);
@@ -91,7 +96,8 @@ TEST_CASE("a rejected compress leaves the buffer and the state untouched") {
   }
   SUBCASE("wrong gradient length") {
     g.pop_back();
-    CHECK_THROWS_WITH_AS(c.compress(g, buf), Contains("grad.size() = 4999 does not match the compressor's n = 5000"), gc::error);
+    CHECK_THROWS_WITH_AS(c.compress(g, buf), Contains("grad.size() = 4999 does not match the compressor's n = 5000"),
+                         gc::error);
   }
   SUBCASE("buffer too small") {
     std::vector<std::byte> small(c.max_message_bytes() - 1, std::byte{0xAB});
@@ -114,7 +120,8 @@ TEST_CASE("while clipping, the dgc step updates in place and still rejects witho
   // bounded result the new state overwrites the committed one.
   const std::size_t n = 5000;
   auto make = [&](float beta) {
-    return gc::presets::dgc(gc::backend::host{}, n, {.momentum = beta, .max_norm = 1.0f}, gc::select::exact_topk{.density = 0.01});
+    return gc::presets::dgc(gc::backend::host{}, n, {.momentum = beta, .max_norm = 1.0f},
+                            gc::select::exact_topk{.density = 0.01});
   };
   std::vector<std::byte> buf;
   SUBCASE("a NaN after in-place steps") {
@@ -147,7 +154,8 @@ TEST_CASE("while clipping, the dgc step updates in place and still rejects witho
     (void)c.compress(inputs::make(inputs::shape::normal, n, 1), buf);
     (void)c.compress(inputs::make(inputs::shape::normal, n, 2), buf);
     const auto before = snapshot(c);
-    CHECK_THROWS_WITH_AS(c.compress(inputs::make(inputs::shape::normal, n, 3), buf), Contains("overflowed to"), gc::error);
+    CHECK_THROWS_WITH_AS(c.compress(inputs::make(inputs::shape::normal, n, 3), buf), Contains("overflowed to"),
+                         gc::error);
     CHECK(snapshot(c) == before);
   }
 }

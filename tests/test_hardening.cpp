@@ -251,8 +251,9 @@ TEST_CASE("load_state refuses memory that compress could never have left") {
   non_finite_memory_is_refused(gc::compressor{gc::backend::host{}, n, s, gc::correct::momentum{}});
   non_finite_memory_is_refused(gc::compressor{gc::backend::host{}, n, s, gc::correct::momentum{.nesterov = true}});
   non_finite_memory_is_refused(gc::compressor{gc::backend::host{}, n, s, gc::correct::low_pass{.beta = 0.3f}});
-  non_finite_memory_is_refused(gc::compressor{
-      gc::backend::host{}, n, s, gc::correct::chain{gc::correct::clip_norm{.max_norm = 1.0f}, gc::correct::momentum{}}});
+  non_finite_memory_is_refused(
+      gc::compressor{gc::backend::host{}, n, s,
+                     gc::correct::chain{gc::correct::clip_norm{.max_norm = 1.0f}, gc::correct::momentum{}}});
   non_finite_memory_is_refused(gc::presets::dgc(gc::backend::host{}, n, {.density = 0.01, .max_norm = 1.0f}));
   non_finite_memory_is_refused(gc::presets::topk_ef(gc::backend::host{}, n));
   non_finite_memory_is_refused(gc::presets::randomk_ef(gc::backend::host{}, n));
@@ -329,9 +330,9 @@ TEST_CASE("bit-packed sections must have zero padding bits") {
     // qsgd fields leave some in the value section's).
     for (std::size_t count = 9; count < 17; ++count) {
       CAPTURE(count);
-      gc::compressor c{gc::backend::host{}, n, gc::select::exact_topk{.count = count}, gc::correct::none{},
-                       gc::encode::index_value{.index = index_coding::delta_bitpack, .value = vc, .levels = 3,
-                                               .checksum = true}};
+      gc::compressor c{
+          gc::backend::host{}, n, gc::select::exact_topk{.count = count}, gc::correct::none{},
+          gc::encode::index_value{.index = index_coding::delta_bitpack, .value = vc, .levels = 3, .checksum = true}};
       std::vector<std::byte> buf(c.max_message_bytes());
       const auto good = bytes_of(c.compress(g, buf));
       REQUIRE_NOTHROW((void)gc::decode(good));
@@ -365,8 +366,8 @@ TEST_CASE("count + 1 with a recomputed checksum: refused, or the canonical messa
   int refused = 0, canonical = 0;
   for (std::uint64_t seed = 0; seed < 100; ++seed) {
     const std::size_t n = 500 + 37 * seed;
-    const gc::encode::index_value e{.index = index_coding::delta_bitpack, .value = value_coding::ternary,
-                                    .checksum = true};
+    const gc::encode::index_value e{
+        .index = index_coding::delta_bitpack, .value = value_coding::ternary, .checksum = true};
     gc::compressor c{gc::backend::host{}, n, gc::select::exact_topk{.count = 3 + seed % 40 + n / (2 + seed % 5)},
                      gc::correct::none{}, e};
     std::vector<std::byte> buf(c.max_message_bytes());

@@ -56,10 +56,12 @@ TEST_CASE("exact_topk: kokkos equals host") {
 
 TEST_CASE("sampled_threshold: kokkos equals host") {
   same_as_host([](auto be, std::size_t n) {
-    return gc::compressor{be, n, gc::select::sampled_threshold{.density = 0.001, .seed = 3}, gc::correct::error_feedback{}};
+    return gc::compressor{be, n, gc::select::sampled_threshold{.density = 0.001, .seed = 3},
+                          gc::correct::error_feedback{}};
   });
   same_as_host([](auto be, std::size_t n) {
-    return gc::compressor{be, n, gc::select::sampled_threshold{.density = 0.01, .truncate = true, .reuse_threshold = true},
+    return gc::compressor{be, n,
+                          gc::select::sampled_threshold{.density = 0.01, .truncate = true, .reuse_threshold = true},
                           gc::correct::none{}};
   });
 }

@@ -30,7 +30,6 @@ void poke(std::vector<std::byte>& b, std::size_t at, T v) {
   std::memcpy(b.data() + at, &v, sizeof(T));
 }
 
-
 // What accumulating `bytes` into a dense tensor of n elements (filled with 3.25) gives:
 // the tensor, or the error's code and text.
 struct outcome {
@@ -158,7 +157,8 @@ TEST_CASE("hostile header fields are rejected") {
   rejected_with(24, std::uint64_t(10), "count disagrees with sections");
   rejected_with(32, ~std::uint64_t{0}, "huge index section");
   rejected_with(40, ~std::uint64_t{0} - 10, "huge value section");
-  rejected_with(24, ~std::uint64_t{0} / 4 + 1, "count that overflows a size computation");  // 4 * count wraps to a small number
+  rejected_with(24, ~std::uint64_t{0} / 4 + 1,
+                "count that overflows a size computation");  // 4 * count wraps to a small number
 }
 
 TEST_CASE("hostile entries are rejected") {
@@ -218,8 +218,8 @@ TEST_CASE("random garbage never crashes the decoder") {
 TEST_CASE("accumulate checks its own arguments") {
   const auto bytes = sample_message(100, 3);
   std::vector<float> dense(99, 0.0f);
-  CHECK_THROWS_WITH_AS(gc::accumulate(gc::backend::host{}, bytes, dense, 1.0f),
-                       doctest::Contains("dense.size() = 99"), gc::error);
+  CHECK_THROWS_WITH_AS(gc::accumulate(gc::backend::host{}, bytes, dense, 1.0f), doctest::Contains("dense.size() = 99"),
+                       gc::error);
   std::vector<float> right(100, 0.0f);
   CHECK_THROWS_WITH_AS(gc::accumulate(gc::backend::host{}, bytes, right, std::numeric_limits<float>::infinity()),
                        doctest::Contains("scale must be finite"), gc::error);

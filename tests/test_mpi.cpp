@@ -17,7 +17,8 @@ namespace gc = gradcomp;
 namespace {
 
 std::vector<float> gradient_of(int rank, std::size_t n, int step) {
-  return inputs::make(inputs::shape::student_t3, n, 1000 * static_cast<std::uint64_t>(rank) + static_cast<std::uint64_t>(step));
+  return inputs::make(inputs::shape::student_t3, n,
+                      1000 * static_cast<std::uint64_t>(rank) + static_cast<std::uint64_t>(step));
 }
 
 // True on every rank iff all ranks hold bit-identical `dense`.
@@ -82,7 +83,9 @@ TEST_CASE("sparse all-gather of top-k with error feedback") {
 TEST_CASE("zero-count messages on some ranks") {
   // Rank 0's threshold is out of reach: it sends nothing, every step.
   matches_simulation(
-      [](int rank, std::size_t n) { return gc::presets::threshold_ef(gc::backend::host{}, n, {.tau = rank == 0 ? 1e30f : 2.5f}); },
+      [](int rank, std::size_t n) {
+        return gc::presets::threshold_ef(gc::backend::host{}, n, {.tau = rank == 0 ? 1e30f : 2.5f});
+      },
       20011, 4, gc::comm::path::sparse);
 }
 
@@ -93,7 +96,8 @@ TEST_CASE("unequal densities from a DAGC ratio plan") {
   const auto plan = gc::schedule::ratio_plan(volumes, 0.01, 0.001);
   matches_simulation(
       [&](int rank, std::size_t n) {
-        return gc::compressor{gc::backend::host{}, n, gc::select::exact_topk{.density = plan[static_cast<std::size_t>(rank)]},
+        return gc::compressor{gc::backend::host{}, n,
+                              gc::select::exact_topk{.density = plan[static_cast<std::size_t>(rank)]},
                               gc::correct::error_feedback{}};
       },
       50021, 4, gc::comm::path::sparse);
@@ -111,7 +115,8 @@ TEST_CASE("a corrupt message fails on every rank and changes nothing") {
   std::vector<std::byte> buf(c.max_message_bytes());
   const auto m = c.compress(gradient_of(comm.rank(), n, 0), buf);
   std::vector<std::byte> bytes(m.bytes().begin(), m.bytes().end());
-  if (comm.rank() == comm.size() - 1) bytes[60] = std::byte{0xFF}, bytes[61] = std::byte{0xFF}, bytes[62] = std::byte{0xFF};
+  if (comm.rank() == comm.size() - 1)
+    bytes[60] = std::byte{0xFF}, bytes[61] = std::byte{0xFF}, bytes[62] = std::byte{0xFF};
   std::vector<float> dense(n, 1.0f);
   CHECK_THROWS_AS(comm.allgather_accumulate(bytes, dense, 1.0f), gc::error);
   CHECK(std::all_of(dense.begin(), dense.end(), [](float v) { return v == 1.0f; }));
@@ -123,7 +128,8 @@ TEST_CASE("bucketed all-gather of a model's layers equals one exchange per layer
   std::vector<gc::compressor<gc::backend::host, gc::select::exact_topk, gc::correct::error_feedback>> mine, separate;
   for (const auto n : layers) {
     mine.emplace_back(gc::backend::host{}, n, gc::select::exact_topk{.density = 0.01}, gc::correct::error_feedback{});
-    separate.emplace_back(gc::backend::host{}, n, gc::select::exact_topk{.density = 0.01}, gc::correct::error_feedback{});
+    separate.emplace_back(gc::backend::host{}, n, gc::select::exact_topk{.density = 0.01},
+                          gc::correct::error_feedback{});
   }
   std::vector<std::vector<float>> bucketed(layers.size()), one_by_one(layers.size());
   for (std::size_t l = 0; l < layers.size(); ++l) {
@@ -239,8 +245,8 @@ TEST_CASE("cyclic_topk: a NaN on any rank is rejected on every rank, and no comp
     const auto before = state_of(mine);
     const auto dense_before = dense;
     // Every rank raises the same error: the one of the rank that met the NaN.
-    const std::string expected =
-        "gradcomp: preview: grad[11] = nan is not finite (rank " + std::to_string(bad) + " of " + std::to_string(ranks) + ")";
+    const std::string expected = "gradcomp: preview: grad[11] = nan is not finite (rank " + std::to_string(bad) +
+                                 " of " + std::to_string(ranks) + ")";
     CHECK_THROWS_WITH_AS(exchange.step(g, dense, 0.5f), expected.c_str(), gc::error);
     CHECK(state_of(mine) == before);
     CHECK(dense == dense_before);
@@ -254,12 +260,13 @@ TEST_CASE("cyclic_topk: a NaN on any rank is rejected on every rank, and no comp
   }
   // Arguments are checked in the first exchange: the lowest failing rank's error, everywhere.
   const std::string of_ranks = " of " + std::to_string(ranks) + ")";
-  CHECK_THROWS_WITH_AS(exchange.step(gradient_of(0, n, 9), std::span<float>(dense).first(n - 1), 1.0f),
-                       ("gradcomp: cyclic_topk: dense.size() = 5002 does not match n = 5003 (rank 0" + of_ranks).c_str(),
-                       gc::error);
-  CHECK_THROWS_WITH_AS(exchange.step(gradient_of(0, n, 9), dense, comm.rank() == ranks - 1 ? INFINITY : 1.0f),
-                       ("gradcomp: cyclic_topk: scale must be finite, got inf (rank " + std::to_string(ranks - 1) + of_ranks).c_str(),
-                       gc::error);
+  CHECK_THROWS_WITH_AS(
+      exchange.step(gradient_of(0, n, 9), std::span<float>(dense).first(n - 1), 1.0f),
+      ("gradcomp: cyclic_topk: dense.size() = 5002 does not match n = 5003 (rank 0" + of_ranks).c_str(), gc::error);
+  CHECK_THROWS_WITH_AS(
+      exchange.step(gradient_of(0, n, 9), dense, comm.rank() == ranks - 1 ? INFINITY : 1.0f),
+      ("gradcomp: cyclic_topk: scale must be finite, got inf (rank " + std::to_string(ranks - 1) + of_ranks).c_str(),
+      gc::error);
   CHECK_THROWS_WITH_AS(gc::comm::cyclic_topk(comm, mine, gc::select::exact_topk{.density = 2 * density}),
                        doctest::Contains("cyclic_topk: the leader's selector may choose 101 indices, more than the "
                                          "compressor's selector takes (51)"),

@@ -19,7 +19,8 @@ TEST_CASE("warmup gives 25%, 6.25%, 1.5625%, 0.390625%, then the final density")
   CHECK(w.by_step(75, 50) == doctest::Approx(0.25 * std::pow(0.25, 1.5)));
   CHECK(w.by_step(25, 50) < w.by_step(24, 50));
   CHECK_THROWS_WITH_AS((void)w.by_step(1, 0), doctest::Contains("steps_per_epoch must be >= 1, got 0"), gc::error);
-  CHECK_THROWS_WITH_AS((void)gc::schedule::warmup{.factor = 1.5}.by_epoch(0), doctest::Contains("factor must be in (0, 1], got 1.5"), gc::error);
+  CHECK_THROWS_WITH_AS((void)gc::schedule::warmup{.factor = 1.5}.by_epoch(0),
+                       doctest::Contains("factor must be in (0, 1], got 1.5"), gc::error);
 }
 
 TEST_CASE("warmup drives a compressor through set_density") {
@@ -68,5 +69,6 @@ TEST_CASE("ratio plan: budget, bounds, monotonicity and the closed form") {
 
   CHECK_THROWS_WITH_AS(gc::schedule::ratio_plan(std::vector<double>{1.0, -2.0}, 0.1, 0.01),
                        doctest::Contains("volumes[1] must be finite and > 0, got -2"), gc::error);
-  CHECK_THROWS_WITH_AS(gc::schedule::ratio_plan(w, 0.01, 0.02), doctest::Contains("min_density must be in (0, mean_density = 0.01], got 0.02"), gc::error);
+  CHECK_THROWS_WITH_AS(gc::schedule::ratio_plan(w, 0.01, 0.02),
+                       doctest::Contains("min_density must be in (0, mean_density = 0.01], got 0.02"), gc::error);
 }

@@ -17,7 +17,8 @@ namespace gc = gradcomp;
 namespace {
 
 // AdaComp's rule, written plainly: in each bin, i with |acc_i + g_i| >= max |acc| of the bin.
-std::vector<std::uint32_t> adacomp_reference(const std::vector<float>& acc, const std::vector<float>& g, std::size_t bin) {
+std::vector<std::uint32_t> adacomp_reference(const std::vector<float>& acc, const std::vector<float>& g,
+                                             std::size_t bin) {
   const std::size_t n = acc.size();
   std::vector<std::uint32_t> want;
   for (std::size_t b = 0; b < n; b += bin) {
@@ -64,8 +65,8 @@ TEST_CASE("sampled_threshold keeps the count in [0.8k, 1.3k] on gradient-like da
           const double count = static_cast<double>(s.indices.size());
           in_bounds += (count >= 0.8 * static_cast<double>(k) && count <= 1.3 * static_cast<double>(k)) ? 1 : 0;
           // The set is {i : |g_i| >= t} for its final threshold, or the exact top-k.
-          const bool ok = is_threshold_set(g, s.indices) || (s.indices.size() == k && n <= 1000000 &&
-                                                             s.indices == reference::top_k(g, k));
+          const bool ok = is_threshold_set(g, s.indices) ||
+                          (s.indices.size() == k && n <= 1000000 && s.indices == reference::top_k(g, k));
           wrong_set += ok || (n > 1000000 && is_threshold_set(g, s.indices)) ? 0 : 1;
         }
       }
@@ -162,7 +163,8 @@ std::vector<std::vector<std::uint32_t>> unfused_steps(std::size_t n, Selector s,
 
 }  // namespace
 
-TEST_CASE("sampled_threshold behind a corrector: sampling ahead and collecting in its pass select as the plain steps do") {
+TEST_CASE(
+    "sampled_threshold behind a corrector: sampling ahead and collecting in its pass select as the plain steps do") {
   using gc::correct::chain;
   using gc::correct::clip_norm;
   using gc::correct::momentum;
@@ -198,7 +200,8 @@ TEST_CASE("sampled_threshold behind a corrector: sampling ahead and collecting i
 }
 
 TEST_CASE("chunk_local follows AdaComp's rule, short last bin and straddling bins included") {
-  for (const std::size_t bin : {std::size_t{1}, std::size_t{7}, std::size_t{50}, std::size_t{500}, std::size_t{70001}}) {
+  for (const std::size_t bin :
+       {std::size_t{1}, std::size_t{7}, std::size_t{50}, std::size_t{500}, std::size_t{70001}}) {
     for (const std::size_t n : {std::size_t{1}, std::size_t{49}, std::size_t{1003}, std::size_t{200003}}) {
       CAPTURE(bin);
       CAPTURE(n);
@@ -225,7 +228,8 @@ TEST_CASE("chunk_local without a corrector: threads write their runs in place, a
   // acc = g, so the rule keeps |2 g_i| >= max |g| of the bin.
   for (const int threads : {1, 2, 3, 5}) {
     for (const std::size_t bin : {std::size_t{1}, std::size_t{7}, std::size_t{50}, std::size_t{70001}}) {
-      for (const std::size_t n : {std::size_t{1}, std::size_t{4}, std::size_t{49}, std::size_t{1003}, std::size_t{200003}}) {
+      for (const std::size_t n :
+           {std::size_t{1}, std::size_t{4}, std::size_t{49}, std::size_t{1003}, std::size_t{200003}}) {
         CAPTURE(threads);
         CAPTURE(bin);
         CAPTURE(n);
@@ -310,24 +314,35 @@ TEST_CASE("given_indices sends the caller's set and rejects bad ones whole") {
   CHECK(s.indices == set);
   CHECK(s.values[1] == 2.0f * g[10]);  // residual of step 1 plus step 2
   const std::vector<std::uint32_t> too_many{1, 2, 3, 4, 5}, unsorted{5, 4}, repeated{5, 5}, out_of_range{1, 1000};
-  CHECK_THROWS_WITH_AS(c.set_indices(too_many), doctest::Contains("5 indices exceed the selector's capacity of 4"), gc::error);
-  CHECK_THROWS_WITH_AS(c.set_indices(unsorted), doctest::Contains("indices[1] = 4 does not exceed indices[0] = 5"), gc::error);
+  CHECK_THROWS_WITH_AS(c.set_indices(too_many), doctest::Contains("5 indices exceed the selector's capacity of 4"),
+                       gc::error);
+  CHECK_THROWS_WITH_AS(c.set_indices(unsorted), doctest::Contains("indices[1] = 4 does not exceed indices[0] = 5"),
+                       gc::error);
   CHECK_THROWS_AS(c.set_indices(repeated), gc::error);
-  CHECK_THROWS_WITH_AS(c.set_indices(out_of_range), doctest::Contains("indices[1] = 1000 is not below n = 1000"), gc::error);
+  CHECK_THROWS_WITH_AS(c.set_indices(out_of_range), doctest::Contains("indices[1] = 1000 is not below n = 1000"),
+                       gc::error);
   CHECK(step(c, g).indices == set);
 }
 
 TEST_CASE("selector parameters are validated by name") {
   const gc::backend::host h{};
   using gc::select::sampled_threshold;
-  CHECK_THROWS_WITH_AS(gc::compressor(h, 10, sampled_threshold{.density = 0}), doctest::Contains("density must be in (0, 1], got 0"), gc::error);
-  CHECK_THROWS_WITH_AS(gc::compressor(h, 10, sampled_threshold{.density = 0.1, .sample_ratio = 2}), doctest::Contains("sample_ratio"), gc::error);
-  CHECK_THROWS_WITH_AS(gc::compressor(h, 10, sampled_threshold{.density = 0.1, .lower = 1.0f}), doctest::Contains("lower must be in (0, 1), got 1"), gc::error);
-  CHECK_THROWS_WITH_AS(gc::compressor(h, 10, sampled_threshold{.density = 0.1, .upper = 0.5f}), doctest::Contains("upper must be finite and >= 1, got 0.5"), gc::error);
-  CHECK_THROWS_WITH_AS(gc::compressor(h, 10, sampled_threshold{.density = 0.1, .max_iters = 0}), doctest::Contains("max_iters must be >= 1, got 0"), gc::error);
-  CHECK_THROWS_WITH_AS(gc::compressor(h, 10, gc::select::chunk_local{.bin = 0}), doctest::Contains("bin must be >= 1, got 0"), gc::error);
-  CHECK_THROWS_WITH_AS(gc::compressor(h, 10, gc::select::random_k{.density = 1.5}), doctest::Contains("random_k: density must be in (0, 1], got 1.5"), gc::error);
-  CHECK_THROWS_WITH_AS(gc::compressor(h, 10, gc::select::given_indices{.max_count = 11}), doctest::Contains("max_count must be in [1, n = 10], got 11"), gc::error);
+  CHECK_THROWS_WITH_AS(gc::compressor(h, 10, sampled_threshold{.density = 0}),
+                       doctest::Contains("density must be in (0, 1], got 0"), gc::error);
+  CHECK_THROWS_WITH_AS(gc::compressor(h, 10, sampled_threshold{.density = 0.1, .sample_ratio = 2}),
+                       doctest::Contains("sample_ratio"), gc::error);
+  CHECK_THROWS_WITH_AS(gc::compressor(h, 10, sampled_threshold{.density = 0.1, .lower = 1.0f}),
+                       doctest::Contains("lower must be in (0, 1), got 1"), gc::error);
+  CHECK_THROWS_WITH_AS(gc::compressor(h, 10, sampled_threshold{.density = 0.1, .upper = 0.5f}),
+                       doctest::Contains("upper must be finite and >= 1, got 0.5"), gc::error);
+  CHECK_THROWS_WITH_AS(gc::compressor(h, 10, sampled_threshold{.density = 0.1, .max_iters = 0}),
+                       doctest::Contains("max_iters must be >= 1, got 0"), gc::error);
+  CHECK_THROWS_WITH_AS(gc::compressor(h, 10, gc::select::chunk_local{.bin = 0}),
+                       doctest::Contains("bin must be >= 1, got 0"), gc::error);
+  CHECK_THROWS_WITH_AS(gc::compressor(h, 10, gc::select::random_k{.density = 1.5}),
+                       doctest::Contains("random_k: density must be in (0, 1], got 1.5"), gc::error);
+  CHECK_THROWS_WITH_AS(gc::compressor(h, 10, gc::select::given_indices{.max_count = 11}),
+                       doctest::Contains("max_count must be in [1, n = 10], got 11"), gc::error);
 }
 
 TEST_CASE("a density names the count it says: decimal fractions of n included, for every selector with one") {
@@ -373,7 +388,8 @@ TEST_CASE("given_indices with a density: set_density moves its capacity, and a s
   gc::compressor c{gc::backend::host{}, n, gc::select::given_indices{.density = 0.004}, gc::correct::error_feedback{}};
   CHECK(c.max_message_bytes() == c.encoder().max_bytes(n, 4));
   const std::vector<std::uint32_t> four{1, 2, 3, 4}, six{1, 2, 3, 4, 5, 6};
-  CHECK_THROWS_WITH_AS(c.set_indices(six), doctest::Contains("6 indices exceed the selector's capacity of 4"), gc::error);
+  CHECK_THROWS_WITH_AS(c.set_indices(six), doctest::Contains("6 indices exceed the selector's capacity of 4"),
+                       gc::error);
   c.set_indices(four);
   c.set_density(0.006);  // grows: the set stays
   CHECK(step(c, g).indices == four);
@@ -381,9 +397,11 @@ TEST_CASE("given_indices with a density: set_density moves its capacity, and a s
   CHECK(step(c, g).indices == six);
   c.set_density(0.002);  // shrinks below the set: dropped, nothing sent
   CHECK(step(c, g).indices.empty());
-  CHECK_THROWS_WITH_AS(c.set_density(0.0), doctest::Contains("given_indices: density must be in (0, 1], got 0"), gc::error);
-  CHECK_THROWS_WITH_AS(gc::compressor(gc::backend::host{}, 10, gc::select::given_indices{.max_count = 2, .density = 0.5}),
-                       doctest::Contains("set density or max_count, not both"), gc::error);
+  CHECK_THROWS_WITH_AS(c.set_density(0.0), doctest::Contains("given_indices: density must be in (0, 1], got 0"),
+                       gc::error);
+  CHECK_THROWS_WITH_AS(
+      gc::compressor(gc::backend::host{}, 10, gc::select::given_indices{.max_count = 2, .density = 0.5}),
+      doctest::Contains("set density or max_count, not both"), gc::error);
   // A checkpoint keeps the density.
   std::stringstream saved;
   c.save_state(saved);

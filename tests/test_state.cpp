@@ -77,7 +77,8 @@ TEST_CASE("corrupt or mismatched state records are rejected and change nothing")
   expect_rejected(flipped, "bit flip in the residual");
   expect_rejected("not a checkpoint at all", "garbage");
 
-  gc::compressor other_n{gc::backend::host{}, 70000, gc::select::exact_topk{.density = 0.003}, gc::correct::error_feedback{}};
+  gc::compressor other_n{gc::backend::host{}, 70000, gc::select::exact_topk{.density = 0.003},
+                         gc::correct::error_feedback{}};
   std::stringstream wrong_n;
   other_n.save_state(wrong_n);
   expect_rejected(wrong_n.str(), "different n");
@@ -143,8 +144,9 @@ void staging_is_invisible_until_accepted(Make make) {
 TEST_CASE("stage, then accept or drop: a step two-phased for collectives") {
   const std::size_t n = 70001;
   staging_is_invisible_until_accepted([&] { return gc::presets::topk_ef(gc::backend::host{}, n, {.density = 0.01}); });
-  staging_is_invisible_until_accepted(
-      [&] { return gc::presets::dgc(gc::backend::host{}, n, {.density = 0.01, .max_norm = 1.0f, .reuse_threshold = true}); });
+  staging_is_invisible_until_accepted([&] {
+    return gc::presets::dgc(gc::backend::host{}, n, {.density = 0.01, .max_norm = 1.0f, .reuse_threshold = true});
+  });
   staging_is_invisible_until_accepted([&] { return gc::presets::adacomp(gc::backend::host{}, n); });
   staging_is_invisible_until_accepted(
       [&] { return gc::presets::randomk_ef(gc::backend::host{}, n, {.density = 0.01, .seed = 3}); });
@@ -250,8 +252,9 @@ TEST_CASE("the selector's typed state record: written field by field, checked on
   gc::compressor target{gc::backend::host{}, n, policy};
   (void)run(target, 1);
   const auto field32 = [](std::uint32_t v) { return rec::bytes_of(std::uint8_t{4}) + rec::bytes_of(v); };
-  refused(target, r.sealed(2, rec::bytes_of(std::uint32_t{2}) + rec::bytes_of(std::uint8_t{8}) +
-                                  rec::bytes_of(std::uint64_t{1}) + field32(key)),
+  refused(target,
+          r.sealed(2, rec::bytes_of(std::uint32_t{2}) + rec::bytes_of(std::uint8_t{8}) +
+                          rec::bytes_of(std::uint64_t{1}) + field32(key)),
           "field 0 of sampled_threshold's saved state is 8 bytes wide, expected 4");
   refused(target, r.sealed(2, rec::bytes_of(std::uint32_t{3}) + field32(1) + field32(key) + field32(0)),
           "has 3 fields, sampled_threshold keeps 2");

@@ -68,7 +68,8 @@ std::size_t parse_count(const std::string& flag, const std::string& text) {
   } catch (const std::exception&) {
     used = 0;
   }
-  if (used == 0 || used != text.size() || value == 0) bad_usage(flag + " expects a positive integer, got '" + text + "'");
+  if (used == 0 || used != text.size() || value == 0)
+    bad_usage(flag + " expects a positive integer, got '" + text + "'");
   return value;
 }
 
@@ -150,8 +151,8 @@ stream load(const options& o) {
     }
     s.data = std::move(a.data);
     for (std::size_t j = 0; j < s.data.size(); ++j) {
-      gradcomp::detail::require(std::isfinite(s.data[j]), gradcomp::errc::non_finite, o.input, ": element [",
-                                j / s.n, ", ", j % s.n, "] = ", s.data[j], " is not finite");
+      gradcomp::detail::require(std::isfinite(s.data[j]), gradcomp::errc::non_finite, o.input, ": element [", j / s.n,
+                                ", ", j % s.n, "] = ", s.data[j], " is not finite");
     }
     s.source = o.input;
     return s;
@@ -195,8 +196,7 @@ int eval(const options& o) {
   std::printf("gradcomp %d.%d.%d eval: %zu steps x %zu elements, target density %g\n", GRADCOMP_VERSION_MAJOR,
               GRADCOMP_VERSION_MINOR, GRADCOMP_VERSION_PATCH, s.steps, s.n, o.density);
   std::printf("input: %s\n\n", s.source.c_str());
-  std::printf("%-13s %10s %14s %10s %12s %14s\n", "method", "density", "bytes/step", "ratio", "rel.error",
-              "Melem/s");
+  std::printf("%-13s %10s %14s %10s %12s %14s\n", "method", "density", "bytes/step", "ratio", "rel.error", "Melem/s");
 
   for (const auto& m : cli::methods()) {
     if (!o.methods.empty() && std::find(o.methods.begin(), o.methods.end(), m.name) == o.methods.end()) continue;
@@ -238,13 +238,15 @@ int eval(const options& o) {
                 steps * static_cast<double>(s.n) / seconds / 1e6);
   }
   if (progress) std::fprintf(stderr, "\r%40s\r", "");
-  std::printf("\nrel.error = |sum of decoded messages - dense aggregate| / |dense aggregate| after all steps;\n"
-              "the dense aggregate is the sum of gradients, or of momentum SGD's updates for dgc.\n");
+  std::printf(
+      "\nrel.error = |sum of decoded messages - dense aggregate| / |dense aggregate| after all steps;\n"
+      "the dense aggregate is the sum of gradients, or of momentum SGD's updates for dgc.\n");
   if (s.steps < few_steps) {
-    std::printf("note: only %zu step%s. Error feedback sends what it holds back in later steps, so the rel.error\n"
-                "of the *_ef methods, dgc and adacomp falls as steps accumulate; run %zu or more steps to see it\n"
-                "(--steps, or a file with more rows).\n",
-                s.steps, s.steps == 1 ? "" : "s", few_steps);
+    std::printf(
+        "note: only %zu step%s. Error feedback sends what it holds back in later steps, so the rel.error\n"
+        "of the *_ef methods, dgc and adacomp falls as steps accumulate; run %zu or more steps to see it\n"
+        "(--steps, or a file with more rows).\n",
+        s.steps, s.steps == 1 ? "" : "s", few_steps);
   }
   return 0;
 }

@@ -71,13 +71,17 @@ inline std::vector<method> methods() {
                                            gc::encode::index_value{}});
        }},
       {"topk_ef", "exact top-k with error feedback (GRACE-style)", 0.0f,
-       [=](std::size_t n, double d, std::span<const float>) { return make_runner(p::topk_ef(host, n, {.density = d})); }},
+       [=](std::size_t n, double d, std::span<const float>) {
+         return make_runner(p::topk_ef(host, n, {.density = d}));
+       }},
       {"dgc", "Deep Gradient Compression: sampled threshold, momentum 0.9 correction, f16 values", 0.9f,
        [=](std::size_t n, double d, std::span<const float>) { return make_runner(p::dgc(host, n, {.density = d})); }},
       {"adacomp", "AdaComp: localized selection (bin 50), residual, ternary values (density is its own)", 0.0f,
        [=](std::size_t n, double, std::span<const float>) { return make_runner(p::adacomp(host, n)); }},
       {"randomk_ef", "random-k with error feedback (shared seed)", 0.0f,
-       [=](std::size_t n, double d, std::span<const float>) { return make_runner(p::randomk_ef(host, n, {.density = d})); }},
+       [=](std::size_t n, double d, std::span<const float>) {
+         return make_runner(p::randomk_ef(host, n, {.density = d}));
+       }},
       {"threshold_ef", "fixed threshold with error feedback (tau calibrated on step 0)", 0.0f,
        [=](std::size_t n, double d, std::span<const float> first) {
          return make_runner(p::threshold_ef(host, n, {.tau = calibrated_tau(first, d)}));

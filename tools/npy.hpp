@@ -40,8 +40,7 @@ inline array read_f32(const std::string& path) {
   }
   char magic[8] = {};
   in.read(magic, 8);
-  require(in.gcount() == 8 && std::memcmp(magic, "\x93NUMPY", 6) == 0, errc::io, path,
-          ": not a .npy file (bad magic)");
+  require(in.gcount() == 8 && std::memcmp(magic, "\x93NUMPY", 6) == 0, errc::io, path, ": not a .npy file (bad magic)");
   const int major = static_cast<unsigned char>(magic[6]);
   require(major >= 1 && major <= 3, errc::io, path, ": unsupported .npy version ", major);
   std::uint32_t header_len = 0;

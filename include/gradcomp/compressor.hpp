@@ -91,10 +91,10 @@ class compressor {
 
   /// \name The policies in force
   /// @{
-  [[nodiscard]] const Backend& backend() const noexcept { return backend_; }      ///< the backend
-  [[nodiscard]] const Selector& selector() const noexcept { return selector_; }   ///< the selector
+  [[nodiscard]] const Backend& backend() const noexcept { return backend_; }        ///< the backend
+  [[nodiscard]] const Selector& selector() const noexcept { return selector_; }     ///< the selector
   [[nodiscard]] const Corrector& corrector() const noexcept { return corrector_; }  ///< the corrector
-  [[nodiscard]] const Encoder& encoder() const noexcept { return encoder_; }      ///< the encoder
+  [[nodiscard]] const Encoder& encoder() const noexcept { return encoder_; }        ///< the encoder
   /// @}
 
   /// \name Where the arguments live
@@ -105,8 +105,8 @@ class compressor {
   /// message cannot be handed to the host's decode() by mistake.
   /// @{
   template <class T>
-  using view = backend_span<Backend, T>;                          ///< a view of the backend's memory
-  using message_bytes = message_span<Backend, std::byte>;         ///< the buffer a message is written to
+  using view = backend_span<Backend, T>;                                 ///< a view of the backend's memory
+  using message_bytes = message_span<Backend, std::byte>;                ///< the buffer a message is written to
   using message_type = basic_message<typename Backend::message_memory>;  ///< what compress() returns
   /// @}
 
@@ -123,7 +123,9 @@ class compressor {
   /// \throws gradcomp::error if grad.size() != n, `out` is too small, or grad (or the
   ///         accumulated value) holds a NaN or infinity; state and `out` are then unchanged.
   template <gradient_view<Backend> Grad>
-  message_type compress(const Grad& grad, message_bytes out) { return compress(backend_, grad, out); }
+  message_type compress(const Grad& grad, message_bytes out) {
+    return compress(backend_, grad, out);
+  }
 
   /// Runs one step like compress() but keeps its outcome aside: the message is written
   /// to `out` and the new state is computed, yet until accept_staged() the compressor's
@@ -134,7 +136,9 @@ class compressor {
   /// (The in-place update of a clipping step is not used: it could not be dropped.)
   /// \throws gradcomp::error as compress() does; nothing is staged then.
   template <gradient_view<Backend> Grad>
-  message_type stage(const Grad& grad, message_bytes out) { return stage(backend_, grad, out); }
+  message_type stage(const Grad& grad, message_bytes out) {
+    return stage(backend_, grad, out);
+  }
 
   /// Makes the step of the last stage() current, as compress() would have.
   /// \throws gradcomp::error (invalid_argument) if no step is staged.
@@ -155,7 +159,9 @@ class compressor {
   /// \throws gradcomp::error if grad.size() != n, or the value holds a NaN or infinity
   ///         (the error compress would raise).
   template <gradient_view<Backend> Grad>
-  view<const float> preview(const Grad& grad) { return preview(backend_, grad); }
+  view<const float> preview(const Grad& grad) {
+    return preview(backend_, grad);
+  }
 
   /// \name An execution context per call
   /// compress(), stage(), preview() and compress_async() run on the backend the
@@ -176,13 +182,19 @@ class compressor {
 
   /// compress() on `context`.
   template <gradient_view<Backend> Grad>
-  message_type compress(const Backend& context, const Grad& grad, message_bytes out) { return step_on(context, grad, out, false); }
+  message_type compress(const Backend& context, const Grad& grad, message_bytes out) {
+    return step_on(context, grad, out, false);
+  }
   /// stage() on `context`.
   template <gradient_view<Backend> Grad>
-  message_type stage(const Backend& context, const Grad& grad, message_bytes out) { return step_on(context, grad, out, true); }
+  message_type stage(const Backend& context, const Grad& grad, message_bytes out) {
+    return step_on(context, grad, out, true);
+  }
   /// preview() on `context`.
   template <gradient_view<Backend> Grad>
-  view<const float> preview(const Backend& context, const Grad& grad) { return as_view(preview_on(context, grad)); }
+  view<const float> preview(const Backend& context, const Grad& grad) {
+    return as_view(preview_on(context, grad));
+  }
   /// compress_async() on `context`: the step is queued on its stream (capture that
   /// stream into a CUDA graph); last_step_finite() reads the status on it.
   message_type compress_async(const Backend& context, view<const float> grad_at, message_bytes out_at)
@@ -491,7 +503,7 @@ class compressor {
   typename Backend::template buffer<detail::step_status> status_;  // [0] a step's, [1] a preview's
   typename Backend::template buffer<float> preview_;
   detail::widening<Backend> wide_;  // a 16-bit gradient widened to float32
-  Backend last_async_ = backend_;  // the context of the last compress_async (last_step_finite)
+  Backend last_async_ = backend_;   // the context of the last compress_async (last_step_finite)
   std::uint64_t step_ = 0;
   bool staged_ = false;  // a stage()d step waits for accept_staged()
 };

@@ -148,27 +148,28 @@ concept backend_has_transfers = requires(const B& b, float* p, const float* cp, 
 /// state and dense tensors, and `message_memory`, that of messages, each host_memory or
 /// device_memory; host_accessible is whether `memory` is host memory.
 template <class B>
-concept backend_names_memory = requires {
-  typename B::memory;
-  typename B::message_memory;
-} && (std::same_as<typename B::memory, host_memory> || std::same_as<typename B::memory, device_memory>) &&
-                               (std::same_as<typename B::message_memory, host_memory> ||
-                                std::same_as<typename B::message_memory, device_memory>) &&
-                               (B::host_accessible == std::same_as<typename B::memory, host_memory>);
+concept backend_names_memory =
+    requires {
+      typename B::memory;
+      typename B::message_memory;
+    } &&
+    (std::same_as<typename B::memory, host_memory> || std::same_as<typename B::memory, device_memory>)&&(
+        std::same_as<typename B::message_memory, host_memory> ||
+        std::same_as<typename B::message_memory, device_memory>)&&(B::host_accessible ==
+                                                                   std::same_as<typename B::memory, host_memory>);
 
 // -- the concepts -------------------------------------------------------------------
 
 /// Decides which entries are sent: `validate(n)` throws gradcomp::error for parameters
 /// that are invalid for a tensor of `n` elements; `max_selected(n)` bounds the count.
 template <class S>
-concept selector = std::copyable<S> && policy_has_name<S> && selector_has_validate<S> &&
-                   selector_has_max_selected<S>;
+concept selector = std::copyable<S> && policy_has_name<S> && selector_has_validate<S> && selector_has_max_selected<S>;
 
 /// Owns what is remembered between steps: `state_arrays` is the number of n-element
 /// float arrays it keeps; `validate()` throws for bad parameters.
 template <class C>
-concept corrector = std::copyable<C> && policy_has_name<C> && corrector_has_validate<C> &&
-                    corrector_has_state_arrays<C>;
+concept corrector =
+    std::copyable<C> && policy_has_name<C> && corrector_has_validate<C> && corrector_has_state_arrays<C>;
 
 /// Writes the selected entries as message bytes: `max_bytes(n, count)` bounds the size
 /// of a message of `count` entries; `validate()` throws for bad parameters.
@@ -196,9 +197,9 @@ concept encoder = std::copyable<E> && policy_has_name<E> && encoder_has_validate
 /// Results written to pointers stay in the backend's memory (nothing waits for them on
 /// a device) until read() or to_host() brings them back.
 template <class B>
-concept backend_type = std::copyable<B> && backend_has_allocate<B> && backend_has_for_each<B> &&
-                       backend_has_reductions<B> && backend_has_compaction<B> && backend_has_transfers<B> &&
-                       backend_names_memory<B>;
+concept backend_type =
+    std::copyable<B> && backend_has_allocate<B> && backend_has_for_each<B> && backend_has_reductions<B> &&
+    backend_has_compaction<B> && backend_has_transfers<B> && backend_names_memory<B>;
 
 // A backend's optional members, called where it has them (a no-op, or the backend
 // itself, where it has not): `who` names the call in their errors.
@@ -243,8 +244,8 @@ void require_device_pointer(const B& be, const char* who, const char* what, cons
 // stream), is queued on it with the step's step_status (in the backend's memory), reads
 // the status, and writes nothing once it holds a NaN verdict; the compressor reads the
 // status once, at the end. On the host, queueing a stage runs it. An engine allocates
-// with the backend it was made with; a context shares that backend's memory. The protocol and each optional capability are
-// checked by detail::check_engines with a message that names them.
+// with the backend it was made with; a context shares that backend's memory. The protocol and each optional capability
+// are checked by detail::check_engines with a message that names them.
 
 namespace detail {
 
@@ -258,11 +259,11 @@ struct ignore_chunk {
 /// Selector engine: queues the ascending indices into `out` and their count into the
 /// status; returns the factor on the values sent.
 template <class E, class S, class B>
-concept selector_engine = requires(E& e, const B& b, const S& s, const select_input& in, std::span<std::uint32_t> out,
-                                   step_status* status) {
-  { e.select(b, s, in, out, status) } -> std::same_as<queued_selection>;
-  e.accept();
-};
+concept selector_engine =
+    requires(E& e, const B& b, const S& s, const select_input& in, std::span<std::uint32_t> out, step_status* status) {
+      { e.select(b, s, in, out, status) } -> std::same_as<queued_selection>;
+      e.accept();
+    };
 
 /// Corrector engine: the update, preview and commit stages, each queued with the status
 /// (commit's index and sent span the entries the host knows of: the count where the
@@ -270,25 +271,24 @@ concept selector_engine = requires(E& e, const B& b, const S& s, const select_in
 /// the committed arrays readable and loadable (corrector_state and checkpoints), and
 /// accept() making the step's state current.
 template <class E, class C, class B>
-concept corrector_engine = requires(E& e, const E& ce, const B& b, const C& c, std::span<const float> g,
-                                    std::span<float> out, std::span<const std::uint32_t> index, step_status* status,
-                                    std::size_t a) {
-  e.update(b, c, g, status);
-  { e.acc(g) } -> std::convertible_to<std::span<const float>>;
-  e.preview(b, c, g, out, status);
-  e.commit(b, c, index, g, status);
-  { ce.committed(a) } -> std::convertible_to<std::span<const float>>;
-  e.load_committed(a, g);
-  e.accept();
-};
+concept corrector_engine =
+    requires(E& e, const E& ce, const B& b, const C& c, std::span<const float> g, std::span<float> out,
+             std::span<const std::uint32_t> index, step_status* status, std::size_t a) {
+      e.update(b, c, g, status);
+      { e.acc(g) } -> std::convertible_to<std::span<const float>>;
+      e.preview(b, c, g, out, status);
+      e.commit(b, c, index, g, status);
+      { ce.committed(a) } -> std::convertible_to<std::span<const float>>;
+      e.load_committed(a, g);
+      e.accept();
+    };
 
 /// Encoder engine: queues the message of the selected entries into `out` and what the
 /// receiver decodes into `sent`, and the message's size into the status.
 template <class E, class P, class B>
-concept encoder_engine = requires(E& e, const B& b, const P& p, const encode_input& in, std::span<std::byte> out,
-                                  std::span<float> sent, step_status* status) {
-  e.encode(b, p, in, out, sent, status);
-};
+concept encoder_engine =
+    requires(E& e, const B& b, const P& p, const encode_input& in, std::span<std::byte> out, std::span<float> sent,
+             step_status* status) { e.encode(b, p, in, out, sent, status); };
 
 /// Capability, a fused first pass (backend::host): the selector engine watches the
 /// corrector's pass chunk by chunk (begin_observe, then observe for every chunk of acc
@@ -296,17 +296,18 @@ concept encoder_engine = requires(E& e, const B& b, const P& p, const encode_inp
 /// look_ahead); the corrector engine's update hands it each chunk. Used where both
 /// engines have it; a selector engine that was not shown the pass makes its own.
 template <class E, class S, class B>
-concept selector_engine_begins_observing = requires(E& e, const B& b, const S& s, std::uint64_t step) {
-  e.begin_observe(b, s, step);
-};
+concept selector_engine_begins_observing =
+    requires(E& e, const B& b, const S& s, std::uint64_t step) { e.begin_observe(b, s, step); };
 template <class E, class S, class B>
-concept selector_engine_observes =
-    selector_engine_begins_observing<E, S, B> &&
-    requires(E& e, int thread, std::size_t begin, std::span<const float> chunk) { e.observe(thread, begin, chunk, chunk); };
+concept selector_engine_observes = selector_engine_begins_observing<E, S, B> &&
+                                   requires(E& e, int thread, std::size_t begin, std::span<const float> chunk) {
+                                     e.observe(thread, begin, chunk, chunk);
+                                   };
 template <class E, class C, class B>
-concept corrector_engine_visits = requires(E& e, const B& b, const C& c, std::span<const float> g, step_status* status) {
-  e.update(b, c, g, status, ignore_chunk{}, ignore_before_pass{});
-};
+concept corrector_engine_visits =
+    requires(E& e, const B& b, const C& c, std::span<const float> g, step_status* status) {
+      e.update(b, c, g, status, ignore_chunk{}, ignore_before_pass{});
+    };
 
 /// A selector whose density set_density() and checkpoints change.
 template <class S>
@@ -344,7 +345,8 @@ concept engine_saves_state = requires(const E& e) {
   { e.saved_state() } -> state_record;
 };
 template <class E>
-concept engine_restores_state = engine_saves_state<E> && requires(E& e, const E& ce) { e.restore_state(ce.saved_state()); };
+concept engine_restores_state =
+    engine_saves_state<E> && requires(E& e, const E& ce) { e.restore_state(ce.saved_state()); };
 
 /// Static assertions that name the first missing member of each policy. Called from
 /// compressor's class body so a misuse fails with these words, not a wall of templates.
@@ -375,8 +377,7 @@ consteval bool check_policies() {
                 "gradcomp: the selector has no member max_selected(n) returning std::size_t");
   static_assert(policy_has_name<Corrector>, "gradcomp: the corrector has no member name()");
   static_assert(corrector_has_validate<Corrector>, "gradcomp: the corrector has no member validate()");
-  static_assert(corrector_has_state_arrays<Corrector>,
-                "gradcomp: the corrector has no static member state_arrays");
+  static_assert(corrector_has_state_arrays<Corrector>, "gradcomp: the corrector has no static member state_arrays");
   static_assert(policy_has_name<Encoder>, "gradcomp: the encoder has no member name()");
   static_assert(encoder_has_validate<Encoder>, "gradcomp: the encoder has no member validate()");
   static_assert(encoder_has_max_bytes<Encoder>,

@@ -27,8 +27,8 @@ class device_accumulator {
   /// Workspace from `be`'s allocator, on its device; calls without a context of their
   /// own are queued on its stream.
   /// \throws gradcomp::error (errc::device) if the workspace cannot be allocated.
-  explicit device_accumulator(const backend::cuda& be) : backend_(be.resolved("device_accumulator")),
-                                                          decoder_(backend_) {}
+  explicit device_accumulator(const backend::cuda& be)
+      : backend_(be.resolved("device_accumulator")), decoder_(backend_) {}
 
   /// `dense[i] += scale * value` for every entry of the message at `bytes`, queued on
   /// `context`'s stream (on the accumulator's device). The whole message is checked

@@ -24,12 +24,18 @@ enum class errc {
 /// Short, stable name of an error code ("invalid_argument", ...).
 constexpr const char* to_string(errc code) noexcept {
   switch (code) {
-    case errc::invalid_argument: return "invalid_argument";
-    case errc::buffer_too_small: return "buffer_too_small";
-    case errc::non_finite: return "non_finite";
-    case errc::corrupt_message: return "corrupt_message";
-    case errc::io: return "io";
-    case errc::device: return "device";
+    case errc::invalid_argument:
+      return "invalid_argument";
+    case errc::buffer_too_small:
+      return "buffer_too_small";
+    case errc::non_finite:
+      return "non_finite";
+    case errc::corrupt_message:
+      return "corrupt_message";
+    case errc::io:
+      return "io";
+    case errc::device:
+      return "device";
   }
   return "unknown";
 }

@@ -134,8 +134,8 @@ inline std::uint32_t message_checksum(std::span<const std::byte> bytes) noexcept
 /// holds the first min(total, 56): every field, and the section lengths against
 /// `total`. The checksum and the entries are not checked here.
 inline message_header read_header(std::span<const std::byte> head, std::uint64_t total) {
-  require(total >= message_header::size && head.size() >= message_header::size, errc::corrupt_message,
-          "message is ", total, " bytes, shorter than the ", message_header::size, "-byte header");
+  require(total >= message_header::size && head.size() >= message_header::size, errc::corrupt_message, "message is ",
+          total, " bytes, shorter than the ", message_header::size, "-byte header");
   const std::byte* p = head.data();
   message_header h;
   const auto magic = load_le<std::uint32_t>(p);
@@ -155,12 +155,12 @@ inline message_header read_header(std::span<const std::byte> head, std::uint64_t
   h.value_param = load_le<float>(p + 48);
   h.codec_param = load_le<std::uint32_t>(p + 52);
 
-  require(is_wire_index_coding(h.index), errc::corrupt_message, "message index coding ",
-          static_cast<unsigned>(h.index), " is unknown");
-  require(is_wire_value_coding(h.value), errc::corrupt_message, "message value coding ",
-          static_cast<unsigned>(h.value), " is unknown");
-  require((h.flags & ~message_header::flag_checksum) == 0, errc::corrupt_message, "message flags 0x", std::hex,
-          h.flags, " contain unknown bits");
+  require(is_wire_index_coding(h.index), errc::corrupt_message, "message index coding ", static_cast<unsigned>(h.index),
+          " is unknown");
+  require(is_wire_value_coding(h.value), errc::corrupt_message, "message value coding ", static_cast<unsigned>(h.value),
+          " is unknown");
+  require((h.flags & ~message_header::flag_checksum) == 0, errc::corrupt_message, "message flags 0x", std::hex, h.flags,
+          " contain unknown bits");
   require(h.n >= 1 && h.n <= message_header::max_n, errc::corrupt_message, "message n = ", h.n, " is outside [1, ",
           message_header::max_n, "]");
   require(h.count <= h.n, errc::corrupt_message, "message count = ", h.count, " exceeds n = ", h.n);
@@ -284,7 +284,9 @@ struct scatter_add {
   const float* values;
   float scale;
   float* dense;
-  GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const { dense[index[j]] = added(dense[index[j]], scale, values[j]); }
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
+    dense[index[j]] = added(dense[index[j]], scale, values[j]);
+  }
 };
 
 /// The dense tensor (the backend's memory) and scale that a message will be added to,
@@ -399,8 +401,8 @@ void accumulate(const Backend& context, std::span<const std::byte> bytes, backen
     }
   }
   const detail::message_reader reader(bytes);
-  detail::require(reader.header().n == dense.size(), errc::invalid_argument, "accumulate: dense.size() = ",
-                  dense.size(), " does not match the message's n = ", reader.header().n);
+  detail::require(reader.header().n == dense.size(), errc::invalid_argument,
+                  "accumulate: dense.size() = ", dense.size(), " does not match the message's n = ", reader.header().n);
   reader.validate_entries();
   if constexpr (Backend::host_accessible) {
     // Every sum is checked before the first is written: an overflow leaves dense as it was.

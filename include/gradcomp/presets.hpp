@@ -109,8 +109,7 @@ template <class Backend>
 auto scalecom(Backend backend, std::size_t n, const scalecom_options& o = {}) {
   detail::require(o.density > 0.0 && o.density <= 1.0, errc::invalid_argument,
                   "scalecom: density must be in (0, 1], got ", o.density);
-  return compressor{backend, n, select::given_indices{.density = o.density},
-                    correct::low_pass{.beta = o.beta},
+  return compressor{backend, n, select::given_indices{.density = o.density}, correct::low_pass{.beta = o.beta},
                     encode::index_value{.index = index_coding::automatic, .value = value_coding::f32}};
 }
 

@@ -198,9 +198,12 @@ class model final : public any_compressor {
     using bfloat16_view = typename Compressor::template view<const gc::bfloat16>;
     using float_view = typename Compressor::template view<const float>;
     switch (type) {
-      case element::f16: return f(half_view(static_cast<const gc::half*>(grad), c_.size()));
-      case element::bf16: return f(bfloat16_view(static_cast<const gc::bfloat16*>(grad), c_.size()));
-      case element::f32: break;
+      case element::f16:
+        return f(half_view(static_cast<const gc::half*>(grad), c_.size()));
+      case element::bf16:
+        return f(bfloat16_view(static_cast<const gc::bfloat16*>(grad), c_.size()));
+      case element::f32:
+        break;
     }
     return f(float_view(static_cast<const float*>(grad), c_.size()));
   }
@@ -241,8 +244,8 @@ std::unique_ptr<cyclic_exchange> model<Compressor>::cyclic(transport t, double l
   if constexpr (std::is_same_v<selector_type, gc::select::given_indices>) {
     return std::make_unique<cyclic_model<Compressor>>(c_, std::move(t), leader_density);
   } else {
-    gc::detail::fail(gc::errc::invalid_argument, "cyclic exchange: the compressor's selector is ",
-                     c_.selector().name(), "; ScaleCom's ranks compress at the leader's indices (method='scalecom')");
+    gc::detail::fail(gc::errc::invalid_argument, "cyclic exchange: the compressor's selector is ", c_.selector().name(),
+                     "; ScaleCom's ranks compress at the leader's indices (method='scalecom')");
   }
 }
 
@@ -342,8 +345,10 @@ std::unique_ptr<any_compressor> build(const Backend& be, std::size_t n, const st
                                       .workers = static_cast<int>(o.integer("workers", 1))};
     return make_model([&] { return gc::compressor{be, n, selector, clip, encoder}; });
   }
-  gc::detail::fail(gc::errc::invalid_argument, "corrector must be one of none, error_feedback, momentum, low_pass, "
-                                               "clip_norm; got '", corrector, "'");
+  gc::detail::fail(gc::errc::invalid_argument,
+                   "corrector must be one of none, error_feedback, momentum, low_pass, "
+                   "clip_norm; got '",
+                   corrector, "'");
 }
 
 // -- which selector a method uses ---------------------------------------------------------------
@@ -363,21 +368,31 @@ std::unique_ptr<any_compressor> make(const Backend& be, std::size_t n, const std
   if (method == "compose") selector = o.text("selector", "");
   gc::detail::require(!selector.empty() || method != "compose", gc::errc::invalid_argument,
                       "method 'compose' needs selector=");
-  gc::detail::require(!selector.empty(), gc::errc::invalid_argument, "method must be one of topk_ef, dgc, adacomp, "
-                      "randomk_ef, threshold_ef, scalecom, compose; got '", method, "'");
+  gc::detail::require(!selector.empty(), gc::errc::invalid_argument,
+                      "method must be one of topk_ef, dgc, adacomp, "
+                      "randomk_ef, threshold_ef, scalecom, compose; got '",
+                      method, "'");
   gc::detail::require(method != "dgc" || selector == "sampled_threshold" || selector == "exact_topk",
                       gc::errc::invalid_argument, "dgc's selector must be sampled_threshold or exact_topk, got '",
                       selector, "'");
   std::unique_ptr<any_compressor> made;
-  if (selector == "exact_topk") made = build<Backend, gc::select::exact_topk>(be, n, method, o);
-  else if (selector == "sampled_threshold") made = build<Backend, gc::select::sampled_threshold>(be, n, method, o);
-  else if (selector == "chunk_local") made = build<Backend, gc::select::chunk_local>(be, n, method, o);
-  else if (selector == "random_k") made = build<Backend, gc::select::random_k>(be, n, method, o);
-  else if (selector == "threshold") made = build<Backend, gc::select::threshold>(be, n, method, o);
-  else if (selector == "given_indices") made = build<Backend, gc::select::given_indices>(be, n, method, o);
+  if (selector == "exact_topk")
+    made = build<Backend, gc::select::exact_topk>(be, n, method, o);
+  else if (selector == "sampled_threshold")
+    made = build<Backend, gc::select::sampled_threshold>(be, n, method, o);
+  else if (selector == "chunk_local")
+    made = build<Backend, gc::select::chunk_local>(be, n, method, o);
+  else if (selector == "random_k")
+    made = build<Backend, gc::select::random_k>(be, n, method, o);
+  else if (selector == "threshold")
+    made = build<Backend, gc::select::threshold>(be, n, method, o);
+  else if (selector == "given_indices")
+    made = build<Backend, gc::select::given_indices>(be, n, method, o);
   else {
-    gc::detail::fail(gc::errc::invalid_argument, "selector must be one of exact_topk, sampled_threshold, "
-                     "chunk_local, random_k, threshold, given_indices; got '", selector, "'");
+    gc::detail::fail(gc::errc::invalid_argument,
+                     "selector must be one of exact_topk, sampled_threshold, "
+                     "chunk_local, random_k, threshold, given_indices; got '",
+                     selector, "'");
   }
   o.finish(method);
   return made;
@@ -394,7 +409,7 @@ std::unique_ptr<any_compressor> make(const Backend& be, std::size_t n, const std
 /// Declares (`Kind` = `extern template`) or instantiates (`Kind` = `template`)
 /// build<Backend, select::S>: each selector's instantiation has a translation unit of its
 /// own (host/<S>.cpp, cuda/<S>.cu), which keeps the compiler's memory and time per file low.
-#define GRADCOMP_PY_BUILD(Kind, Backend, S)                                                                     \
+#define GRADCOMP_PY_BUILD(Kind, Backend, S)                                                                           \
   Kind std::unique_ptr<any_compressor> build<Backend, gc::select::S>(const Backend&, std::size_t, const std::string&, \
                                                                      options&);
 

@@ -66,7 +66,8 @@ gradcomp_py::options options_of(const py::dict& kwargs) {
     } else if (py::isinstance<py::str>(value)) {
       o.set(name, value.cast<std::string>());
     } else {
-      invalid("option ", name, " must be a bool, int, float or str, got ", py::str(value.get_type()).cast<std::string>());
+      invalid("option ", name, " must be a bool, int, float or str, got ",
+              py::str(value.get_type()).cast<std::string>());
     }
   }
   return o;
@@ -216,8 +217,12 @@ class compressor_handle {
   // Every call that reads or changes the compressor runs in exclusive() (the size, the
   // device and the policies never change).
   std::int64_t numel() const { return static_cast<std::int64_t>(c_->size()); }
-  std::int64_t max_message_bytes() { return exclusive([&] { return message_capacity(); }); }
-  std::uint64_t step() { return exclusive([&] { return c_->step(); }); }
+  std::int64_t max_message_bytes() {
+    return exclusive([&] { return message_capacity(); });
+  }
+  std::uint64_t step() {
+    return exclusive([&] { return c_->step(); });
+  }
   std::string signature() const { return c_->signature(); }
   torch::Device device() const { return device_; }
 
@@ -319,8 +324,9 @@ class compressor_handle {
       const auto capacity = static_cast<std::uint64_t>(message_capacity());
       std::uint64_t longest = 0;
       for (std::size_t r = 0; r < sizes.size(); ++r) {
-        gc::detail::require(sizes[r] <= capacity, gc::errc::corrupt_message, who, ": rank ", r, " reported a message of ",
-                            sizes[r], " bytes, more than the ", capacity, " its policies can write");
+        gc::detail::require(sizes[r] <= capacity, gc::errc::corrupt_message, who, ": rank ", r,
+                            " reported a message of ", sizes[r], " bytes, more than the ", capacity,
+                            " its policies can write");
         longest = std::max(longest, sizes[r]);
       }
       const auto mine = static_cast<std::int64_t>(sizes[static_cast<std::size_t>(t.rank)]);
@@ -332,13 +338,13 @@ class compressor_handle {
       const torch::Tensor gathered =
           torch::from_blob(all.data(), {static_cast<std::int64_t>(all.size())}, torch::kUInt8).to(device_);
       for (std::size_t r = 0; r < sizes.size(); ++r) {
-        const torch::Tensor theirs = gathered.narrow(0, static_cast<std::int64_t>(r * padded.size()),
-                                                     static_cast<std::int64_t>(sizes[r]));
+        const torch::Tensor theirs =
+            gathered.narrow(0, static_cast<std::int64_t>(r * padded.size()), static_cast<std::int64_t>(sizes[r]));
         try {
           add_message(theirs, mean, static_cast<float>(scale));
         } catch (const gc::error& e) {
-          gc::detail::fail(e.code(), std::string_view(e.what()).substr(std::strlen("gradcomp: ")), " (the message of rank ",
-                           r, " of ", sizes.size(), ")");
+          gc::detail::fail(e.code(), std::string_view(e.what()).substr(std::strlen("gradcomp: ")),
+                           " (the message of rank ", r, " of ", sizes.size(), ")");
         }
       }
       c_->accept_staged();
@@ -521,12 +527,18 @@ void accumulate(const torch::Tensor& message, torch::Tensor& dense, double scale
 
 const char* error_class(gc::errc code) {
   switch (code) {
-    case gc::errc::invalid_argument: return "InvalidArgumentError";
-    case gc::errc::buffer_too_small: return "BufferTooSmallError";
-    case gc::errc::non_finite: return "NonFiniteError";
-    case gc::errc::corrupt_message: return "CorruptMessageError";
-    case gc::errc::io: return "StateIOError";
-    case gc::errc::device: return "DeviceError";
+    case gc::errc::invalid_argument:
+      return "InvalidArgumentError";
+    case gc::errc::buffer_too_small:
+      return "BufferTooSmallError";
+    case gc::errc::non_finite:
+      return "NonFiniteError";
+    case gc::errc::corrupt_message:
+      return "CorruptMessageError";
+    case gc::errc::io:
+      return "StateIOError";
+    case gc::errc::device:
+      return "DeviceError";
   }
   return "Error";
 }

@@ -9,10 +9,14 @@ namespace gradcomp_py {
 namespace {
 const char* type_of(const options::value& v) {
   switch (v.index()) {
-    case 0: return "bool";
-    case 1: return "int";
-    case 2: return "float";
-    default: return "str";
+    case 0:
+      return "bool";
+    case 1:
+      return "int";
+    case 2:
+      return "float";
+    default:
+      return "str";
   }
 }
 }  // namespace

@@ -26,7 +26,8 @@ group_ptr group_of(const py::object& group) {
   try {
     return group.cast<group_ptr>();
   } catch (const py::cast_error&) {
-    invalid("the process group must be a torch.distributed ProcessGroup, got ", py::str(group.get_type()).cast<std::string>());
+    invalid("the process group must be a torch.distributed ProcessGroup, got ",
+            py::str(group.get_type()).cast<std::string>());
   }
 }
 
@@ -86,7 +87,8 @@ transport transport_of(const py::object& group, const torch::Device& device, voi
   out.all_gather = [pg, where, sent](std::span<const std::byte> mine, std::span<std::byte> all) {
     *sent += mine.size();
     const auto bytes = static_cast<std::int64_t>(mine.size());
-    std::vector<at::Tensor> send{torch::from_blob(const_cast<std::byte*>(mine.data()), {bytes}, torch::kUInt8).to(where)};
+    std::vector<at::Tensor> send{
+        torch::from_blob(const_cast<std::byte*>(mine.data()), {bytes}, torch::kUInt8).to(where)};
     std::vector<std::vector<at::Tensor>> parts(1);
     for (int r = 0; r < pg->getSize(); ++r) parts[0].push_back(torch::empty({bytes}, send[0].options()));
     pg->allgather(parts, send)->wait();

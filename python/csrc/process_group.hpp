@@ -43,7 +43,7 @@ using reported_error = std::optional<std::pair<std::string, std::string>>;
 /// `error` (if any) and `settings`; every rank raises the same error, naming the rank
 /// where it started, or returns the bytes this rank put into the exchange.
 std::uint64_t agree(const pybind11::object& group, const std::string& who, const std::vector<named_value>& settings,
-           const reported_error& error);
+                    const reported_error& error);
 
 /// Throws `error` as the gradcomp::error of its code (a no-op without one).
 void rethrow(const reported_error& error);

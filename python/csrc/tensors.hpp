@@ -66,7 +66,9 @@ inline element check_gradient(const char* who, const char* name, const torch::Te
     }
   }
   check_tensor(who, name, t, t.defined() ? t.scalar_type() : torch::kFloat, device, numel);
-  return t.scalar_type() == torch::kHalf ? element::f16 : t.scalar_type() == torch::kBFloat16 ? element::bf16 : element::f32;
+  return t.scalar_type() == torch::kHalf       ? element::f16
+         : t.scalar_type() == torch::kBFloat16 ? element::bf16
+                                               : element::f32;
 }
 
 /// A tensor that a call writes in place (`dense` of accumulate): refused where torch
@@ -76,8 +78,7 @@ inline element check_gradient(const char* who, const char* name, const torch::Te
 inline void check_written(const char* who, const char* name, const torch::Tensor& t) {
   if (t.requires_grad() && at::GradMode::is_enabled()) {
     invalid(who, ": ", name, " requires grad and grad mode is on; ", who,
-            " writes it in place and is not differentiable (call it under torch.no_grad(), or on ", name,
-            ".detach())");
+            " writes it in place and is not differentiable (call it under torch.no_grad(), or on ", name, ".detach())");
   }
   if (t.is_inference() && !c10::InferenceMode::is_enabled()) {
     invalid(who, ": ", name, " is an inference tensor, which torch does not let change outside inference mode");

@@ -254,7 +254,7 @@ def check_disagreeing_ranks(rank, world):
     ]
     for mine, others, name, first, theirs in cases:
         state = ddp.State(start_iter=0, **(mine if rank == last else others))
-        raises_alike(lambda: run_hook(state, rank, 0, n), gradcomp.InvalidArgumentError,
+        raises_alike(lambda state=state: run_hook(state, rank, 0, n), gradcomp.InvalidArgumentError,
                      f"gradcomp: ddp hook: ranks disagree on {name}: rank 0 has {first}, rank {last} has {theirs}")
         assert state.compressors == {} or all(c.step == 0 for c in state.compressors.values())
 

@@ -2,7 +2,6 @@
 stream, with memory from torch's caching allocator. Skipped without a GPU."""
 import io
 
-import numpy as np
 import pytest
 import torch
 

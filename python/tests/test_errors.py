@@ -1,5 +1,4 @@
 """Bad arguments and hostile messages raise gradcomp errors and change nothing."""
-import io
 import random
 
 import pytest
@@ -64,7 +63,8 @@ def test_errors_are_value_errors_where_the_value_is_wrong():
 
 
 @pytest.mark.parametrize("method,options,text", [
-    ("nope", {}, "method must be one of topk_ef, dgc, adacomp, randomk_ef, threshold_ef, scalecom, compose; got 'nope'"),
+    ("nope", {},
+     "method must be one of topk_ef, dgc, adacomp, randomk_ef, threshold_ef, scalecom, compose; got 'nope'"),
     ("topk_ef", {"density": 0.0}, r"exact_topk: density must be in \(0, 1\], got 0"),
     ("topk_ef", {"density": float("nan")}, r"exact_topk: density must be in \(0, 1\], got nan"),
     ("dgc", {"momentum": float("inf")}, "momentum: beta must be finite, got inf"),
@@ -125,7 +125,8 @@ def test_hostile_messages_raise_and_leave_dense_unchanged():
 def test_accumulate_checks_its_arguments():
     m = message_of()
     dense = torch.zeros(300)
-    with pytest.raises(gradcomp.InvalidArgumentError, match="dense.size\\(\\) = 299 does not match the message's n = 300"):
+    with pytest.raises(gradcomp.InvalidArgumentError,
+                       match="dense.size\\(\\) = 299 does not match the message's n = 300"):
         accumulate(m, torch.zeros(299))
     with pytest.raises(gradcomp.InvalidArgumentError, match="scale must be a finite float32, got inf"):
         accumulate(m, dense, float("inf"))

@@ -8,7 +8,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.mark.skipif(not os.path.isdir("/usr/share/datasets/fashion-mnist"), reason="dataset-fashion-mnist not installed")
+@pytest.mark.skipif(not os.path.isdir("/usr/share/datasets/fashion-mnist"),
+                    reason="dataset-fashion-mnist not installed")
 def test_the_comparison_runs_every_hook(tmp_path):
     out = subprocess.run(
         [sys.executable, os.path.join(ROOT, "examples", "torch_ddp_fashion_mnist.py"), "--ranks", "2", "--epochs", "2",

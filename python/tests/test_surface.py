@@ -10,8 +10,7 @@ import pytest
 import torch
 
 import gradcomp
-from gradcomp.torch import Compressor, Warmup, accumulate, decode, ratio_plan
-from gradcomp.torch import ddp
+from gradcomp.torch import Compressor, Warmup, accumulate, ddp, decode, ratio_plan
 
 import reference
 
@@ -100,7 +99,8 @@ FREE = [
      r"exact_topk: density must be in \(0, 1\], got 2"),
     ("State(method='adacomp').set_density(0.1)", lambda: ddp.State(method="adacomp").set_density(0.1),
      "set_density: chunk_local has no density"),
-    ("hook(None, bucket)", lambda: ddp.hook(None, None), "ddp hook: state must be a gradcomp.torch.ddp.State, got None"),
+    ("hook(None, bucket)", lambda: ddp.hook(None, None),
+     "ddp hook: state must be a gradcomp.torch.ddp.State, got None"),
 ]
 
 
@@ -134,8 +134,9 @@ def test_accumulate_refuses_a_sum_that_overflows_and_changes_nothing():
     n = 1000
     message = Compressor(n, density=0.05).compress(torch.randn(n, generator=torch.Generator().manual_seed(3)) * 4)
     dense = torch.ones(n)
-    with pytest.raises(gradcomp.NonFiniteError, match=r"accumulate: dense\[\d+\] \+ scale \* value = 1 \+ 3\.0+\d*e\+38 \* "
-                       r"[\d.]+ is not finite; dense is unchanged"):
+    with pytest.raises(gradcomp.NonFiniteError,
+                       match=r"accumulate: dense\[\d+\] \+ scale \* value = 1 \+ 3\.0+\d*e\+38 \* "
+                             r"[\d.]+ is not finite; dense is unchanged"):
         accumulate(message, dense, 3e38)
     assert torch.equal(dense, torch.ones(n))
     with pytest.raises(gradcomp.InvalidArgumentError, match=r"scale must be a finite float32, got 9\.9+\d*e\+38"):

@@ -97,9 +97,10 @@ void every_corrector(Selector selector, gc::encode::index_value encoder, inputs:
   same_as_host(selector, gc::correct::momentum{.beta = 0.9f, .nesterov = true, .masking = false}, encoder, shape, n);
   same_as_host(selector, gc::correct::low_pass{.beta = 0.3f}, encoder, shape, n);
   same_as_host(selector, gc::correct::clip_norm{.max_norm = 2.0f}, encoder, shape, n);
-  same_as_host(selector, gc::correct::chain{gc::correct::clip_norm{.max_norm = 1.0f, .workers = 4},
-                                            gc::correct::momentum{.beta = 0.9f}},
-               encoder, shape, n);
+  same_as_host(
+      selector,
+      gc::correct::chain{gc::correct::clip_norm{.max_norm = 1.0f, .workers = 4}, gc::correct::momentum{.beta = 0.9f}},
+      encoder, shape, n);
 }
 
 template <class Selector>
@@ -155,7 +156,8 @@ TEST_CASE("cuda sampled_threshold follows set_density and carries its threshold 
       const auto got = gpu.compress(device::span_of(g), device::span_of(gpu_out));
       CAPTURE(d);
       CAPTURE(again);
-      REQUIRE(device::host_copy(got.bytes()) == std::vector<std::byte>(expected.bytes().begin(), expected.bytes().end()));
+      REQUIRE(device::host_copy(got.bytes()) ==
+              std::vector<std::byte>(expected.bytes().begin(), expected.bytes().end()));
     }
   }
   std::ostringstream a, b;
@@ -168,7 +170,8 @@ TEST_CASE("cuda chunk_local sends what host sends, with every corrector and enco
   every_policy(gc::select::chunk_local{});  // bin 50
   every_policy(gc::select::chunk_local{.bin = 7});
   every_policy(gc::select::chunk_local{.bin = 1});
-  every_policy(gc::select::chunk_local{.bin = 70'001});  // one bin for the smaller sizes, straddling bins for the larger
+  every_policy(
+      gc::select::chunk_local{.bin = 70'001});  // one bin for the smaller sizes, straddling bins for the larger
 }
 
 TEST_CASE("cuda random_k sends what host sends, with every corrector and encoder") {
@@ -258,12 +261,12 @@ TEST_CASE("a NaN or infinity is rejected and changes neither the message buffer 
   check(gc::select::chunk_local{}, gc::correct::none{}, raw);
   check(gc::select::sampled_threshold{.density = 0.01}, gc::correct::none{}, raw);
   check(gc::select::sampled_threshold{.density = 0.01, .reuse_threshold = true}, gc::correct::momentum{}, raw);
-  check(gc::select::chunk_local{.bin = 500}, gc::correct::error_feedback{}, gc::encode::index_value{
-                                                                               .value = value_coding::ternary});
+  check(gc::select::chunk_local{.bin = 500}, gc::correct::error_feedback{},
+        gc::encode::index_value{.value = value_coding::ternary});
   check(gc::select::random_k{.density = 0.01}, gc::correct::error_feedback{}, raw);
   check(gc::select::threshold{.tau = 1.0f}, gc::correct::error_feedback{}, gc::encode::index_value{});
-  check(gc::select::exact_topk{.density = 0.05}, gc::correct::chain{gc::correct::clip_norm{.max_norm = 1.0f},
-                                                                    gc::correct::momentum{}},
+  check(gc::select::exact_topk{.density = 0.05},
+        gc::correct::chain{gc::correct::clip_norm{.max_norm = 1.0f}, gc::correct::momentum{}},
         gc::encode::index_value{.value = value_coding::int8});
 }
 
@@ -276,8 +279,8 @@ TEST_CASE("bad arguments are rejected before anything is queued") {
   thrust::device_vector<std::byte> small(gpu.max_message_bytes() - 1);
   CHECK_THROWS_WITH_AS((void)gpu.compress(device::span_of(short_g), device::span_of(out)),
                        doctest::Contains("grad.size() = 999"), gc::error);
-  CHECK_THROWS_WITH_AS((void)gpu.compress(device::span_of(g), device::span_of(small)),
-                       doctest::Contains("out.size()"), gc::error);
+  CHECK_THROWS_WITH_AS((void)gpu.compress(device::span_of(g), device::span_of(small)), doctest::Contains("out.size()"),
+                       gc::error);
   CHECK(gpu.step() == 0);
   CHECK_THROWS_WITH_AS(gpu.set_density(0.0), doctest::Contains("density"), gc::error);
 }
@@ -294,8 +297,8 @@ TEST_CASE("host memory passed as a device_span is refused, naming it") {
   std::vector<std::byte> host_out(gpu.max_message_bytes(), std::byte{0x5A});
   const gc::device_span<const float> wrapped_g(host_g.data(), n);
   const gc::device_span<std::byte> wrapped_out(host_out.data(), host_out.size());
-  CHECK_THROWS_WITH_AS((void)gpu.compress(wrapped_g, device::span_of(out)),
-                       doctest::Contains("compress: grad ("), gc::error);
+  CHECK_THROWS_WITH_AS((void)gpu.compress(wrapped_g, device::span_of(out)), doctest::Contains("compress: grad ("),
+                       gc::error);
   CHECK_THROWS_WITH_AS((void)gpu.compress(device::span_of(g), wrapped_out), doctest::Contains("compress: out ("),
                        gc::error);
   CHECK_THROWS_WITH_AS((void)gpu.preview(wrapped_g), doctest::Contains("preview: grad ("), gc::error);
@@ -307,8 +310,9 @@ TEST_CASE("host memory passed as a device_span is refused, naming it") {
   const auto m = gpu.compress(device::span_of(g), device::span_of(out));
   std::vector<float> host_dense(n, 2.0f);
   thrust::device_vector<float> dense(n, 0.0f);
-  CHECK_THROWS_WITH_AS(gc::accumulate(gc::backend::cuda{}, m.bytes(), gc::device_span<float>(host_dense.data(), n), 1.0f),
-                       doctest::Contains("accumulate: dense ("), gc::error);
+  CHECK_THROWS_WITH_AS(
+      gc::accumulate(gc::backend::cuda{}, m.bytes(), gc::device_span<float>(host_dense.data(), n), 1.0f),
+      doctest::Contains("accumulate: dense ("), gc::error);
   CHECK(host_dense == std::vector<float>(n, 2.0f));
   const std::vector<std::byte> host_message = device::host_copy(m.bytes());
   CHECK_THROWS_WITH_AS(
@@ -379,8 +383,8 @@ TEST_CASE("cuda: a stream per call runs the steps of the compressor's own stream
   per_call.save_state(before);
   const std::string want = "compress: the context is on CUDA device " + std::to_string(current + 1) +
                            " but the compressor's memory is on device " + std::to_string(current);
-  CHECK_THROWS_WITH_AS(per_call.compress(gc::backend::cuda{.stream = stream, .device = current + 1},
-                                         device::span_of(g), device::span_of(b)),
+  CHECK_THROWS_WITH_AS(per_call.compress(gc::backend::cuda{.stream = stream, .device = current + 1}, device::span_of(g),
+                                         device::span_of(b)),
                        doctest::Contains(want.c_str()), gc::error);
   per_call.save_state(after);
   CHECK(after.str() == before.str());
@@ -423,7 +427,7 @@ TEST_CASE("cuda: a compressor given an allocator takes all its memory from it, a
       REQUIRE(device::host_copy(got.bytes()) == device::host_copy(want.bytes()));
     }
     CHECK(mine->live == after_construction);  // compress allocates nothing
-    with.set_density(0.01);                    // the workspace grows from the same allocator
+    with.set_density(0.01);                   // the workspace grows from the same allocator
     CHECK(mine->live > after_construction);
   }
   gc::backend::set_device_allocator(nullptr);
@@ -453,7 +457,8 @@ TEST_CASE("cuda: a compressor records its device and refuses calls made with ano
   REQUIRE(cudaSetDevice(other) == cudaSuccess);
   const std::string want = "the compressor's memory is on CUDA device " + std::to_string(current) +
                            " but the current device is " + std::to_string(other);
-  CHECK_THROWS_WITH_AS(c.compress(device::span_of(g), device::span_of(out)), doctest::Contains(want.c_str()), gc::error);
+  CHECK_THROWS_WITH_AS(c.compress(device::span_of(g), device::span_of(out)), doctest::Contains(want.c_str()),
+                       gc::error);
   CHECK_THROWS_WITH_AS(c.preview(device::span_of(g)), doctest::Contains(("preview: " + want).c_str()), gc::error);
   CHECK_THROWS_WITH_AS(c.set_density(0.1), doctest::Contains(want.c_str()), gc::error);
   REQUIRE(cudaSetDevice(current) == cudaSuccess);

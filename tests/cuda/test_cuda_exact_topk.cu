@@ -29,8 +29,8 @@ std::vector<std::uint32_t> device_topk(const std::vector<float>& x, gc::select::
 
 TEST_CASE("cuda exact_topk equals a sort on every conformance shape") {
   for (const auto shape : inputs::all_shapes) {
-    for (const std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, (std::size_t{1} << 20) + 3,
-                                std::size_t{10'000'000}}) {
+    for (const std::size_t n :
+         {std::size_t{1}, std::size_t{7}, std::size_t{1000}, (std::size_t{1} << 20) + 3, std::size_t{10'000'000}}) {
       const auto x = inputs::make(shape, n, 11);
       for (const double d : {0.001, 0.01, 0.3, 1.0}) {
         CAPTURE(inputs::name(shape));

@@ -23,8 +23,8 @@ namespace {
 std::vector<std::byte> host_message(const std::vector<float>& x, std::size_t stride, gc::encode::index_value enc) {
   std::vector<std::uint32_t> idx;
   for (std::uint32_t i = 0; i < x.size(); i += static_cast<std::uint32_t>(stride)) idx.push_back(i);
-  gc::compressor c{gc::backend::host{}, x.size(), gc::select::given_indices{.max_count = x.size()},
-                   gc::correct::none{}, enc};
+  gc::compressor c{gc::backend::host{}, x.size(), gc::select::given_indices{.max_count = x.size()}, gc::correct::none{},
+                   enc};
   c.set_indices(idx);
   std::vector<std::byte> buf(c.max_message_bytes());
   const auto m = c.compress(x, buf);

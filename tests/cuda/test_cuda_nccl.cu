@@ -165,7 +165,8 @@ TEST_CASE("one-rank cyclic_topk over NCCL equals ScaleCom written out on the hos
   };
   run([&](auto be) { return gc::presets::scalecom(be, n, {.density = density, .beta = 0.5f}); });
   run([&](auto be) {
-    return gc::compressor{be, n, gc::select::given_indices{.max_count = gc::select::exact_topk{.density = density}.k(n)},
+    return gc::compressor{be, n,
+                          gc::select::given_indices{.max_count = gc::select::exact_topk{.density = density}.k(n)},
                           gc::correct::low_pass{.beta = 0.25f},
                           gc::encode::index_value{.index = gc::index_coding::raw32, .value = gc::value_coding::f16}};
   });

@@ -27,7 +27,7 @@
 #include "reference.hpp"
 
 // The conformance list: every selector case, one line each.
-#define GRADCOMP_CONFORMANCE_SELECTORS                                                                   \
+#define GRADCOMP_CONFORMANCE_SELECTORS                                                              \
   conformance::exact_topk_case, conformance::sampled_threshold_case, conformance::chunk_local_case, \
       conformance::random_k_case, conformance::threshold_case, conformance::given_indices_case
 
@@ -71,7 +71,12 @@ struct sampled_threshold_case {
     if (v == 1) p.truncate = true;
     if (v == 2) p = {.density = d, .sample_ratio = 0.05, .seed = 6, .reuse_threshold = true};
     if (v == 3) {
-      p = {.density = d, .lower = 0.5f, .upper = 2.0f, .max_iters = 3, .seed = 7, .truncate = true,
+      p = {.density = d,
+           .lower = 0.5f,
+           .upper = 2.0f,
+           .max_iters = 3,
+           .seed = 7,
+           .truncate = true,
            .reuse_threshold = true};
     }
     model m;
@@ -97,7 +102,9 @@ struct chunk_local_case {
       return {reference::chunk_local(acc, g, bin)};
     }
   };
-  static auto make(int v, std::size_t, double) { return std::pair{gc::select::chunk_local{.bin = bins[v]}, model{bins[v]}}; }
+  static auto make(int v, std::size_t, double) {
+    return std::pair{gc::select::chunk_local{.bin = bins[v]}, model{bins[v]}};
+  }
 };
 
 struct random_k_case {
@@ -129,7 +136,9 @@ struct threshold_case {
       return {reference::at_least(acc, tau)};
     }
   };
-  static auto make(int v, std::size_t, double) { return std::pair{gc::select::threshold{.tau = taus[v]}, model{taus[v]}}; }
+  static auto make(int v, std::size_t, double) {
+    return std::pair{gc::select::threshold{.tau = taus[v]}, model{taus[v]}};
+  }
 };
 
 // The caller's indices: each i with probability 2 d, drawn by the test before each step.
@@ -147,7 +156,9 @@ struct given_indices_case {
     }
     reference::selection select(const std::vector<float>&, const std::vector<float>&, std::uint64_t) { return {next}; }
   };
-  static auto make(int, std::size_t n, double d) { return std::pair{gc::select::given_indices{.max_count = n}, model{d, {}}}; }
+  static auto make(int, std::size_t n, double d) {
+    return std::pair{gc::select::given_indices{.max_count = n}, model{d, {}}};
+  }
   template <class Compressor>
   static void before_step(Compressor& c, model& m, std::size_t n, std::uint64_t step) {
     m.draw(n, step);
@@ -178,7 +189,8 @@ struct error_feedback_case {
   static constexpr int variants = 2;
   static std::string name(int v) { return v == 0 ? "error_feedback{}" : "error_feedback{.beta = 0.5, .gamma = 2}"; }
   static auto make(int v) {
-    const gc::correct::error_feedback p = v == 0 ? gc::correct::error_feedback{} : gc::correct::error_feedback{.beta = 0.5f, .gamma = 2.0f};
+    const gc::correct::error_feedback p =
+        v == 0 ? gc::correct::error_feedback{} : gc::correct::error_feedback{.beta = 0.5f, .gamma = 2.0f};
     return std::pair{p, reference::corrector{.type = kind::error_feedback, .beta = p.beta, .gamma = p.gamma}};
   }
 };
@@ -193,8 +205,8 @@ struct momentum_case {
     gc::correct::momentum p{};
     if (v == 1) p = {.beta = 0.5f, .nesterov = true, .masking = false};
     if (v == 2) p = {.nesterov = true};
-    return std::pair{p, reference::corrector{.type = kind::momentum, .beta = p.beta, .nesterov = p.nesterov,
-                                             .masking = p.masking}};
+    return std::pair{
+        p, reference::corrector{.type = kind::momentum, .beta = p.beta, .nesterov = p.nesterov, .masking = p.masking}};
   }
 };
 
@@ -237,13 +249,15 @@ inline const value_case value_cases[] = {
     {gc::value_coding::ternary, reference::values::ternary, 16}, {gc::value_coding::qsgd, reference::values::qsgd, 3},
     {gc::value_coding::qsgd, reference::values::qsgd, 65536}};
 inline const gc::index_coding index_cases[] = {gc::index_coding::automatic, gc::index_coding::raw32,
-                                        gc::index_coding::delta_bitpack, gc::index_coding::bitmap};
+                                               gc::index_coding::delta_bitpack, gc::index_coding::bitmap};
 constexpr std::uint64_t qsgd_seed = 11;
 
 // What the compressor is given: float32, or the input rounded to binary16 or bfloat16
 // (the reference models the rounded values).
 enum class gradient_type { f32, f16, bf16 };
-inline std::string name(gradient_type t) { return t == gradient_type::f32 ? "f32" : t == gradient_type::f16 ? "f16" : "bf16"; }
+inline std::string name(gradient_type t) {
+  return t == gradient_type::f32 ? "f32" : t == gradient_type::f16 ? "f16" : "bf16";
+}
 
 struct run {
   gradient_type gradient;
@@ -289,23 +303,29 @@ inline std::uint32_t bits(float x) { return std::bit_cast<std::uint32_t>(x); }
 
 inline reference::indices as_reference(gc::index_coding c) {
   switch (c) {
-    case gc::index_coding::raw32: return reference::indices::raw32;
-    case gc::index_coding::delta_bitpack: return reference::indices::delta_bitpack;
-    default: return reference::indices::bitmap;
+    case gc::index_coding::raw32:
+      return reference::indices::raw32;
+    case gc::index_coding::delta_bitpack:
+      return reference::indices::delta_bitpack;
+    default:
+      return reference::indices::bitmap;
   }
 }
 inline gc::index_coding as_library(reference::indices c) {
   switch (c) {
-    case reference::indices::raw32: return gc::index_coding::raw32;
-    case reference::indices::delta_bitpack: return gc::index_coding::delta_bitpack;
-    case reference::indices::bitmap: return gc::index_coding::bitmap;
+    case reference::indices::raw32:
+      return gc::index_coding::raw32;
+    case reference::indices::delta_bitpack:
+      return gc::index_coding::delta_bitpack;
+    case reference::indices::bitmap:
+      return gc::index_coding::bitmap;
   }
   return gc::index_coding::automatic;
 }
 
 // The message bytes as the documented layout (message.hpp) says they must be, raw32/f32.
 inline std::vector<std::byte> expected_raw32_f32(std::size_t n, const std::vector<std::uint32_t>& idx,
-                                          const std::vector<float>& values) {
+                                                 const std::vector<float>& values) {
   std::vector<std::byte> out(56 + 8 * idx.size());
   auto put = [&](std::size_t at, auto v) { std::memcpy(out.data() + at, &v, sizeof(v)); };
   std::memcpy(out.data(), "GCMP", 4);
@@ -334,13 +354,14 @@ std::string difference(const Compressor& c, std::size_t count, const std::vector
     out << "count " << count << ", reference " << index.size();
     return out.str();
   }
-  const reference::indices coding = r.index == gc::index_coding::automatic ? reference::smallest_index_coding(r.n, index)
-                                                                           : as_reference(r.index);
+  const reference::indices coding =
+      r.index == gc::index_coding::automatic ? reference::smallest_index_coding(r.n, index) : as_reference(r.index);
   const std::size_t size = 56 + reference::index_section_bytes(coding, r.n, index) +
                            reference::value_section_bytes(r.value.model, index.size(), r.value.levels);
   if (bytes.size() != size) out << "message of " << bytes.size() << " bytes, reference " << size << "; ";
   if (static_cast<gc::index_coding>(std::to_integer<std::uint8_t>(bytes[6])) != as_library(coding)) {
-    out << "index coding " << std::to_integer<int>(bytes[6]) << ", reference " << gc::to_string(as_library(coding)) << "; ";
+    out << "index coding " << std::to_integer<int>(bytes[6]) << ", reference " << gc::to_string(as_library(coding))
+        << "; ";
   }
   const gc::sparse_vector s = gc::decode(bytes);
   if (s.n != r.n || s.indices != index) out << "decoded indices differ; ";
@@ -418,8 +439,11 @@ void run_grid() {
       const int corrector_variant = (r.variant / Selector::variants) % Corrector::variants;
       auto [selector, selector_model] = Selector::make(selector_variant, r.n, r.density);
       auto [corrector, memory] = Corrector::make(corrector_variant);
-      const gc::encode::index_value encoder{.index = r.index, .value = r.value.coding, .levels = r.value.levels,
-                                            .seed = qsgd_seed, .checksum = r.checksum};
+      const gc::encode::index_value encoder{.index = r.index,
+                                            .value = r.value.coding,
+                                            .levels = r.value.levels,
+                                            .seed = qsgd_seed,
+                                            .checksum = r.checksum};
       gc::compressor c{backend, r.n, selector, corrector, encoder};
       auto out = Target::template copy_of<std::byte>(std::vector<std::byte>(c.max_message_bytes()));
       for (int t = 0; t < r.steps; ++t) {
@@ -441,9 +465,9 @@ void run_grid() {
         const std::string diff = difference(c, m.count(), Target::host_copy(m.bytes()), r, chosen.index, sent, memory);
         if (!diff.empty()) {
           FAIL(Target::name_of(backend) << ", " << Selector::name(selector_variant) << ", "
-                                << Corrector::name(corrector_variant) << ", " << encoder.name() << ", "
-                                << name(r.gradient) << " gradient, " << inputs::name(r.shape) << ", n = " << r.n << ", density = " << r.density
-                                << ", step " << t << ": " << diff);
+                                        << Corrector::name(corrector_variant) << ", " << encoder.name() << ", "
+                                        << name(r.gradient) << " gradient, " << inputs::name(r.shape) << ", n = " << r.n
+                                        << ", density = " << r.density << ", step " << t << ": " << diff);
         }
       }
       REQUIRE(c.step() == static_cast<std::uint64_t>(r.steps));
@@ -462,6 +486,5 @@ void run_grid_for_every_corrector() {
   run_grid<Target, Selector, clipped_case<gc::correct::error_feedback, kind::error_feedback>>();
   run_grid<Target, Selector, clipped_case<gc::correct::momentum, kind::momentum>>();
 }
-
 
 }  // namespace conformance

@@ -71,9 +71,9 @@ std::size_t encode_now(Engine& engine, const Backend& be, const Policy& policy, 
 /// of n elements on backend::host (one thread) into `out` (at least policy.max_bytes
 /// long) and what the receiver decodes into `sent`; returns the message's size. For
 /// tools and tests that hold entries rather than a compressor.
-inline std::size_t encode_message(const gradcomp::encode::index_value& policy, std::size_t n, std::span<const std::uint32_t> index,
-                                  std::span<const float> values, std::span<std::byte> out, std::span<float> sent,
-                                  std::uint64_t step) {
+inline std::size_t encode_message(const gradcomp::encode::index_value& policy, std::size_t n,
+                                  std::span<const std::uint32_t> index, std::span<const float> values,
+                                  std::span<std::byte> out, std::span<float> sent, std::uint64_t step) {
   const gradcomp::backend::host one_thread{.threads = 1};
   message_writer<gradcomp::backend::host> writer(one_thread, policy, n, index.size());
   step_status status;  // host memory

@@ -93,7 +93,6 @@ struct topk_error_feedback {
   }
 };
 
-
 // -- counter-based random numbers (docs/algorithms.md) ---------------------------------
 
 // SplitMix64's finaliser.
@@ -136,10 +135,14 @@ struct corrector {
 
   std::size_t arrays() const {
     switch (type) {
-      case kind::none: return 0;
-      case kind::error_feedback: return 1;
-      case kind::momentum: return 2;
-      case kind::low_pass: return 1;
+      case kind::none:
+        return 0;
+      case kind::error_feedback:
+        return 1;
+      case kind::momentum:
+        return 2;
+      case kind::low_pass:
+        return 1;
     }
     return 0;
   }
@@ -160,7 +163,9 @@ struct corrector {
     acc.resize(g.size());
     for (std::size_t i = 0; i < g.size(); ++i) {
       switch (type) {
-        case kind::none: acc[i] = g[i]; break;
+        case kind::none:
+          acc[i] = g[i];
+          break;
         case kind::error_feedback: {
           float& e = state[0][i];
           e = beta * e + gamma * g[i];
@@ -180,7 +185,9 @@ struct corrector {
           acc[i] = v;
           break;
         }
-        case kind::low_pass: acc[i] = state[0][i] + g[i]; break;
+        case kind::low_pass:
+          acc[i] = state[0][i] + g[i];
+          break;
       }
     }
     return acc;
@@ -188,7 +195,8 @@ struct corrector {
 
   void commit(const std::vector<std::uint32_t>& index, const std::vector<float>& sent) {
     switch (type) {
-      case kind::none: return;
+      case kind::none:
+        return;
       case kind::error_feedback:
         for (std::size_t j = 0; j < index.size(); ++j) state[0][index[j]] -= sent[j];
         return;
@@ -373,7 +381,8 @@ inline std::vector<float> sent_values(values coding, const std::vector<float>& v
                                       std::uint64_t seed, std::uint64_t step) {
   std::vector<float> out(v.size());
   switch (coding) {
-    case values::f32: return v;
+    case values::f32:
+      return v;
     case values::f16:
       for (std::size_t j = 0; j < v.size(); ++j) out[j] = round_to_format(v[j], 11, -14, 65504.0);
       return out;
@@ -400,7 +409,8 @@ inline std::vector<float> sent_values(values coding, const std::vector<float>& v
     }
     case values::qsgd: {  // |v| / ||v|| rounded stochastically to levels, times ||v||
       const double squares = ordered_sum_of(v, [](double x) { return x * x; });
-      const auto norm = static_cast<float>(std::min(std::sqrt(squares), static_cast<double>(std::numeric_limits<float>::max())));
+      const auto norm =
+          static_cast<float>(std::min(std::sqrt(squares), static_cast<double>(std::numeric_limits<float>::max())));
       for (std::size_t j = 0; j < v.size(); ++j) {
         std::uint32_t level = 0;
         if (norm > 0.0f) {
@@ -424,8 +434,10 @@ enum class indices { raw32, delta_bitpack, bitmap };
 
 inline std::size_t index_section_bytes(indices coding, std::size_t n, const std::vector<std::uint32_t>& index) {
   switch (coding) {
-    case indices::raw32: return 4 * index.size();
-    case indices::bitmap: return (n + 7) / 8;
+    case indices::raw32:
+      return 4 * index.size();
+    case indices::bitmap:
+      return (n + 7) / 8;
     case indices::delta_bitpack: {  // blocks of 128 gaps: a width byte, then the gaps at that width
       std::size_t bytes = 0;
       std::uint64_t next = 0;  // previous index + 1
@@ -458,11 +470,15 @@ inline indices smallest_index_coding(std::size_t n, const std::vector<std::uint3
 
 inline std::size_t value_section_bytes(values coding, std::size_t count, std::uint32_t levels) {
   switch (coding) {
-    case values::f32: return 4 * count;
+    case values::f32:
+      return 4 * count;
     case values::f16:
-    case values::bf16: return 2 * count;
-    case values::int8: return count;
-    case values::ternary: return (count + 7) / 8;
+    case values::bf16:
+      return 2 * count;
+    case values::int8:
+      return count;
+    case values::ternary:
+      return (count + 7) / 8;
     case values::qsgd: {  // a sign bit and a level in [0, levels]
       unsigned level_bits = 0;
       while ((levels >> level_bits) != 0) ++level_bits;

@@ -101,8 +101,8 @@ struct cuda {
   template <class Body>
   void reduce_max(std::size_t n, const Body& body, std::uint32_t* word) const {
     if (n == 0) return;
-    detail::cuda_launch::reduce_max<<<detail::cuda_launch::grid_for(n), detail::cuda_launch::block_threads, 0, stream>>>(
-        n, body, word);
+    detail::cuda_launch::
+        reduce_max<<<detail::cuda_launch::grid_for(n), detail::cuda_launch::block_threads, 0, stream>>>(n, body, word);
     detail::cuda_check(cudaGetLastError(), "reduce_max (launch)");
   }
 
@@ -122,8 +122,9 @@ struct cuda {
   template <class Term>
   void sum(std::size_t n, const Term& term, double* chunk, double* total) const {
     if (n != 0) {
-      detail::cuda_launch::chunk_sums<<<detail::cuda_launch::chunk_sum_blocks(n), detail::cuda_launch::block_threads, 0,
-                                        stream>>>(n, term, chunk);
+      detail::cuda_launch::
+          chunk_sums<<<detail::cuda_launch::chunk_sum_blocks(n), detail::cuda_launch::block_threads, 0, stream>>>(
+              n, term, chunk);
       detail::cuda_check(cudaGetLastError(), "sum (launch)");
     }
     detail::cuda_launch::sum_of_chunks<<<1, 1, 0, stream>>>(chunk, detail::chunk_count(n), total);
@@ -145,7 +146,9 @@ struct cuda {
   }
 
   /// Bytes of workspace that expand() needs for m items.
-  [[nodiscard]] std::size_t expand_workspace(std::size_t m) const { return detail::cuda_launch::expand_scratch(m, stream); }
+  [[nodiscard]] std::size_t expand_workspace(std::size_t m) const {
+    return detail::cuda_launch::expand_scratch(m, stream);
+  }
   /// Queues the ordered expansion: item b < m makes body(b, at) -> std::size_t outputs,
   /// written from `at` on, or only counted when `at` is null; the outputs land in `out`
   /// in item order and their number in `*count` (device memory). A counting kernel, an
@@ -159,13 +162,15 @@ struct cuda {
     std::uint32_t* offsets = counts + m;
     std::byte* scratch = workspace.data() + 2 * m * sizeof(std::uint32_t);
     std::size_t scratch_bytes = workspace.size() - 2 * m * sizeof(std::uint32_t);
-    const auto blocks = static_cast<unsigned>((m + detail::cuda_launch::block_threads - 1) / detail::cuda_launch::block_threads);
+    const auto blocks =
+        static_cast<unsigned>((m + detail::cuda_launch::block_threads - 1) / detail::cuda_launch::block_threads);
     detail::cuda_launch::expand_counts<<<blocks, detail::cuda_launch::block_threads, 0, stream>>>(m, body, counts);
     detail::cuda_check(cudaGetLastError(), "expand (launch)");
-    detail::cuda_check(cub::DeviceScan::ExclusiveSum(scratch, scratch_bytes, counts, offsets, static_cast<std::int64_t>(m), stream),
-                       "cub::DeviceScan::ExclusiveSum");
-    detail::cuda_launch::expand_write<<<blocks, detail::cuda_launch::block_threads, 0, stream>>>(m, body, counts, offsets,
-                                                                                                  out, count);
+    detail::cuda_check(
+        cub::DeviceScan::ExclusiveSum(scratch, scratch_bytes, counts, offsets, static_cast<std::int64_t>(m), stream),
+        "cub::DeviceScan::ExclusiveSum");
+    detail::cuda_launch::expand_write<<<blocks, detail::cuda_launch::block_threads, 0, stream>>>(m, body, counts,
+                                                                                                 offsets, out, count);
     detail::cuda_check(cudaGetLastError(), "expand (launch)");
   }
 
@@ -192,8 +197,8 @@ struct cuda {
   [[nodiscard]] cuda context_for(const char* who, const cuda& context) const {
     cuda bound = context;
     if (bound.device < 0) bound.device = device;
-    detail::require(bound.device == device, errc::invalid_argument, who, ": the context is on CUDA device ", bound.device,
-                    " but the compressor's memory is on device ", device);
+    detail::require(bound.device == device, errc::invalid_argument, who, ": the context is on CUDA device ",
+                    bound.device, " but the compressor's memory is on device ", device);
     return bound;
   }
 
@@ -202,8 +207,9 @@ struct cuda {
   void require_current_device(const char* who) const {
     int current = 0;
     detail::cuda_check(cudaGetDevice(&current), "cudaGetDevice");
-    detail::require(device < 0 || current == device, errc::invalid_argument, who, ": the compressor's memory is on CUDA device ",
-                    device, " but the current device is ", current, " (call cudaSetDevice(", device, ") first)");
+    detail::require(device < 0 || current == device, errc::invalid_argument, who,
+                    ": the compressor's memory is on CUDA device ", device, " but the current device is ", current,
+                    " (call cudaSetDevice(", device, ") first)");
   }
 
   /// \throws gradcomp::error (invalid_argument) if `p`, the start of the view `what`

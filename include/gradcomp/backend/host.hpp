@@ -169,7 +169,9 @@ struct host {
   }
 
   /// Bytes of workspace that expand() needs for m items.
-  [[nodiscard]] std::size_t expand_workspace(std::size_t m) const { return detail::chunk_count(m) * sizeof(std::size_t); }
+  [[nodiscard]] std::size_t expand_workspace(std::size_t m) const {
+    return detail::chunk_count(m) * sizeof(std::size_t);
+  }
   /// Ordered expansion: item b < m makes body(b, at) -> std::size_t outputs, written
   /// from `at` on, or only counted when `at` is null; the outputs land in `out` in item
   /// order and their number in `*count`. Each chunk of items counts, an exclusive scan

@@ -73,7 +73,8 @@ struct kokkos {
   template <class Body>
   void reduce_max(std::size_t n, const Body& body, std::uint32_t* word) const {
     std::uint32_t largest = 0;
-    Kokkos::parallel_reduce("gradcomp::reduce_max", range(n), max_body<Body>{body}, Kokkos::Max<std::uint32_t>(largest));
+    Kokkos::parallel_reduce("gradcomp::reduce_max", range(n), max_body<Body>{body},
+                            Kokkos::Max<std::uint32_t>(largest));
     if (largest > read(word)) to_device(&largest, 1, word);
   }
 
@@ -219,7 +220,8 @@ struct kokkos {
     std::size_t m;
     KOKKOS_INLINE_FUNCTION void operator()(std::int64_t b, std::size_t& at, bool final) const {
       at += body(static_cast<std::size_t>(b), final ? out + at : nullptr);
-      if (final && static_cast<std::size_t>(b) + 1 == m) *count = static_cast<std::uint32_t>(at);  // the last item knows the total
+      if (final && static_cast<std::size_t>(b) + 1 == m)
+        *count = static_cast<std::uint32_t>(at);  // the last item knows the total
     }
   };
   struct chunks_total {
@@ -247,10 +249,9 @@ auto as_span(const View& v) {
   detail::require(v.span_is_contiguous(), errc::invalid_argument, "as_span: View \"", v.label(),
                   "\" is not contiguous (a strided layout or subview); copy it into a contiguous View first");
   using memory_space = typename View::memory_space;
-  using where = std::conditional_t<Kokkos::SpaceAccessibility<Kokkos::HostSpace, memory_space>::accessible,
-                                   host_memory, device_memory>;
+  using where = std::conditional_t<Kokkos::SpaceAccessibility<Kokkos::HostSpace, memory_space>::accessible, host_memory,
+                                   device_memory>;
   return span_in<where, typename View::value_type>(v.data(), v.extent(0));
 }
 
 GRADCOMP_NAMESPACE_END
-

@@ -134,8 +134,8 @@ class cyclic_topk {
         comm_, "cyclic_topk",
         {{"n", compressor_.size()}, {"k", k}, {"the step", compressor_.step()}, {"the policies", policies_}},
         [&]() -> std::uint64_t {
-          detail::require(dense.size() == compressor_.size(), errc::invalid_argument, "cyclic_topk: dense.size() = ",
-                          dense.size(), " does not match n = ", compressor_.size());
+          detail::require(dense.size() == compressor_.size(), errc::invalid_argument,
+                          "cyclic_topk: dense.size() = ", dense.size(), " does not match n = ", compressor_.size());
           detail::require(std::isfinite(scale), errc::invalid_argument, "cyclic_topk: scale must be finite, got ",
                           scale);
           const view<const float> acc = compressor_.preview(grad);  // throws where the step would be rejected
@@ -168,7 +168,10 @@ class cyclic_topk {
   // checkpoint) moves the leader's k with the compressor's capacity, and the buffers
   // grow with them.
   void follow_density() {
-    if constexpr (requires { compressor_.selector().density; leader_.set_density(1.0); }) {
+    if constexpr (requires {
+                    compressor_.selector().density;
+                    leader_.set_density(1.0);
+                  }) {
       const double density = compressor_.selector().density;
       if (density == 0.0 || density == leader_.selector().density) return;
       const std::size_t n = compressor_.size();

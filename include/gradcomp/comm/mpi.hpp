@@ -32,8 +32,8 @@ class mpi {
     MPI_Comm_size(comm_, &size_);
   }
 
-  [[nodiscard]] int rank() const noexcept { return rank_; }                 ///< this process's rank
-  [[nodiscard]] int size() const noexcept { return size_; }                 ///< ranks in the communicator
+  [[nodiscard]] int rank() const noexcept { return rank_; }               ///< this process's rank
+  [[nodiscard]] int size() const noexcept { return size_; }               ///< ranks in the communicator
   [[nodiscard]] MPI_Comm communicator() const noexcept { return comm_; }  ///< the communicator
 
   /// Sparse all-gather: `dense += scale * sum over ranks of decode(message of rank r)`,
@@ -63,23 +63,23 @@ class mpi {
   /// every t; then `dense[t] += scale * sum over ranks of decode(message of rank r for
   /// tensor t)`, ranks in order. One size exchange and one MPI_Allgatherv carry all the
   /// tensors, whatever their number. Every message of every rank is validated first.
-  void allgather_accumulate(std::span<const std::span<const std::byte>> messages, std::span<const std::span<float>> dense,
-                            float scale) {
+  void allgather_accumulate(std::span<const std::span<const std::byte>> messages,
+                            std::span<const std::span<float>> dense, float scale) {
     // The ranks agree on the layout (the number of tensors and their sizes) first.
     detail::fingerprint layout;
     for (const auto d : dense) layout.add(d.size());
-    sizes_ = detail::agree(*this, who, {{"the number of tensors", dense.size()}, {"the tensor sizes", layout.value()}},
-                           [&] {
-                             detail::check_aggregation_args(messages.size(), dense.size(), scale);
-                             // This rank's bucket: u64 tensor count, u64 size of each message, the messages.
-                             bucket_.assign(8 * (1 + messages.size()), std::byte{0});
-                             detail::store_le<std::uint64_t>(bucket_.data(), messages.size());
-                             for (std::size_t t = 0; t < messages.size(); ++t) {
-                               detail::store_le<std::uint64_t>(bucket_.data() + 8 * (1 + t), messages[t].size());
-                               bucket_.insert(bucket_.end(), messages[t].begin(), messages[t].end());
-                             }
-                             return bucket_.size();
-                           });
+    sizes_ =
+        detail::agree(*this, who, {{"the number of tensors", dense.size()}, {"the tensor sizes", layout.value()}}, [&] {
+          detail::check_aggregation_args(messages.size(), dense.size(), scale);
+          // This rank's bucket: u64 tensor count, u64 size of each message, the messages.
+          bucket_.assign(8 * (1 + messages.size()), std::byte{0});
+          detail::store_le<std::uint64_t>(bucket_.data(), messages.size());
+          for (std::size_t t = 0; t < messages.size(); ++t) {
+            detail::store_le<std::uint64_t>(bucket_.data() + 8 * (1 + t), messages[t].size());
+            bucket_.insert(bucket_.end(), messages[t].begin(), messages[t].end());
+          }
+          return bucket_.size();
+        });
     gather(bucket_, detail::total_size(sizes_));
     // Split every rank's bucket and check all of it before any accumulation.
     parts_.clear();
@@ -176,8 +176,9 @@ class mpi {
   }
 
   std::span<const std::byte> received(int r) const noexcept {
-    return std::span<const std::byte>(gathered_).subspan(static_cast<std::size_t>(displs_[static_cast<std::size_t>(r)]),
-                                                         static_cast<std::size_t>(counts_[static_cast<std::size_t>(r)]));
+    return std::span<const std::byte>(gathered_).subspan(
+        static_cast<std::size_t>(displs_[static_cast<std::size_t>(r)]),
+        static_cast<std::size_t>(counts_[static_cast<std::size_t>(r)]));
   }
 
   static void check(std::span<const std::byte> bytes, std::size_t n) {

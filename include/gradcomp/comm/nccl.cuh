@@ -106,8 +106,8 @@ class nccl {
     std::size_t mine = directory;
     detail::fingerprint layout;
     for (const auto d : dense) layout.add(d.size());
-    exchange_sizes(detail::agree(
-        *this, who, {{"the number of tensors", dense.size()}, {"the tensor sizes", layout.value()}}, [&] {
+    exchange_sizes(
+        detail::agree(*this, who, {{"the number of tensors", dense.size()}, {"the tensor sizes", layout.value()}}, [&] {
           detail::check_aggregation_args(messages.size(), dense.size(), scale);
           directory_.resize(messages.size());
           for (std::size_t t = 0; t < messages.size(); ++t) {
@@ -122,9 +122,9 @@ class nccl {
     backend_.to_device(reinterpret_cast<const std::byte*>(directory_.data()), directory, bucket_.data());
     std::size_t at = directory;
     for (const auto m : messages) {
-      detail::cuda_check(cudaMemcpyAsync(bucket_.data() + at, m.data(), m.size(), cudaMemcpyDeviceToDevice,
-                                         backend_.stream),
-                         "cudaMemcpyAsync (bucket)");
+      detail::cuda_check(
+          cudaMemcpyAsync(bucket_.data() + at, m.data(), m.size(), cudaMemcpyDeviceToDevice, backend_.stream),
+          "cudaMemcpyAsync (bucket)");
       at += m.size();
     }
     gather(std::span<const std::byte>(bucket_.data(), mine));
@@ -176,12 +176,12 @@ class nccl {
   /// summed at `root`, then broadcast.
   void reduce_broadcast(device_span<float> values, int root) {
     if (values.empty()) return;
-    detail::nccl_check(ncclReduce(values.data(), values.data(), values.size(), ncclFloat, ncclSum, root, comm_,
-                                  backend_.stream),
-                       "ncclReduce");
-    detail::nccl_check(ncclBroadcast(values.data(), values.data(), values.size(), ncclFloat, root, comm_,
-                                     backend_.stream),
-                       "ncclBroadcast (sums)");
+    detail::nccl_check(
+        ncclReduce(values.data(), values.data(), values.size(), ncclFloat, ncclSum, root, comm_, backend_.stream),
+        "ncclReduce");
+    detail::nccl_check(
+        ncclBroadcast(values.data(), values.data(), values.size(), ncclFloat, root, comm_, backend_.stream),
+        "ncclBroadcast (sums)");
   }
   /// @}
 
@@ -205,8 +205,8 @@ class nccl {
       const std::size_t bytes = sizes_[static_cast<std::size_t>(r)];
       if (bytes == 0) continue;
       std::byte* to = gathered_.data() + offsets_[static_cast<std::size_t>(r)];
-      detail::nccl_check(ncclBroadcast(r == rank_ ? static_cast<const void*>(mine.data()) : to, to, bytes, ncclUint8,
-                                       r, comm_, backend_.stream),
+      detail::nccl_check(ncclBroadcast(r == rank_ ? static_cast<const void*>(mine.data()) : to, to, bytes, ncclUint8, r,
+                                       comm_, backend_.stream),
                          "ncclBroadcast (messages)");
     }
     detail::nccl_check(ncclGroupEnd(), "ncclGroupEnd");

@@ -37,7 +37,7 @@ struct chain {
   }
 
   static constexpr std::size_t state_arrays = last_type::state_arrays;  ///< the last part's memory
-  static constexpr int acc_state = last_type::acc_state;  ///< which state array acc is (-1: its own)
+  static constexpr int acc_state = last_type::acc_state;                ///< which state array acc is (-1: its own)
   /// Whether any part scales the gradient (the engine then computes ||g|| first).
   static constexpr bool scales_gradient = (gradient_transform<Parts> || ...);
 
@@ -89,10 +89,11 @@ struct chain {
   }
   template <std::size_t... I>
   static constexpr bool all_but_last_are_transforms(std::index_sequence<I...>) {
-    return ((I + 1 == sizeof...(Parts) || gradient_transform<std::tuple_element_t<I, std::tuple<Parts...>>>) && ...);
+    return ((I + 1 == sizeof...(Parts) || gradient_transform<std::tuple_element_t<I, std::tuple<Parts...>>>)&&...);
   }
   template <std::size_t... I>
-  GRADCOMP_HOST_DEVICE void scale_through(double sum_of_squares, float& factor, std::index_sequence<I...>) const noexcept {
+  GRADCOMP_HOST_DEVICE void scale_through(double sum_of_squares, float& factor,
+                                          std::index_sequence<I...>) const noexcept {
     (
         [&] {
           using part = std::tuple_element_t<I, std::tuple<Parts...>>;
@@ -108,4 +109,4 @@ struct chain {
 }  // namespace correct
 GRADCOMP_NAMESPACE_END
 
-#include <gradcomp/detail/correct_elementwise.hpp>       // the algorithm, on every backend
+#include <gradcomp/detail/correct_elementwise.hpp>  // the algorithm, on every backend

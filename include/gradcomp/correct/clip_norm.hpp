@@ -21,8 +21,8 @@ struct clip_norm {
   int workers = 1;        ///< workers sharing the threshold, >= 1
 
   static constexpr std::size_t state_arrays = 0;  ///< no memory: a transform
-  static constexpr int acc_state = -1;  ///< acc is kept in its own array
-  static constexpr bool scales_gradient = true;  ///< needs ||g|| before the update
+  static constexpr int acc_state = -1;            ///< acc is kept in its own array
+  static constexpr bool scales_gradient = true;   ///< needs ||g|| before the update
 
   /// The policy's name, as checkpoints and messages of errors record it.
   [[nodiscard]] std::string name() const { return "clip_norm"; }
@@ -53,4 +53,4 @@ struct clip_norm {
 }  // namespace correct
 GRADCOMP_NAMESPACE_END
 
-#include <gradcomp/detail/correct_elementwise.hpp>       // the algorithm, on every backend
+#include <gradcomp/detail/correct_elementwise.hpp>  // the algorithm, on every backend

@@ -28,8 +28,7 @@ struct error_feedback {
   /// \throws gradcomp::error if beta or gamma is not finite.
   void validate() const {
     detail::require(std::isfinite(beta), errc::invalid_argument, "error_feedback: beta must be finite, got ", beta);
-    detail::require(std::isfinite(gamma), errc::invalid_argument, "error_feedback: gamma must be finite, got ",
-                    gamma);
+    detail::require(std::isfinite(gamma), errc::invalid_argument, "error_feedback: gamma must be finite, got ", gamma);
   }
 
   /// One element: `s` holds e (old in, new out); returns acc.
@@ -51,4 +50,4 @@ struct error_feedback {
 }  // namespace correct
 GRADCOMP_NAMESPACE_END
 
-#include <gradcomp/detail/correct_elementwise.hpp>       // the algorithm, on every backend
+#include <gradcomp/detail/correct_elementwise.hpp>  // the algorithm, on every backend

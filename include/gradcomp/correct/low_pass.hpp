@@ -45,4 +45,4 @@ struct low_pass {
 }  // namespace correct
 GRADCOMP_NAMESPACE_END
 
-#include <gradcomp/detail/correct_elementwise.hpp>       // the algorithm, on every backend
+#include <gradcomp/detail/correct_elementwise.hpp>  // the algorithm, on every backend

@@ -62,4 +62,4 @@ struct momentum {
 }  // namespace correct
 GRADCOMP_NAMESPACE_END
 
-#include <gradcomp/detail/correct_elementwise.hpp>       // the algorithm, on every backend
+#include <gradcomp/detail/correct_elementwise.hpp>  // the algorithm, on every backend

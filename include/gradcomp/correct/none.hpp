@@ -22,4 +22,4 @@ struct none {
 }  // namespace correct
 GRADCOMP_NAMESPACE_END
 
-#include <gradcomp/detail/correct_none.hpp>     // the algorithm, on every backend
+#include <gradcomp/detail/correct_none.hpp>  // the algorithm, on every backend

@@ -39,7 +39,7 @@ constexpr bool is_wire_value_coding(value_coding c) noexcept {
 
 /// Reads `bits` (<= 32) bits at `bit_offset`, touching only the bytes that hold them.
 GRADCOMP_HOST_DEVICE inline std::uint32_t read_bits(const std::byte* data, std::uint64_t bit_offset,
-                                                   unsigned bits) noexcept {
+                                                    unsigned bits) noexcept {
   if (bits == 0) return 0;
   const std::byte* p = data + bit_offset / 8;
   const unsigned shift = static_cast<unsigned>(bit_offset % 8);
@@ -52,7 +52,7 @@ GRADCOMP_HOST_DEVICE inline std::uint32_t read_bits(const std::byte* data, std::
 /// Whether the bits of `data` (`bytes` long) from bit `used` on are all zero: the
 /// padding of a bit-packed section, which the canonical form leaves zero.
 GRADCOMP_HOST_DEVICE inline bool padding_is_zero(const std::byte* data, std::uint64_t used,
-                                                std::uint64_t bytes) noexcept {
+                                                 std::uint64_t bytes) noexcept {
   if (used >= 8 * bytes) return true;
   const unsigned tail = static_cast<unsigned>(used % 8);
   std::uint64_t b = used / 8;
@@ -86,11 +86,14 @@ GRADCOMP_HOST_DEVICE constexpr unsigned qsgd_entry_bits(std::uint32_t levels) no
 
 /// Largest index section a coding can need for `count` of `n` entries.
 GRADCOMP_HOST_DEVICE constexpr std::uint64_t max_index_section_bytes(index_coding c, std::uint64_t n,
-                                                                    std::uint64_t count) noexcept {
+                                                                     std::uint64_t count) noexcept {
   switch (c) {
-    case index_coding::raw32: return 4 * count;
-    case index_coding::delta_bitpack: return 4 * count + (count + delta_block - 1) / delta_block;
-    case index_coding::bitmap: return bitmap_bytes(n);
+    case index_coding::raw32:
+      return 4 * count;
+    case index_coding::delta_bitpack:
+      return 4 * count + (count + delta_block - 1) / delta_block;
+    case index_coding::bitmap:
+      return bitmap_bytes(n);
     case index_coding::automatic:  // auto never exceeds either
       return 4 * count < bitmap_bytes(n) ? 4 * count : bitmap_bytes(n);
   }
@@ -98,14 +101,20 @@ GRADCOMP_HOST_DEVICE constexpr std::uint64_t max_index_section_bytes(index_codin
 }
 
 /// Exact value-section size for `count` entries (`levels` for qsgd).
-GRADCOMP_HOST_DEVICE constexpr std::uint64_t value_section_bytes(value_coding c, std::uint64_t count, std::uint32_t levels) noexcept {
+GRADCOMP_HOST_DEVICE constexpr std::uint64_t value_section_bytes(value_coding c, std::uint64_t count,
+                                                                 std::uint32_t levels) noexcept {
   switch (c) {
-    case value_coding::f32: return 4 * count;
+    case value_coding::f32:
+      return 4 * count;
     case value_coding::f16:
-    case value_coding::bf16: return 2 * count;
-    case value_coding::int8: return count;
-    case value_coding::ternary: return (count + 7) / 8;
-    case value_coding::qsgd: return (count * qsgd_entry_bits(levels) + 7) / 8;
+    case value_coding::bf16:
+      return 2 * count;
+    case value_coding::int8:
+      return count;
+    case value_coding::ternary:
+      return (count + 7) / 8;
+    case value_coding::qsgd:
+      return (count * qsgd_entry_bits(levels) + 7) / 8;
   }
   return 0;
 }
@@ -125,16 +134,17 @@ void check_section_sizes(const Header& h) {
     }
     case index_coding::delta_bitpack:  // exact size checked while parsing
       require(h.index_bytes <= max_index_section_bytes(h.index, h.n, h.count), errc::corrupt_message,
-              "message index section of ", h.index_bytes, " bytes is larger than delta_bitpack allows for count = ",
-              h.count);
+              "message index section of ", h.index_bytes,
+              " bytes is larger than delta_bitpack allows for count = ", h.count);
       break;
-    case index_coding::automatic: break;
+    case index_coding::automatic:
+      break;
   }
   const bool scaled = h.value == value_coding::int8 || h.value == value_coding::ternary;
   const bool qsgd = h.value == value_coding::qsgd;
   if (qsgd) {
-    require(h.codec_param >= 1 && h.codec_param <= qsgd_max_levels, errc::corrupt_message, "message qsgd levels = ",
-            h.codec_param, " is outside [1, ", qsgd_max_levels, "]");
+    require(h.codec_param >= 1 && h.codec_param <= qsgd_max_levels, errc::corrupt_message,
+            "message qsgd levels = ", h.codec_param, " is outside [1, ", qsgd_max_levels, "]");
   } else {
     require(h.codec_param == 0, errc::corrupt_message, "message value coding ", to_string(h.value),
             " takes no codec parameter, the header carries ", h.codec_param);
@@ -203,7 +213,8 @@ void validate_index_section(const Header& h, const std::byte* section, F&& f) {
               " bytes after its last block");
       return;
     }
-    case index_coding::automatic: return;
+    case index_coding::automatic:
+      return;
   }
 }
 
@@ -239,15 +250,19 @@ class value_decoder {
 
   GRADCOMP_HOST_DEVICE float operator()(std::size_t j) const noexcept {
     switch (coding_) {
-      case value_coding::f32: return load_le<float>(section_ + 4 * j);
-      case value_coding::f16: return half_to_float(load_le<std::uint16_t>(section_ + 2 * j));
-      case value_coding::bf16: return bfloat_to_float(load_le<std::uint16_t>(section_ + 2 * j));
+      case value_coding::f32:
+        return load_le<float>(section_ + 4 * j);
+      case value_coding::f16:
+        return half_to_float(load_le<std::uint16_t>(section_ + 2 * j));
+      case value_coding::bf16:
+        return bfloat_to_float(load_le<std::uint16_t>(section_ + 2 * j));
       case value_coding::int8: {
         const auto q = static_cast<std::int8_t>(section_[j]);
         // -128 is outside the coding; make it decode to NaN so validation rejects it.
         return q == -128 ? std::numeric_limits<float>::quiet_NaN() : static_cast<float>(q) * param_;
       }
-      case value_coding::ternary: return read_bits(section_, j, 1) ? -param_ : param_;
+      case value_coding::ternary:
+        return read_bits(section_, j, 1) ? -param_ : param_;
       case value_coding::qsgd: {
         const unsigned bits = qsgd_entry_bits(levels_);
         const std::uint32_t field = read_bits(section_, std::uint64_t{j} * bits, bits);

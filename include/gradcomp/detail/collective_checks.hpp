@@ -241,8 +241,7 @@ class fingerprint {
 template <class Comm, class Attempt>
 std::vector<std::uint64_t> agree(Comm& comm, const char* who, std::initializer_list<setting> settings,
                                  Attempt&& attempt) {
-  return agree(comm, who, std::span<const setting>(settings.begin(), settings.size()),
-               std::forward<Attempt>(attempt));
+  return agree(comm, who, std::span<const setting>(settings.begin(), settings.size()), std::forward<Attempt>(attempt));
 }
 
 }  // namespace detail

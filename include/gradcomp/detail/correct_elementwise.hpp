@@ -152,7 +152,7 @@ class elementwise_correction {
     }
     be.reduce_or(n_,
                  elementwise::update<Policy, arrays, own_acc>{policy, addresses(committed_), addresses(next_),
-                                                               acc_.data(), g.data(), scale},
+                                                              acc_.data(), g.data(), scale},
                  &status->non_finite);
   }
 
@@ -179,8 +179,7 @@ class elementwise_correction {
   void commit(const Backend& be, const Policy& policy, std::span<const std::uint32_t> index,
               std::span<const float> sent, const step_status* status) {
     be.for_each(index.size(), elementwise::commit<Policy, arrays>{policy, addresses(committed_), addresses(next_),
-                                                                   acc({}).data(), index.data(), sent.data(),
-                                                                   status});
+                                                                  acc({}).data(), index.data(), sent.data(), status});
   }
 
   /// Makes the step's state the committed one.

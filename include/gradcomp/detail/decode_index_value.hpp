@@ -293,7 +293,8 @@ template <class Backend>
   for (std::size_t j = 0; j < count; ++j) {
     if (!std::isfinite(added(d[i[j]], target.scale, v[j]))) fail_overflow(who, i[j], d[i[j]], target.scale, v[j]);
   }
-  fail(errc::non_finite, who, ": a sum overflowed on the backend but not on the host (a gradcomp bug: please report it)");
+  fail(errc::non_finite, who,
+       ": a sum overflowed on the backend but not on the host (a gradcomp bug: please report it)");
 }
 
 /// \throws gradcomp::error (non_finite) naming the first j for which dense[index[j]] +
@@ -306,7 +307,8 @@ void require_sums_finite(const Backend& on, const char* who, const std::uint32_t
   on.clear(fault.data(), 1);
   on.reduce_or(count, decoding::sum_finite<decoding::array_values>{index, {values}, target.scale, target.dense, n},
                fault.data());
-  if (on.read(static_cast<const std::uint32_t*>(fault.data())) != 0) explain_overflow(on, who, index, values, count, target, n);
+  if (on.read(static_cast<const std::uint32_t*>(fault.data())) != 0)
+    explain_overflow(on, who, index, values, count, target, n);
 }
 
 /// Checks messages in `Backend`'s memory and adds them to its tensors, each call on the
@@ -372,8 +374,8 @@ class message_decoder {
     if (count == 0) return;
     decode_indices(on, m.header, m.bytes, false);
     grow(values_, count);
-    on.for_each(count, decoding::decoded_values{value_decoder(m.header, value_section(m.header, m.bytes)),
-                                                values_.data()});
+    on.for_each(count,
+                decoding::decoded_values{value_decoder(m.header, value_section(m.header, m.bytes)), values_.data()});
     on.for_each(count, scatter_add{index_.data(), values_.data(), scale, dense.data()});
   }
 
@@ -381,8 +383,7 @@ class message_decoder {
   /// `out` (the backend's memory).
   void values(const Backend& on, const checked& m, std::span<float> out) {
     const std::size_t count = std::min<std::size_t>(out.size(), m.header.count);
-    on.for_each(count, decoding::decoded_values{value_decoder(m.header, value_section(m.header, m.bytes)),
-                                                out.data()});
+    on.for_each(count, decoding::decoded_values{value_decoder(m.header, value_section(m.header, m.bytes)), out.data()});
   }
 
  private:
@@ -412,7 +413,9 @@ class message_decoder {
     if (!checking) on.clear(faults, 1);
     grow(index_, std::max<std::size_t>(count, 1));
     switch (h.index) {
-      case index_coding::raw32: on.for_each(count, raw32_index{section, index_.data()}); break;
+      case index_coding::raw32:
+        on.for_each(count, raw32_index{section, index_.data()});
+        break;
       case index_coding::bitmap: {
         const auto bytes_n = static_cast<std::size_t>(bitmap_bytes(h.n));
         grow(sums_, chunk_count(bytes_n) + 1);
@@ -438,7 +441,8 @@ class message_decoder {
                      faults);
         break;
       }
-      case index_coding::automatic: break;  // read_header refuses it
+      case index_coding::automatic:
+        break;  // read_header refuses it
     }
     if (checking) on.reduce_or(count, indices_in_order{index_.data(), faults, h.n}, faults);
   }
@@ -450,7 +454,8 @@ class message_decoder {
     const message_reader reader(host);
     require_size(reader.header(), n, who);
     reader.validate_entries();
-    fail(errc::corrupt_message, who, ": the message failed a check on the backend that the host's reader passes "
+    fail(errc::corrupt_message, who,
+         ": the message failed a check on the backend that the host's reader passes "
          "(a gradcomp bug: please report it with the message's bytes)");
   }
 

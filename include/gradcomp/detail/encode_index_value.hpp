@@ -58,15 +58,12 @@ struct message_plan {
   float value_param;          ///< the header's value_param (a scale, a norm)
 };
 
-inline constexpr std::size_t delta_group = 64;       // delta blocks per group of the offsets' scan
-
+inline constexpr std::size_t delta_group = 64;  // delta blocks per group of the offsets' scan
 
 /// Entry j of the step: whether it exists (the selector chose it, and no stage met a NaN).
 struct step_entries {
   const step_status* status;
-  GRADCOMP_HOST_DEVICE bool live(std::size_t j) const noexcept {
-    return status->non_finite == 0 && j < status->count;
-  }
+  GRADCOMP_HOST_DEVICE bool live(std::size_t j) const noexcept { return status->non_finite == 0 && j < status->count; }
 };
 
 // -- 1, 2: the values and what their coding needs of all of them ----------------------
@@ -176,8 +173,8 @@ struct plan_message : step_entries {
       index = bitmap < raw && bitmap <= delta ? index_coding::bitmap
                                               : (delta <= raw ? index_coding::delta_bitpack : index_coding::raw32);
     }
-    const std::uint64_t index_bytes = index == index_coding::delta_bitpack ? delta
-                                                                            : max_index_section_bytes(index, n, count);
+    const std::uint64_t index_bytes =
+        index == index_coding::delta_bitpack ? delta : max_index_section_bytes(index, n, count);
     float param = 0.0f;
     if (value == value_coding::int8) {
       // max|v| / 127, lowered until 127 times it stays finite, as the receiver computes it.
@@ -282,7 +279,8 @@ struct write_delta_block : planned_section {
         filled -= 32;
       }
     }
-    for (; filled > 0; filled = filled > 8 ? filled - 8 : 0, buffer >>= 8) *p++ = static_cast<std::byte>(buffer & 0xFFu);
+    for (; filled > 0; filled = filled > 8 ? filled - 8 : 0, buffer >>= 8)
+      *p++ = static_cast<std::byte>(buffer & 0xFFu);
   }
 };
 
@@ -350,7 +348,8 @@ struct write_packed_byte : step_entries {
     }
     std::uint32_t level = 0;
     if (param > 0.0f) {
-      const double r = mul_rn(static_cast<double>(magnitude_of(v)) / static_cast<double>(param), static_cast<double>(levels));
+      const double r =
+          mul_rn(static_cast<double>(magnitude_of(v)) / static_cast<double>(param), static_cast<double>(levels));
       const double below = std::floor(r);
       level = static_cast<std::uint32_t>(below) + (random_unit(seed, step, j) < r - below ? 1u : 0u);
       level = level < levels ? level : levels;
@@ -432,21 +431,23 @@ class message_writer {
     message_plan* plan = plan_.data();
     be.clear(plan, 1);
     switch (policy.value) {
-      case value_coding::int8: be.reduce_max(bound, value_key{entries, values}, &plan->max_key); break;
+      case value_coding::int8:
+        be.reduce_max(bound, value_key{entries, values}, &plan->max_key);
+        break;
       case value_coding::ternary:
       case value_coding::qsgd:
-        be.sum(bound, value_moment{entries, values, policy.value == value_coding::qsgd}, chunk_.data(),
-               &plan->moment);
+        be.sum(bound, value_moment{entries, values, policy.value == value_coding::qsgd}, chunk_.data(), &plan->moment);
         break;
-      default: break;
+      default:
+        break;
     }
     const bool delta = policy.index == index_coding::delta_bitpack || policy.index == index_coding::automatic;
     if (delta) {
       be.for_each(blocks, delta_block_width{entries, index, widths_.data()});
       be.for_each(groups, delta_group_width{widths_.data(), blocks, group_width_.data()});
     }
-    be.for_each(1, plan_message{entries, policy.index, policy.value, policy.levels, policy.checksum, n_,
-                                widths_.data(), group_width_.data(), delta ? groups : 0, plan, out, status});
+    be.for_each(1, plan_message{entries, policy.index, policy.value, policy.levels, policy.checksum, n_, widths_.data(),
+                                group_width_.data(), delta ? groups : 0, plan, out, status});
 
     const planned_section section{entries, plan};
     std::byte* index_section = out + message_header::size;
@@ -465,17 +466,25 @@ class message_writer {
 
     if (policy.value == value_coding::ternary || policy.value == value_coding::qsgd) {
       const auto bytes = static_cast<std::size_t>(value_section_bytes(policy.value, bound, policy.levels));
-      be.for_each(bytes, write_packed_byte{entries, plan, policy.value, policy.levels, policy.seed, step, values,
-                                           out, sent});
+      be.for_each(bytes,
+                  write_packed_byte{entries, plan, policy.value, policy.levels, policy.seed, step, values, out, sent});
     } else {
       const auto write = [&]<value_coding Coding>() {
         be.for_each(bound, write_value<Coding>{entries, plan, values, out, sent});
       };
       switch (policy.value) {
-        case value_coding::f16: write.template operator()<value_coding::f16>(); break;
-        case value_coding::bf16: write.template operator()<value_coding::bf16>(); break;
-        case value_coding::int8: write.template operator()<value_coding::int8>(); break;
-        default: write.template operator()<value_coding::f32>(); break;
+        case value_coding::f16:
+          write.template operator()<value_coding::f16>();
+          break;
+        case value_coding::bf16:
+          write.template operator()<value_coding::bf16>();
+          break;
+        case value_coding::int8:
+          write.template operator()<value_coding::int8>();
+          break;
+        default:
+          write.template operator()<value_coding::f32>();
+          break;
       }
     }
 
@@ -521,8 +530,8 @@ class engine<encode::index_value, Backend> {
   /// decodes into `sent`, and its size into the status. `in.index` spans the entries
   /// the host knows of (the count where the host can read the status, else the whole
   /// workspace); the count is the status's.
-  void encode(const Backend& be, const encode::index_value& policy, const encode_input& in,
-              std::span<std::byte> out, std::span<float> sent, step_status* status) {
+  void encode(const Backend& be, const encode::index_value& policy, const encode_input& in, std::span<std::byte> out,
+              std::span<float> sent, step_status* status) {
     const std::span<std::byte> target = staged ? std::span<std::byte>(message_.data(), message_.size()) : out;
     be.for_each(in.index.size(),
                 gather_selected{{status}, in.acc.data(), in.index.data(), in.value_scale, values_.data()});
@@ -535,7 +544,7 @@ class engine<encode::index_value, Backend> {
 
  private:
   message_writer<Backend> writer_;
-  typename Backend::template buffer<float> values_;  // the gathered, scaled values
+  typename Backend::template buffer<float> values_;       // the gathered, scaled values
   typename Backend::template buffer<std::byte> message_;  // staged: the message in the space's memory
 };
 

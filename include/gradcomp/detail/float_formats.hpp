@@ -27,7 +27,7 @@ GRADCOMP_HOST_DEVICE constexpr std::uint16_t float_to_half(float f) noexcept {
   const auto sign = static_cast<std::uint16_t>((x >> 16) & 0x8000u);
   const std::uint32_t a = x & 0x7FFFFFFFu;
   if (a >= 0x477FF000u) return static_cast<std::uint16_t>(sign | 0x7BFFu);  // rounds past 65504: saturate
-  if (a >= 0x38800000u) {                                                    // normal half: rebias 127 -> 15
+  if (a >= 0x38800000u) {                                                   // normal half: rebias 127 -> 15
     return static_cast<std::uint16_t>(sign | shift_round_even(a - (112u << 23), 13));
   }
   const std::uint32_t e = a >> 23;  // subnormal half: value = m * 2^-24

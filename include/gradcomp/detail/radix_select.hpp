@@ -21,9 +21,7 @@ namespace detail {
 
 /// 31-bit magnitude key of a float: order of keys = order of |x| for finite x; +0 and
 /// -0 share key 0.
-GRADCOMP_HOST_DEVICE inline std::uint32_t magnitude_key(float x) noexcept {
-  return bits_of(x) & 0x7FFFFFFFu;
-}
+GRADCOMP_HOST_DEVICE inline std::uint32_t magnitude_key(float x) noexcept { return bits_of(x) & 0x7FFFFFFFu; }
 
 /// Keys >= this belong to infinities and NaNs.
 inline constexpr std::uint32_t non_finite_key = 0x7F800000u;
@@ -59,7 +57,7 @@ struct kth_key {
 /// Scans histogram `bins` from the top and returns the bin holding the r-th largest
 /// entry (r >= 1) and r minus the entries in higher bins.
 GRADCOMP_HOST_DEVICE inline std::pair<std::uint32_t, std::size_t> find_bin_from_top(std::span<const std::uint32_t> bins,
-                                                                                  std::size_t r) {
+                                                                                    std::size_t r) {
   for (std::size_t b = bins.size(); b-- > 0;) {
     if (bins[b] >= r) return {static_cast<std::uint32_t>(b), r};
     r -= bins[b];
@@ -117,8 +115,8 @@ inline std::size_t keep_top_in_list(std::span<const float> acc, std::span<std::u
 /// largest keys, ties to the lower position; keys share the digits above `first_digit`
 /// with `prefix`. Returns {entries kept, the r-th largest key}.
 inline std::pair<std::size_t, std::uint32_t> keep_top_keys(std::span<std::uint32_t> list,
-                                                          std::span<const std::uint32_t> keys, std::size_t r,
-                                                          std::size_t first_digit, std::uint32_t prefix) {
+                                                           std::span<const std::uint32_t> keys, std::size_t r,
+                                                           std::size_t first_digit, std::uint32_t prefix) {
   const kth_key kth = kth_largest([&](std::size_t j) { return keys[j]; }, keys.size(), r, first_digit, prefix);
   std::size_t ties = kth.ties_left;
   std::size_t kept = 0;

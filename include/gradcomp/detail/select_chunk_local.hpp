@@ -32,9 +32,9 @@ namespace detail {
 #if !defined(__CUDACC__) && !defined(__HIPCC__)
 [[gnu::flatten]]
 #endif
-GRADCOMP_HOST_DEVICE inline std::size_t chunk_local_bin(const float* acc, const float* g, std::size_t len,
-                                                        std::size_t first, std::uint32_t* out,
-                                                        std::uint32_t* out_end) noexcept {
+GRADCOMP_HOST_DEVICE inline std::size_t
+chunk_local_bin(const float* acc, const float* g, std::size_t len, std::size_t first, std::uint32_t* out,
+                std::uint32_t* out_end) noexcept {
 #if !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
   if (out != nullptr) {
     bool non_finite = false;  // acc was checked by the corrector
@@ -81,8 +81,7 @@ class chunk_local_selection {
   queued_selection select(const Backend& be, const select::chunk_local& policy, const select_input& in,
                           std::span<std::uint32_t> out, step_status* status) {
     be.expand(bins_, chunk_local_bins{in.acc.data(), in.grad.data(), n_, policy.bin_for(n_), out.data() + out.size()},
-              out.data(), workspace_bytes(workspace_),
-              &status->count);
+              out.data(), workspace_bytes(workspace_), &status->count);
     return {};
   }
   void accept() noexcept {}

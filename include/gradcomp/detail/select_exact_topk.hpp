@@ -50,7 +50,7 @@ template <class Backend>
 class exact_topk_selection {
   static constexpr std::size_t sample_stride = topk_sample_stride;
   static constexpr std::size_t min_sampled_n = topk_min_sampled_n;
-  static constexpr bool staged = !Backend::host_accessible;            // host copies of what the host reads
+  static constexpr bool staged = !Backend::host_accessible;  // host copies of what the host reads
 
  public:
   exact_topk_selection(const Backend& be, const select::exact_topk&, std::size_t n)
@@ -82,7 +82,8 @@ class exact_topk_selection {
         be.for_each(m, gather_strided{acc, 0, sample_stride, sample_.data()});
         const auto [lo, hi] = sample_bracket(on_host(be, sample_.data(), m, sample_host_), n_, k);
         std::tie(list, keys) = collect(be, acc, lo);
-        const auto above_hi = std::count_if(keys.begin(), keys.end(), [hi = hi](std::uint32_t key) { return key > hi; });
+        const auto above_hi =
+            std::count_if(keys.begin(), keys.end(), [hi = hi](std::uint32_t key) { return key > hi; });
         if (list.size() < k || static_cast<std::size_t>(above_hi) >= k) list = {};  // the bracket missed
       }
       if (list.empty()) {
@@ -106,14 +107,11 @@ class exact_topk_selection {
  private:
   // The entries with key >= lo, ascending, and their keys, readable on the host.
   std::pair<std::span<std::uint32_t>, std::span<std::uint32_t>> collect(const Backend& be, const float* acc,
-                                                                     std::uint32_t lo) {
-    be.compact(n_, magnitude_at_least{acc, lo}, candidates_.data(),
-               workspace_bytes(workspace_),
-               found_.data());
+                                                                        std::uint32_t lo) {
+    be.compact(n_, magnitude_at_least{acc, lo}, candidates_.data(), workspace_bytes(workspace_), found_.data());
     const std::size_t count = be.read(static_cast<const std::uint32_t*>(found_.data()));
     be.for_each(count, keys_at{acc, candidates_.data(), keys_.data()});
-    return {on_host(be, candidates_.data(), count, candidates_host_),
-            on_host(be, keys_.data(), count, keys_host_)};
+    return {on_host(be, candidates_.data(), count, candidates_host_), on_host(be, keys_.data(), count, keys_host_)};
   }
 
   std::size_t n_;

@@ -25,8 +25,8 @@ inline void check_given_indices(std::span<const std::uint32_t> indices, std::siz
   for (std::size_t j = 0; j < indices.size(); ++j) {
     require(indices[j] < n, errc::invalid_argument, "set_indices: indices[", j, "] = ", indices[j],
             " is not below n = ", n);
-    require(j == 0 || indices[j] > indices[j - 1], errc::invalid_argument, "set_indices: indices[", j, "] = ",
-            indices[j], " does not exceed indices[", j - 1, "] = ", indices[j - 1]);
+    require(j == 0 || indices[j] > indices[j - 1], errc::invalid_argument, "set_indices: indices[", j,
+            "] = ", indices[j], " does not exceed indices[", j - 1, "] = ", indices[j - 1]);
   }
 }
 
@@ -35,9 +35,7 @@ template <class Backend>
 class given_indices_selection {
  public:
   given_indices_selection(const Backend& be, const select::given_indices& policy, std::size_t n)
-      : backend_(be),
-        n_(n),
-        given_(be.template allocate<std::uint32_t>(policy.max_selected(n))) {}
+      : backend_(be), n_(n), given_(be.template allocate<std::uint32_t>(policy.max_selected(n))) {}
 
   /// Room for the set `policy` takes (a new density); a set that no longer fits is
   /// dropped, so that no step sends more than the workspace holds.

@@ -29,8 +29,8 @@ namespace detail {
 /// instead when t already was (Floyd, CACM 1987). `taken` must be ceil(n/64) words of
 /// zeros and is left so. The result is read off the bitmap in order when that is
 /// cheaper than sorting the k draws.
-inline void random_k_indices(std::uint64_t seed, std::uint64_t step, std::size_t n, std::size_t k,
-                             std::uint64_t* taken, std::uint32_t* out) {
+inline void random_k_indices(std::uint64_t seed, std::uint64_t step, std::size_t n, std::size_t k, std::uint64_t* taken,
+                             std::uint32_t* out) {
   for (std::size_t j = n - k, at = 0; j < n; ++j, ++at) {
     std::uint32_t t = random_below(seed, step, j, static_cast<std::uint32_t>(j + 1));
     if (taken[t / 64] & (std::uint64_t{1} << (t % 64))) t = static_cast<std::uint32_t>(j);
@@ -83,8 +83,8 @@ class random_k_selection {
 
  private:
   std::size_t n_;
-  std::vector<std::uint64_t> taken_;   // Floyd's bitmap, all zeros between steps
-  std::vector<std::uint32_t> drawn_;   // the draw, where out is not host memory
+  std::vector<std::uint64_t> taken_;  // Floyd's bitmap, all zeros between steps
+  std::vector<std::uint32_t> drawn_;  // the draw, where out is not host memory
 };
 
 /// Every backend runs the one above.

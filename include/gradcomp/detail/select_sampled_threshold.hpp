@@ -53,18 +53,18 @@ namespace detail {
 
 /// The state of one step's search, in the backend's memory.
 struct threshold_search {
-  std::uint32_t key;          ///< the threshold tried now; the final one at the end
-  std::uint32_t count;        ///< |C| = |{i : key_i >= key}|
-  std::uint32_t searching;    ///< 1 until the threshold is settled by a count in bounds
-  std::uint32_t refining;     ///< 1 when the refinement's counts settle the threshold
-  std::uint32_t cutting;      ///< 1 when C is cut to its top k
-  std::uint32_t stopped;      ///< 1 when the sample met a NaN or infinity (count 0)
-  std::uint32_t prefix;       ///< radix select: the digits found so far,
-  std::uint32_t known;        ///< their mask,
-  std::uint32_t rank;         ///< and the rank sought among the keys that share them
-  std::uint32_t kth;          ///< the k-th largest candidate key (cutting)
-  std::uint32_t last_tie;     ///< the highest index among the ties kept (cutting)
-  std::uint32_t carried[2];   ///< the carried threshold: committed and proposed copies
+  std::uint32_t key;         ///< the threshold tried now; the final one at the end
+  std::uint32_t count;       ///< |C| = |{i : key_i >= key}|
+  std::uint32_t searching;   ///< 1 until the threshold is settled by a count in bounds
+  std::uint32_t refining;    ///< 1 when the refinement's counts settle the threshold
+  std::uint32_t cutting;     ///< 1 when C is cut to its top k
+  std::uint32_t stopped;     ///< 1 when the sample met a NaN or infinity (count 0)
+  std::uint32_t prefix;      ///< radix select: the digits found so far,
+  std::uint32_t known;       ///< their mask,
+  std::uint32_t rank;        ///< and the rank sought among the keys that share them
+  std::uint32_t kth;         ///< the k-th largest candidate key (cutting)
+  std::uint32_t last_tie;    ///< the highest index among the ties kept (cutting)
+  std::uint32_t carried[2];  ///< the carried threshold: committed and proposed copies
 };
 
 namespace sampled {

@@ -27,15 +27,13 @@ template <class Backend>
 class threshold_selection {
  public:
   threshold_selection(const Backend& be, const select::threshold&, std::size_t n)
-      : n_(n),
-        workspace_(be.template allocate<std::byte>(be.template compact_workspace<magnitude_at_least>(n))) {}
+      : n_(n), workspace_(be.template allocate<std::byte>(be.template compact_workspace<magnitude_at_least>(n))) {}
 
   /// Queues the compaction: ascending indices in out, their count in the status.
   queued_selection select(const Backend& be, const select::threshold& policy, const select_input& in,
                           std::span<std::uint32_t> out, step_status* status) {
     be.compact(n_, magnitude_at_least{in.acc.data(), magnitude_key(policy.tau)}, out.data(),
-               workspace_bytes(workspace_),
-               &status->count);
+               workspace_bytes(workspace_), &status->count);
     return {};
   }
   void accept() noexcept {}

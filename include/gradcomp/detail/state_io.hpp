@@ -104,11 +104,11 @@ class state_reader {
     require(length <= 4096, errc::corrupt_message, "load_state: signature length ", length, " is implausible");
     std::string saved(length, '\0');
     for (auto& ch : saved) ch = static_cast<char>(get<std::uint8_t>());
-    require(saved == signature, errc::corrupt_message, "load_state: the state was saved by a compressor of \"",
-            saved, "\", this one is \"", signature, "\"");
+    require(saved == signature, errc::corrupt_message, "load_state: the state was saved by a compressor of \"", saved,
+            "\", this one is \"", signature, "\"");
     const auto saved_n = get<std::uint64_t>();
-    require(saved_n == n, errc::corrupt_message, "load_state: the state is for n = ", saved_n, ", this compressor has n = ",
-            n);
+    require(saved_n == n, errc::corrupt_message, "load_state: the state is for n = ", saved_n,
+            ", this compressor has n = ", n);
     step_ = get<std::uint64_t>();
     density_ = get<double>();
     const auto saved_arrays = get<std::uint32_t>();
@@ -127,29 +127,39 @@ class state_reader {
     for (field& f : selector_) {
       if (version == 1) {  // an f64 holding an unsigned integer
         const double v = get<double>();
-        require(v >= 0.0 && v < 0x1p64 && v == static_cast<double>(static_cast<std::uint64_t>(v)), errc::corrupt_message,
-                "load_state: the selector's saved value ", v, " is not an unsigned integer");
+        require(v >= 0.0 && v < 0x1p64 && v == static_cast<double>(static_cast<std::uint64_t>(v)),
+                errc::corrupt_message, "load_state: the selector's saved value ", v, " is not an unsigned integer");
         f = {0, static_cast<std::uint64_t>(v)};
         continue;
       }
       f.width = get<std::uint8_t>();
       switch (f.width) {
-        case 1: f.value = get<std::uint8_t>(); break;
-        case 2: f.value = get<std::uint16_t>(); break;
-        case 4: f.value = get<std::uint32_t>(); break;
-        case 8: f.value = get<std::uint64_t>(); break;
-        default: fail(errc::corrupt_message, "load_state: a field of the selector's state is ", unsigned{f.width}, " bytes wide");
+        case 1:
+          f.value = get<std::uint8_t>();
+          break;
+        case 2:
+          f.value = get<std::uint16_t>();
+          break;
+        case 4:
+          f.value = get<std::uint32_t>();
+          break;
+        case 8:
+          f.value = get<std::uint64_t>();
+          break;
+        default:
+          fail(errc::corrupt_message, "load_state: a field of the selector's state is ", unsigned{f.width},
+               " bytes wide");
       }
     }
     const std::uint32_t crc = crc32c(seen_.data(), seen_.size());
     require(get<std::uint32_t>() == crc, errc::corrupt_message, "load_state: the record's checksum does not match");
-    require(record_size == 0 || record_size == seen_.size(), errc::corrupt_message, "load_state: ",
-            record_size - seen_.size(), " bytes follow the ", seen_.size(), "-byte record");
+    require(record_size == 0 || record_size == seen_.size(), errc::corrupt_message,
+            "load_state: ", record_size - seen_.size(), " bytes follow the ", seen_.size(), "-byte record");
     // Values compress could have left: the corrector's memory is always finite.
     for (std::size_t a = 0; a < arrays_.size(); ++a) {
       for (std::size_t i = 0; i < arrays_[a].size(); ++i) {
-        require(std::isfinite(arrays_[a][i]), errc::corrupt_message, "load_state: the corrector's array ", a,
-                " holds ", arrays_[a][i], " at index ", i, "; its memory is always finite");
+        require(std::isfinite(arrays_[a][i]), errc::corrupt_message, "load_state: the corrector's array ", a, " holds ",
+                arrays_[a][i], " at index ", i, "; its memory is always finite");
       }
     }
   }

@@ -19,7 +19,8 @@ GRADCOMP_HOST_DEVICE constexpr T byteswap_if_big(T v) noexcept {
   if constexpr (std::endian::native == std::endian::little || sizeof(T) == 1) {
     return v;
   } else {
-    using U = std::conditional_t<sizeof(T) == 2, std::uint16_t, std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>;
+    using U = std::conditional_t<sizeof(T) == 2, std::uint16_t,
+                                 std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>;
     auto u = std::bit_cast<U>(v);
     U r = 0;
     for (std::size_t i = 0; i < sizeof(U); ++i) r = static_cast<U>((r << 8) | ((u >> (8 * i)) & 0xFF));

@@ -29,10 +29,14 @@ enum class value_coding : std::uint8_t {
 /// Lower-case name of an index coding, as used in messages and the CLI.
 constexpr const char* to_string(index_coding c) noexcept {
   switch (c) {
-    case index_coding::automatic: return "auto";
-    case index_coding::raw32: return "raw32";
-    case index_coding::delta_bitpack: return "delta_bitpack";
-    case index_coding::bitmap: return "bitmap";
+    case index_coding::automatic:
+      return "auto";
+    case index_coding::raw32:
+      return "raw32";
+    case index_coding::delta_bitpack:
+      return "delta_bitpack";
+    case index_coding::bitmap:
+      return "bitmap";
   }
   return "unknown";
 }
@@ -40,12 +44,18 @@ constexpr const char* to_string(index_coding c) noexcept {
 /// Lower-case name of a value coding, as used in messages and the CLI.
 constexpr const char* to_string(value_coding c) noexcept {
   switch (c) {
-    case value_coding::f32: return "f32";
-    case value_coding::f16: return "f16";
-    case value_coding::bf16: return "bf16";
-    case value_coding::int8: return "int8";
-    case value_coding::ternary: return "ternary";
-    case value_coding::qsgd: return "qsgd";
+    case value_coding::f32:
+      return "f32";
+    case value_coding::f16:
+      return "f16";
+    case value_coding::bf16:
+      return "bf16";
+    case value_coding::int8:
+      return "int8";
+    case value_coding::ternary:
+      return "ternary";
+    case value_coding::qsgd:
+      return "qsgd";
   }
   return "unknown";
 }

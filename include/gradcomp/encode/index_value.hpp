@@ -21,9 +21,9 @@ namespace encode {
 struct index_value {
   gradcomp::index_coding index = gradcomp::index_coding::automatic;  ///< how indices are written
   gradcomp::value_coding value = gradcomp::value_coding::f32;        ///< how values are written
-  std::uint32_t levels = 16;  ///< qsgd: quantisation levels, in [1, 65536]
-  std::uint64_t seed = 0;     ///< qsgd: seed of the stochastic rounding (with the step)
-  bool checksum = false;      ///< add a CRC-32C of the message, checked by the decoder
+  std::uint32_t levels = 16;                                         ///< qsgd: quantisation levels, in [1, 65536]
+  std::uint64_t seed = 0;  ///< qsgd: seed of the stochastic rounding (with the step)
+  bool checksum = false;   ///< add a CRC-32C of the message, checked by the decoder
 
   /// The policy's name, as checkpoints and messages of errors record it.
   [[nodiscard]] std::string name() const {
@@ -40,8 +40,8 @@ struct index_value {
     detail::require(detail::is_wire_value_coding(value), errc::invalid_argument, "index_value: value coding ",
                     static_cast<unsigned>(value), " is not supported");
     detail::require(value != gradcomp::value_coding::qsgd || (levels >= 1 && levels <= detail::qsgd_max_levels),
-                    errc::invalid_argument, "index_value: levels must be in [1, ", detail::qsgd_max_levels,
-                    "], got ", levels);
+                    errc::invalid_argument, "index_value: levels must be in [1, ", detail::qsgd_max_levels, "], got ",
+                    levels);
   }
 
   /// Largest message of `count` entries of a tensor of `n` elements.

@@ -22,7 +22,8 @@ struct warmup {
 
   /// \throws gradcomp::error naming the first parameter out of range.
   void validate() const {
-    detail::require(start > 0.0 && start <= 1.0, errc::invalid_argument, "warmup: start must be in (0, 1], got ", start);
+    detail::require(start > 0.0 && start <= 1.0, errc::invalid_argument, "warmup: start must be in (0, 1], got ",
+                    start);
     detail::require(factor > 0.0 && factor <= 1.0, errc::invalid_argument, "warmup: factor must be in (0, 1], got ",
                     factor);
     detail::require(final_density > 0.0 && final_density <= 1.0, errc::invalid_argument,

@@ -13,9 +13,9 @@ namespace select {
 
 /// AdaComp (Chen et al., AAAI 2018): with H = acc + g, and for each bin of `bin`
 /// consecutive entries gmax = max |acc_i| over the bin, sends i where |H_i| >= gmax of
-/// its bin (the last bin may be shorter; a bin longer than the tensor holds all of it). Use with error_feedback (acc = residual + g);
-/// the paper uses bin 50 for fully-connected and recurrent layers, 500 for convolutions,
-/// and pairs it with the ternary value coding.
+/// its bin (the last bin may be shorter; a bin longer than the tensor holds all of it). Use with error_feedback (acc =
+/// residual + g); the paper uses bin 50 for fully-connected and recurrent layers, 500 for convolutions, and pairs it
+/// with the ternary value coding.
 struct chunk_local {
   std::size_t bin = 50;  ///< entries per bin, >= 1
 

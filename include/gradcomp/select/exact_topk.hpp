@@ -31,8 +31,7 @@ struct exact_topk {
     detail::require(!(density != 0.0 && count != 0), errc::invalid_argument,
                     "exact_topk: set density or count, not both (density = ", density, ", count = ", count, ")");
     if (count != 0) {
-      detail::require(count <= n, errc::invalid_argument, "exact_topk: count must be in [1, n = ", n, "], got ",
-                      count);
+      detail::require(count <= n, errc::invalid_argument, "exact_topk: count must be in [1, n = ", n, "], got ", count);
     } else {
       detail::require(density > 0.0 && density <= 1.0, errc::invalid_argument,
                       "exact_topk: density must be in (0, 1], got ", density);

@@ -28,8 +28,8 @@ struct given_indices {
   ///         (in (0, 1]) is set.
   void validate(std::size_t n) const {
     detail::require(!(density != 0.0 && max_count != 0), errc::invalid_argument,
-                    "given_indices: set density or max_count, not both (density = ", density, ", max_count = ",
-                    max_count, ")");
+                    "given_indices: set density or max_count, not both (density = ", density,
+                    ", max_count = ", max_count, ")");
     if (max_count != 0) {
       detail::require(max_count <= n, errc::invalid_argument, "given_indices: max_count must be in [1, n = ", n,
                       "], got ", max_count);

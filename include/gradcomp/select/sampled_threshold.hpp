@@ -29,13 +29,13 @@ namespace select {
 /// only when that count leaves [lower * k, upper * k]; the candidates are then collected
 /// during the corrector's pass, so the gradient is read once.
 struct sampled_threshold {
-  double density = 0.0;        ///< target fraction sent, in (0, 1]
-  double sample_ratio = 0.01;  ///< fraction sampled, in (0, 1]
-  float lower = 0.8f;          ///< accept counts from lower * k, in (0, 1)
-  float upper = 1.3f;          ///< up to upper * k, >= 1
-  int max_iters = 10;          ///< threshold refinements, >= 1
-  std::uint64_t seed = 0;      ///< sampling offset seed (with the step)
-  bool truncate = false;       ///< keep only the k largest of C
+  double density = 0.0;          ///< target fraction sent, in (0, 1]
+  double sample_ratio = 0.01;    ///< fraction sampled, in (0, 1]
+  float lower = 0.8f;            ///< accept counts from lower * k, in (0, 1)
+  float upper = 1.3f;            ///< up to upper * k, >= 1
+  int max_iters = 10;            ///< threshold refinements, >= 1
+  std::uint64_t seed = 0;        ///< sampling offset seed (with the step)
+  bool truncate = false;         ///< keep only the k largest of C
   bool reuse_threshold = false;  ///< start from the previous step's final threshold
 
   /// The policy's name, as checkpoints and messages of errors record it.
@@ -68,7 +68,8 @@ struct sampled_threshold {
   [[nodiscard]] std::size_t max_selected(std::size_t n) const {
     const std::size_t kk = k(n);
     if (truncate) return kk;
-    return std::min(n, std::max(kk, static_cast<std::size_t>(std::floor(static_cast<double>(upper) * static_cast<double>(kk)))));
+    return std::min(
+        n, std::max(kk, static_cast<std::size_t>(std::floor(static_cast<double>(upper) * static_cast<double>(kk)))));
   }
 };
 

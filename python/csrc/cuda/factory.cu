@@ -24,7 +24,9 @@ std::shared_ptr<void> own_stream(int device) {
 class device_accumulator_model final : public cuda_accumulator {
  public:
   explicit device_accumulator_model(int device)
-      : device_(device), stream_(own_stream(device)), add_(gc::backend::cuda{.stream = raw(stream_), .device = device}) {}
+      : device_(device),
+        stream_(own_stream(device)),
+        add_(gc::backend::cuda{.stream = raw(stream_), .device = device}) {}
   void add(void* stream, std::span<const std::byte> message, float* dense, std::size_t n, float scale) override {
     add_(gc::backend::cuda{.stream = static_cast<cudaStream_t>(stream), .device = device_},
          gc::device_span<const std::byte>(message.data(), message.size()), gc::device_span<float>(dense, n), scale);

@@ -187,7 +187,8 @@ def _index_tensor(indices):
     if isinstance(indices, torch.Tensor):
         return indices
     if isinstance(indices, (str, bytes)) or not hasattr(indices, "__len__"):
-        check.fail("set_indices", f"indices must be a 1-D integer tensor or a sequence of ints, got {check.kind(indices)}")
+        check.fail("set_indices",
+                   f"indices must be a 1-D integer tensor or a sequence of ints, got {check.kind(indices)}")
     values = list(indices)
     for j, v in enumerate(values):
         if isinstance(v, bool) or not isinstance(v, numbers.Integral):

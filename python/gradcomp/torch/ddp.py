@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from .. import _C
 from .. import _arguments as check
-from ..errors import Error, InvalidArgumentError
+from ..errors import Error
 from . import Compressor
 
 __all__ = ["State", "hook"]
@@ -120,9 +120,9 @@ class State:
 
     def _settings(self, index, buffer):
         """What every rank must hold alike in this step, as (name, value) texts."""
-        settings = [("the method", self.method), ("start_iter", str(self.start_iter)), ("the iteration", str(self.iter)),
-                    ("the bucket index", str(index)), ("the bucket's elements", str(buffer.numel())),
-                    ("the bucket's dtype", str(buffer.dtype))]
+        settings = [("the method", self.method), ("start_iter", str(self.start_iter)),
+                    ("the iteration", str(self.iter)), ("the bucket index", str(index)),
+                    ("the bucket's elements", str(buffer.numel())), ("the bucket's dtype", str(buffer.dtype))]
         return settings + [(f"option {k}", repr(v)) for k, v in sorted(self.options.items())]
 
     def __getstate__(self):

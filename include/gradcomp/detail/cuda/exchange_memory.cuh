@@ -43,7 +43,8 @@ class device_exchange_memory {
     return index_host_;
   }
   /// dense[index[j]] += scale * sums[j].
-  void add(std::span<const std::uint32_t> index, std::span<const float> sums, std::span<float> dense, float scale) const {
+  void add(std::span<const std::uint32_t> index, std::span<const float> sums, std::span<float> dense,
+           float scale) const {
     backend_.for_each(index.size(), scatter_add{index.data(), sums.data(), scale, dense.data()});
   }
 

@@ -81,8 +81,7 @@ struct lower_index_first {
 
 /// Appends `value` to `list` for every thread of the warp that takes it, with one
 /// atomic per warp (warp-aggregated); entries at or beyond `capacity` are dropped.
-__device__ inline void append(std::uint32_t value, std::uint32_t* list, std::uint32_t* count,
-                              std::uint32_t capacity) {
+__device__ inline void append(std::uint32_t value, std::uint32_t* list, std::uint32_t* count, std::uint32_t capacity) {
   namespace cg = cooperative_groups;
   const cg::coalesced_group group = cg::coalesced_threads();
   std::uint32_t base = 0;

@@ -73,15 +73,16 @@ class fast_engine<select::chunk_local, backend::cuda> {
       : n_(n),
         bin_max_(be.template allocate<std::uint32_t>(n / policy.bin_for(n) + (n % policy.bin_for(n) != 0 ? 1 : 0))),
         runs_(be.template allocate<std::uint32_t>(1)),
-        compact_(n,
-                 be.template allocate<std::byte>(cuda_launch::select_if_scratch<cuda_chunk_local::hits>(n, be.stream))) {
+        compact_(
+            n, be.template allocate<std::byte>(cuda_launch::select_if_scratch<cuda_chunk_local::hits>(n, be.stream))) {
     using namespace cuda_chunk_local;
     std::size_t bytes = 0;
-    cuda_check(cub::DeviceReduce::ReduceByKey(nullptr, bytes, bins(indices(0), bin_of{1}),
-                                              thrust::make_discard_iterator(), magnitudes(indices(0), magnitude_of{}),
-                                              static_cast<std::uint32_t*>(nullptr), static_cast<std::uint32_t*>(nullptr),
-                                              cuda::maximum<std::uint32_t>{}, static_cast<std::int64_t>(n), be.stream),
-               "cub::DeviceReduce::ReduceByKey (scratch size)");
+    cuda_check(
+        cub::DeviceReduce::ReduceByKey(nullptr, bytes, bins(indices(0), bin_of{1}), thrust::make_discard_iterator(),
+                                       magnitudes(indices(0), magnitude_of{}), static_cast<std::uint32_t*>(nullptr),
+                                       static_cast<std::uint32_t*>(nullptr), cuda::maximum<std::uint32_t>{},
+                                       static_cast<std::int64_t>(n), be.stream),
+        "cub::DeviceReduce::ReduceByKey (scratch size)");
     reduce_scratch_ = be.template allocate<std::byte>(std::max<std::size_t>(bytes, 1));
   }
 
@@ -92,11 +93,10 @@ class fast_engine<select::chunk_local, backend::cuda> {
     using namespace cuda_chunk_local;
     const auto bin = static_cast<std::uint32_t>(policy.bin_for(n_));
     std::size_t bytes = reduce_scratch_.size();
-    cuda_check(cub::DeviceReduce::ReduceByKey(reduce_scratch_.data(), bytes, bins(indices(0), bin_of{bin}),
-                                              thrust::make_discard_iterator(),
-                                              magnitudes(indices(0), magnitude_of{in.acc.data()}), bin_max_.data(),
-                                              runs_.data(), cuda::maximum<std::uint32_t>{},
-                                              static_cast<std::int64_t>(n_), be.stream),
+    cuda_check(cub::DeviceReduce::ReduceByKey(
+                   reduce_scratch_.data(), bytes, bins(indices(0), bin_of{bin}), thrust::make_discard_iterator(),
+                   magnitudes(indices(0), magnitude_of{in.acc.data()}), bin_max_.data(), runs_.data(),
+                   cuda::maximum<std::uint32_t>{}, static_cast<std::int64_t>(n_), be.stream),
                "cub::DeviceReduce::ReduceByKey");
     compact_(hits{in.acc.data(), in.grad.data(), bin_max_.data(), bin}, out.data(), &status->count, be.stream);
     return {};

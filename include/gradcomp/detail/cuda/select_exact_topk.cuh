@@ -106,25 +106,24 @@ class fast_engine<select::exact_topk, backend::cuda> {
   // again (counts[2] of the state), or to chosen_ with `equal_is_sure`.
   template <class Source, class Key>
   void radix_select(cudaStream_t stream, Source first, Key key, cuda_radix::select_state* state,
-                    std::uint32_t non_finite_bin,
-                    std::uint32_t* level1, std::uint32_t* level2, std::uint32_t* chosen_count, std::uint32_t k,
-                    bool equal_is_sure) {
+                    std::uint32_t non_finite_bin, std::uint32_t* level1, std::uint32_t* level2,
+                    std::uint32_t* chosen_count, std::uint32_t k, bool equal_is_sure) {
     using namespace cuda_radix;
     std::uint32_t* histogram = histogram_.data();
     std::uint32_t* counts = counts_of(state);
     auto to = [&](std::uint32_t* next, std::uint32_t* next_count, bool last, int next_shift, std::uint32_t mask) {
-      return split_target{next,         next_count, last ? nullptr : histogram, next_shift, mask, chosen(),
-                          chosen_count, n_,         k,                          last && equal_is_sure};
+      return split_target{next, next_count, last ? nullptr : histogram, next_shift, mask, chosen(), chosen_count,
+                          n_,   k,          last && equal_is_sure};
     };
     count_top_digit<<<grid_, block_threads, 0, stream>>>(first, key, histogram);
     find_digit<11><<<1, find_threads, 0, stream>>>(histogram, state, non_finite_bin);
     split<<<grid_, block_threads, 0, stream>>>(first, key, state, 21, to(level1, counts + 0, false, 10, 0x7FFu));
     find_digit<11><<<1, find_threads, 0, stream>>>(histogram, state, ~0u);
     split<<<grid_, block_threads, 0, stream>>>(list_of{level1, counts + 0}, key, state, 10,
-                                                to(level2, counts + 1, false, 0, 0x3FFu));
+                                               to(level2, counts + 1, false, 0, 0x3FFu));
     find_digit<10><<<1, find_threads, 0, stream>>>(histogram, state, ~0u);
     split<<<grid_, block_threads, 0, stream>>>(list_of{level2, counts + 1}, key, state, 0,
-                                                to(level1, counts + 2, true, 0, 0u));
+                                               to(level1, counts + 2, true, 0, 0u));
   }
 
   std::uint32_t* chosen() noexcept { return chosen_.data(); }

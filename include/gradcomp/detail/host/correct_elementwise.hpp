@@ -48,7 +48,7 @@ class fast_engine<Policy, backend::host> {
   static constexpr bool own_acc = Policy::acc_state < 0;
   // In place only where the gradient is read before the update anyway (the clipping
   // norm), so checking it there is free: DGC's step.
-  static constexpr bool in_place_capable = arrays > 0 && bounded_update<Policy> && scales_gradient<Policy>();
+  static constexpr bool in_place_capable = arrays > 0 && bounded_update<Policy>&& scales_gradient<Policy>();
 
  public:
   fast_engine(const backend::host& be, const Policy&, std::size_t n)

@@ -134,10 +134,10 @@ class fast_engine<select::sampled_threshold, backend::host> : public carries_thr
         finite = slices_.collect(threads_, in.acc, t) && finite;
         return finite ? slices_.total() : k;  // k stops the loop: in bounds
       };
-      key = presampled_ ? collect_key_
-                        : sampled_threshold_key(policy, std::span<const float>(sample_).first(plan_.size));
+      key =
+          presampled_ ? collect_key_ : sampled_threshold_key(policy, std::span<const float>(sample_).first(plan_.size));
       if (key >= non_finite_key) return {0, 1.0f, false};  // the sample met a NaN or infinity
-      if (presampled_) {  // the pass collected at the sampled threshold already
+      if (presampled_) {                                   // the pass collected at the sampled threshold already
         std::tie(count, key) = refine_threshold(policy, k, key, slices_.total(), collect);
       } else {
         std::tie(count, key) = refine_threshold(policy, k, key, collect(key), collect);
@@ -165,9 +165,9 @@ class fast_engine<select::sampled_threshold, backend::host> : public carries_thr
   sample_plan plan_;
   bool reusing_ = false;
   bool observed_ = false;
-  bool presampled_ = false;          // this step's sample was taken by before_pass
-  bool collecting_ = false;          // observe() collects the candidates at or above:
-  std::uint32_t collect_key_ = 0;    // last step's threshold, or the sampled one
+  bool presampled_ = false;        // this step's sample was taken by before_pass
+  bool collecting_ = false;        // observe() collects the candidates at or above:
+  std::uint32_t collect_key_ = 0;  // last step's threshold, or the sampled one
 };
 
 }  // namespace detail

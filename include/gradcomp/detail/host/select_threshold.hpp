@@ -26,7 +26,8 @@ class fast_engine<select::threshold, backend::host> {
  public:
   static constexpr bool checks_finite = true;  // non-finite keys are above every tau
 
-  fast_engine(const backend::host& be, const select::threshold&, std::size_t n) : threads_(be.concurrency()), slices_(n) {}
+  fast_engine(const backend::host& be, const select::threshold&, std::size_t n)
+      : threads_(be.concurrency()), slices_(n) {}
 
   void begin_observe(const backend::host&, const select::threshold& policy, std::uint64_t) noexcept {
     key_ = magnitude_key(policy.tau);
