@@ -6,6 +6,7 @@
 #pragma once
 
 #include "api.hpp"
+#include "names.hpp"
 
 #include <gradcomp/comm/cyclic_topk.hpp>
 #include <gradcomp/gradcomp.hpp>
@@ -99,7 +100,7 @@ class transport_comm {
   Backend backend_;
 };
 
-/// What the models need of a backend beyond gradcomp's API: the execution context of a
+/// What compressor_of needs of a backend beyond gradcomp's API: the execution context of a
 /// call on a stream, copies within its memory, its own stream, and waiting for its work
 /// (specialised for backend::cuda in cuda/compressors_cuda.cuh).
 template <class Backend>
@@ -118,15 +119,15 @@ struct backend_ops<gc::backend::host> {
 };
 
 template <class Compressor>
-class model final : public any_compressor {
+class compressor_of final : public any_compressor {
   using backend_type = typename Compressor::backend_type;
   using selector_type = typename Compressor::selector_type;
 
  public:
   template <class Make>
-  explicit model(Make&& make) : c_(make()) {}
+  explicit compressor_of(Make&& make) : c_(make()) {}
   /// Nothing may still run on the compressor's memory when it goes back to the pool.
-  ~model() override { backend_ops<backend_type>::wait(c_.backend()); }
+  ~compressor_of() override { backend_ops<backend_type>::wait(c_.backend()); }
 
   std::size_t size() const override { return c_.size(); }
   std::size_t max_message_bytes() const override { return c_.max_message_bytes(); }
@@ -213,11 +214,11 @@ class model final : public any_compressor {
 
 /// comm::cyclic_topk over a torch.distributed transport.
 template <class Compressor>
-class cyclic_model final : public cyclic_exchange {
+class cyclic_exchange_of final : public cyclic_exchange {
   using backend_type = typename Compressor::backend_type;
 
  public:
-  cyclic_model(Compressor& c, transport t, double leader_density)
+  cyclic_exchange_of(Compressor& c, transport t, double leader_density)
       : comm_(std::move(t), c.backend()), exchange_(comm_, c, gc::select::exact_topk{.density = leader_density}) {}
 
   written step(const float* grad, float* dense, std::size_t n, float scale, std::byte* out,
@@ -229,8 +230,8 @@ class cyclic_model final : public cyclic_exchange {
 };
 
 template <class Compressor>
-written cyclic_model<Compressor>::step(const float* grad, float* dense, std::size_t n, float scale, std::byte* out,
-                                       std::size_t out_size) {
+written cyclic_exchange_of<Compressor>::step(const float* grad, float* dense, std::size_t n, float scale,
+                                             std::byte* out, std::size_t out_size) {
   const auto m = exchange_.step(typename Compressor::template view<const float>(grad, n),
                                 typename Compressor::template view<float>(dense, n), scale);
   gc::detail::require(m.bytes().size() <= out_size, gc::errc::buffer_too_small, "cyclic exchange: the message of ",
@@ -240,20 +241,20 @@ written cyclic_model<Compressor>::step(const float* grad, float* dense, std::siz
 }
 
 template <class Compressor>
-std::unique_ptr<cyclic_exchange> model<Compressor>::cyclic(transport t, double leader_density) {
+std::unique_ptr<cyclic_exchange> compressor_of<Compressor>::cyclic(transport t, double leader_density) {
   if constexpr (std::is_same_v<selector_type, gc::select::given_indices>) {
-    return std::make_unique<cyclic_model<Compressor>>(c_, std::move(t), leader_density);
+    return std::make_unique<cyclic_exchange_of<Compressor>>(c_, std::move(t), leader_density);
   } else {
     gc::detail::fail(gc::errc::invalid_argument, "cyclic exchange: the compressor's selector is ", c_.selector().name(),
                      "; ScaleCom's ranks compress at the leader's indices (method='scalecom')");
   }
 }
 
-/// A model of whatever `make()` returns.
+/// A compressor_of whatever `make()` returns, behind any_compressor.
 template <class Make>
-std::unique_ptr<any_compressor> make_model(Make&& make) {
+std::unique_ptr<any_compressor> erased(Make&& make) {
   using compressor_type = std::invoke_result_t<Make&>;
-  return std::make_unique<model<compressor_type>>(std::forward<Make>(make));
+  return std::make_unique<compressor_of<compressor_type>>(std::forward<Make>(make));
 }
 
 // -- presets and compositions, one selector at a time -----------------------------------------
@@ -266,7 +267,7 @@ std::unique_ptr<any_compressor> build(const Backend& be, std::size_t n, const st
   if constexpr (std::is_same_v<S, gc::select::exact_topk>) {
     if (method == "topk_ef") {
       const presets::topk_ef_options p{.density = o.number("density", 0.001)};
-      return make_model([&] { return presets::topk_ef(be, n, p); });
+      return erased([&] { return presets::topk_ef(be, n, p); });
     }
   }
   if constexpr (std::is_same_v<S, gc::select::sampled_threshold> || std::is_same_v<S, gc::select::exact_topk>) {
@@ -280,35 +281,35 @@ std::unique_ptr<any_compressor> build(const Backend& be, std::size_t n, const st
                                    .seed = o.seed("selector", d.seed),
                                    .reuse_threshold = o.flag("reuse_threshold", d.reuse_threshold)};
       if constexpr (std::is_same_v<S, gc::select::exact_topk>) {  // dgc with selector="exact_topk"
-        return make_model([&] { return presets::dgc(be, n, p, gc::select::exact_topk{.density = p.density}); });
+        return erased([&] { return presets::dgc(be, n, p, gc::select::exact_topk{.density = p.density}); });
       } else {
-        return make_model([&] { return presets::dgc(be, n, p); });
+        return erased([&] { return presets::dgc(be, n, p); });
       }
     }
   }
   if constexpr (std::is_same_v<S, gc::select::chunk_local>) {
     if (method == "adacomp") {
       const presets::adacomp_options p{.bin = o.size("bin", 50)};
-      return make_model([&] { return presets::adacomp(be, n, p); });
+      return erased([&] { return presets::adacomp(be, n, p); });
     }
   }
   if constexpr (std::is_same_v<S, gc::select::random_k>) {
     if (method == "randomk_ef") {
       const presets::randomk_ef_options p{.density = o.number("density", 0.001), .seed = o.seed("selector", 0)};
-      return make_model([&] { return presets::randomk_ef(be, n, p); });
+      return erased([&] { return presets::randomk_ef(be, n, p); });
     }
   }
   if constexpr (std::is_same_v<S, gc::select::threshold>) {
     if (method == "threshold_ef") {
       const presets::threshold_ef_options p{.tau = static_cast<float>(o.number("tau", 0.0))};
-      return make_model([&] { return presets::threshold_ef(be, n, p); });
+      return erased([&] { return presets::threshold_ef(be, n, p); });
     }
   }
   if constexpr (std::is_same_v<S, gc::select::given_indices>) {
     if (method == "scalecom") {
       const presets::scalecom_options p{.density = o.number("density", 0.001),
                                         .beta = static_cast<float>(o.number("beta", 1.0))};
-      return make_model([&] { return presets::scalecom(be, n, p); });
+      return erased([&] { return presets::scalecom(be, n, p); });
     }
   }
   // A composition.
@@ -324,10 +325,10 @@ std::unique_ptr<any_compressor> build(const Backend& be, std::size_t n, const st
                          " cannot be chained behind clip_norm (max_norm): name a corrector with memory, or "
                          "corrector='clip_norm'");
       } else {
-        return make_model([&] { return gc::compressor{be, n, selector, gc::correct::chain{clip, c}, encoder}; });
+        return erased([&] { return gc::compressor{be, n, selector, gc::correct::chain{clip, c}, encoder}; });
       }
     }
-    return make_model([&] { return gc::compressor{be, n, selector, c, encoder}; });
+    return erased([&] { return gc::compressor{be, n, selector, c, encoder}; });
   };
   if (corrector == "none") return with(gc::correct::none{});
   if (corrector == "error_feedback") {
@@ -343,7 +344,7 @@ std::unique_ptr<any_compressor> build(const Backend& be, std::size_t n, const st
   if (corrector == "clip_norm") {
     const gc::correct::clip_norm clip{.max_norm = static_cast<float>(o.number("max_norm", 0.0)),
                                       .workers = static_cast<int>(o.integer("workers", 1))};
-    return make_model([&] { return gc::compressor{be, n, selector, clip, encoder}; });
+    return erased([&] { return gc::compressor{be, n, selector, clip, encoder}; });
   }
   gc::detail::fail(gc::errc::invalid_argument,
                    "corrector must be one of none, error_feedback, momentum, low_pass, "
@@ -351,7 +352,7 @@ std::unique_ptr<any_compressor> build(const Backend& be, std::size_t n, const st
                    corrector, "'");
 }
 
-// -- which selector a method uses ---------------------------------------------------------------
+// -- which selector a method uses (names.hpp) -----------------------------------------------------
 
 /// Builds `method` for `n` elements on `be`, dispatching on its selector to the
 /// build<Backend, S> instantiated in that selector's translation unit, then refuses any
@@ -359,56 +360,33 @@ std::unique_ptr<any_compressor> build(const Backend& be, std::size_t n, const st
 template <class Backend>
 std::unique_ptr<any_compressor> make(const Backend& be, std::size_t n, const std::string& method, options& o) {
   std::string selector;
-  if (method == "topk_ef") selector = "exact_topk";
-  if (method == "dgc") selector = o.text("selector", "sampled_threshold");
-  if (method == "adacomp") selector = "chunk_local";
-  if (method == "randomk_ef") selector = "random_k";
-  if (method == "threshold_ef") selector = "threshold";
-  if (method == "scalecom") selector = "given_indices";
+#define GRADCOMP_PY_PRESET_SELECTOR(M, S) \
+  if (method == #M) selector = #S;
+  GRADCOMP_PY_PRESETS(GRADCOMP_PY_PRESET_SELECTOR)
+#undef GRADCOMP_PY_PRESET_SELECTOR
+  if (method == "dgc") selector = o.text("selector", selector);  // dgc with selector="exact_topk"
   if (method == "compose") selector = o.text("selector", "");
   gc::detail::require(!selector.empty() || method != "compose", gc::errc::invalid_argument,
                       "method 'compose' needs selector=");
-  gc::detail::require(!selector.empty(), gc::errc::invalid_argument,
-                      "method must be one of topk_ef, dgc, adacomp, "
-                      "randomk_ef, threshold_ef, scalecom, compose; got '",
-                      method, "'");
+  gc::detail::require(!selector.empty(), gc::errc::invalid_argument, "method must be one of ", joined(method_names()),
+                      "; got '", method, "'");
   gc::detail::require(method != "dgc" || selector == "sampled_threshold" || selector == "exact_topk",
                       gc::errc::invalid_argument, "dgc's selector must be sampled_threshold or exact_topk, got '",
                       selector, "'");
   std::unique_ptr<any_compressor> made;
-  if (selector == "exact_topk")
-    made = build<Backend, gc::select::exact_topk>(be, n, method, o);
-  else if (selector == "sampled_threshold")
-    made = build<Backend, gc::select::sampled_threshold>(be, n, method, o);
-  else if (selector == "chunk_local")
-    made = build<Backend, gc::select::chunk_local>(be, n, method, o);
-  else if (selector == "random_k")
-    made = build<Backend, gc::select::random_k>(be, n, method, o);
-  else if (selector == "threshold")
-    made = build<Backend, gc::select::threshold>(be, n, method, o);
-  else if (selector == "given_indices")
-    made = build<Backend, gc::select::given_indices>(be, n, method, o);
-  else {
-    gc::detail::fail(gc::errc::invalid_argument,
-                     "selector must be one of exact_topk, sampled_threshold, "
-                     "chunk_local, random_k, threshold, given_indices; got '",
-                     selector, "'");
-  }
+#define GRADCOMP_PY_DISPATCH(S) \
+  if (selector == #S) made = build<Backend, gc::select::S>(be, n, method, o);
+  GRADCOMP_PY_SELECTORS(GRADCOMP_PY_DISPATCH)
+#undef GRADCOMP_PY_DISPATCH
+  gc::detail::require(made != nullptr, gc::errc::invalid_argument, "selector must be one of ", joined(selector_names()),
+                      "; got '", selector, "'");
   o.finish(method);
   return made;
 }
 
-#define GRADCOMP_PY_EACH_SELECTOR(X) \
-  X(exact_topk)                      \
-  X(sampled_threshold)               \
-  X(chunk_local)                     \
-  X(random_k)                        \
-  X(threshold)                       \
-  X(given_indices)
-
 /// Declares (`Kind` = `extern template`) or instantiates (`Kind` = `template`)
 /// build<Backend, select::S>: each selector's instantiation has a translation unit of its
-/// own (host/<S>.cpp, cuda/<S>.cu), which keeps the compiler's memory and time per file low.
+/// own (generated from names.hpp), which keeps the compiler's memory and time per file low.
 #define GRADCOMP_PY_BUILD(Kind, Backend, S)                                                                           \
   Kind std::unique_ptr<any_compressor> build<Backend, gc::select::S>(const Backend&, std::size_t, const std::string&, \
                                                                      options&);

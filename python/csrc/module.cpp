@@ -5,6 +5,7 @@
 #include <torch/extension.h>
 
 #include "api.hpp"
+#include "names.hpp"
 #include "process_group.hpp"
 #include "tensors.hpp"
 
@@ -593,6 +594,7 @@ PYBIND11_MODULE(_C, m) {
       .def("step", &cyclic_handle::step)
       .def_property_readonly("bytes_sent", &cyclic_handle::bytes_sent);
 
+  m.def("methods", &gradcomp_py::method_names, "The methods a Compressor takes (names.hpp)");
   m.def("decode", &decode, py::arg("message"));
   m.def("agree", &gradcomp_py::agree, py::arg("group"), py::arg("who"), py::arg("settings"), py::arg("error"));
   m.def("accumulate", &accumulate, py::arg("message"), py::arg("dense"), py::arg("scale") = 1.0);

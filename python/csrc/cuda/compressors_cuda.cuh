@@ -1,4 +1,4 @@
-// What the CUDA models add to compressors.hpp: backend::cuda's context on a stream, its
+// What compressor_of on CUDA adds to compressors.hpp: backend::cuda's context on a stream, its
 // copies, its own stream and waiting for it,
 // and cyclic_topk's device memory work over a torch.distributed transport.
 #pragma once

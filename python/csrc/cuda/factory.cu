@@ -1,5 +1,5 @@
 // make_cuda and make_cuda_accumulator: the selector dispatch over build<backend::cuda, S>
-// (instantiated one selector per translation unit), each compressor with a stream of its
+// (instantiated one selector per translation unit, generated from names.hpp), each compressor with a stream of its
 // own for the calls that take no stream (module.cpp runs compress, stage and preview on
 // torch's current stream).
 #include "compressors_cuda.cuh"
@@ -7,7 +7,7 @@
 namespace gradcomp_py {
 
 #define GRADCOMP_PY_EXTERN(S) GRADCOMP_PY_BUILD(extern template, gc::backend::cuda, S)
-GRADCOMP_PY_EACH_SELECTOR(GRADCOMP_PY_EXTERN)
+GRADCOMP_PY_SELECTORS(GRADCOMP_PY_EXTERN)
 #undef GRADCOMP_PY_EXTERN
 
 namespace {
@@ -21,9 +21,9 @@ std::shared_ptr<void> own_stream(int device) {
 }
 
 /// Its workspace grows on a stream of its own (zeroing waits for that stream alone).
-class device_accumulator_model final : public cuda_accumulator {
+class accumulator_of_device final : public cuda_accumulator {
  public:
-  explicit device_accumulator_model(int device)
+  explicit accumulator_of_device(int device)
       : device_(device),
         stream_(own_stream(device)),
         add_(gc::backend::cuda{.stream = raw(stream_), .device = device}) {}
@@ -49,7 +49,7 @@ std::unique_ptr<any_compressor> make_cuda(std::size_t n, const std::string& meth
 }
 
 std::unique_ptr<cuda_accumulator> make_cuda_accumulator(int device) {
-  return std::make_unique<device_accumulator_model>(device);
+  return std::make_unique<accumulator_of_device>(device);
 }
 
 }  // namespace gradcomp_py

@@ -18,8 +18,8 @@ from ..errors import InvalidArgumentError
 
 __all__ = ["Compressor", "decode", "accumulate", "Warmup", "ratio_plan", "METHODS"]
 
-#: The methods a Compressor takes.
-METHODS = ("topk_ef", "dgc", "adacomp", "randomk_ef", "threshold_ef", "scalecom", "compose")
+#: The methods a Compressor takes (the binding's list, python/csrc/names.hpp).
+METHODS = tuple(_C.methods())
 
 _STATE_FORMAT = "gradcomp.torch.Compressor"
 
