@@ -1,0 +1,324 @@
+// gradcomp.torch's compressor on torch tensors (gradcomp._C.Compressor) and ScaleCom's
+// cyclic exchange over a process group (gradcomp._C.CyclicExchange): construction on CPU
+// or CUDA from a method and its keyword options, each call checked (tensors.hpp), run with
+// the GIL released and the compressor to itself, on CUDA in its call order across torch's
+// streams (torch_cuda.hpp).
+#pragma once
+
+#include <torch/extension.h>
+
+#include <gradcomp/detail/collective_checks.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "api.hpp"
+#include "messages.hpp"
+#include "process_group.hpp"
+#include "tensors.hpp"
+#include "torch_cuda.hpp"
+
+namespace gradcomp_py {
+
+namespace py = pybind11;
+namespace gc = gradcomp;
+
+/// The keyword options of gradcomp.torch.Compressor as the C++ layer reads them.
+inline options options_of(const py::dict& kwargs) {
+  options o;
+  for (const auto& [key, value] : kwargs) {
+    const auto name = key.cast<std::string>();
+    if (py::isinstance<py::bool_>(value)) {
+      o.set(name, value.cast<bool>());
+    } else if (py::isinstance<py::int_>(value)) {
+      try {
+        o.set(name, value.cast<std::int64_t>());
+      } catch (const py::cast_error&) {
+        invalid("option ", name, " = ", py::str(value).cast<std::string>(), " does not fit a 64-bit integer");
+      }
+    } else if (py::isinstance<py::float_>(value)) {
+      o.set(name, value.cast<double>());
+    } else if (py::isinstance<py::str>(value)) {
+      o.set(name, value.cast<std::string>());
+    } else {
+      invalid("option ", name, " must be a bool, int, float or str, got ",
+              py::str(value.get_type()).cast<std::string>());
+    }
+  }
+  return o;
+}
+
+class compressor_handle {
+ public:
+  compressor_handle(std::int64_t numel, const std::string& method, const py::dict& kwargs, const torch::Device& device)
+      : device_(device.is_cpu() ? torch::Device(torch::kCPU) : device) {  // cpu:0 is the cpu tensors' device
+    if (numel < 1) invalid("Compressor: numel must be >= 1, got ", numel);
+    gradcomp_py::options o = options_of(kwargs);
+    py::gil_scoped_release unlocked;  // allocating (and on CUDA zeroing) n floats a few times
+    if (device.is_cpu()) {
+      c_ = gradcomp_py::make_host(static_cast<std::size_t>(numel), method, o);
+    } else if (device.is_cuda()) {
+#if defined(GRADCOMP_PY_CUDA)
+      const int index = device.has_index() ? device.index() : at::cuda::current_device();
+      device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+      c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(index));
+      c_ = gradcomp_py::make_cuda(static_cast<std::size_t>(numel), method, o, index);
+      order_ = std::make_unique<gc::backend::stream_order>(index);
+#else
+      invalid("Compressor: this build of gradcomp has no CUDA support (built against a CPU-only torch)");
+#endif
+    } else {
+      invalid("Compressor: device must be cpu or cuda, got ", device);
+    }
+  }
+
+  /// Runs `work()` with the GIL released and no other call of this compressor running:
+  /// Python threads may share a compressor, and none waits for the GPU or a collective
+  /// holding the GIL (the collectives run in C++, process_group.hpp).
+  template <class Work>
+  decltype(auto) exclusive(Work&& work) {
+    py::gil_scoped_release unlocked;  // before the lock: a thread holding the lock may need the GIL
+    const std::lock_guard<std::mutex> lock(busy_);
+    return work();
+  }
+
+  // Every call that reads or changes the compressor runs in exclusive() (the size, the
+  // device and the policies never change).
+  std::int64_t numel() const { return static_cast<std::int64_t>(c_->size()); }
+  std::int64_t max_message_bytes() {
+    return exclusive([&] { return message_capacity(); });
+  }
+  std::uint64_t step() {
+    return exclusive([&] { return c_->step(); });
+  }
+  std::string signature() const { return c_->signature(); }
+  torch::Device device() const { return device_; }
+
+  torch::Tensor compress(const torch::Tensor& grad, bool staged) {
+    return exclusive([&] {
+      const auto type = check_gradient(staged ? "stage" : "compress", "grad", grad, device_, numel());
+      torch::Tensor out = message_buffer();
+      const written w = run(values_of(grad), type, out, staged);
+      return compact(out, w.bytes);
+    });
+  }
+  void accept_staged() {
+    exclusive([&] { c_->accept_staged(); });
+  }
+  bool has_staged() {
+    return exclusive([&] { return c_->has_staged(); });
+  }
+
+  torch::Tensor preview(const torch::Tensor& grad) {
+    return exclusive([&] {
+      const auto type = check_gradient("preview", "grad", grad, device_, numel());
+      const torch::Tensor values = values_of(grad);
+      torch::Tensor out = torch::empty({numel()}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+      on_current_stream([&](void* stream) { c_->preview(stream, values.data_ptr(), type, out.data_ptr<float>()); });
+      return out;
+    });
+  }
+
+  py::object density() {
+    const auto d = exclusive([&] { return c_->density(); });
+    return d ? py::object(py::float_(*d)) : py::none();
+  }
+  void set_density(double d) {
+    exclusive([&] { on_own_stream([&] { c_->set_density(d); }); });
+  }
+  void set_indices(const torch::Tensor& indices) {
+    if (!indices.defined() || indices.layout() != torch::kStrided || indices.dim() != 1 ||
+        !c10::isIntegralType(indices.scalar_type(), /*includeBool=*/false)) {
+      invalid("set_indices: indices must be a 1-D tensor of integers, got a ",
+              indices.defined() ? describe(indices) : std::string("undefined tensor"));
+    }
+    const torch::Tensor i = values_of(indices).to(torch::kCPU, torch::kLong).contiguous();
+    std::vector<std::uint32_t> values(static_cast<std::size_t>(i.numel()));
+    const auto* p = i.data_ptr<std::int64_t>();
+    for (std::size_t j = 0; j < values.size(); ++j) {
+      if (p[j] < 0 || p[j] > static_cast<std::int64_t>(UINT32_MAX)) {
+        invalid("set_indices: indices[", j, "] = ", p[j], " is not an index");
+      }
+      values[j] = static_cast<std::uint32_t>(p[j]);
+    }
+    exclusive([&] { on_own_stream([&] { c_->set_indices(values); }); });
+  }
+
+  py::bytes save_state() {
+    std::string record;
+    exclusive([&] { on_own_stream([&] { record = c_->save_state(); }); });
+    return py::bytes(record);
+  }
+  void load_state(const py::bytes& record) {
+    const std::string bytes(record);
+    exclusive([&] { on_own_stream([&] { c_->load_state(bytes); }); });
+  }
+  std::size_t state_arrays() const { return c_->state_arrays(); }
+  torch::Tensor corrector_state(std::size_t a) {
+    return exclusive([&] {
+      std::vector<float> s;
+      on_own_stream([&] { s = c_->corrector_state(a); });
+      return torch::tensor(at::ArrayRef<float>(s), torch::kFloat).to(device_);
+    });
+  }
+
+  /// One step of a DDP bucket over `group` (gradcomp.torch.ddp's hook, every method but
+  /// scalecom): every rank stages `grad` and reports its verdict (or `error`, met before
+  /// the call), `settings` and the policies in one agreement, so that every rank raises
+  /// the same error or none does; then the messages, padded to the longest, are
+  /// all-gathered, every rank checks and adds each one times `scale` to `mean` (the same
+  /// bytes everywhere, so the same outcome everywhere), and only then accepts its step.
+  /// Returns the bytes this rank put into the collectives.
+  std::uint64_t exchange(const py::object& group, const torch::Tensor& grad, torch::Tensor& mean, double scale,
+                         const std::string& who, const std::vector<gradcomp_py::named_value>& settings,
+                         const gradcomp_py::reported_error& error) {
+    gradcomp_py::transport t = gradcomp_py::transport_of(group, device_, c_->stream());
+    std::vector<gc::detail::setting> shared;
+    for (const auto& [name, value] : settings) shared.emplace_back(name, value);
+    shared.emplace_back("the policies", signature());
+    exclusive([&] {
+      gradcomp_py::agreement_comm comm{t};
+      torch::Tensor out;
+      const std::vector<std::uint64_t> sizes = gc::detail::agree(comm, who.c_str(), shared, [&]() -> std::uint64_t {
+        gradcomp_py::rethrow(error);
+        const auto type = check_gradient(who.c_str(), "the bucket", grad, device_, numel());
+        check_tensor(who.c_str(), "mean", mean, torch::kFloat, device_, numel());
+        out = message_buffer();
+        return run(values_of(grad), type, out, true).bytes;
+      });
+      // The ranks agreed on n, the policies and their parameters, so no message of theirs
+      // outgrows this rank's capacity: a size above it is a broken peer's, refused alike
+      // on every rank (each reads the same sizes).
+      const auto capacity = static_cast<std::uint64_t>(message_capacity());
+      std::uint64_t longest = 0;
+      for (std::size_t r = 0; r < sizes.size(); ++r) {
+        gc::detail::require(sizes[r] <= capacity, gc::errc::corrupt_message, who, ": rank ", r,
+                            " reported a message of ", sizes[r], " bytes, more than the ", capacity,
+                            " its policies can write");
+        longest = std::max(longest, sizes[r]);
+      }
+      const auto mine = static_cast<std::int64_t>(sizes[static_cast<std::size_t>(t.rank)]);
+      std::vector<std::byte> padded(static_cast<std::size_t>(longest), std::byte{0});
+      const torch::Tensor message = out.narrow(0, 0, mine).to(torch::kCPU);
+      std::memcpy(padded.data(), message.data_ptr<std::uint8_t>(), static_cast<std::size_t>(mine));
+      std::vector<std::byte> all(sizes.size() * padded.size());
+      t.all_gather(padded, all);
+      const torch::Tensor gathered =
+          torch::from_blob(all.data(), {static_cast<std::int64_t>(all.size())}, torch::kUInt8).to(device_);
+      for (std::size_t r = 0; r < sizes.size(); ++r) {
+        const torch::Tensor theirs =
+            gathered.narrow(0, static_cast<std::int64_t>(r * padded.size()), static_cast<std::int64_t>(sizes[r]));
+        try {
+          add_message(theirs, mean, static_cast<float>(scale));
+        } catch (const gc::error& e) {
+          gc::detail::fail(e.code(), std::string_view(e.what()).substr(std::strlen("gradcomp: ")),
+                           " (the message of rank ", r, " of ", sizes.size(), ")");
+        }
+      }
+      c_->accept_staged();
+    });
+    return *t.sent;
+  }
+
+  gradcomp_py::any_compressor& impl() { return *c_; }
+
+  // The first `bytes` of `out`, in a tensor of their own when that saves memory.
+  static torch::Tensor compact(const torch::Tensor& out, std::size_t bytes) {
+    const auto used = static_cast<std::int64_t>(bytes);
+    torch::Tensor view = out.narrow(0, 0, used);
+    return used < out.numel() ? view.clone() : view;
+  }
+
+  /// A buffer for the largest message (the call holds exclusive()).
+  torch::Tensor message_buffer() const {
+    return torch::empty({message_capacity()}, torch::TensorOptions().dtype(torch::kUInt8).device(device_));
+  }
+
+  /// Runs `work()`, a call that takes no execution context (set_density, checkpoints,
+  /// the cyclic exchange): on CUDA on the compressor's own stream, in its call order.
+  template <class Work>
+  void on_own_stream(Work&& work) {
+#if defined(GRADCOMP_PY_CUDA)
+    if (order_) {
+      gradcomp_py::on_stream(*order_, static_cast<cudaStream_t>(c_->stream()), work);
+      return;
+    }
+#endif
+    work();
+  }
+
+ private:
+  /// Runs `work(stream)`, a call that takes its execution context: on CUDA torch's
+  /// current stream, in the compressor's call order; on the host no stream (nullptr).
+  template <class Work>
+  void on_current_stream(Work&& work) {
+#if defined(GRADCOMP_PY_CUDA)
+    if (order_) {
+      gradcomp_py::on_current_stream(*order_, work);
+      return;
+    }
+#endif
+    work(nullptr);
+  }
+
+  std::int64_t message_capacity() const { return static_cast<std::int64_t>(c_->max_message_bytes()); }
+
+  written run(const torch::Tensor& grad, gradcomp_py::element type, torch::Tensor& out, bool staged) {
+    written w;
+    on_current_stream([&](void* stream) {
+      w = c_->compress(stream, grad.data_ptr(), type, reinterpret_cast<std::byte*>(out.data_ptr<std::uint8_t>()),
+                       static_cast<std::size_t>(out.numel()), staged);
+    });
+    return w;
+  }
+
+  std::unique_ptr<any_compressor> c_;
+  torch::Device device_;
+  std::mutex busy_;  // held by the call running (exclusive)
+#if defined(GRADCOMP_PY_CUDA)
+  // Declared after c_, so destroyed before it: its destructor waits for the last call.
+  std::unique_ptr<gc::backend::stream_order> order_;
+#endif
+};
+
+class cyclic_handle {
+ public:
+  cyclic_handle(compressor_handle& c, const py::object& group, double leader_density)
+      : cyclic_handle(c, gradcomp_py::transport_of(group, c.device(), c.impl().stream()), leader_density) {}
+
+  /// Bytes this rank has put into the exchange's collectives.
+  std::uint64_t bytes_sent() const { return *sent_; }
+
+  torch::Tensor step(const torch::Tensor& grad_in, torch::Tensor& dense, double scale) {
+    // Sizes are the compressor's to check, inside the exchange (every rank alike).
+    check_tensor("cyclic step", "grad", grad_in, torch::kFloat, c_.device());
+    check_tensor("cyclic step", "dense", dense, torch::kFloat, c_.device());
+    gradcomp_py::check_written("cyclic step", "dense", dense);
+    const torch::Tensor grad = values_of(grad_in);
+    return c_.exclusive([&] {
+      torch::Tensor out = c_.message_buffer();
+      written w;
+      c_.on_own_stream([&] {
+        w = x_->step(grad.data_ptr<float>(), dense.data_ptr<float>(), static_cast<std::size_t>(dense.numel()),
+                     static_cast<float>(scale), reinterpret_cast<std::byte*>(out.data_ptr<std::uint8_t>()),
+                     static_cast<std::size_t>(out.numel()));
+      });
+      return compressor_handle::compact(out, w.bytes);
+    });
+  }
+
+ private:
+  cyclic_handle(compressor_handle& c, gradcomp_py::transport t, double leader_density)
+      : c_(c), sent_(t.sent), x_(c.impl().cyclic(std::move(t), leader_density)) {}
+
+  compressor_handle& c_;
+  std::shared_ptr<std::uint64_t> sent_;
+  std::unique_ptr<gradcomp_py::cyclic_exchange> x_;
+};
+
+}  // namespace gradcomp_py

@@ -1,0 +1,61 @@
+// The extension's CUDA glue: backend::cuda's memory from torch's caching allocator, and
+// the order of a CUDA compressor's (or accumulator's) calls across torch's streams by the
+// library's backend::stream_order: compress, stage, preview and accumulate run on torch's
+// current stream, their execution context, so that they follow the work that wrote their
+// inputs and precede the work that reads their outputs with no handoff; the calls that take
+// no context run on the compressor's own stream (backend/stream_order.cuh says how the two
+// are ordered).
+#pragma once
+
+#if defined(GRADCOMP_PY_CUDA)
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <gradcomp/backend/device_allocator.hpp>
+#include <gradcomp/backend/stream_order.cuh>
+#include <gradcomp/error.hpp>
+
+namespace gradcomp_py {
+
+namespace gc = gradcomp;
+
+/// backend::cuda's device memory from torch's caching allocator. A block comes free for
+/// torch's current stream only (work of its last owner may still be queued there), and
+/// gradcomp uses it on other streams too, so that stream is waited for: allocations are
+/// made when a compressor is (and on the first 16-bit gradient or preview), not per step.
+class torch_allocator final : public gc::backend::device_allocator {
+ public:
+  void* allocate(std::size_t bytes) override {
+    void* p = c10::cuda::CUDACachingAllocator::raw_alloc(bytes);
+    const cudaError_t synced = cudaStreamSynchronize(at::cuda::getCurrentCUDAStream().stream());
+    if (synced != cudaSuccess) {
+      c10::cuda::CUDACachingAllocator::raw_delete(p);
+      gc::detail::fail(gc::errc::device, "cudaStreamSynchronize failed: ", cudaGetErrorString(synced));
+    }
+    return p;
+  }
+  void deallocate(void* p, std::size_t) noexcept override { c10::cuda::CUDACachingAllocator::raw_delete(p); }
+};
+
+/// torch's current stream on CUDA device `device`.
+inline cudaStream_t current_stream(int device) {
+  return at::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+}
+
+/// Runs `work(stream)`, which queues its work on `stream`, torch's current stream, in `order`.
+template <class Work>
+void on_current_stream(gc::backend::stream_order& order, Work&& work) {
+  const cudaStream_t current = current_stream(order.device());
+  order.run(current, current, [&](cudaStream_t stream) { work(static_cast<void*>(stream)); });
+}
+
+/// Runs `work()`, which queues its work on `stream` (not torch's current one), in `order`.
+template <class Work>
+void on_stream(gc::backend::stream_order& order, cudaStream_t stream, Work&& work) {
+  order.run(stream, current_stream(order.device()), [&](cudaStream_t) { work(); });
+}
+
+}  // namespace gradcomp_py
+#endif
