@@ -350,7 +350,7 @@ TEST_CASE("backend::host's exact_topk fast path equals the generic algorithm on 
 #endif
 
 #if !defined(GRADCOMP_TEST_KOKKOS)
-// backend::host's chunk_local engine (bins inside the corrector's chunks, straddling
+// backend::host's chunk_local engine (bins inside the corrector's tiles, straddling
 // bins stitched in select) against the generic expansion over the bins
 // (detail/select_chunk_local.hpp) on backend::host, with g apart from acc.
 TEST_CASE("backend::host's chunk_local fast path equals the generic algorithm on backend::host") {

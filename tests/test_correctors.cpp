@@ -1,4 +1,4 @@
-// Correctors against their formulas (ALGORITHMS.md), step by step, written out here.
+// Correctors against their formulas (docs/algorithms.md), step by step, written out here.
 #include <doctest/doctest.h>
 #include <gradcomp/gradcomp.hpp>
 

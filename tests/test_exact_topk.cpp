@@ -48,9 +48,9 @@ TEST_CASE("exact_topk by count, including k = 1 and k = n") {
   }
 }
 
-TEST_CASE("exact_topk resolves ties by the lower index across chunk boundaries") {
+TEST_CASE("exact_topk resolves ties by the lower index across tile boundaries") {
   // 5 * 2^15 + 11 elements all of equal magnitude with alternating signs: the choice is
-  // decided purely by index, across several host chunks.
+  // decided purely by index, across several host tiles.
   const std::size_t n = 5 * (std::size_t{1} << 15) + 11;
   std::vector<float> x(n);
   for (std::size_t i = 0; i < n; ++i) x[i] = (i % 2 ? -1.5f : 1.5f);

@@ -1,4 +1,4 @@
-// The selectors beyond exact_topk, each against the rule ALGORITHMS.md states,
+// The selectors beyond exact_topk, each against the rule docs/algorithms.md states,
 // re-implemented here.
 #include <doctest/doctest.h>
 #include <gradcomp/gradcomp.hpp>

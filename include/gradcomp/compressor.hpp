@@ -9,6 +9,7 @@
 #include <gradcomp/detail/non_finite.hpp>
 #include <gradcomp/detail/selector_work.hpp>
 #include <gradcomp/detail/state_io.hpp>
+#include <gradcomp/detail/step.hpp>
 #include <gradcomp/detail/step_input.hpp>
 #include <gradcomp/detail/widening.hpp>
 #include <gradcomp/encode/index_value.hpp>
@@ -45,12 +46,8 @@ class compressor {
   // device memory, and a step can be queued without reading anything back.
   static constexpr bool on_device = std::is_same_v<typename Backend::message_memory, device_memory>;
 
-  using select_engine = detail::engine_for<Selector, Backend>;
-  using correct_engine = detail::engine_for<Corrector, Backend>;
-  // The selector watches the corrector's pass chunk by chunk where both engines can
-  // (backend::host's fast paths), so that acc is read while it is in cache.
-  static constexpr bool fused_pass = detail::selector_engine_observes<select_engine, Selector, Backend> &&
-                                     detail::corrector_engine_visits<correct_engine, Corrector, Backend>;
+  using engines = detail::step_engines<Backend, Selector, Corrector, Encoder>;
+  using select_engine = typename engines::select_engine;
 
  public:
   using backend_type = Backend;      ///< where it runs
@@ -60,18 +57,12 @@ class compressor {
 
   /// \throws gradcomp::error if n is 0 or above 2^32 - 1, or a policy's parameters are invalid.
   compressor(Backend backend, std::size_t n, Selector selector, Corrector corrector = {}, Encoder encoder = {})
-      : backend_(checked(backend, n, selector, corrector, encoder)),
+      : backend_(detail::checked_backend(backend, n, selector, corrector, encoder)),
         n_(n),
         selector_(selector),
         corrector_(corrector),
         encoder_(encoder),
-        capacity_(selector.max_selected(n)),
-        select_(backend_, selector_, n),
-        correct_(backend_, corrector_, n),
-        encode_(backend_, encoder_, n, capacity_),
-        index_(backend_.template allocate<std::uint32_t>(capacity_)),
-        sent_(backend_.template allocate<float>(capacity_)),
-        status_(backend_.template allocate<detail::step_status>(2)) {}  // a step's, a preview's
+        engines_(backend_, selector_, corrector_, encoder_, n) {}
 
   /// Elements of the tensor.
   [[nodiscard]] std::size_t size() const noexcept { return n_; }
@@ -86,7 +77,7 @@ class compressor {
     detail::require_current_device(backend_, "corrector_state");
     detail::require(std::cmp_less(a, Corrector::state_arrays), errc::invalid_argument, "corrector_state: array ", a,
                     " does not exist, ", corrector_.name(), " keeps ", Corrector::state_arrays);
-    return correct_.committed(a);
+    return engines_.correct().committed(a);
   }
 
   /// \name The policies in force
@@ -177,7 +168,8 @@ class compressor {
   /// The compressor does not order calls made on different streams: its state is device
   /// memory that one call writes and the next reads, so a caller that changes streams
   /// between calls makes the new one wait for the old (an event), as for any memory used
-  /// on two streams; gradcomp.torch does so (python/csrc/module.cpp, call_order).
+  /// on two streams; backend::stream_order (backend/stream_order.cuh) does so, and
+  /// gradcomp.torch uses it.
   /// @{
 
   /// compress() on `context`.
@@ -204,11 +196,11 @@ class compressor {
     const std::span<const float> grad = detail::raw(grad_at);
     const std::span<std::byte> out = detail::raw(out_at);
     check_step("compress_async", grad, out);
-    const std::size_t count = select_.fixed_count(selector_);
-    const auto bytes = encode_.fixed_bytes(encoder_, n_, count);
+    const std::size_t count = engines_.select().fixed_count(selector_);
+    const auto bytes = engines_.encode().fixed_bytes(encoder_, n_, count);
     detail::require(bytes.has_value(), errc::invalid_argument, "compress_async: the size of ", encoder_.name(),
                     " messages depends on the data; use compress (raw32 or bitmap indices give a fixed size)");
-    queue_step(on, grad, out);
+    engines_.queue(on, selector_, corrector_, encoder_, grad, out, step_);
     finish_step();
     last_async_ = on;
     return written(out, *bytes, count);
@@ -234,7 +226,7 @@ class compressor {
   [[nodiscard]] bool last_step_finite() const
     requires on_device
   {
-    return last_async_.read(status_.data()).non_finite == 0;
+    return last_async_.read(engines_.status_record()).non_finite == 0;
   }
 
   /// Changes the selector's density from the next step on (warm-up schedules).
@@ -245,8 +237,7 @@ class compressor {
     detail::require_current_device(backend_, "set_density");
     const Selector next = detail::with_density(selector_, d);
     next.validate(n_);
-    reserve(next.max_selected(n_));
-    select_.reserve(next);
+    engines_.reserve(next, encoder_);
     selector_ = next;
     staged_ = false;
   }
@@ -258,7 +249,7 @@ class compressor {
     requires requires(detail::engine_for<Selector, Backend>& e, const Selector& s) { e.set_indices(s, indices); }
   {
     detail::require_current_device(backend_, "set_indices");
-    select_.set_indices(selector_, indices);
+    engines_.select().set_indices(selector_, indices);
   }
 
   /// Writes the step counter, the selector's density and the corrector's memory
@@ -266,7 +257,8 @@ class compressor {
   /// \throws gradcomp::error (io) if the stream fails.
   void save_state(std::ostream& out) const {
     detail::require_current_device(backend_, "save_state");
-    detail::write_state<Corrector::state_arrays>(out, signature(), n_, step_, density(), correct_, select_);
+    detail::write_state<Corrector::state_arrays>(out, signature(), n_, step_, density(), engines_.correct(),
+                                                 engines_.select());
   }
 
   /// Restores what save_state wrote, for a compressor of the same policies and n. The
@@ -289,33 +281,27 @@ class compressor {
     detail::require_current_device(backend_, "load_state");
     [[maybe_unused]] const auto saved_selector = detail::restored_selector_state<select_engine>(r, selector_.name());
     const Selector next = detail::restored_selector(r, selector_, n_);
-    if constexpr (detail::selector_has_density<Selector>) {
-      reserve(next.max_selected(n_));
-      select_.reserve(next);
-    }
-    for (std::size_t a = 0; a != Corrector::state_arrays; ++a) correct_.load_committed(a, r.array(a));
-    if constexpr (detail::engine_restores_state<select_engine>) select_.restore_state(saved_selector);
+    if constexpr (detail::selector_has_density<Selector>) engines_.reserve(next, encoder_);
+    for (std::size_t a = 0; a != Corrector::state_arrays; ++a) engines_.correct().load_committed(a, r.array(a));
+    if constexpr (detail::engine_restores_state<select_engine>) engines_.select().restore_state(saved_selector);
     selector_ = next;
     step_ = r.step();
     staged_ = false;
   }
 
-  static constexpr bool skips_update = [] {
-    if constexpr (requires { select_engine::checks_finite; }) {
-      return std::is_same_v<Corrector, correct::none> && select_engine::checks_finite;
-    } else {
-      return false;
-    }
-  }();
-
-  void check_step(const char* who, std::span<const float> grad, std::span<std::byte> out) const {
+  // A gradient (and a message buffer) that `who` may use: n elements (at least
+  // max_message_bytes()) in the backend's memory, on its device.
+  void check_grad(const char* who, std::span<const float> grad) const {
     detail::require_current_device(backend_, who);
     detail::require(grad.size() == n_, errc::invalid_argument, who, ": grad.size() = ", grad.size(),
                     " does not match the compressor's n = ", n_);
+    detail::require_device_pointer(backend_, who, "grad", grad.data());
+  }
+  void check_step(const char* who, std::span<const float> grad, std::span<std::byte> out) const {
+    check_grad(who, grad);
     const std::size_t need = max_message_bytes();
     detail::require(out.size() >= need, errc::buffer_too_small, who, ": out.size() = ", out.size(),
                     " bytes is smaller than max_message_bytes() = ", need);
-    detail::require_device_pointer(backend_, who, "grad", grad.data());
     detail::require_device_pointer(backend_, who, "out", out.data());
   }
 
@@ -330,7 +316,7 @@ class compressor {
   template <class Grad>
   message_type step_on(const Backend& context, const Grad& grad_at, message_bytes out_at, bool stage_it) {
     const Backend on = detail::context_for(backend_, "compress", context);
-    const std::span<const float> grad = float_values(on, "compress", grad_at);
+    const std::span<const float> grad = wide_.float_values(on, backend_, "compress", grad_at, n_);
     const std::span<std::byte> out = detail::raw(out_at);
     if (!stage_it) {
       const message_type m = run_step(on, grad, out);
@@ -338,10 +324,10 @@ class compressor {
       return m;
     }
     staged_ = false;
-    in_place_allowed(false);
+    engines_.allow_in_place(false);
     struct restore {
       compressor& c;
-      ~restore() { c.in_place_allowed(true); }
+      ~restore() { c.engines_.allow_in_place(true); }
     } guard{*this};
     const message_type m = run_step(on, grad, out);
     staged_ = true;
@@ -352,17 +338,10 @@ class compressor {
   template <class Grad>
   std::span<const float> preview_on(const Backend& context, const Grad& grad_at) {
     const Backend on = detail::context_for(backend_, "preview", context);
-    const std::span<const float> grad = float_values(on, "preview", grad_at);
-    detail::require_current_device(backend_, "preview");
-    detail::require(grad.size() == n_, errc::invalid_argument, "preview: grad.size() = ", grad.size(),
-                    " does not match the compressor's n = ", n_);
-    detail::require_device_pointer(backend_, "preview", "grad", grad.data());
-    if (static_cast<std::size_t>(preview_.size()) != n_) preview_ = backend_.template allocate<float>(n_);
-    const std::span<float> acc(preview_.data(), n_);
-    detail::step_status* status = status_.data() + 1;  // [0] is the step's (last_step_finite)
-    on.clear(status, 1);
-    correct_.preview(on, corrector_, grad, acc, status);
-    if (on.read(status).non_finite != 0) detail::report_non_finite(on, "preview", grad, acc);
+    const std::span<const float> grad = wide_.float_values(on, backend_, "preview", grad_at, n_);
+    check_grad("preview", grad);
+    const auto [acc, finite] = engines_.preview(on, corrector_, grad);
+    if (!finite) detail::report_non_finite(on, "preview", grad, acc);
     return acc;
   }
 
@@ -371,137 +350,27 @@ class compressor {
   message_type run_step(const Backend& on, std::span<const float> grad, std::span<std::byte> out) {
     staged_ = false;
     check_step("compress", grad, out);
-    queue_step(on, grad, out);
-    const detail::step_status status = on.read(status_.data());
-    if (status.non_finite != 0) detail::report_non_finite(on, "compress", grad, correct_.acc(grad));
+    engines_.queue(on, selector_, corrector_, encoder_, grad, out, step_);
+    const detail::step_status status = engines_.status(on);
+    if (status.non_finite != 0) detail::report_non_finite(on, "compress", grad, engines_.acc(grad));
     return written(out, static_cast<std::size_t>(status.bytes), status.count);
   }
 
-  void in_place_allowed(bool allowed) noexcept {
-    if constexpr (requires { correct_.allow_in_place(allowed); }) correct_.allow_in_place(allowed);
-  }
-
-  // The whole step, each stage queued with the step's status: every stage after the
-  // first NaN writes nothing (the engines read the status), so a rejected step changes
-  // neither `out` nor the committed state, and only finish_step() makes the new state
-  // current. Without a corrector (acc = g), a selector that reads every entry checks
-  // finiteness itself and g is read once.
-  void queue_step(const Backend& on, std::span<const float> grad, std::span<std::byte> out) {
-    detail::step_status* status = status_.data();
-    on.clear(status, 1);
-    std::span<const float> acc = grad;
-    if constexpr (!skips_update) {
-      queue_update(on, grad, status);
-      acc = correct_.acc(grad);
-    }
-    const detail::queued_selection chosen = select_.select(on, selector_, {acc, grad, step_}, index_span(), status);
-    const std::span<const std::uint32_t> index = selected(on, status);
-    const std::span<float> sent = sent_span().first(index.size());
-    encode_.encode(on, encoder_, {acc, index, step_, chosen.value_scale}, out, sent, status);
-    correct_.commit(on, corrector_, index, sent, status);
-  }
-
-  // The corrector's pass. In a fused pass the selector's first pass rides on it: each
-  // chunk of acc is handed over while it is still in cache, and the selector may look
-  // ahead at acc before the pass (sampled_threshold samples it, then collects in it).
-  void queue_update(const Backend& on, std::span<const float> grad, detail::step_status* status) {
-    if constexpr (fused_pass) {
-      select_.begin_observe(on, selector_, step_);
-      const auto observe = [&](int thread, std::size_t begin, auto acc_chunk) {
-        select_.observe(thread, begin, acc_chunk, grad.subspan(begin, acc_chunk.size()));
-      };
-      const auto before_pass = [&](auto&& acc_at) { detail::look_ahead(select_, selector_, acc_at); };
-      correct_.update(on, corrector_, grad, status, observe, before_pass);
-    } else {
-      correct_.update(on, corrector_, grad, status);
-    }
-  }
-
-  // The selected indices as far as the host knows them: their count where the host can
-  // read the status (so that the later stages run over the count, not the capacity,
-  // which is n for threshold), else the whole workspace, the count staying on the device.
-  std::span<const std::uint32_t> selected(const Backend& on, const detail::step_status* status) {
-    const std::span<const std::uint32_t> all = index_span();
-    if constexpr (Backend::host_accessible) {
-      return all.first(std::min<std::size_t>(all.size(), on.read(status).count));
-    } else {
-      return all;
-    }
-  }
-
   void finish_step() {
-    correct_.accept();
-    select_.accept();
+    engines_.accept();
     ++step_;
     staged_ = false;
   }
 
-  static Backend checked(const Backend& backend, std::size_t n, const Selector& s, const Corrector& c,
-                         const Encoder& e) {
-    detail::require(n >= 1 && n <= message_header::max_n, errc::invalid_argument, "compressor: n must be in [1, ",
-                    message_header::max_n, "], got ", n);
-    s.validate(n);
-    c.validate();
-    e.validate();
-    // The backend's defaults are settled now, for the compressor's whole life: backend::host
-    // its threads (0: OpenMP's default now, which sizes the per-thread workspace),
-    // backend::cuda its device (-1: the current one).
-    return detail::resolved(backend, "compressor");
-  }
-
-  // Spans over the workspace buffers (std::vector or Kokkos::View: data() and size()).
-  std::span<std::uint32_t> index_span() noexcept { return {index_.data(), static_cast<std::size_t>(index_.size())}; }
-  std::span<float> sent_span() noexcept { return {sent_.data(), static_cast<std::size_t>(sent_.size())}; }
-
-  [[nodiscard]] std::string signature() const {
-    return selector_.name() + ";" + corrector_.name() + ";" + encoder_.name();
-  }
-
-  [[nodiscard]] double density() const {
-    if constexpr (requires { selector_.density; }) {
-      return static_cast<double>(selector_.density);
-    } else {
-      return 0.0;
-    }
-  }
-
-  // Grows the index and value workspace (strong guarantee: allocate, then swap).
-  void reserve(std::size_t capacity) {
-    if (capacity <= capacity_) return;
-    auto encode = detail::engine_for<Encoder, Backend>(backend_, encoder_, n_, capacity);
-    auto index = backend_.template allocate<std::uint32_t>(capacity);
-    auto sent = backend_.template allocate<float>(capacity);
-    encode_ = std::move(encode);
-    index_ = std::move(index);
-    sent_ = std::move(sent);
-    capacity_ = capacity;
-  }
-
-  // The float32 values of `grad` (a gradient_view): its own, or a 16-bit gradient's
-  // widened exactly (detail::widening).
-  template <class Grad>
-  std::span<const float> float_values(const Backend& on, const char* who, const Grad& grad) {
-    if constexpr (std::is_convertible_v<const Grad&, view<const float>>) {
-      return detail::raw(view<const float>(grad));
-    } else {
-      using T = std::conditional_t<std::is_convertible_v<const Grad&, view<const half>>, half, bfloat16>;
-      return wide_.values(on, backend_, who, detail::raw(view<const T>(grad)), n_);
-    }
-  }
+  [[nodiscard]] std::string signature() const { return detail::signature_of(selector_, corrector_, encoder_); }
+  [[nodiscard]] double density() const { return detail::density_of(selector_); }
 
   Backend backend_;
   std::size_t n_;
   Selector selector_;
   Corrector corrector_;
   Encoder encoder_;
-  std::size_t capacity_;
-  select_engine select_;
-  correct_engine correct_;
-  detail::engine_for<Encoder, Backend> encode_;
-  typename Backend::template buffer<std::uint32_t> index_;
-  typename Backend::template buffer<float> sent_;
-  typename Backend::template buffer<detail::step_status> status_;  // [0] a step's, [1] a preview's
-  typename Backend::template buffer<float> preview_;
+  engines engines_;
   detail::widening<Backend> wide_;  // a 16-bit gradient widened to float32
   Backend last_async_ = backend_;   // the context of the last compress_async (last_step_finite)
   std::uint64_t step_ = 0;

@@ -184,7 +184,7 @@ concept encoder = std::copyable<E> && policy_has_name<E> && encoder_has_validate
 /// - reduce_max(n, body, word): raises *word to the largest body(i) -> std::uint32_t;
 /// - histogram(n, bin_of, counts): adds 1 to counts[bin_of(i)] for every i < n whose bin
 ///   is not detail::no_bin;
-/// - sum(n, term, chunk, total): *total = the sum of term(i) -> double in the order of
+/// - sum(n, term, tile, total): *total = the sum of term(i) -> double in the order of
 ///   detail/fixed_order_sum.hpp (identical on every backend and for any thread count);
 /// - compact(n, keep, out, workspace, count): the i < n with keep(i) -> bool, ascending,
 ///   to out and their number to *count; compact_workspace<Keep>(n) bytes of workspace;
@@ -249,11 +249,11 @@ void require_device_pointer(const B& be, const char* who, const char* what, cons
 
 namespace detail {
 
-/// A corrector's pass hands each chunk of acc to a visitor; the contract is checked with
+/// A corrector's pass hands each tile of acc to a visitor; the contract is checked with
 /// one that does nothing.
-struct ignore_chunk {
-  template <class Chunk>
-  void operator()(int /*thread*/, std::size_t /*begin*/, Chunk&& /*acc_chunk*/) const noexcept {}
+struct ignore_tile {
+  template <class Tile>
+  void operator()(int /*thread*/, std::size_t /*begin*/, Tile&& /*acc_tile*/) const noexcept {}
 };
 
 /// Selector engine: queues the ascending indices into `out` and their count into the
@@ -291,22 +291,22 @@ concept encoder_engine =
              step_status* status) { e.encode(b, p, in, out, sent, status); };
 
 /// Capability, a fused first pass (backend::host): the selector engine watches the
-/// corrector's pass chunk by chunk (begin_observe, then observe for every chunk of acc
+/// corrector's pass tile by tile (begin_observe, then observe for every tile of acc
 /// while it is in cache) and may look at acc before it (before_pass, through
-/// look_ahead); the corrector engine's update hands it each chunk. Used where both
+/// look_ahead); the corrector engine's update hands it each tile. Used where both
 /// engines have it; a selector engine that was not shown the pass makes its own.
 template <class E, class S, class B>
 concept selector_engine_begins_observing =
     requires(E& e, const B& b, const S& s, std::uint64_t step) { e.begin_observe(b, s, step); };
 template <class E, class S, class B>
 concept selector_engine_observes = selector_engine_begins_observing<E, S, B> &&
-                                   requires(E& e, int thread, std::size_t begin, std::span<const float> chunk) {
-                                     e.observe(thread, begin, chunk, chunk);
+                                   requires(E& e, int thread, std::size_t begin, std::span<const float> tile) {
+                                     e.observe(thread, begin, tile, tile);
                                    };
 template <class E, class C, class B>
 concept corrector_engine_visits =
     requires(E& e, const B& b, const C& c, std::span<const float> g, step_status* status) {
-      e.update(b, c, g, status, ignore_chunk{}, ignore_before_pass{});
+      e.update(b, c, g, status, ignore_tile{}, ignore_before_pass{});
     };
 
 /// A selector whose density set_density() and checkpoints change.
@@ -358,7 +358,7 @@ consteval bool check_policies() {
                 "gradcomp: the backend has no member template for_each(n, body) calling body(i) for every i < n");
   static_assert(backend_has_reductions<Backend>,
                 "gradcomp: the backend lacks the reductions reduce_or(n, body, bits), reduce_max(n, body, word), "
-                "sum(n, term, chunk, total) or "
+                "sum(n, term, tile, total) or "
                 "histogram(n, bin_of, counts)");
   static_assert(backend_has_compaction<Backend>,
                 "gradcomp: the backend lacks the ordered compaction compact(n, keep, out, workspace, count) and "
@@ -410,7 +410,7 @@ consteval bool check_engines() {
     static_assert(!selector_engine_begins_observing<select_engine, Selector, Backend> ||
                       selector_engine_observes<select_engine, Selector, Backend>,
                   "gradcomp: the selector's engine has begin_observe(context, policy, step) but not "
-                  "observe(thread, begin, acc_chunk, grad_chunk): the fused pass needs both");
+                  "observe(thread, begin, acc_tile, grad_tile): the fused pass needs both");
     static_assert(!selector_has_density<Selector> || engine_has_reserve<select_engine, Selector>,
                   "gradcomp: the selector has a density, so set_density() and load_state() need its engine's "
                   "reserve(policy) (a no-op where the engine's workspace does not depend on the count)");

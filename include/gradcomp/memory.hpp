@@ -1,12 +1,12 @@
 /// \file memory.hpp
 /// Where memory lives, said by the type of the view over it.
 ///
-/// Host memory is a std::span, as it always was, so host code reads as before. Memory
-/// that the host must not dereference (a CUDA device's, a Kokkos device space's) is a
-/// device_span: a pointer and a size with no element access, which no host function of
-/// gradcomp accepts. So a message written by backend::cuda is a device_message whose
-/// bytes() is a device_span, and `decode(m.bytes())` on it does not compile, where it
-/// used to read device addresses on the host. Every backend names the memory of its
+/// Host memory is a std::span. Memory that the host must not dereference (a CUDA
+/// device's, a Kokkos device space's) is a device_span: a pointer and a size with no
+/// element access, which no host function of gradcomp accepts. So a message written by
+/// backend::cuda is a device_message whose bytes() is a device_span, and
+/// `decode(m.bytes())` on it does not compile instead of reading device addresses on
+/// the host. Every backend names the memory of its
 /// gradients and state (`memory`) and of its messages (`message_memory`); the
 /// compressor's signatures follow from them (backend_span).
 #pragma once

@@ -1,8 +1,9 @@
 // gradcomp::compressor behind gradcomp_py::any_compressor, built from options: the
 // presets of gradcomp/presets.hpp by name, or a composition ("compose") of one selector,
 // one corrector (behind clip_norm when max_norm is given) and the index_value encoder.
-// Included by one translation unit per backend and selector (compressors_*.cpp/.cu),
-// each instantiating build<Backend, Selector> and nothing else.
+// Included by one translation unit per backend and selector (generated from names.hpp
+// by setup.py and tests/CMakeLists.txt), each instantiating build<Backend, Selector> and
+// nothing else, and by each backend's factory (host/factory.cpp, cuda/factory.cu).
 #pragma once
 
 #include "api.hpp"
@@ -78,7 +79,7 @@ class compressor_of final : public any_compressor {
   std::size_t max_message_bytes() const override { return c_.max_message_bytes(); }
   std::uint64_t step() const override { return c_.step(); }
   std::string signature() const override {
-    return c_.selector().name() + ";" + c_.corrector().name() + ";" + c_.encoder().name();
+    return gc::detail::signature_of(c_.selector(), c_.corrector(), c_.encoder());
   }
   void* stream() const override { return backend_ops<backend_type>::stream(c_.backend()); }
 

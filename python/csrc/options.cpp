@@ -3,6 +3,8 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <string>
 
 namespace gradcomp_py {
 
@@ -91,12 +93,14 @@ gradcomp::index_coding options::index_coding(const std::string& name, gradcomp::
 gradcomp::value_coding options::value_coding(const std::string& name, gradcomp::value_coding fallback) {
   if (!has(name)) return fallback;
   const std::string s = text(name, "");
-  for (const auto c : {gradcomp::value_coding::f32, gradcomp::value_coding::f16, gradcomp::value_coding::bf16,
-                       gradcomp::value_coding::int8, gradcomp::value_coding::ternary, gradcomp::value_coding::qsgd}) {
-    if (s == gradcomp::to_string(c)) return c;
-  }
-  gradcomp::detail::fail(gradcomp::errc::invalid_argument, "option ", name,
-                         " must be one of f32, f16, bf16, int8, ternary, qsgd; got '", s, "'");
+  std::optional<gradcomp::value_coding> found;
+  std::string all;
+  gradcomp::for_each_value_coding([&](gradcomp::value_coding c) {
+    if (s == gradcomp::to_string(c)) found = c;
+    all += (all.empty() ? "" : ", ") + std::string(gradcomp::to_string(c));
+  });
+  if (found) return *found;
+  gradcomp::detail::fail(gradcomp::errc::invalid_argument, "option ", name, " must be one of ", all, "; got '", s, "'");
 }
 
 void options::finish(const std::string& method) const {

@@ -62,13 +62,13 @@ inline gc::encode::index_value read_encoder(options& o) {
   gc::encode::index_value e{};
   e.index = o.index_coding("index", e.index);
   e.value = o.value_coding("value", e.value);
-  if (e.value == gc::value_coding::qsgd) {  // levels and seed are qsgd's alone
+  if (gc::detail::takes_levels(e.value)) {  // levels and the seed are options of the codings that take them
     const std::size_t levels = o.size("levels", e.levels);
     gc::detail::require(levels <= gc::detail::qsgd_max_levels, gc::errc::invalid_argument,
                         "index_value: levels must be in [1, ", gc::detail::qsgd_max_levels, "], got ", levels);
     e.levels = static_cast<std::uint32_t>(levels);
-    e.seed = o.seed("encoder", e.seed);
   }
+  if (gc::detail::takes_seed(e.value)) e.seed = o.seed("encoder", e.seed);
   e.checksum = o.flag("checksum", false);
   return e;
 }

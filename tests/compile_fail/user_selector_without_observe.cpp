@@ -1,5 +1,5 @@
 // Must not compile: the engine of a user's selector begins to watch the corrector's pass
-// (begin_observe) but cannot see its chunks (observe). The diagnostic names both.
+// (begin_observe) but cannot see its tiles (observe). The diagnostic names both.
 #define USER_SELECTOR_NO_OBSERVE
 #include "user_selector.hpp"
 

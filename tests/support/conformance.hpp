@@ -272,7 +272,7 @@ struct run {
 };
 
 // Every value coding meets every shape at n = 1, 7, 1000 and one shape at n = 70003
-// (three host chunks, so two threads split the work); the gradient type, the index
+// (three host tiles, so two threads split the work); the gradient type, the index
 // coding and the variants rotate so that each meets every value coding.
 inline std::vector<run> runs() {
   const gradient_type gradients[] = {gradient_type::f32, gradient_type::f16, gradient_type::bf16};

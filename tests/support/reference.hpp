@@ -14,15 +14,15 @@
 
 namespace reference {
 
-// The sum of `terms` in the order every gradcomp backend adds (docs/design.md): chunks of
-// 2^15 terms; in a chunk, lane l < 8 adds the terms at l, l + 8, l + 16, ...; the lanes
-// combined as ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)); the chunks added in order.
+// The sum of `terms` in the order every gradcomp backend adds (docs/design.md): tiles of
+// 2^15 terms; in a tile, lane l < 8 adds the terms at l, l + 8, l + 16, ...; the lanes
+// combined as ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)); the tiles added in order.
 inline double ordered_sum(const std::vector<double>& terms) {
-  const std::size_t chunk = std::size_t{1} << 15;
+  const std::size_t tile = std::size_t{1} << 15;
   double total = 0.0;
-  for (std::size_t begin = 0; begin < terms.size(); begin += chunk) {
+  for (std::size_t begin = 0; begin < terms.size(); begin += tile) {
     double lane[8] = {};
-    for (std::size_t i = begin; i < std::min(terms.size(), begin + chunk); ++i) lane[(i - begin) % 8] += terms[i];
+    for (std::size_t i = begin; i < std::min(terms.size(), begin + tile); ++i) lane[(i - begin) % 8] += terms[i];
     total += ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
   }
   return total;
@@ -115,9 +115,9 @@ inline std::uint32_t random_below(std::uint64_t seed, std::uint64_t stream, std:
   return static_cast<std::uint32_t>(((random_bits(seed, stream, counter) >> 32) * bound) >> 32);
 }
 
-// -- correctors (ALGORITHMS.md "Correctors") -------------------------------------------
+// -- correctors (docs/algorithms.md "Correctors") -------------------------------------------
 
-// Every corrector of ALGORITHMS.md, optionally behind clip_norm: update(g) gives acc and
+// Every corrector of docs/algorithms.md, optionally behind clip_norm: update(g) gives acc and
 // leaves each entry's state as if it were not sent; commit(index, sent) applies the sent
 // entries. `state` holds the arrays in the order compressor::corrector_state numbers them.
 struct corrector {
@@ -218,7 +218,7 @@ struct corrector {
   }
 };
 
-// -- selectors (ALGORITHMS.md "Selectors") ---------------------------------------------
+// -- selectors (docs/algorithms.md "Selectors") ---------------------------------------------
 
 struct selection {
   std::vector<std::uint32_t> index;  // ascending
@@ -266,7 +266,7 @@ inline std::vector<std::uint32_t> chunk_local(const std::vector<float>& acc, con
   return out;
 }
 
-// DGC's hierarchical selection, steps 1-4 of ALGORITHMS.md, with .truncate and
+// DGC's hierarchical selection, steps 1-4 of docs/algorithms.md, with .truncate and
 // .reuse_threshold; `last_t` is the final threshold of the previous step.
 struct sampled_threshold {
   double density = 0.0;
@@ -330,7 +330,7 @@ struct sampled_threshold {
   }
 };
 
-// -- value codings (ALGORITHMS.md "Encoders") ------------------------------------------
+// -- value codings (docs/algorithms.md "Encoders") ------------------------------------------
 
 // v rounded to nearest even in a binary format of `digits` significant bits whose
 // smallest normal exponent is `min_exponent`, saturating at +-largest.

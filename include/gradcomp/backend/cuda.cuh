@@ -5,11 +5,11 @@
 /// Needs nvcc (CMake: link gradcomp::gradcomp from a CUDA target, with
 /// `--expt-relaxed-constexpr`). Every operation is queued on `stream`, in order; state
 /// and workspace are device memory allocated once, by the compressor's constructor.
-/// Gradients, messages and dense tensors are raw device memory (std::span over device
-/// pointers): a thrust::device_vector's data or a PyTorch CUDA tensor's data_ptr work
-/// without copies. compress() reads one status record back to the host per step (and
-/// sampled_threshold its sample and counts).
-/// Messages in device memory are decoded and accumulated by device_messages.cuh.
+/// Gradients, messages and dense tensors are device memory, viewed as device_span
+/// (memory.hpp): a thrust::device_vector's data or a PyTorch CUDA tensor's data_ptr work
+/// without copies. compress() reads one status record back to the host per step, for
+/// every preset. Messages in device memory are decoded and accumulated by
+/// device_messages.cuh; calls on changing streams are ordered by stream_order.cuh.
 ///
 /// Results equal backend::host's bit for bit when the policies' arithmetic is not
 /// contracted into fused multiply-adds: compile with `--fmad=false` (nvcc) as the tests
@@ -118,16 +118,16 @@ struct cuda {
 
   /// Queues the sum of `term(i)` (a double) over [0, n) into `*total` (device memory),
   /// added in the order of detail/fixed_order_sum.hpp, exactly as the host adds it;
-  /// `chunk` is device workspace of chunk_count(n) doubles.
+  /// `tile` is device workspace of tile_count(n) doubles.
   template <class Term>
-  void sum(std::size_t n, const Term& term, double* chunk, double* total) const {
+  void sum(std::size_t n, const Term& term, double* tile, double* total) const {
     if (n != 0) {
       detail::cuda_launch::
-          chunk_sums<<<detail::cuda_launch::chunk_sum_blocks(n), detail::cuda_launch::block_threads, 0, stream>>>(
-              n, term, chunk);
+          tile_sums<<<detail::cuda_launch::tile_sum_blocks(n), detail::cuda_launch::block_threads, 0, stream>>>(n, term,
+                                                                                                                tile);
       detail::cuda_check(cudaGetLastError(), "sum (launch)");
     }
-    detail::cuda_launch::sum_of_chunks<<<1, 1, 0, stream>>>(chunk, detail::chunk_count(n), total);
+    detail::cuda_launch::sum_of_tiles<<<1, 1, 0, stream>>>(tile, detail::tile_count(n), total);
     detail::cuda_check(cudaGetLastError(), "sum (launch)");
   }
 

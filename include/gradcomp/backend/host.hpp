@@ -39,22 +39,22 @@ class shared_flag {
   int value_ = 0;
 };
 
-/// Calls `body(thread, chunk, begin, end)` for every chunk of [0, n), chunks spread
+/// Calls `body(thread, tile, begin, end)` for every tile of [0, n), tiles spread
 /// statically over `threads` threads. `body` must not throw.
 template <class Body>
-void for_each_chunk(int threads, std::size_t n, Body&& body) {
-  const auto chunks = static_cast<std::ptrdiff_t>(chunk_count(n));
+void for_each_tile(int threads, std::size_t n, Body&& body) {
+  const auto tiles = static_cast<std::ptrdiff_t>(tile_count(n));
 #if GRADCOMP_HAS_OPENMP
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && chunks > 1)
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && tiles > 1)
 #endif
-  for (std::ptrdiff_t c = 0; c < chunks; ++c) {
+  for (std::ptrdiff_t c = 0; c < tiles; ++c) {
 #if GRADCOMP_HAS_OPENMP
     const int thread = omp_get_thread_num();
 #else
     const int thread = 0;
 #endif
-    const std::size_t begin = static_cast<std::size_t>(c) * host_chunk;
-    body(thread, static_cast<std::size_t>(c), begin, std::min(n, begin + host_chunk));
+    const std::size_t begin = static_cast<std::size_t>(c) * host_tile;
+    body(thread, static_cast<std::size_t>(c), begin, std::min(n, begin + host_tile));
   }
   (void)threads;
 }
@@ -82,8 +82,8 @@ void for_each_block(int blocks, std::size_t count, Body&& body) {
 
 namespace backend {
 
-/// Runs gradcomp on the CPU. Work is cut into fixed chunks that do not depend on the
-/// number of threads, and every reduction combines chunks in index order, so results
+/// Runs gradcomp on the CPU. Work is cut into fixed tiles that do not depend on the
+/// number of threads, and every reduction combines tiles in index order, so results
 /// are bit-identical whatever `threads` is.
 struct host {
   /// Worker threads; 0 means OpenMP's default (`omp_get_max_threads()` when a compressor
@@ -100,11 +100,11 @@ struct host {
     return buffer<T>(count);
   }
 
-  /// Calls `body(i)` for every i in [0, n), over the backend's threads in fixed chunks.
+  /// Calls `body(i)` for every i in [0, n), over the backend's threads in fixed tiles.
   /// `body` must not throw.
   template <class Body>
   void for_each(std::size_t n, const Body& body) const {
-    detail::for_each_chunk(concurrency(), n, [&](int, std::size_t, std::size_t begin, std::size_t end) {
+    detail::for_each_tile(concurrency(), n, [&](int, std::size_t, std::size_t begin, std::size_t end) {
       // A copy that the body's stores cannot alias (a store through a std::byte* may
       // reach any object whose address escaped): its members stay in registers.
       const Body local = body;
@@ -116,7 +116,7 @@ struct host {
   /// `*bits` (which it never clears): a pass that also raises a flag, a NaN seen, say.
   template <class Body>
   void reduce_or(std::size_t n, const Body& body, std::uint32_t* bits) const {
-    detail::for_each_chunk(concurrency(), n, [&](int, std::size_t, std::size_t begin, std::size_t end) {
+    detail::for_each_tile(concurrency(), n, [&](int, std::size_t, std::size_t begin, std::size_t end) {
       std::uint32_t seen = 0;
       for (std::size_t i = begin; i < end; ++i) seen |= body(i);
       if (seen != 0) {
@@ -132,7 +132,7 @@ struct host {
   /// never lowers) to the largest result.
   template <class Body>
   void reduce_max(std::size_t n, const Body& body, std::uint32_t* word) const {
-    detail::for_each_chunk(concurrency(), n, [&](int, std::size_t, std::size_t begin, std::size_t end) {
+    detail::for_each_tile(concurrency(), n, [&](int, std::size_t, std::size_t begin, std::size_t end) {
       std::uint32_t largest = 0;
       for (std::size_t i = begin; i < end; ++i) largest = std::max(largest, body(i));
       std::atomic_ref<std::uint32_t> shared(*word);
@@ -145,7 +145,7 @@ struct host {
   /// `counts` is never cleared here.
   template <class BinOf>
   void histogram(std::size_t n, const BinOf& bin_of, std::uint32_t* counts) const {
-    detail::for_each_chunk(concurrency(), n, [&](int, std::size_t, std::size_t begin, std::size_t end) {
+    detail::for_each_tile(concurrency(), n, [&](int, std::size_t, std::size_t begin, std::size_t end) {
       for (std::size_t i = begin; i < end; ++i) {
         const std::size_t bin = bin_of(i);
         if (bin == detail::no_bin) continue;
@@ -158,38 +158,38 @@ struct host {
   }
 
   /// Writes to `*total` the sum of `term(i)` (a double) over [0, n), added in the order
-  /// of detail/fixed_order_sum.hpp that every backend shares. `chunk` is workspace of
-  /// chunk_count(n) doubles.
+  /// of detail/fixed_order_sum.hpp that every backend shares. `tile` is workspace of
+  /// tile_count(n) doubles.
   template <class Term>
-  void sum(std::size_t n, const Term& term, double* chunk, double* total) const {
-    detail::for_each_chunk(concurrency(), n, [&](int, std::size_t c, std::size_t begin, std::size_t end) {
-      chunk[c] = detail::chunk_sum(term, begin, end);
+  void sum(std::size_t n, const Term& term, double* tile, double* total) const {
+    detail::for_each_tile(concurrency(), n, [&](int, std::size_t c, std::size_t begin, std::size_t end) {
+      tile[c] = detail::tile_sum(term, begin, end);
     });
-    *total = detail::sum_of_chunks(chunk, detail::chunk_count(n));
+    *total = detail::sum_of_tiles(tile, detail::tile_count(n));
   }
 
   /// Bytes of workspace that expand() needs for m items.
   [[nodiscard]] std::size_t expand_workspace(std::size_t m) const {
-    return detail::chunk_count(m) * sizeof(std::size_t);
+    return detail::tile_count(m) * sizeof(std::size_t);
   }
   /// Ordered expansion: item b < m makes body(b, at) -> std::size_t outputs, written
   /// from `at` on, or only counted when `at` is null; the outputs land in `out` in item
-  /// order and their number in `*count`. Each chunk of items counts, an exclusive scan
-  /// of the counts gives each chunk where it writes, each chunk writes. `workspace`
+  /// order and their number in `*count`. Each tile of items counts, an exclusive scan
+  /// of the counts gives each tile where it writes, each tile writes. `workspace`
   /// holds expand_workspace(m) bytes.
   template <class Body>
   void expand(std::size_t m, const Body& body, std::uint32_t* out, std::span<std::byte> workspace,
               std::uint32_t* count) const {
     auto* at = reinterpret_cast<std::size_t*>(workspace.data());  // allocation-aligned bytes, reused as counts
     const int workers = concurrency();
-    detail::for_each_chunk(workers, m, [&](int, std::size_t c, std::size_t begin, std::size_t end) {
+    detail::for_each_tile(workers, m, [&](int, std::size_t c, std::size_t begin, std::size_t end) {
       std::size_t made = 0;
       for (std::size_t b = begin; b < end; ++b) made += body(b, nullptr);
       at[c] = made;
     });
     std::size_t total = 0;
-    for (std::size_t c = 0; c < detail::chunk_count(m); ++c) total += std::exchange(at[c], total);
-    detail::for_each_chunk(workers, m, [&](int, std::size_t c, std::size_t begin, std::size_t end) {
+    for (std::size_t c = 0; c < detail::tile_count(m); ++c) total += std::exchange(at[c], total);
+    detail::for_each_tile(workers, m, [&](int, std::size_t c, std::size_t begin, std::size_t end) {
       std::size_t w = at[c];
       for (std::size_t b = begin; b < end; ++b) w += body(b, out + w);
     });

@@ -87,13 +87,13 @@ struct kokkos {
   }
 
   /// Writes to `*total` (space memory) the sum of `term(i)` (a double) over [0, n) in
-  /// the order of detail/fixed_order_sum.hpp; `chunk` is workspace of chunk_count(n)
+  /// the order of detail/fixed_order_sum.hpp; `tile` is workspace of tile_count(n)
   /// doubles in space memory. Waits.
   template <class Term>
-  void sum(std::size_t n, const Term& term, double* chunk, double* total) const {
-    const std::size_t chunks = detail::chunk_count(n);
-    Kokkos::parallel_for("gradcomp::chunk_sums", range(chunks), chunk_sum_body<Term>{term, n, chunk});
-    Kokkos::parallel_for("gradcomp::sum_of_chunks", range(1), chunks_total{chunk, chunks, total});
+  void sum(std::size_t n, const Term& term, double* tile, double* total) const {
+    const std::size_t tiles = detail::tile_count(n);
+    Kokkos::parallel_for("gradcomp::tile_sums", range(tiles), tile_sum_body<Term>{term, n, tile});
+    Kokkos::parallel_for("gradcomp::sum_of_tiles", range(1), tiles_total{tile, tiles, total});
     space.fence();
   }
 
@@ -201,14 +201,14 @@ struct kokkos {
     }
   };
   template <class Term>
-  struct chunk_sum_body {
+  struct tile_sum_body {
     Term term;
     std::size_t n;
-    double* chunk;
+    double* tile;
     KOKKOS_INLINE_FUNCTION void operator()(std::int64_t c) const {
-      const std::size_t begin = static_cast<std::size_t>(c) * detail::host_chunk;
-      const std::size_t end = begin + detail::host_chunk < n ? begin + detail::host_chunk : n;
-      chunk[c] = detail::chunk_sum(term, begin, end);
+      const std::size_t begin = static_cast<std::size_t>(c) * detail::host_tile;
+      const std::size_t end = begin + detail::host_tile < n ? begin + detail::host_tile : n;
+      tile[c] = detail::tile_sum(term, begin, end);
     }
   };
   template <class Body>
@@ -224,11 +224,11 @@ struct kokkos {
         *count = static_cast<std::uint32_t>(at);  // the last item knows the total
     }
   };
-  struct chunks_total {
-    const double* chunk;
-    std::size_t chunks;
+  struct tiles_total {
+    const double* tile;
+    std::size_t tiles;
     double* total;
-    KOKKOS_INLINE_FUNCTION void operator()(std::int64_t) const { *total = detail::sum_of_chunks(chunk, chunks); }
+    KOKKOS_INLINE_FUNCTION void operator()(std::int64_t) const { *total = detail::sum_of_tiles(tile, tiles); }
   };
   template <class T>
   struct clear_body {

@@ -26,13 +26,9 @@ GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 
 inline constexpr std::size_t delta_block = 128;  // gaps per delta_bitpack block
-inline constexpr std::uint32_t qsgd_max_levels = 1u << 16;
 
 constexpr bool is_wire_index_coding(index_coding c) noexcept {
   return c == index_coding::raw32 || c == index_coding::delta_bitpack || c == index_coding::bitmap;
-}
-constexpr bool is_wire_value_coding(value_coding c) noexcept {
-  return c >= value_coding::f32 && c <= value_coding::qsgd;
 }
 
 // -- bit streams ----------------------------------------------------------------------
@@ -72,18 +68,6 @@ GRADCOMP_HOST_DEVICE constexpr std::size_t blocks_of(std::size_t items, std::siz
   return (items + per_block - 1) / per_block;
 }
 
-/// Bits needed to write v (0 for 0), in host and device code.
-GRADCOMP_HOST_DEVICE constexpr unsigned bit_width_of(std::uint32_t v) noexcept {
-  unsigned width = 0;
-  while ((std::uint64_t{v} >> width) != 0) ++width;
-  return width;
-}
-
-/// Bits per qsgd entry: a sign bit and a level in [0, levels].
-GRADCOMP_HOST_DEVICE constexpr unsigned qsgd_entry_bits(std::uint32_t levels) noexcept {
-  return 1u + bit_width_of(levels);
-}
-
 /// Largest index section a coding can need for `count` of `n` entries.
 GRADCOMP_HOST_DEVICE constexpr std::uint64_t max_index_section_bytes(index_coding c, std::uint64_t n,
                                                                      std::uint64_t count) noexcept {
@@ -96,25 +80,6 @@ GRADCOMP_HOST_DEVICE constexpr std::uint64_t max_index_section_bytes(index_codin
       return bitmap_bytes(n);
     case index_coding::automatic:  // auto never exceeds either
       return 4 * count < bitmap_bytes(n) ? 4 * count : bitmap_bytes(n);
-  }
-  return 0;
-}
-
-/// Exact value-section size for `count` entries (`levels` for qsgd).
-GRADCOMP_HOST_DEVICE constexpr std::uint64_t value_section_bytes(value_coding c, std::uint64_t count,
-                                                                 std::uint32_t levels) noexcept {
-  switch (c) {
-    case value_coding::f32:
-      return 4 * count;
-    case value_coding::f16:
-    case value_coding::bf16:
-      return 2 * count;
-    case value_coding::int8:
-      return count;
-    case value_coding::ternary:
-      return (count + 7) / 8;
-    case value_coding::qsgd:
-      return (count * qsgd_entry_bits(levels) + 7) / 8;
   }
   return 0;
 }
@@ -140,22 +105,23 @@ void check_section_sizes(const Header& h) {
     case index_coding::automatic:
       break;
   }
-  const bool scaled = h.value == value_coding::int8 || h.value == value_coding::ternary;
-  const bool qsgd = h.value == value_coding::qsgd;
-  if (qsgd) {
-    require(h.codec_param >= 1 && h.codec_param <= qsgd_max_levels, errc::corrupt_message,
-            "message qsgd levels = ", h.codec_param, " is outside [1, ", qsgd_max_levels, "]");
-  } else {
-    require(h.codec_param == 0, errc::corrupt_message, "message value coding ", to_string(h.value),
-            " takes no codec parameter, the header carries ", h.codec_param);
-  }
-  if (scaled || qsgd) {
-    require(std::isfinite(h.value_param) && h.value_param >= 0.0f, errc::corrupt_message, "message ",
-            to_string(h.value), " scale = ", h.value_param, " is not a finite non-negative number");
-  } else {
-    require(std::bit_cast<std::uint32_t>(h.value_param) == 0, errc::corrupt_message, "message value coding ",
-            to_string(h.value), " takes no scale, the header carries ", h.value_param);
-  }
+  visit_value_coding(h.value, [&](auto coding) {
+    using C = decltype(coding);
+    if constexpr (C::takes_levels) {
+      require(h.codec_param >= 1 && h.codec_param <= qsgd_max_levels, errc::corrupt_message, "message ", C::name,
+              " levels = ", h.codec_param, " is outside [1, ", qsgd_max_levels, "]");
+    } else {
+      require(h.codec_param == 0, errc::corrupt_message, "message value coding ", C::name,
+              " takes no codec parameter, the header carries ", h.codec_param);
+    }
+    if constexpr (C::has_param) {
+      require(std::isfinite(h.value_param) && h.value_param >= 0.0f, errc::corrupt_message, "message ", C::name,
+              " scale = ", h.value_param, " is not a finite non-negative number");
+    } else {
+      require(std::bit_cast<std::uint32_t>(h.value_param) == 0, errc::corrupt_message, "message value coding ", C::name,
+              " takes no scale, the header carries ", h.value_param);
+    }
+  });
   const auto want_value = value_section_bytes(h.value, h.count, h.codec_param);
   require(h.value_bytes == want_value, errc::corrupt_message, "message value section is ", h.value_bytes, " bytes, ",
           to_string(h.value), " with count = ", h.count, " needs ", want_value);
@@ -219,11 +185,11 @@ void validate_index_section(const Header& h, const std::byte* section, F&& f) {
 }
 
 /// Checks that the value section's bits after the last entry are zero, for the codings
-/// that pack entries into bits (ternary, qsgd): the canonical form the encoder writes.
+/// whose fields are not whole bytes (ternary, qsgd): the canonical form the encoder writes.
 template <class Header>
 void check_value_padding(const Header& h, const std::byte* section) {
-  if (h.value != value_coding::ternary && h.value != value_coding::qsgd) return;
-  const std::uint64_t used = h.value == value_coding::ternary ? h.count : h.count * qsgd_entry_bits(h.codec_param);
+  if (value_entry_bits(h.value, h.codec_param) % 8 == 0) return;
+  const std::uint64_t used = h.count * value_entry_bits(h.value, h.codec_param);
   require(padding_is_zero(section, used, h.value_bytes), errc::corrupt_message, "message ", to_string(h.value),
           " value section has nonzero padding bits after its ", h.count, " entries");
 }
@@ -234,11 +200,19 @@ void for_each_index(const Header& h, const std::byte* section, F&& f) {
   validate_index_section(h, section, [&](std::uint64_t index) { f(static_cast<std::uint32_t>(index)); });
 }
 
-/// The value a qsgd entry decodes to; shared by encoder and decoder so `sent` matches.
-GRADCOMP_HOST_DEVICE inline float qsgd_value(float norm, std::uint32_t level, std::uint32_t levels,
-                                             bool negative) noexcept {
-  const float v = norm * (static_cast<float>(level) / static_cast<float>(levels));
-  return negative ? -v : v;
+/// Entry j's field of a value section whose entries are `bits` wide: whole bytes
+/// little-endian, or packed LSB-first.
+GRADCOMP_HOST_DEVICE inline std::uint32_t value_field(const std::byte* section, std::size_t j, unsigned bits) noexcept {
+  switch (bits) {
+    case 32:
+      return load_le<std::uint32_t>(section + 4 * j);
+    case 16:
+      return load_le<std::uint16_t>(section + 2 * j);
+    case 8:
+      return static_cast<std::uint32_t>(section[j]);
+    default:
+      return read_bits(section, std::uint64_t{j} * bits, bits);
+  }
 }
 
 /// Random access to decoded values of a section whose header passed check_section_sizes.
@@ -246,32 +220,15 @@ class value_decoder {
  public:
   template <class Header>
   GRADCOMP_HOST_DEVICE value_decoder(const Header& h, const std::byte* section) noexcept
-      : coding_(h.value), section_(section), param_(h.value_param), levels_(h.codec_param) {}
+      : coding_(h.value),
+        section_(section),
+        param_(h.value_param),
+        levels_(h.codec_param),
+        bits_(value_entry_bits(h.value, h.codec_param)) {}
 
   GRADCOMP_HOST_DEVICE float operator()(std::size_t j) const noexcept {
-    switch (coding_) {
-      case value_coding::f32:
-        return load_le<float>(section_ + 4 * j);
-      case value_coding::f16:
-        return half_to_float(load_le<std::uint16_t>(section_ + 2 * j));
-      case value_coding::bf16:
-        return bfloat_to_float(load_le<std::uint16_t>(section_ + 2 * j));
-      case value_coding::int8: {
-        const auto q = static_cast<std::int8_t>(section_[j]);
-        // -128 is outside the coding; make it decode to NaN so validation rejects it.
-        return q == -128 ? std::numeric_limits<float>::quiet_NaN() : static_cast<float>(q) * param_;
-      }
-      case value_coding::ternary:
-        return read_bits(section_, j, 1) ? -param_ : param_;
-      case value_coding::qsgd: {
-        const unsigned bits = qsgd_entry_bits(levels_);
-        const std::uint32_t field = read_bits(section_, std::uint64_t{j} * bits, bits);
-        const std::uint32_t level = field >> 1;
-        if (level > levels_) return std::numeric_limits<float>::quiet_NaN();  // rejected by validation
-        return qsgd_value(param_, level, levels_, (field & 1u) != 0);
-      }
-    }
-    return 0.0f;
+    const std::uint32_t field = value_field(section_, j, bits_);
+    return visit_value_coding(coding_, [&](auto coding) { return decltype(coding)::decode(field, param_, levels_); });
   }
 
  private:
@@ -279,6 +236,7 @@ class value_decoder {
   const std::byte* section_;
   float param_;
   std::uint32_t levels_;
+  unsigned bits_;
 };
 
 }  // namespace detail

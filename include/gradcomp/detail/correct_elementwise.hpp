@@ -129,7 +129,7 @@ class elementwise_correction {
       : backend_(be),
         n_(n),
         acc_(be.template allocate<float>(own_acc ? n : 0)),
-        chunk_sums_(be.template allocate<double>(scales_gradient<Policy>() ? chunk_count(n) : 0)),
+        tile_sums_(be.template allocate<double>(scales_gradient<Policy>() ? tile_count(n) : 0)),
         sum_of_squares_(be.template allocate<double>(scales_gradient<Policy>() ? 1 : 0)),
         scale_(be.template allocate<float>(scales_gradient<Policy>() ? 1 : 0)),
         staging_(Backend::host_accessible ? 0 : n) {
@@ -145,7 +145,7 @@ class elementwise_correction {
     const float* scale = nullptr;
     if constexpr (scales_gradient<Policy>()) {
       if (policy.needs_norm()) {
-        be.sum(n_, square_of{g.data()}, chunk_sums_.data(), sum_of_squares_.data());
+        be.sum(n_, square_of{g.data()}, tile_sums_.data(), sum_of_squares_.data());
         be.for_each(1, elementwise::scale_from_norm<Policy>{policy, sum_of_squares_.data(), scale_.data()});
         scale = scale_.data();
       }
@@ -212,14 +212,14 @@ class elementwise_correction {
   std::array<buffer, arrays + 1> committed_{};
   std::array<buffer, arrays + 1> next_{};
   buffer acc_;
-  typename Backend::template buffer<double> chunk_sums_;
+  typename Backend::template buffer<double> tile_sums_;
   typename Backend::template buffer<double> sum_of_squares_;
   buffer scale_;
   mutable std::vector<float> staging_;
 };
 
-/// Every backend runs the element-wise correctors with the algorithm above, unless it
-/// specialises engine for them (backend::host's fused fast path).
+/// Every backend runs the element-wise correctors with the algorithm above, unless it has
+/// a fast path for them (a detail::fast_engine: backend::host's fused pass).
 template <elementwise_corrector Policy, class Backend>
 class engine<Policy, Backend> : public elementwise_correction<Policy, Backend> {
  public:

@@ -1,7 +1,7 @@
 /// \file detail/correct_none.hpp
 /// correct::none's algorithm over the backend primitives: acc is the gradient itself,
 /// checked for NaN and infinity. What backend::kokkos and backend::cuda run;
-/// backend::host's engine (detail/host/correct_none.hpp) also hands each checked chunk to the
+/// backend::host's engine (detail/host/correct_none.hpp) also hands each checked tile to the
 /// selector while it is in cache. Not API.
 #pragma once
 

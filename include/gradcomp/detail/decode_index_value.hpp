@@ -61,7 +61,7 @@ GRADCOMP_HOST_DEVICE constexpr unsigned lowest_bit(unsigned byte) noexcept {  //
   return at;
 }
 
-/// The chunks' CRC registers of the message.
+/// The tiles' CRC registers of the message.
 struct checksum_parts {
   const std::byte* message;
   std::uint64_t bytes;
@@ -347,8 +347,8 @@ class message_decoder {
     }
     decode_indices(on, h, bytes, true);
     const value_decoder values(h, value_section(h, bytes));
-    if (h.value == value_coding::ternary || h.value == value_coding::qsgd) {
-      const std::uint64_t used = h.value == value_coding::ternary ? h.count : h.count * qsgd_entry_bits(h.codec_param);
+    if (value_entry_bits(h.value, h.codec_param) % 8 != 0) {  // a packed coding: its padding
+      const std::uint64_t used = h.count * value_entry_bits(h.value, h.codec_param);
       on.reduce_or(1, value_padding{value_section(h, bytes), used, h.value_bytes}, faults);
     }
     on.reduce_or(static_cast<std::size_t>(h.count), values_finite{values}, faults);
@@ -418,7 +418,7 @@ class message_decoder {
         break;
       case index_coding::bitmap: {
         const auto bytes_n = static_cast<std::size_t>(bitmap_bytes(h.n));
-        grow(sums_, chunk_count(bytes_n) + 1);
+        grow(sums_, tile_count(bytes_n) + 1);
         grow(scratch_, std::max<std::size_t>(on.expand_workspace(bytes_n), 1));
         if (checking) {
           on.reduce_or(1, bitmap_tail{section, h.n}, faults);

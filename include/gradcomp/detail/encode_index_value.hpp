@@ -9,17 +9,17 @@
 /// The passes, in order (each skips its work once the status holds a NaN, and each runs
 /// over the workspace's capacity, guarded by the count in the status):
 ///  1. gather: values[j] = acc[index[j]] times the selector's value scale;
-///  2. what the value coding needs of all values: int8 the largest magnitude
-///     (reduce_max), ternary the sum of magnitudes, qsgd the sum of squares (sum, in
-///     the fixed order, so every backend gets the same bits);
+///  2. what the value coding needs of all values (its statistic, detail/value_codings.hpp):
+///     int8 the largest magnitude (reduce_max), ternary the sum of magnitudes, qsgd the
+///     sum of squares (sum, in the fixed order, so every backend gets the same bits);
 ///  3. delta_bitpack (and automatic): each block of 128 gaps its bit width, and groups
 ///     of 64 blocks their total, which the plan scans into each block's offset;
 ///  4. the plan (one item): the index coding (automatic: the smallest), the section
 ///     sizes, the value coding's parameter, the header, the size into the status;
 ///  5. the index section: raw32 by entry, bitmap by the entry that owns each byte (after
 ///     clearing the bitmap), delta_bitpack by block;
-///  6. the value section: f32, f16, bf16 and int8 by entry; ternary and qsgd by byte,
-///     each byte assembling the bits of the entries that overlap it;
+///  6. the value section: a byte-aligned coding (f32, f16, bf16, int8) by entry, a packed
+///     one (ternary, qsgd) by byte, each byte assembling the fields that overlap it;
 ///  7. the checksum: a CRC-32C register per kilobyte, then one item chains them.
 #pragma once
 
@@ -33,6 +33,7 @@
 #include <gradcomp/detail/random.hpp>
 #include <gradcomp/detail/selector_work.hpp>
 #include <gradcomp/detail/step_input.hpp>
+#include <gradcomp/detail/value_codings.hpp>
 #include <gradcomp/detail/wire.hpp>
 #include <gradcomp/encode/index_value.hpp>
 #include <gradcomp/message.hpp>
@@ -175,18 +176,9 @@ struct plan_message : step_entries {
     }
     const std::uint64_t index_bytes =
         index == index_coding::delta_bitpack ? delta : max_index_section_bytes(index, n, count);
-    float param = 0.0f;
-    if (value == value_coding::int8) {
-      // max|v| / 127, lowered until 127 times it stays finite, as the receiver computes it.
-      param = float_of(plan->max_key) / 127.0f;
-      while (magnitude_key(127.0f * param) >= non_finite_key) param = float_of(bits_of(param) - 1);
-    } else if (value == value_coding::ternary) {
-      param = count > 0 ? static_cast<float>(plan->moment / static_cast<double>(count)) : 0.0f;
-    } else if (value == value_coding::qsgd) {
-      // The norm goes on the wire as a float: saturated there.
-      const double norm = std::sqrt(plan->moment);
-      param = static_cast<float>(norm < static_cast<double>(largest_float) ? norm : static_cast<double>(largest_float));
-    }
+    const value_statistics statistics{plan->max_key, plan->moment};
+    const float param =
+        visit_value_coding(value, [&](auto coding) { return decltype(coding)::param(statistics, count); });
     message_header h;
     h.index = index;
     h.value = value;
@@ -196,7 +188,8 @@ struct plan_message : step_entries {
     h.index_bytes = index_bytes;
     h.value_bytes = value_section_bytes(value, count, levels);
     h.value_param = param;
-    h.codec_param = value == value_coding::qsgd ? levels : 0u;
+    h.codec_param =
+        visit_value_coding(value, [&](auto coding) { return decltype(coding)::takes_levels ? levels : 0u; });
     write_header(out, h);
     plan->index = static_cast<std::uint32_t>(index);
     plan->index_bytes = h.index_bytes;
@@ -291,82 +284,55 @@ GRADCOMP_HOST_DEVICE inline std::byte* value_section(std::byte* out, const messa
   return out + message_header::size + plan->index_bytes;
 }
 
-/// f32, f16, bf16 and int8 (the template argument, so that the loop has no switch):
-/// entry j at its own bytes; sent[j] what the receiver decodes.
-template <value_coding Coding>
-struct write_value : step_entries {
+/// A byte-aligned coding's entries (f32, f16, bf16, int8): entry j at its own bytes;
+/// sent[j] what the receiver decodes.
+template <class Coding>
+struct write_entries : step_entries {
   const message_plan* plan;
+  value_args args;  // but the param, which is the plan's
   const float* values;
   std::byte* out;
   float* sent;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
     if (!live(j)) return;
-    std::byte* section = value_section(out, plan);
-    const float v = values[j];
-    if constexpr (Coding == value_coding::f16) {
-      const std::uint16_t h = float_to_half(v);
-      store_le<std::uint16_t>(section + 2 * j, h);
-      sent[j] = half_to_float(h);
-    } else if constexpr (Coding == value_coding::bf16) {
-      const std::uint16_t b = float_to_bfloat(v);
-      store_le<std::uint16_t>(section + 2 * j, b);
-      sent[j] = bfloat_to_float(b);
-    } else if constexpr (Coding == value_coding::int8) {
-      // Through the integer, as the receiver decodes it: a -0 rounding becomes +0.
-      const float scale = plan->value_param;
-      float q = scale > 0.0f ? std::nearbyint(v / scale) : 0.0f;
-      q = q < -127.0f ? -127.0f : (q > 127.0f ? 127.0f : q);
-      const auto code = static_cast<std::int8_t>(q);
-      section[j] = static_cast<std::byte>(code);
-      sent[j] = mul_rn(static_cast<float>(code), scale);
+    value_args a = args;
+    a.param = plan->value_param;
+    float decoded = 0.0f;
+    const std::uint32_t field = Coding::encode(values[j], a, j, decoded);
+    constexpr unsigned bits = Coding::entry_bits(0);
+    std::byte* p = value_section(out, plan) + j * (bits / 8);
+    if constexpr (bits == 32) {
+      store_le<std::uint32_t>(p, field);
+    } else if constexpr (bits == 16) {
+      store_le<std::uint16_t>(p, static_cast<std::uint16_t>(field));
     } else {
-      store_le<float>(section + 4 * j, v);
-      sent[j] = v;
+      static_assert(bits == 8, "a byte-aligned coding's field is 8, 16 or 32 bits");
+      *p = static_cast<std::byte>(field);
     }
+    sent[j] = decoded;
   }
 };
 
-/// ternary and qsgd: byte b assembles the bits of every entry that overlaps it, and
-/// sets sent[j] for the entries that start in it (each entry starts in one byte).
+/// A packed coding's entries (ternary, qsgd): byte b assembles the bits of every entry
+/// that overlaps it, and sets sent[j] for the entries that start in it (each entry
+/// starts in one byte).
+template <class Coding>
 struct write_packed_byte : step_entries {
   const message_plan* plan;
-  value_coding coding;
-  std::uint32_t levels;
-  std::uint64_t seed, step;
+  value_args args;  // but the param, which is the plan's
   const float* values;
   std::byte* out;
   float* sent;
-
-  // Entry j's field (sign in bit 0; qsgd's level above it) and its decoded value.
-  GRADCOMP_HOST_DEVICE std::uint32_t field(std::size_t j, float& decoded) const {
-    const float v = values[j];
-    const bool negative = (bits_of(v) >> 31) != 0;
-    const float param = plan->value_param;
-    if (coding == value_coding::ternary) {
-      decoded = negative ? -param : param;
-      return negative ? 1u : 0u;
-    }
-    std::uint32_t level = 0;
-    if (param > 0.0f) {
-      const double r =
-          mul_rn(static_cast<double>(magnitude_of(v)) / static_cast<double>(param), static_cast<double>(levels));
-      const double below = std::floor(r);
-      level = static_cast<std::uint32_t>(below) + (random_unit(seed, step, j) < r - below ? 1u : 0u);
-      level = level < levels ? level : levels;
-    }
-    decoded = qsgd_value(param, level, levels, negative);
-    return (level << 1) | (negative ? 1u : 0u);
-  }
-  GRADCOMP_HOST_DEVICE static float magnitude_of(float v) noexcept { return float_of(magnitude_key(v)); }
-
   GRADCOMP_HOST_DEVICE void operator()(std::size_t b) const {
     if (status->non_finite != 0 || b >= plan->value_bytes) return;
-    const std::uint64_t bits = coding == value_coding::ternary ? 1 : qsgd_entry_bits(levels);
+    value_args a = args;
+    a.param = plan->value_param;
+    const std::uint64_t bits = Coding::entry_bits(a.levels);
     const std::uint64_t first_bit = 8 * std::uint64_t{b};
     std::uint32_t byte = 0;
     for (std::uint64_t j = first_bit / bits; j < status->count && j * bits < first_bit + 8; ++j) {
       float decoded = 0.0f;
-      const std::uint32_t f = field(static_cast<std::size_t>(j), decoded);
+      const std::uint32_t f = Coding::encode(values[j], a, static_cast<std::size_t>(j), decoded);
       if (j * bits >= first_bit) {
         byte |= f << (j * bits - first_bit);
         sent[j] = decoded;
@@ -380,7 +346,7 @@ struct write_packed_byte : step_entries {
 
 // -- 7: the checksum --------------------------------------------------------------------
 
-/// parts[c] = the CRC-32C register that message bytes [16 + c * chunk, ...) give from 0.
+/// parts[c] = the CRC-32C register that message bytes [16 + c * tile, ...) give from 0.
 struct checksum_part : step_entries {
   const message_plan* plan;
   const std::byte* out;
@@ -392,7 +358,7 @@ struct checksum_part : step_entries {
 };
 
 /// The message's CRC-32C with its checksum field read as 0 (message_checksum): the
-/// first 12 bytes and four zeros, then each chunk's register chained on.
+/// first 12 bytes and four zeros, then each tile's register chained on.
 struct checksum_finish : step_entries {
   const message_plan* plan;
   const std::uint32_t* parts;
@@ -415,7 +381,7 @@ class message_writer {
         plan_(be.template allocate<message_plan>(1)),
         widths_(be.template allocate<std::uint32_t>(blocks_of(capacity, delta_block))),
         group_width_(be.template allocate<std::uint64_t>(blocks_of(blocks_of(capacity, delta_block), delta_group))),
-        chunk_(be.template allocate<double>(chunk_count(capacity))),
+        tile_(be.template allocate<double>(tile_count(capacity))),
         parts_(be.template allocate<std::uint32_t>(blocks_of(policy.max_bytes(n, capacity), checksum_chunk))) {}
 
   /// Queues the message of the status's count entries, index[j] with values[j], into
@@ -430,17 +396,15 @@ class message_writer {
     const std::size_t groups = blocks_of(blocks, delta_group);
     message_plan* plan = plan_.data();
     be.clear(plan, 1);
-    switch (policy.value) {
-      case value_coding::int8:
+    visit_value_coding(policy.value, [&](auto coding) {  // what the coding needs of all values
+      constexpr value_statistic statistic = decltype(coding)::statistic;
+      if constexpr (statistic == value_statistic::max_magnitude) {
         be.reduce_max(bound, value_key{entries, values}, &plan->max_key);
-        break;
-      case value_coding::ternary:
-      case value_coding::qsgd:
-        be.sum(bound, value_moment{entries, values, policy.value == value_coding::qsgd}, chunk_.data(), &plan->moment);
-        break;
-      default:
-        break;
-    }
+      } else if constexpr (statistic != value_statistic::none) {
+        be.sum(bound, value_moment{entries, values, statistic == value_statistic::sum_squares}, tile_.data(),
+               &plan->moment);
+      }
+    });
     const bool delta = policy.index == index_coding::delta_bitpack || policy.index == index_coding::automatic;
     if (delta) {
       be.for_each(blocks, delta_block_width{entries, index, widths_.data()});
@@ -464,29 +428,16 @@ class message_writer {
       be.for_each(blocks, write_delta_block{section, index, widths_.data(), group_width_.data(), index_section});
     }
 
-    if (policy.value == value_coding::ternary || policy.value == value_coding::qsgd) {
-      const auto bytes = static_cast<std::size_t>(value_section_bytes(policy.value, bound, policy.levels));
-      be.for_each(bytes,
-                  write_packed_byte{entries, plan, policy.value, policy.levels, policy.seed, step, values, out, sent});
-    } else {
-      const auto write = [&]<value_coding Coding>() {
-        be.for_each(bound, write_value<Coding>{entries, plan, values, out, sent});
-      };
-      switch (policy.value) {
-        case value_coding::f16:
-          write.template operator()<value_coding::f16>();
-          break;
-        case value_coding::bf16:
-          write.template operator()<value_coding::bf16>();
-          break;
-        case value_coding::int8:
-          write.template operator()<value_coding::int8>();
-          break;
-        default:
-          write.template operator()<value_coding::f32>();
-          break;
+    const value_args args{0.0f, policy.levels, policy.seed, step};
+    visit_value_coding(policy.value, [&](auto coding) {
+      using C = decltype(coding);
+      if constexpr (C::byte_aligned) {
+        be.for_each(bound, write_entries<C>{entries, plan, args, values, out, sent});
+      } else {
+        const auto bytes = static_cast<std::size_t>(value_section_bytes(C::id, bound, policy.levels));
+        be.for_each(bytes, write_packed_byte<C>{entries, plan, args, values, out, sent});
       }
-    }
+    });
 
     if (policy.checksum) {
       const std::size_t parts = blocks_of(policy.max_bytes(n_, bound), checksum_chunk);
@@ -500,7 +451,7 @@ class message_writer {
   typename Backend::template buffer<message_plan> plan_;
   typename Backend::template buffer<std::uint32_t> widths_;       // delta: each block's bit width
   typename Backend::template buffer<std::uint64_t> group_width_;  // delta: each group's widths, then where it starts
-  typename Backend::template buffer<double> chunk_;               // the fixed-order sum's chunk sums
+  typename Backend::template buffer<double> tile_;                // the fixed-order sum's tile sums
   typename Backend::template buffer<std::uint32_t> parts_;        // the checksum's registers
 };
 

@@ -1,5 +1,5 @@
 /// \file detail/sampled_threshold_steps.hpp
-/// The backend-independent steps of select::sampled_threshold (ALGORITHMS.md): where
+/// The backend-independent steps of select::sampled_threshold (docs/algorithms.md): where
 /// the sample lies, its threshold, and the refinement loop. Templates on the policy so
 /// that this header needs not include it (the policy header includes the host engine,
 /// which includes this). Not API.

@@ -1,5 +1,5 @@
 /// \file detail/select_sampled_threshold.hpp
-/// select::sampled_threshold's algorithm (DGC's hierarchical selection, ALGORITHMS.md)
+/// select::sampled_threshold's algorithm (DGC's hierarchical selection, docs/algorithms.md)
 /// over the backend primitives, every step of it queued: nothing is read back during a
 /// step, so on backend::cuda a step of the dgc preset reads only the step's status.
 ///

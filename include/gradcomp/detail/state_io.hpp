@@ -215,6 +215,21 @@ class state_reader {
   std::vector<field> selector_;
 };
 
+/// The policies' names as a record carries them: "selector;corrector;encoder".
+template <class Selector, class Corrector, class Encoder>
+std::string signature_of(const Selector& s, const Corrector& c, const Encoder& e) {
+  return s.name() + ";" + c.name() + ";" + e.name();
+}
+/// The selector's density as a record carries it: 0 where it has none.
+template <class Selector>
+double density_of(const Selector& s) {
+  if constexpr (requires { s.density; }) {
+    return static_cast<double>(s.density);
+  } else {
+    return 0.0;
+  }
+}
+
 /// Writes the record of a compressor of `signature` (its policies' names) and n: its
 /// step, the selector's density (0 where it has none), the corrector's committed arrays
 /// (Arrays of them) and the selector engine's saved state, where it keeps one.

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <span>
+#include <type_traits>
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
@@ -19,8 +20,22 @@ namespace detail {
 template <class Backend>
 class widening {
  public:
-  /// `grad` (n elements of the backend's memory, checked here as a step checks its
-  /// gradient) widened on `on`; valid until the next call.
+  /// The float32 values of `grad`, a gradient_view of n elements: its own, or a 16-bit
+  /// gradient's widened on `on` (checked first as a step checks its gradient); valid
+  /// until the next call.
+  template <class Grad>
+  std::span<const float> float_values(const Backend& on, const Backend& be, const char* who, const Grad& grad,
+                                      std::size_t n) {
+    if constexpr (std::is_convertible_v<const Grad&, backend_span<Backend, const float>>) {
+      return raw(backend_span<Backend, const float>(grad));
+    } else {
+      using T =
+          std::conditional_t<std::is_convertible_v<const Grad&, backend_span<Backend, const half>>, half, bfloat16>;
+      return values(on, be, who, raw(backend_span<Backend, const T>(grad)), n);
+    }
+  }
+
+ private:
   template <narrow_float T>
   std::span<const float> values(const Backend& on, const Backend& be, const char* who, std::span<const T> grad,
                                 std::size_t n) {
@@ -33,7 +48,6 @@ class widening {
     return {wide_.data(), n};
   }
 
- private:
   typename Backend::template buffer<float> wide_;
 };
 

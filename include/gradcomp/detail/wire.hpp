@@ -105,10 +105,10 @@ GRADCOMP_HOST_DEVICE constexpr std::uint32_t crc32c_zeros_factor(std::uint64_t b
 }
 
 /// A message's checksum in parallel pieces: the body after the checksum field (bytes 16
-/// on) in chunks of this many bytes, each chunk's register from 0 computed apart.
+/// on) in tiles of this many bytes, each tile's register from 0 computed apart.
 inline constexpr std::size_t checksum_chunk = 1024;
 
-/// The register that chunk c of the body of a message of `bytes` bytes gives from 0.
+/// The register that tile c of the body of a message of `bytes` bytes gives from 0.
 GRADCOMP_HOST_DEVICE inline std::uint32_t message_checksum_part(const std::byte* message, std::uint64_t bytes,
                                                                 std::uint64_t c) noexcept {
   const std::uint64_t begin = 16 + c * checksum_chunk;
@@ -119,18 +119,18 @@ GRADCOMP_HOST_DEVICE inline std::uint32_t message_checksum_part(const std::byte*
 }
 
 /// The CRC-32C of a message with its checksum field read as 0 (message.hpp's
-/// message_checksum) from the registers of its body's chunks: the first 12 bytes and
-/// four zeros, then each chunk's register chained on.
+/// message_checksum) from the registers of its body's tiles: the first 12 bytes and
+/// four zeros, then each tile's register chained on.
 GRADCOMP_HOST_DEVICE inline std::uint32_t message_checksum_of_parts(const std::byte* message, std::uint64_t bytes,
                                                                     const std::uint32_t* parts) noexcept {
   std::uint32_t reg = crc32c_init;
   for (std::size_t i = 0; i < 12; ++i) reg = crc32c_byte(reg, message[i]);
   for (std::size_t i = 0; i < 4; ++i) reg = crc32c_byte(reg, std::byte{0});
   const std::uint64_t body = bytes - 16;
-  const std::uint32_t full_chunk = crc32c_zeros_factor(checksum_chunk);
+  const std::uint32_t full_tile = crc32c_zeros_factor(checksum_chunk);
   for (std::uint64_t c = 0; c * checksum_chunk < body; ++c) {
     const std::uint64_t len = body - c * checksum_chunk < checksum_chunk ? body - c * checksum_chunk : checksum_chunk;
-    const std::uint32_t factor = len == checksum_chunk ? full_chunk : crc32c_zeros_factor(len);
+    const std::uint32_t factor = len == checksum_chunk ? full_tile : crc32c_zeros_factor(len);
     reg = crc32c_multiply(factor, reg) ^ parts[c];
   }
   return crc32c_final(reg);

@@ -16,7 +16,8 @@ enum class index_coding : std::uint8_t {
   bitmap = 3,         ///< one bit per element of the dense tensor
 };
 
-/// How the value section is written. The numeric values are part of the wire format.
+/// How the value section is written. The numeric values are part of the wire format;
+/// each coding is a struct of detail/value_codings.hpp (its name, layout and arithmetic).
 enum class value_coding : std::uint8_t {
   f32 = 1,      ///< IEEE binary32, exact
   f16 = 2,      ///< IEEE binary16, round to nearest even, saturating at +-65504
@@ -41,23 +42,7 @@ constexpr const char* to_string(index_coding c) noexcept {
   return "unknown";
 }
 
-/// Lower-case name of a value coding, as used in messages and the CLI.
-constexpr const char* to_string(value_coding c) noexcept {
-  switch (c) {
-    case value_coding::f32:
-      return "f32";
-    case value_coding::f16:
-      return "f16";
-    case value_coding::bf16:
-      return "bf16";
-    case value_coding::int8:
-      return "int8";
-    case value_coding::ternary:
-      return "ternary";
-    case value_coding::qsgd:
-      return "qsgd";
-  }
-  return "unknown";
-}
-
 GRADCOMP_NAMESPACE_END
+
+// Every value coding's struct, and to_string(value_coding), which they name.
+#include <gradcomp/detail/value_codings.hpp>

@@ -21,25 +21,26 @@ namespace encode {
 struct index_value {
   gradcomp::index_coding index = gradcomp::index_coding::automatic;  ///< how indices are written
   gradcomp::value_coding value = gradcomp::value_coding::f32;        ///< how values are written
-  std::uint32_t levels = 16;                                         ///< qsgd: quantisation levels, in [1, 65536]
-  std::uint64_t seed = 0;  ///< qsgd: seed of the stochastic rounding (with the step)
-  bool checksum = false;   ///< add a CRC-32C of the message, checked by the decoder
+  std::uint32_t levels = 16;  ///< the codings that take levels (qsgd): quantisation levels, in [1, 65536]
+  std::uint64_t seed = 0;     ///< the codings that round at random (qsgd): the seed (with the step)
+  bool checksum = false;      ///< add a CRC-32C of the message, checked by the decoder
 
   /// The policy's name, as checkpoints and messages of errors record it.
   [[nodiscard]] std::string name() const {
     std::string out = std::string("index_value(") + to_string(index) + "," + to_string(value);
-    if (value == gradcomp::value_coding::qsgd) out += "/" + std::to_string(levels);
+    if (detail::is_wire_value_coding(value) && detail::takes_levels(value)) out += "/" + std::to_string(levels);
     return out + ")";
   }
 
-  /// \throws gradcomp::error for an unknown coding or qsgd levels outside [1, 65536].
+  /// \throws gradcomp::error for an unknown coding, or levels outside [1, 65536] for a
+  ///         coding that takes them.
   void validate() const {
     detail::require(index == gradcomp::index_coding::automatic || detail::is_wire_index_coding(index),
                     errc::invalid_argument, "index_value: index coding ", static_cast<unsigned>(index),
                     " is not supported");
     detail::require(detail::is_wire_value_coding(value), errc::invalid_argument, "index_value: value coding ",
                     static_cast<unsigned>(value), " is not supported");
-    detail::require(value != gradcomp::value_coding::qsgd || (levels >= 1 && levels <= detail::qsgd_max_levels),
+    detail::require(!detail::takes_levels(value) || (levels >= 1 && levels <= detail::qsgd_max_levels),
                     errc::invalid_argument, "index_value: levels must be in [1, ", detail::qsgd_max_levels, "], got ",
                     levels);
   }

@@ -76,40 +76,40 @@ __global__ void histogram(std::uint64_t n, BinOf bin_of, std::uint32_t* counts) 
   });
 }
 
-/// Threads of chunk_sums for n terms: eight per chunk.
-inline unsigned chunk_sum_blocks(std::size_t n) {
-  return static_cast<unsigned>((chunk_count(n) * 8 + block_threads - 1) / block_threads);
+/// Threads of tile_sums for n terms: eight per tile.
+inline unsigned tile_sum_blocks(std::size_t n) {
+  return static_cast<unsigned>((tile_count(n) * 8 + block_threads - 1) / block_threads);
 }
 
-/// The chunk sums of backend::cuda::sum in the order of fixed_order_sum.hpp: thread
-/// 8c + l adds lane l of chunk c, and the chunk's first thread combines the lanes.
+/// The tile sums of backend::cuda::sum in the order of fixed_order_sum.hpp: thread
+/// 8c + l adds lane l of tile c, and the tile's first thread combines the lanes.
 template <class Term>
-__global__ void chunk_sums(std::uint64_t n, Term term, double* chunk) {
-  const std::uint64_t chunks = chunk_count(n);
+__global__ void tile_sums(std::uint64_t n, Term term, double* tile) {
+  const std::uint64_t tiles = tile_count(n);
   const std::uint64_t thread = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const std::uint64_t c = thread / 8;
   const unsigned lane = static_cast<unsigned>(thread % 8);
   double part = 0.0;
-  if (c < chunks) {
-    const std::uint64_t begin = c * host_chunk;
-    const std::uint64_t end = begin + host_chunk < n ? begin + host_chunk : n;
+  if (c < tiles) {
+    const std::uint64_t begin = c * host_tile;
+    const std::uint64_t end = begin + host_tile < n ? begin + host_tile : n;
     for (std::uint64_t i = begin + lane; i < end; i += 8) part = add_rn(part, term(static_cast<std::size_t>(i)));
   }
   // Lanes 8c..8c+7 sit in one warp (blocks are multiples of 32 threads).
   const unsigned base = threadIdx.x & ~7u;
   double lanes[8];
   for (unsigned l = 0; l < 8; ++l) lanes[l] = __shfl_sync(0xFFFFFFFFu, part, static_cast<int>((base + l) % 32));
-  if (c < chunks && lane == 0) chunk[c] = combine_lanes(lanes);
+  if (c < tiles && lane == 0) tile[c] = combine_lanes(lanes);
 }
 
 // Kernels that are not templates otherwise take an unused template parameter: a plain
 // __global__ function defined in a header would be defined again by every translation
 // unit that includes it, and nvcc ignores `inline` on kernels.
 
-/// The chunk sums added in chunk order, by one thread.
+/// The tile sums added in tile order, by one thread.
 template <class = void>
-__global__ void sum_of_chunks(const double* chunk, std::uint64_t chunks, double* total) {
-  *total = detail::sum_of_chunks(chunk, chunks);
+__global__ void sum_of_tiles(const double* tile, std::uint64_t tiles, double* total) {
+  *total = detail::sum_of_tiles(tile, tiles);
 }
 
 }  // namespace detail::cuda_launch

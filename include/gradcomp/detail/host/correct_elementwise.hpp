@@ -1,7 +1,7 @@
 /// \file detail/host/correct_elementwise.hpp
 /// backend::host's fast path for the element-wise correctors (error_feedback, momentum,
 /// clip_norm, low_pass, chain): the algorithm of detail/correct_elementwise.hpp fused
-/// with the selector's first pass (each chunk of acc is handed over while in cache),
+/// with the selector's first pass (each tile of acc is handed over while in cache),
 /// with an optimistic clipping order and in-place updates when a step cannot be
 /// rejected. The conformance tests prove it bit-identical to the generic algorithm on
 /// backend::host; bench_kokkos measures what it gains.
@@ -55,17 +55,17 @@ class fast_engine<Policy, backend::host> {
       : threads_(be.concurrency()),
         state_(n),
         acc_(own_acc ? n : 0),
-        partial_(chunk_count(n)),
-        chunk_max_(in_place_capable ? chunk_count(n) : 0) {}
+        partial_(tile_count(n)),
+        tile_max_(in_place_capable ? tile_count(n) : 0) {}
 
-  /// Computes the new state and acc for every element, handing each finished chunk of
-  /// acc to `visit(thread, begin, acc_chunk)`; a NaN or infinity in acc sets the
+  /// Computes the new state and acc for every element, handing each finished tile of
+  /// acc to `visit(thread, begin, acc_tile)`; a NaN or infinity in acc sets the
   /// status's verdict (host memory). Before each pass, `before_pass(acc_at)` may look ahead: `acc_at(i)` is the value
   /// that pass is about to produce at i (a selector samples acc with it, so that it
   /// can collect candidates during the pass instead of reading acc again after it).
   ///
   /// A clipping corrector needs ||g|| before it can scale g. When the last step did not
-  /// clip, the pass runs optimistically unscaled and sums g_i^2 chunk by chunk on the
+  /// clip, the pass runs optimistically unscaled and sums g_i^2 tile by tile on the
   /// side (from cache); only if the norm then calls for clipping does it run again,
   /// scaled, from the committed state, which the first run left untouched. When the
   /// last step clipped, the norm is taken first. Either way the result is the same and
@@ -84,7 +84,7 @@ class fast_engine<Policy, backend::host> {
   }
   /// update() with no selector watching the pass.
   void update(const backend::host& be, const Policy& policy, std::span<const float> g, step_status* status) {
-    update(be, policy, g, status, ignore_chunk{});
+    update(be, policy, g, status, ignore_tile{});
   }
 
   /// acc of the step in progress.
@@ -150,7 +150,7 @@ class fast_engine<Policy, backend::host> {
     if constexpr (scales_gradient<Policy>()) {
       if (policy.needs_norm()) {
         if (last_clipped_) {
-          for_each_chunk(threads_, g.size(), [&](int, std::size_t c, std::size_t begin, std::size_t end) {
+          for_each_tile(threads_, g.size(), [&](int, std::size_t c, std::size_t begin, std::size_t end) {
             partial_[c] = sum_of_squares(g.data() + begin, end - begin);
           });
           const float scale = policy.gradient_scale(total_of_partials());
@@ -174,7 +174,7 @@ class fast_engine<Policy, backend::host> {
     float scale = 1.0f;
     if constexpr (scales_gradient<Policy>()) {
       if (policy.needs_norm()) {
-        for_each_chunk(threads_, g.size(), [&](int, std::size_t c, std::size_t begin, std::size_t end) {
+        for_each_tile(threads_, g.size(), [&](int, std::size_t c, std::size_t begin, std::size_t end) {
           partial_[c] = sum_of_squares(g.data() + begin, end - begin);
         });
         scale = policy.gradient_scale(total_of_partials());
@@ -183,7 +183,7 @@ class fast_engine<Policy, backend::host> {
     std::array<const float*, arrays + 1> old{};
     for (std::size_t a = 0; a != arrays; ++a) old[a] = state_.committed(a).data();
     shared_flag bad;
-    for_each_chunk(threads_, g.size(), [&](int, std::size_t, std::size_t begin, std::size_t end) {
+    for_each_tile(threads_, g.size(), [&](int, std::size_t, std::size_t begin, std::size_t end) {
       std::uint32_t top = 0;
       for (std::size_t i = begin; i < end; ++i) {
         out[i] = acc_from(policy, old, i, g[i] * scale);
@@ -204,7 +204,7 @@ class fast_engine<Policy, backend::host> {
 
   double total_of_partials() const noexcept {
     double total = 0.0;
-    for (const double s : partial_) total += s;  // chunk order: the same for any thread count
+    for (const double s : partial_) total += s;  // tile order: the same for any thread count
     return total;
   }
 
@@ -232,7 +232,7 @@ class fast_engine<Policy, backend::host> {
     const bool in_place = arrays > 0 && old[0] == next[0];
     // Nothing is written yet, so old holds the committed state even in place.
     before_pass([&](std::size_t i) { return acc_from(policy, old, i, g[i] * scale); });
-    for_each_chunk(threads_, g.size(), [&](int thread, std::size_t c, std::size_t begin, std::size_t end) {
+    for_each_tile(threads_, g.size(), [&](int thread, std::size_t c, std::size_t begin, std::size_t end) {
       // The largest magnitude key of each state array and of acc, kept in the loop (an
       // integer maximum vectorises; a float one does not without -ffast-math): bounds
       // for the next step's in-place check, and a key at or above non_finite_key flags
@@ -263,7 +263,7 @@ class fast_engine<Policy, backend::host> {
       }
       if (sum_squares) partial_[c] = sum_of_squares(g.data() + begin, end - begin);
       if constexpr (in_place_capable) {
-        for (std::size_t a = 0; a != arrays; ++a) chunk_max_[c][a] = std::bit_cast<float>(top[a]);
+        for (std::size_t a = 0; a != arrays; ++a) tile_max_[c][a] = std::bit_cast<float>(top[a]);
       }
       const std::size_t acc_top = own_acc ? arrays : static_cast<std::size_t>(Policy::acc_state);
       if (static_cast<std::uint32_t>(top[acc_top]) >= non_finite_key) bad.raise();
@@ -271,7 +271,7 @@ class fast_engine<Policy, backend::host> {
     });
     if constexpr (in_place_capable) {  // a bound of the new state, for the next step's check
       next_max_ = {};
-      for (const auto& m : chunk_max_) {
+      for (const auto& m : tile_max_) {
         for (std::size_t a = 0; a != arrays; ++a) next_max_[a] = std::max(next_max_[a], m[a]);
       }
     }
@@ -282,8 +282,8 @@ class fast_engine<Policy, backend::host> {
   host_state<arrays> state_;
   std::vector<float> acc_;
   std::vector<double> partial_;
-  // Per chunk: max |new state| of each array.
-  std::vector<std::array<float, arrays>> chunk_max_;
+  // Per tile: max |new state| of each array.
+  std::vector<std::array<float, arrays>> tile_max_;
   std::array<float, arrays> committed_max_{};  // bounds of |committed state|: 0 at the start
   std::array<float, arrays> next_max_{};       // the same for the step in progress
   bool allow_in_place_ = true;

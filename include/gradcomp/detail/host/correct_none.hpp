@@ -26,32 +26,32 @@ class fast_engine<correct::none, backend::host> {
  public:
   fast_engine(const backend::host&, const correct::none&, std::size_t) {}
 
-  /// Checks g and hands each chunk to `visit(thread, begin, acc_chunk)`; a NaN or
+  /// Checks g and hands each tile to `visit(thread, begin, acc_tile)`; a NaN or
   /// infinity in g sets the status's verdict (host memory).
   template <class Visit, class BeforePass = ignore_before_pass>
   void update(const backend::host& be, const correct::none&, std::span<const float> g, step_status* status,
               Visit&& visit, BeforePass&& = {}) {
     shared_flag bad;
-    for_each_chunk(be.concurrency(), g.size(), [&](int thread, std::size_t, std::size_t begin, std::size_t end) {
-      const auto chunk = g.subspan(begin, end - begin);
-      if (!all_finite(chunk)) bad.raise();
-      visit(thread, begin, chunk);
+    for_each_tile(be.concurrency(), g.size(), [&](int thread, std::size_t, std::size_t begin, std::size_t end) {
+      const auto tile = g.subspan(begin, end - begin);
+      if (!all_finite(tile)) bad.raise();
+      visit(thread, begin, tile);
     });
     if (bad.raised()) status->non_finite = 1;
   }
   /// update() with no selector watching the pass.
   void update(const backend::host& be, const correct::none& policy, std::span<const float> g, step_status* status) {
-    update(be, policy, g, status, ignore_chunk{});
+    update(be, policy, g, status, ignore_tile{});
   }
   std::span<const float> acc(std::span<const float> g) const noexcept { return g; }
   /// acc (= g) copied to `out`, its NaN verdict to the status.
   void preview(const backend::host& be, const correct::none&, std::span<const float> g, std::span<float> out,
                step_status* status) {
     shared_flag bad;
-    for_each_chunk(be.concurrency(), g.size(), [&](int, std::size_t, std::size_t begin, std::size_t end) {
-      const auto chunk = g.subspan(begin, end - begin);
-      if (!all_finite(chunk)) bad.raise();
-      std::copy(chunk.begin(), chunk.end(), out.begin() + static_cast<std::ptrdiff_t>(begin));
+    for_each_tile(be.concurrency(), g.size(), [&](int, std::size_t, std::size_t begin, std::size_t end) {
+      const auto tile = g.subspan(begin, end - begin);
+      if (!all_finite(tile)) bad.raise();
+      std::copy(tile.begin(), tile.end(), out.begin() + static_cast<std::ptrdiff_t>(begin));
     });
     if (bad.raised()) status->non_finite = 1;
   }

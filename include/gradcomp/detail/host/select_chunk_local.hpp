@@ -1,6 +1,6 @@
 /// \file detail/host/select_chunk_local.hpp
-/// select::chunk_local on backend::host, inside the corrector's pass: each chunk
-/// handles the bins that lie wholly in it; the few bins that straddle two chunks are
+/// select::chunk_local on backend::host, inside the corrector's pass: each tile
+/// handles the bins that lie wholly in it; the few bins that straddle two tiles are
 /// handled in select() as their lists are concatenated.
 #pragma once
 
@@ -38,11 +38,11 @@ class fast_engine<select::chunk_local, backend::host> {
     observed_ = true;
     observe_bad_ = {};
   }
-  // acc and g are the chunk's; bins are aligned to multiples of bin_ in the tensor.
+  // acc and g are the tile's; bins are aligned to multiples of bin_ in the tensor.
   void observe(int, std::size_t begin, std::span<const float> acc, std::span<const float> g) noexcept {
-    bool chunk_bad = false;
-    observe_chunk(begin, acc, g, chunk_bad);
-    if (chunk_bad) observe_bad_.raise();
+    bool tile_bad = false;
+    observe_tile(begin, acc, g, tile_bad);
+    if (tile_bad) observe_bad_.raise();
   }
 
   /// Selects at once (the pass, or what observe() collected in the corrector's): the
@@ -59,13 +59,13 @@ class fast_engine<select::chunk_local, backend::host> {
     if (!std::exchange(observed_, false)) return select_in_place(policy.bin_for(n_), in, out);
     bool straddle_bad = false;
     std::uint32_t* w = out.data();
-    for (std::size_t c = 0; c < slices_.chunks(); ++c) {
+    for (std::size_t c = 0; c < slices_.tiles(); ++c) {
       std::copy_n(slices_.slice(c), slices_.count(c), w);
       w += slices_.count(c);
-      // The bin that starts in this chunk and ends in a later one.
-      const std::size_t chunk_end = std::min(n_, (c + 1) * host_chunk);
-      const std::size_t b = (chunk_end - 1) / bin_ * bin_;
-      if (b >= c * host_chunk && std::min(b + bin_, n_) > chunk_end) {
+      // The bin that starts in this tile and ends in a later one.
+      const std::size_t tile_end = std::min(n_, (c + 1) * host_tile);
+      const std::size_t b = (tile_end - 1) / bin_ * bin_;
+      if (b >= c * host_tile && std::min(b + bin_, n_) > tile_end) {
         w = select_bin(in.acc.data() + b, in.grad.data() + b, std::min(b + bin_, n_) - b, b, w, out.data() + out.size(),
                        straddle_bad);
       }
@@ -111,17 +111,17 @@ class fast_engine<select::chunk_local, backend::host> {
     return {count, 1.0f, !bad.raised()};
   }
 
-  // The bins that lie wholly inside the chunk starting at `begin`.
-  void observe_chunk(std::size_t begin, std::span<const float> acc, std::span<const float> g, bool& bad) noexcept {
+  // The bins that lie wholly inside the tile starting at `begin`.
+  void observe_tile(std::size_t begin, std::span<const float> acc, std::span<const float> g, bool& bad) noexcept {
     const std::size_t end = begin + acc.size();
-    std::uint32_t* out = slices_.slice(begin / host_chunk);
+    std::uint32_t* out = slices_.slice(begin / host_tile);
     std::uint32_t* const first = out;
     for (std::size_t b = (begin + bin_ - 1) / bin_ * bin_; b < end; b += bin_) {
       const std::size_t stop = std::min(b + bin_, n_);
-      if (stop > end) break;  // straddles into the next chunk: select() does it
+      if (stop > end) break;  // straddles into the next tile: select() does it
       out = select_bin(acc.data() + (b - begin), g.data() + (b - begin), stop - b, b, out, first + acc.size(), bad);
     }
-    slices_.set_count(begin / host_chunk, static_cast<std::size_t>(out - first));
+    slices_.set_count(begin / host_tile, static_cast<std::size_t>(out - first));
   }
 
   int threads_;

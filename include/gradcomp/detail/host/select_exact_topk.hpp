@@ -5,7 +5,7 @@
 ///    there is one) brackets the k-th largest key between two sample order statistics
 ///    lo and hi, with a margin of several standard deviations.
 /// 2. One pass: entries with key > hi are certainly sent, entries in [lo, hi] are
-///    candidates; groups of 16 below lo are skipped with one SIMD compare. Each chunk
+///    candidates; groups of 16 below lo are skipped with one SIMD compare. Each tile
 ///    writes both lists into its own slice of a scratch array.
 /// 3. If the bracket holds the k-th key (certain < k <= certain + candidates), the
 ///    candidates are ranked by radix select on their keys and merged with the certain
@@ -14,7 +14,7 @@
 /// The result is exact and identical either way; only the work differs.
 ///
 /// Inside a compressor with a stateful corrector, the bracket of the previous step's
-/// k-th key (x0.9 .. x1.1) is tried first, and step 2 runs on each chunk as the
+/// k-th key (x0.9 .. x1.1) is tried first, and step 2 runs on each tile as the
 /// corrector finishes it (observe), from cache: when the bracket still holds, which is
 /// the common case for slowly changing residuals, acc is never read again.
 #pragma once
@@ -54,14 +54,14 @@ class host_topk {
         n_(n),
         bins_(static_cast<std::size_t>(threads_) * top_digit_bins),
         scratch_(n),
-        chunk_counts_(2 * chunk_count(n)),
+        tile_counts_(2 * tile_count(n)),
         sample_(n >= min_sampled_n ? n / sample_stride : 0),
         keys_(n / 8 + 4096) {}
 
   /// The threads of the call's context (at most the constructor's: bins_ holds theirs).
   void use_threads(int threads) noexcept { threads_ = threads; }
 
-  /// Starts a pass in which observe() sees every chunk of acc.
+  /// Starts a pass in which observe() sees every tile of acc.
   void begin_observe() noexcept {
     observed_ = true;
     hinted_ = hint_key_ != 0;
@@ -72,14 +72,14 @@ class host_topk {
     }
   }
 
-  /// Gathers the sample entries of one chunk of acc (starting at element `begin`) and,
-  /// with a hint, splits the chunk around it.
-  void observe(int /*thread*/, std::size_t begin, std::span<const float> acc_chunk) noexcept {
-    const std::size_t end = std::min(begin + acc_chunk.size(), sample_.size() * sample_stride);
+  /// Gathers the sample entries of one tile of acc (starting at element `begin`) and,
+  /// with a hint, splits the tile around it.
+  void observe(int /*thread*/, std::size_t begin, std::span<const float> acc_tile) noexcept {
+    const std::size_t end = std::min(begin + acc_tile.size(), sample_.size() * sample_stride);
     for (std::size_t i = (begin + sample_stride - 1) / sample_stride * sample_stride; i < end; i += sample_stride) {
-      sample_[i / sample_stride] = acc_chunk[i - begin];
+      sample_[i / sample_stride] = acc_tile[i - begin];
     }
-    if (hinted_) (void)split_chunk(begin / host_chunk, begin, acc_chunk, hint_lo_, hint_hi_);
+    if (hinted_) (void)split_tile(begin / host_tile, begin, acc_tile, hint_lo_, hint_hi_);
   }
 
   /// Writes the ascending indices of the k entries of largest |acc| to out[0, k).
@@ -91,7 +91,7 @@ class host_topk {
       std::iota(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(n_), 0u);
       return all_finite_keys(acc);
     }
-    if (hinted) {  // observe() split every chunk around last step's k-th key
+    if (hinted) {  // observe() split every tile around last step's k-th key
       const auto [certain, candidates] = totals();
       if (certain < k && k <= certain + candidates) {
         finish(acc, k, certain, candidates, 0, 0, out);
@@ -113,7 +113,7 @@ class host_topk {
     }
     // Exact bracket from a histogram of the top 11 key bits.
     std::fill(bins_.begin(), bins_.end(), 0u);
-    for_each_chunk(threads_, n_, [&](int thread, std::size_t, std::size_t begin, std::size_t end) {
+    for_each_tile(threads_, n_, [&](int thread, std::size_t, std::size_t begin, std::size_t end) {
       std::uint32_t* bins = bins_.data() + static_cast<std::size_t>(thread) * top_digit_bins;
       for (std::size_t i = begin; i < end; ++i) ++bins[magnitude_key(acc[i]) >> magnitude_digits[0].shift];
     });
@@ -133,11 +133,11 @@ class host_topk {
   }
 
  private:
-  // For chunk c (values x, starting at tensor index begin): indices with key > hi to
-  // the front of the chunk's slice of scratch_, indices with lo <= key <= hi to its
+  // For tile c (values x, starting at tensor index begin): indices with key > hi to
+  // the front of the tile's slice of scratch_, indices with lo <= key <= hi to its
   // back (reversed). Returns whether a NaN or infinity was met.
-  bool split_chunk(std::size_t c, std::size_t begin, std::span<const float> x, std::uint32_t lo,
-                   std::uint32_t hi) noexcept {
+  bool split_tile(std::size_t c, std::size_t begin, std::span<const float> x, std::uint32_t lo,
+                  std::uint32_t hi) noexcept {
     std::uint32_t* const slice = scratch_.data() + begin;
     std::uint32_t* front = slice;
     std::uint32_t* back = slice + x.size();
@@ -155,16 +155,16 @@ class host_topk {
       }
     }
     for (; j < x.size(); ++j) classify(j);
-    chunk_counts_[2 * c] = static_cast<std::uint32_t>(front - slice);
-    chunk_counts_[2 * c + 1] = static_cast<std::uint32_t>(slice + x.size() - back);
+    tile_counts_[2 * c] = static_cast<std::uint32_t>(front - slice);
+    tile_counts_[2 * c + 1] = static_cast<std::uint32_t>(slice + x.size() - back);
     return bad;
   }
 
-  // split_chunk over every chunk. Returns the totals of certain entries and candidates.
+  // split_tile over every tile. Returns the totals of certain entries and candidates.
   std::pair<std::size_t, std::size_t> split(std::span<const float> acc, std::uint32_t lo, std::uint32_t hi, bool& bad) {
     shared_flag any_bad;
-    for_each_chunk(threads_, n_, [&](int, std::size_t c, std::size_t begin, std::size_t end) {
-      if (split_chunk(c, begin, acc.subspan(begin, end - begin), lo, hi)) any_bad.raise();
+    for_each_tile(threads_, n_, [&](int, std::size_t c, std::size_t begin, std::size_t end) {
+      if (split_tile(c, begin, acc.subspan(begin, end - begin), lo, hi)) any_bad.raise();
     });
     bad = any_bad.raised();
     return totals();
@@ -173,9 +173,9 @@ class host_topk {
   std::pair<std::size_t, std::size_t> totals() const noexcept {
     std::size_t certain = 0;
     std::size_t candidates = 0;
-    for (std::size_t c = 0; c < chunk_count(n_); ++c) {
-      certain += chunk_counts_[2 * c];
-      candidates += chunk_counts_[2 * c + 1];
+    for (std::size_t c = 0; c < tile_count(n_); ++c) {
+      certain += tile_counts_[2 * c];
+      candidates += tile_counts_[2 * c + 1];
     }
     return {certain, candidates};
   }
@@ -205,17 +205,17 @@ class host_topk {
     merge_backwards(out.data(), certain, list.data(), chosen);
   }
 
-  // Concatenates the per-chunk lists: certain entries to out, candidates (stored
+  // Concatenates the per-tile lists: certain entries to out, candidates (stored
   // reversed at each slice's back) to the front of scratch_. Each destination lies at
-  // or before its source slice, so moving left in chunk order is safe.
+  // or before its source slice, so moving left in tile order is safe.
   void gather(std::uint32_t* out) {
     std::size_t certain = 0;
     std::size_t cand = 0;
-    for (std::size_t c = 0; c < chunk_count(n_); ++c) {
-      const std::size_t begin = c * host_chunk;
-      const std::size_t end = std::min(n_, begin + host_chunk);
-      const std::uint32_t a = chunk_counts_[2 * c];
-      const std::uint32_t b = chunk_counts_[2 * c + 1];
+    for (std::size_t c = 0; c < tile_count(n_); ++c) {
+      const std::size_t begin = c * host_tile;
+      const std::size_t end = std::min(n_, begin + host_tile);
+      const std::uint32_t a = tile_counts_[2 * c];
+      const std::uint32_t b = tile_counts_[2 * c + 1];
       std::memcpy(out + certain, scratch_.data() + begin, a * sizeof(std::uint32_t));
       certain += a;
       std::reverse(scratch_.data() + end - b, scratch_.data() + end);
@@ -226,23 +226,23 @@ class host_topk {
 
   bool all_finite_keys(std::span<const float> acc) const {
     shared_flag bad;
-    for_each_chunk(threads_, n_, [&](int, std::size_t, std::size_t begin, std::size_t end) {
+    for_each_tile(threads_, n_, [&](int, std::size_t, std::size_t begin, std::size_t end) {
       std::size_t i = begin;
-      bool chunk_bad = false;
-      for (; i + mask_group <= end; i += mask_group) chunk_bad |= at_least_mask16(acc.data() + i, non_finite_key) != 0;
-      for (; i < end; ++i) chunk_bad |= magnitude_key(acc[i]) >= non_finite_key;
-      if (chunk_bad) bad.raise();
+      bool tile_bad = false;
+      for (; i + mask_group <= end; i += mask_group) tile_bad |= at_least_mask16(acc.data() + i, non_finite_key) != 0;
+      for (; i < end; ++i) tile_bad |= magnitude_key(acc[i]) >= non_finite_key;
+      if (tile_bad) bad.raise();
     });
     return !bad.raised();
   }
 
   int threads_;
   std::size_t n_;
-  std::vector<std::uint32_t> bins_;          // per thread, top-digit histogram (fallback)
-  std::vector<std::uint32_t> scratch_;       // n: per-chunk lists, then candidates
-  std::vector<std::uint32_t> chunk_counts_;  // per chunk: certain, candidates
-  std::vector<float> sample_;                // acc[j * sample_stride]
-  std::vector<std::uint32_t> keys_;          // candidates' keys, when they fit
+  std::vector<std::uint32_t> bins_;         // per thread, top-digit histogram (fallback)
+  std::vector<std::uint32_t> scratch_;      // n: per-tile lists, then candidates
+  std::vector<std::uint32_t> tile_counts_;  // per tile: certain, candidates
+  std::vector<float> sample_;               // acc[j * sample_stride]
+  std::vector<std::uint32_t> keys_;         // candidates' keys, when they fit
   bool observed_ = false;
   // The last k-th key: a guess of where this step's lies. Changes work, never results.
   std::uint32_t hint_key_ = 0;
@@ -265,8 +265,8 @@ class fast_engine<select::exact_topk, backend::host> {
   void begin_observe(const backend::host&, const select::exact_topk&, std::uint64_t /*step*/) noexcept {
     topk_.begin_observe();
   }
-  void observe(int thread, std::size_t begin, std::span<const float> acc_chunk, std::span<const float>) noexcept {
-    topk_.observe(thread, begin, acc_chunk);
+  void observe(int thread, std::size_t begin, std::span<const float> acc_tile, std::span<const float>) noexcept {
+    topk_.observe(thread, begin, acc_tile);
   }
   /// Selects at once (the pass, or what observe() collected in the corrector's): the
   /// indices into out, their count and NaN verdict into the status (host memory).

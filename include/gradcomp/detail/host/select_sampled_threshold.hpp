@@ -90,7 +90,7 @@ class fast_engine<select::sampled_threshold, backend::host> : public carries_thr
     }
     if (collecting_) {
       bool corrector_checks_this = false;
-      slices_.collect_chunk(begin / host_chunk, begin, acc, collect_key_, corrector_checks_this);
+      slices_.collect_tile(begin / host_tile, begin, acc, collect_key_, corrector_checks_this);
     }
   }
 

@@ -1,6 +1,6 @@
 /// \file detail/host/select_threshold.hpp
 /// select::threshold on backend::host: selection happens entirely inside the
-/// corrector's pass (observe); select() only concatenates the per-chunk lists.
+/// corrector's pass (observe); select() only concatenates the per-tile lists.
 #pragma once
 
 #if !defined(GRADCOMP_BACKEND_HOST_COMPLETE)
@@ -34,8 +34,8 @@ class fast_engine<select::threshold, backend::host> {
     observed_ = true;
   }
   void observe(int, std::size_t begin, std::span<const float> acc, std::span<const float>) noexcept {
-    bool chunk_bad = false;  // the corrector reports non-finite acc itself
-    slices_.collect_chunk(begin / host_chunk, begin, acc, key_, chunk_bad);
+    bool tile_bad = false;  // the corrector reports non-finite acc itself
+    slices_.collect_tile(begin / host_tile, begin, acc, key_, tile_bad);
   }
   /// Selects at once (the pass, or what observe() collected in the corrector's): the
   /// indices into out, their count and NaN verdict into the status (host memory).

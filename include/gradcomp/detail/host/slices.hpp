@@ -1,7 +1,7 @@
 /// \file detail/host/slices.hpp
 /// Ordered compaction on backend::host without coordination between threads: each
-/// chunk writes the indices it keeps into its own slice of an n-element array, and a
-/// short serial gather concatenates the slices in chunk order. Not API.
+/// tile writes the indices it keeps into its own slice of an n-element array, and a
+/// short serial gather concatenates the slices in tile order. Not API.
 #pragma once
 
 #if !defined(GRADCOMP_BACKEND_HOST_COMPLETE)
@@ -20,32 +20,32 @@ namespace detail {
 
 class host_slices {
  public:
-  explicit host_slices(std::size_t n) : n_(n), indices_(n), counts_(chunk_count(n)) {}
+  explicit host_slices(std::size_t n) : n_(n), indices_(n), counts_(tile_count(n)) {}
 
-  /// Start of the slice of chunk `c` (room for the chunk's length).
-  std::uint32_t* slice(std::size_t c) noexcept { return indices_.data() + c * host_chunk; }
-  const std::uint32_t* slice(std::size_t c) const noexcept { return indices_.data() + c * host_chunk; }
+  /// Start of the slice of tile `c` (room for the tile's length).
+  std::uint32_t* slice(std::size_t c) noexcept { return indices_.data() + c * host_tile; }
+  const std::uint32_t* slice(std::size_t c) const noexcept { return indices_.data() + c * host_tile; }
   void set_count(std::size_t c, std::size_t count) noexcept { counts_[c] = static_cast<std::uint32_t>(count); }
   [[nodiscard]] std::uint32_t count(std::size_t c) const noexcept { return counts_[c]; }
-  [[nodiscard]] std::size_t chunks() const noexcept { return counts_.size(); }
+  [[nodiscard]] std::size_t tiles() const noexcept { return counts_.size(); }
 
-  /// Keeps, for chunk `c` whose values `x` start at tensor index `begin`, the indices
+  /// Keeps, for tile `c` whose values `x` start at tensor index `begin`, the indices
   /// whose magnitude key is >= low, in order; ORs into `non_finite` whether one of them
   /// is NaN or infinite.
-  void collect_chunk(std::size_t c, std::size_t begin, std::span<const float> x, std::uint32_t low,
-                     bool& non_finite) noexcept {
+  void collect_tile(std::size_t c, std::size_t begin, std::span<const float> x, std::uint32_t low,
+                    bool& non_finite) noexcept {
     std::uint32_t* out = slice(c);
     set_count(c, static_cast<std::size_t>(collect_at_least(x.data(), x.size(), begin, low, out, non_finite) - out));
   }
 
-  /// Runs collect_chunk over every chunk of x in parallel; returns false if x holds a
+  /// Runs collect_tile over every tile of x in parallel; returns false if x holds a
   /// NaN or infinity at or above `low`.
   bool collect(int threads, std::span<const float> x, std::uint32_t low) {
     shared_flag bad;
-    for_each_chunk(threads, n_, [&](int, std::size_t c, std::size_t begin, std::size_t end) {
-      bool chunk_bad = false;
-      collect_chunk(c, begin, x.subspan(begin, end - begin), low, chunk_bad);
-      if (chunk_bad) bad.raise();
+    for_each_tile(threads, n_, [&](int, std::size_t c, std::size_t begin, std::size_t end) {
+      bool tile_bad = false;
+      collect_tile(c, begin, x.subspan(begin, end - begin), low, tile_bad);
+      if (tile_bad) bad.raise();
     });
     return !bad.raised();
   }
