@@ -52,10 +52,10 @@ struct value_statistics {
 
 /// What encoding one entry may use besides its value.
 struct value_args {
-  float param;            ///< the header's value_param
-  std::uint32_t levels;   ///< the encoder's levels (codings that take them)
-  std::uint64_t seed;     ///< the encoder's seed (codings that round at random)
-  std::uint64_t step;     ///< the step, with the seed
+  float param;           ///< the header's value_param
+  std::uint32_t levels;  ///< the encoder's levels (codings that take them)
+  std::uint64_t seed;    ///< the encoder's seed (codings that round at random)
+  std::uint64_t step;    ///< the step, with the seed
 };
 
 /// Bits needed to write v (0 for 0), in host and device code.
@@ -224,7 +224,7 @@ using all_value_codings =
 /// f(C{}) for the struct C of coding `c` (which must be one of the list's: is_wire_value_coding).
 template <class F, class First, class... Rest>
 GRADCOMP_HOST_DEVICE constexpr decltype(auto) visit_value_coding(value_coding c, F&& f,
-                                                                  value_coding_list<First, Rest...> = {}) {
+                                                                 value_coding_list<First, Rest...> = {}) {
   if constexpr (sizeof...(Rest) == 0) {
     return f(First{});
   } else {
