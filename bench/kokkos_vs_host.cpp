@@ -69,7 +69,7 @@ void BM_corrector(benchmark::State& state, const Backend& be) {
 
 template <class Backend>
 void BM_backend(benchmark::State& state, const Backend& be) {
-  if (state.range(0) >= 5) return BM_corrector<gc::detail::engine>(state, be);
+  if (state.range(0) >= 5) return BM_corrector<gc::detail::engine_for>(state, be);
   state.SetLabel(selectors[state.range(0)]);
   switch (state.range(0)) {
     case 0:

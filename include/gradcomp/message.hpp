@@ -200,11 +200,12 @@ class message_reader {
   template <class F>
   void visit(F&& f) const {
     const std::byte* sections = bytes_.data() + message_header::size;
-    const value_decoder values(h_, sections + h_.index_bytes);
-    std::size_t j = 0;
-    for_each_index(h_, sections, [&](std::uint32_t index) {
-      f(index, values(j));
-      ++j;
+    value_decoder(h_, sections + h_.index_bytes).visit([&](const auto& values) {
+      std::size_t j = 0;
+      for_each_index(h_, sections, [&](std::uint32_t index) {
+        f(index, values(j));
+        ++j;
+      });
     });
   }
 
@@ -232,13 +233,14 @@ class message_reader {
             h_.count);
     if (!ordered) report_bad_index(bad_index, bad_position, h_.n);
     check_value_padding(h_, sections + h_.index_bytes);
-    const value_decoder values(h_, sections + h_.index_bytes);
-    for (std::uint64_t j = 0; j < h_.count && finite; ++j) {
-      if (!std::isfinite(values(static_cast<std::size_t>(j)))) {
-        finite = false;
-        bad_position = j;
+    value_decoder(h_, sections + h_.index_bytes).visit([&](const auto& values) {
+      for (std::uint64_t j = 0; j < h_.count && finite; ++j) {
+        if (!std::isfinite(values(static_cast<std::size_t>(j)))) {
+          finite = false;
+          bad_position = j;
+        }
       }
-    }
+    });
     require(finite, errc::corrupt_message, "message value at position ", bad_position, " is not finite");
   }
 
@@ -405,13 +407,22 @@ void accumulate(const Backend& context, std::span<const std::byte> bytes, backen
                   "accumulate: dense.size() = ", dense.size(), " does not match the message's n = ", reader.header().n);
   reader.validate_entries();
   if constexpr (Backend::host_accessible) {
-    // Every sum is checked before the first is written: an overflow leaves dense as it was.
+    // Every sum is checked before the first is written, so an overflow leaves dense as
+    // it was; the entries are decoded once for both (a second decode cost as much as
+    // the check and the adds together).
+    struct entry {
+      std::uint32_t index;
+      float value;
+    };
+    std::vector<entry> entries;
+    entries.reserve(static_cast<std::size_t>(reader.header().count));
     reader.visit([&](std::uint32_t index, float value) {
       if (!std::isfinite(detail::added(dense[index], scale, value))) {
         detail::fail_overflow("accumulate", index, dense[index], scale, value);
       }
+      entries.push_back({index, value});
     });
-    reader.visit([&](std::uint32_t index, float value) { dense[index] = detail::added(dense[index], scale, value); });
+    for (const entry& e : entries) dense[e.index] = detail::added(dense[e.index], scale, e.value);
   } else {  // read on the host, checked and scattered by the backend
     const auto count = static_cast<std::size_t>(reader.header().count);
     std::vector<std::uint32_t> index_host;

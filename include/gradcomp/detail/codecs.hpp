@@ -215,6 +215,21 @@ GRADCOMP_HOST_DEVICE inline std::uint32_t value_field(const std::byte* section, 
   }
 }
 
+/// Random access to the decoded values of a section in coding `Coding`, known at compile
+/// time: a byte-aligned coding reads its field at its constant width (a plain load), a
+/// packed one at the header's.
+template <class Coding>
+struct coded_values {
+  const std::byte* section;
+  float param;
+  std::uint32_t levels;
+  unsigned bits;
+  GRADCOMP_HOST_DEVICE float operator()(std::size_t j) const noexcept {
+    const unsigned width = Coding::byte_aligned ? Coding::entry_bits(levels) : bits;
+    return Coding::decode(value_field(section, j, width), param, levels);
+  }
+};
+
 /// Random access to decoded values of a section whose header passed check_section_sizes.
 class value_decoder {
  public:
@@ -226,9 +241,19 @@ class value_decoder {
         levels_(h.codec_param),
         bits_(value_entry_bits(h.value, h.codec_param)) {}
 
+  /// f(coded_values<C>{...}) for the section's coding C: a pass over many entries
+  /// dispatches on the coding once, not once per entry.
+  template <class F>
+  decltype(auto) visit(F&& f) const {
+    return visit_value_coding(coding_, [&](auto coding) {
+      return f(coded_values<decltype(coding)>{section_, param_, levels_, bits_});
+    });
+  }
+
   GRADCOMP_HOST_DEVICE float operator()(std::size_t j) const noexcept {
-    const std::uint32_t field = value_field(section_, j, bits_);
-    return visit_value_coding(coding_, [&](auto coding) { return decltype(coding)::decode(field, param_, levels_); });
+    return visit_value_coding(coding_, [&](auto coding) {
+      return coded_values<decltype(coding)>{section_, param_, levels_, bits_}(j);
+    });
   }
 
  private:

@@ -37,6 +37,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 GRADCOMP_NAMESPACE_BEGIN
@@ -239,15 +240,17 @@ struct value_padding {
 };
 
 /// Every value finite (-128 in int8 and a qsgd level above levels decode to NaN).
+template <class Values>
 struct values_finite {
-  value_decoder values;
+  Values values;
   GRADCOMP_HOST_DEVICE std::uint32_t operator()(std::size_t j) const {
     return magnitude_key(values(j)) >= non_finite_key ? fault : 0u;
   }
 };
 /// out[j] = the value of entry j.
+template <class Values>
 struct decoded_values {
-  value_decoder values;
+  Values values;
   float* out;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const { out[j] = values(j); }
 };
@@ -351,18 +354,21 @@ class message_decoder {
       const std::uint64_t used = h.count * value_entry_bits(h.value, h.codec_param);
       on.reduce_or(1, value_padding{value_section(h, bytes), used, h.value_bytes}, faults);
     }
-    on.reduce_or(static_cast<std::size_t>(h.count), values_finite{values}, faults);
-    if (target.dense != nullptr) {
-      on.reduce_or(static_cast<std::size_t>(h.count),
-                   sum_finite<value_decoder>{index_.data(), values, target.scale, target.dense, n}, faults);
-    }
+    values.visit([&](const auto& typed) {
+      using values_t = std::decay_t<decltype(typed)>;
+      on.reduce_or(static_cast<std::size_t>(h.count), values_finite<values_t>{typed}, faults);
+      if (target.dense != nullptr) {
+        on.reduce_or(static_cast<std::size_t>(h.count),
+                     sum_finite<values_t>{index_.data(), typed, target.scale, target.dense, n}, faults);
+      }
+    });
     const std::uint32_t seen = on.read(static_cast<const std::uint32_t*>(faults));
     if ((seen & fault) != 0) explain(on, bytes, n, who);
     require_size(h, n, who);
     if (seen != 0) {  // the message is sound, a sum is not
       const auto count = static_cast<std::size_t>(h.count);
       grow(values_, count);
-      on.for_each(count, decoded_values{values, values_.data()});
+      decode_values(on, values, count, values_.data());
       explain_overflow(on, who, index_.data(), values_.data(), count, target, n);
     }
     return {h, bytes};
@@ -374,8 +380,7 @@ class message_decoder {
     if (count == 0) return;
     decode_indices(on, m.header, m.bytes, false);
     grow(values_, count);
-    on.for_each(count,
-                decoding::decoded_values{value_decoder(m.header, value_section(m.header, m.bytes)), values_.data()});
+    decode_values(on, value_decoder(m.header, value_section(m.header, m.bytes)), count, values_.data());
     on.for_each(count, scatter_add{index_.data(), values_.data(), scale, dense.data()});
   }
 
@@ -383,10 +388,17 @@ class message_decoder {
   /// `out` (the backend's memory).
   void values(const Backend& on, const checked& m, std::span<float> out) {
     const std::size_t count = std::min<std::size_t>(out.size(), m.header.count);
-    on.for_each(count, decoding::decoded_values{value_decoder(m.header, value_section(m.header, m.bytes)), out.data()});
+    decode_values(on, value_decoder(m.header, value_section(m.header, m.bytes)), count, out.data());
   }
 
  private:
+  /// out[j] = entry j's value for j < count, dispatching on the coding once.
+  static void decode_values(const Backend& on, const value_decoder& values, std::size_t count, float* out) {
+    values.visit([&](const auto& typed) {
+      on.for_each(count, decoding::decoded_values<std::decay_t<decltype(typed)>>{typed, out});
+    });
+  }
+
   template <class T>
   using buffer = typename Backend::template buffer<T>;
 
