@@ -25,6 +25,7 @@ cpp_tests=(
   libeigen3-dev zlib1g-dev dataset-fashion-mnist   # examples/train_fashion_mnist (model math, IDX.gz, data)
   doxygen                        # the API reference, checked for undocumented entities
   clang-format-16 git            # the C++ sources stay formatted (scripts/format.sh --check)
+  iproute2                       # the emulated cluster (scripts/cluster.sh: ip netns, tc tbf)
 )
 python_tests=(
   python3 python3-venv python3-setuptools python3-wheel python3-numpy             # the package's build
