@@ -11,7 +11,7 @@ from torch.utils import cpp_extension
 
 root = os.path.dirname(os.path.abspath(__file__))
 csrc = os.path.join("python", "csrc")
-sources = [os.path.join(csrc, f) for f in ("module.cpp", "messages.cpp", "process_group.cpp", "options.cpp",
+sources = [os.path.join(csrc, f) for f in ("module.cpp", "messages.cpp", "process_group.cpp", "ddp_steps.cpp", "options.cpp",
                                            os.path.join("host", "factory.cpp"))]
 
 

@@ -66,6 +66,8 @@ struct transport {
   std::function<void(std::span<float> values, int root)> reduce_broadcast;
   /// Bytes this rank has put into the collectives above (their inputs), shared by copies.
   std::shared_ptr<std::uint64_t> sent = std::make_shared<std::uint64_t>(0);
+  /// Collectives issued (a reduce_broadcast is two), shared by copies.
+  std::shared_ptr<std::uint64_t> issued = std::make_shared<std::uint64_t>(0);
 };
 
 /// The element type of a gradient: float32, IEEE half or bfloat16 (widened exactly to

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -82,7 +83,10 @@ class compressor_handle {
   /// holding the GIL (the collectives run in C++, process_group.hpp).
   template <class Work>
   decltype(auto) exclusive(Work&& work) {
-    py::gil_scoped_release unlocked;  // before the lock: a thread holding the lock may need the GIL
+    // Released before the lock: a thread holding the lock may need the GIL. (The DDP
+    // hook's jobs call in from a thread of their own, which does not hold it.)
+    std::optional<py::gil_scoped_release> unlocked;
+    if (PyGILState_Check() != 0) unlocked.emplace();
     const std::lock_guard<std::mutex> lock(busy_);
     return work();
   }
@@ -167,62 +171,22 @@ class compressor_handle {
     });
   }
 
-  /// One step of a DDP bucket over `group` (gradcomp.torch.ddp's hook, every method but
-  /// scalecom): every rank stages `grad` and reports its verdict (or `error`, met before
-  /// the call), `settings` and the policies in one agreement, so that every rank raises
-  /// the same error or none does; then the messages, padded to the longest, are
-  /// all-gathered, every rank checks and adds each one times `scale` to `mean` (the same
-  /// bytes everywhere, so the same outcome everywhere), and only then accepts its step.
-  /// Returns the bytes this rank put into the collectives.
-  std::uint64_t exchange(const py::object& group, const torch::Tensor& grad, torch::Tensor& mean, double scale,
-                         const std::string& who, const std::vector<gradcomp_py::named_value>& settings,
-                         const gradcomp_py::reported_error& error) {
-    gradcomp_py::transport t = gradcomp_py::transport_of(group, device_, c_->stream());
-    std::vector<gc::detail::setting> shared;
-    for (const auto& [name, value] : settings) shared.emplace_back(name, value);
-    shared.emplace_back("the policies", signature());
-    exclusive([&] {
-      gradcomp_py::agreement_comm comm{t};
-      torch::Tensor out;
-      const std::vector<std::uint64_t> sizes = gc::detail::agree(comm, who.c_str(), shared, [&]() -> std::uint64_t {
-        gradcomp_py::rethrow(error);
-        const auto type = check_gradient(who.c_str(), "the bucket", grad, device_, numel());
-        check_tensor(who.c_str(), "mean", mean, torch::kFloat, device_, numel());
-        out = message_buffer();
-        return run(values_of(grad), type, out, true).bytes;
-      });
-      // The ranks agreed on n, the policies and their parameters, so no message of theirs
-      // outgrows this rank's capacity: a size above it is a broken peer's, refused alike
-      // on every rank (each reads the same sizes).
-      const auto capacity = static_cast<std::uint64_t>(message_capacity());
-      std::uint64_t longest = 0;
-      for (std::size_t r = 0; r < sizes.size(); ++r) {
-        gc::detail::require(sizes[r] <= capacity, gc::errc::corrupt_message, who, ": rank ", r,
-                            " reported a message of ", sizes[r], " bytes, more than the ", capacity,
-                            " its policies can write");
-        longest = std::max(longest, sizes[r]);
-      }
-      const auto mine = static_cast<std::int64_t>(sizes[static_cast<std::size_t>(t.rank)]);
-      std::vector<std::byte> padded(static_cast<std::size_t>(longest), std::byte{0});
-      const torch::Tensor message = out.narrow(0, 0, mine).to(torch::kCPU);
-      std::memcpy(padded.data(), message.data_ptr<std::uint8_t>(), static_cast<std::size_t>(mine));
-      std::vector<std::byte> all(sizes.size() * padded.size());
-      t.all_gather(padded, all);
-      const torch::Tensor gathered =
-          torch::from_blob(all.data(), {static_cast<std::int64_t>(all.size())}, torch::kUInt8).to(device_);
-      for (std::size_t r = 0; r < sizes.size(); ++r) {
-        const torch::Tensor theirs =
-            gathered.narrow(0, static_cast<std::int64_t>(r * padded.size()), static_cast<std::int64_t>(sizes[r]));
-        try {
-          add_message(theirs, mean, static_cast<float>(scale));
-        } catch (const gc::error& e) {
-          gc::detail::fail(e.code(), std::string_view(e.what()).substr(std::strlen("gradcomp: ")),
-                           " (the message of rank ", r, " of ", sizes.size(), ")");
-        }
-      }
-      c_->accept_staged();
+  /// Stages one step of `grad` (a DDP bucket of this compressor's size, checked, `who`
+  /// naming the call) and returns its message in host memory; accept_staged() makes the
+  /// step current (the DDP hook's exchange: ddp_steps.hpp).
+  std::vector<std::byte> stage_to_host(const torch::Tensor& grad, const char* who) {
+    return exclusive([&] {
+      const auto type = check_gradient(who, "the bucket", grad, device_, numel());
+      torch::Tensor out = message_buffer();
+      const written w = run(values_of(grad), type, out, true);
+      const torch::Tensor bytes = out.narrow(0, 0, static_cast<std::int64_t>(w.bytes)).to(torch::kCPU).contiguous();
+      const auto* first = reinterpret_cast<const std::byte*>(bytes.data_ptr<std::uint8_t>());
+      return std::vector<std::byte>(first, first + w.bytes);
     });
-    return *t.sent;
+  }
+  /// The largest message this compressor's policies can write at its density.
+  std::uint64_t capacity() {
+    return exclusive([&] { return static_cast<std::uint64_t>(message_capacity()); });
   }
 
   gradcomp_py::any_compressor& impl() { return *c_; }
@@ -289,10 +253,13 @@ class compressor_handle {
 class cyclic_handle {
  public:
   cyclic_handle(compressor_handle& c, const py::object& group, double leader_density)
-      : cyclic_handle(c, gradcomp_py::transport_of(group, c.device(), c.impl().stream()), leader_density) {}
+      : cyclic_handle(c, gradcomp_py::transport_of(gradcomp_py::group_of(group), c.device(), c.impl().stream()),
+                      leader_density) {}
 
   /// Bytes this rank has put into the exchange's collectives.
   std::uint64_t bytes_sent() const { return *sent_; }
+  /// Collectives the exchange has issued.
+  std::uint64_t collectives() const { return *issued_; }
 
   torch::Tensor step(const torch::Tensor& grad_in, torch::Tensor& dense, double scale) {
     // Sizes are the compressor's to check, inside the exchange (every rank alike).
@@ -314,10 +281,11 @@ class cyclic_handle {
 
  private:
   cyclic_handle(compressor_handle& c, gradcomp_py::transport t, double leader_density)
-      : c_(c), sent_(t.sent), x_(c.impl().cyclic(std::move(t), leader_density)) {}
+      : c_(c), sent_(t.sent), issued_(t.issued), x_(c.impl().cyclic(std::move(t), leader_density)) {}
 
   compressor_handle& c_;
   std::shared_ptr<std::uint64_t> sent_;
+  std::shared_ptr<std::uint64_t> issued_;
   std::unique_ptr<gradcomp_py::cyclic_exchange> x_;
 };
 

@@ -1,6 +1,6 @@
 // gradcomp._C, the Python module: what gradcomp.torch calls (the compressor and ScaleCom's
-// exchange: compressor_handle.hpp; decode and accumulate: messages.cpp; the ranks'
-// agreement: process_group.cpp), the schedules, and the translation of every
+// exchange: compressor_handle.hpp; decode and accumulate: messages.cpp; the DDP hook's
+// steps: ddp_steps.hpp), the schedules, and the translation of every
 // gradcomp::error into the Python exception of its code (gradcomp.errors), with the same
 // message.
 #include <torch/extension.h>
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "compressor_handle.hpp"
+#include "ddp_steps.hpp"
 #include "messages.hpp"
 #include "names.hpp"
 #include "process_group.hpp"
@@ -69,7 +70,7 @@ PYBIND11_MODULE(_C, m) {
     }
   });
 
-  py::class_<compressor_handle>(m, "Compressor")
+  py::class_<compressor_handle, std::shared_ptr<compressor_handle>>(m, "Compressor")
       .def(py::init<std::int64_t, const std::string&, const py::dict&, const torch::Device&>(), py::arg("numel"),
            py::arg("method"), py::arg("options"), py::arg("device"))
       .def_property_readonly("numel", &compressor_handle::numel)
@@ -88,17 +89,24 @@ PYBIND11_MODULE(_C, m) {
       .def("set_indices", &compressor_handle::set_indices)
       .def("save_state", &compressor_handle::save_state)
       .def("load_state", &compressor_handle::load_state)
-      .def("corrector_state", &compressor_handle::corrector_state)
-      .def("exchange", &compressor_handle::exchange);
+      .def("corrector_state", &compressor_handle::corrector_state);
 
-  py::class_<cyclic_handle>(m, "CyclicExchange")
+  py::class_<cyclic_handle, std::shared_ptr<cyclic_handle>>(m, "CyclicExchange")
       .def(py::init<compressor_handle&, const py::object&, double>(), py::keep_alive<1, 2>())
       .def("step", &cyclic_handle::step)
       .def_property_readonly("bytes_sent", &cyclic_handle::bytes_sent);
 
+  py::class_<gradcomp_py::hook_steps>(m, "HookSteps")
+      .def(py::init<const py::object&>(), py::arg("group"))
+      .def("dense", &gradcomp_py::hook_steps::dense, py::arg("bucket"), py::arg("settings"), py::arg("last"))
+      .def("compressed", &gradcomp_py::hook_steps::compressed, py::arg("index"), py::arg("compressor"),
+           py::arg("cyclic"), py::arg("is_cyclic"), py::arg("bucket"), py::arg("settings"), py::arg("error"),
+           py::arg("last"))
+      .def_property_readonly("bytes_sent", &gradcomp_py::hook_steps::bytes_sent)
+      .def_property_readonly("collectives", &gradcomp_py::hook_steps::collectives);
+
   m.def("methods", &gradcomp_py::method_names, "The methods a Compressor takes (names.hpp)");
   m.def("decode", &gradcomp_py::decode, py::arg("message"));
-  m.def("agree", &gradcomp_py::agree, py::arg("group"), py::arg("who"), py::arg("settings"), py::arg("error"));
   m.def("accumulate", &gradcomp_py::accumulate, py::arg("message"), py::arg("dense"), py::arg("scale") = 1.0);
 
   m.def(

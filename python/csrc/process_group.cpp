@@ -18,10 +18,6 @@ namespace py = pybind11;
 namespace gc = gradcomp;
 
 namespace gradcomp_py {
-namespace {
-
-using group_ptr = c10::intrusive_ptr<c10d::ProcessGroup>;
-
 group_ptr group_of(const py::object& group) {
   try {
     return group.cast<group_ptr>();
@@ -30,6 +26,8 @@ group_ptr group_of(const py::object& group) {
             py::str(group.get_type()).cast<std::string>());
   }
 }
+
+namespace {
 
 /// Where `group`'s collectives take their tensors: the current CUDA device for NCCL,
 /// the host for every other backend (gloo moves CUDA buckets through host memory).
@@ -77,15 +75,16 @@ void on_collective_device(const torch::Tensor& tensor, const torch::Device& devi
 
 }  // namespace
 
-transport transport_of(const py::object& group, const torch::Device& device, void* stream) {
-  const group_ptr pg = group_of(group);
+transport transport_of(const group_ptr& pg, const torch::Device& device, void* stream) {
   const torch::Device where = collective_device(pg);
   transport out;
   out.rank = pg->getRank();
   out.size = pg->getSize();
   const std::shared_ptr<std::uint64_t> sent = out.sent;
-  out.all_gather = [pg, where, sent](std::span<const std::byte> mine, std::span<std::byte> all) {
+  const std::shared_ptr<std::uint64_t> issued = out.issued;
+  out.all_gather = [pg, where, sent, issued](std::span<const std::byte> mine, std::span<std::byte> all) {
     *sent += mine.size();
+    ++*issued;
     const auto bytes = static_cast<std::int64_t>(mine.size());
     std::vector<at::Tensor> send{
         torch::from_blob(const_cast<std::byte*>(mine.data()), {bytes}, torch::kUInt8).to(where)};
@@ -107,7 +106,8 @@ transport transport_of(const py::object& group, const torch::Device& device, voi
       });
     });
   };
-  const auto broadcast = [pg](std::vector<at::Tensor>& tensors, int root) {
+  const auto broadcast = [pg, issued](std::vector<at::Tensor>& tensors, int root) {
+    ++*issued;
     c10d::BroadcastOptions o;
     o.rootRank = root;
     pg->broadcast(tensors, o)->wait();
@@ -118,7 +118,7 @@ transport transport_of(const py::object& group, const torch::Device& device, voi
     run(torch::from_blob(data.data(), {static_cast<std::int64_t>(data.size())}, options.dtype(torch::kInt32)),
         [&](std::vector<at::Tensor>& tensors) { broadcast(tensors, root); });
   };
-  out.reduce_broadcast = [pg, options, sent, run, broadcast](std::span<float> values, int root) {
+  out.reduce_broadcast = [pg, options, sent, issued, run, broadcast](std::span<float> values, int root) {
     if (values.empty()) return;
     *sent += 2 * values.size_bytes();  // the reduce's input, then the broadcast's
     run(torch::from_blob(values.data(), {static_cast<std::int64_t>(values.size())}, options.dtype(torch::kFloat)),
@@ -127,6 +127,7 @@ transport transport_of(const py::object& group, const torch::Device& device, voi
           c10d::ReduceOptions o;
           o.reduceOp = c10d::ReduceOp::SUM;
           o.rootRank = root;
+          ++*issued;
           pg->reduce(tensors, o)->wait();
           broadcast(tensors, root);
         });
@@ -145,20 +146,6 @@ void rethrow(const reported_error& error) {
   constexpr std::string_view prefix = "gradcomp: ";
   if (text.starts_with(prefix)) text.remove_prefix(prefix.size());
   gc::detail::fail(code, text);
-}
-
-std::uint64_t agree(const py::object& group, const std::string& who, const std::vector<named_value>& settings,
-                    const reported_error& error) {
-  transport t = transport_of(group, torch::kCPU, nullptr);
-  std::vector<gc::detail::setting> shared;
-  for (const auto& [name, value] : settings) shared.emplace_back(name, value);
-  py::gil_scoped_release unlocked;
-  agreement_comm comm{t};
-  (void)gc::detail::agree(comm, who.c_str(), shared, [&]() -> std::uint64_t {
-    rethrow(error);
-    return 0;
-  });
-  return *t.sent;
 }
 
 }  // namespace gradcomp_py

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <pybind11/pybind11.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/extension.h>
 
 #include <optional>
@@ -18,12 +19,17 @@
 
 namespace gradcomp_py {
 
-/// The collectives of `group` (a torch.distributed ProcessGroup) on the memory of a
-/// compressor on `device`, whose own CUDA stream is `stream` (nullptr on the host).
-/// Device arrays are handed to the group once `stream` has written them and handed back
-/// once torch's current stream (on which the collectives' copies run) has finished.
+using group_ptr = c10::intrusive_ptr<c10d::ProcessGroup>;
+
+/// `group` as C++ holds it.
 /// \throws gradcomp::error (invalid_argument) if `group` is not a ProcessGroup.
-transport transport_of(const pybind11::object& group, const torch::Device& device, void* stream);
+group_ptr group_of(const pybind11::object& group);
+
+/// The collectives of `group` on the memory of a compressor on `device`, whose own CUDA
+/// stream is `stream` (nullptr on the host). Device arrays are handed to the group once
+/// `stream` has written them and handed back once torch's current stream (on which the
+/// collectives' copies run) has finished. Needs no GIL.
+transport transport_of(const group_ptr& group, const torch::Device& device, void* stream);
 
 /// detail::agree's view of a transport (host memory only).
 struct agreement_comm {
@@ -38,12 +44,6 @@ using named_value = std::pair<std::string, std::string>;
 /// An error a rank met before a collective, as Python reports it: the gradcomp.Error
 /// code ("invalid_argument", ...; anything else is taken as invalid_argument) and text.
 using reported_error = std::optional<std::pair<std::string, std::string>>;
-
-/// gradcomp::detail::agree over `group`'s transport (host memory): every rank reports
-/// `error` (if any) and `settings`; every rank raises the same error, naming the rank
-/// where it started, or returns the bytes this rank put into the exchange.
-std::uint64_t agree(const pybind11::object& group, const std::string& who, const std::vector<named_value>& settings,
-                    const reported_error& error);
 
 /// Throws `error` as the gradcomp::error of its code (a no-op without one).
 void rethrow(const reported_error& error);

@@ -1,6 +1,7 @@
 """What each rank of the DDP tests runs (in a spawned process; see test_ddp.py)."""
 import io
 import os
+import time
 
 import numpy as np
 import torch
@@ -99,7 +100,7 @@ def check_nan_on_one_rank(rank, world):
             if rank == world - 1:
                 bad[17] = float("nan")
             try:
-                ddp.hook(state, Bucket(bad))
+                ddp.hook(state, Bucket(bad)).wait()
                 raise AssertionError("the hook accepted a NaN")
             except gradcomp.NonFiniteError as e:
                 text = str(e)
@@ -152,7 +153,7 @@ def check_checkpoint_and_bucket_errors(rank, world):
     # A bucket whose size changed, on one rank: every rank raises the same error.
     size = n[0] + (1 if rank == 0 else 0)
     try:
-        ddp.hook(restored, Bucket(grad_of(rank, 9, size), 0))
+        ddp.hook(restored, Bucket(grad_of(rank, 9, size), 0)).wait()
         raise AssertionError("a bucket of another size was accepted")
     except gradcomp.InvalidArgumentError as e:
         assert str(e) == f"gradcomp: ddp hook: the bucket has 1001 elements, expected 1000 (rank 0 of {world})", str(e)
@@ -195,6 +196,103 @@ def check_real_ddp_training(rank, world):
         assert "is not finite (rank 1 of" in str(e), str(e)
     for i, c in state.compressors.items():
         assert torch.equal(c.state_dict()["state"], before[i])
+
+
+def check_buckets_in_flight(rank, world):
+    """Four buckets in flight at once, as DDP has them: each hook returns before its
+    bucket's exchange completes (one late rank holds every exchange back), every bucket
+    equals the NumPy reference aggregation, the steady state costs one collective per
+    bucket (two where a message outgrows the bound the ranks agreed on), and a NaN in one
+    bucket on one rank makes that bucket raise the same error on every rank while the
+    step changes no bucket's memory."""
+    sizes = [3001, 1000, 4003, 17]
+    last = len(sizes) - 1
+    state = ddp.State(method="topk_ef", density=0.01, start_iter=1)
+    refs = [[reference.TopkErrorFeedback(n) for n in sizes] for _ in range(world)]
+
+    def submit(step, grads):
+        late = step % world  # every rank is on time in some steps
+        if rank == late:
+            time.sleep(0.5)
+        futures = [ddp.hook(state, Bucket(grads[b].clone(), b, b == last)) for b in range(len(sizes))]
+        if rank != late:
+            assert not any(f.done() for f in futures), "a hook waited for its bucket's exchange"
+        return futures
+
+    def want(step, b, density):
+        n = sizes[b]
+        if step < 1:
+            return (sum(grad_of(r, step, n, b) for r in range(world)) / world).numpy()
+        out = np.zeros(n, dtype=np.float32)
+        for r in range(world):
+            idx, values = refs[r][b].step(grad_of(r, step, n, b).numpy(), reference.k_for(density, n))
+            out[idx] += np.float32(1.0 / world) * values
+        return out
+
+    density = 0.01
+    for step in range(7):
+        if step == 4:  # messages grow past the agreed bound: resent, padded to the longest
+            density = 0.03
+            state.set_density(density)
+        grads = [grad_of(rank, step, n, b) for b, n in enumerate(sizes)]
+        if step == 6:  # a NaN in bucket 1 on the last rank, with every bucket in flight
+            memory = memory_of(state)
+            bad = [g.clone() for g in grads]
+            if rank == world - 1:
+                bad[1][7] = float("nan")
+            outcomes = []
+            for f in submit(step, bad):  # every bucket's exchange ends before this rank's next collective
+                try:
+                    f.wait()
+                    outcomes.append(None)
+                except gradcomp.Error as e:
+                    outcomes.append((type(e), str(e)))
+            text = f"gradcomp: compress: grad[7] = nan is not finite (rank {world - 1} of {world})"
+            assert outcomes == [None, (gradcomp.NonFiniteError, text), None, None], outcomes
+            texts = [None] * world
+            dist.all_gather_object(texts, outcomes[1][1])
+            assert all(t == text for t in texts), texts
+            now = memory_of(state)
+            assert all(torch.equal(now[i], memory[i]) for i in memory), "a failed step changed a bucket's memory"
+        before = state.collectives
+        got = [f.wait() for f in submit(step, grads)]
+        for b in range(len(sizes)):
+            expected = want(step, b, density)
+            if step < 1:
+                np.testing.assert_allclose(got[b].numpy(), expected, rtol=1e-5, atol=1e-6)
+            else:
+                np.testing.assert_array_equal(got[b].numpy(), expected)
+            assert same_on_all_ranks(got[b])
+        issued = state.collectives - before
+        if step in (0, 1):  # dense: agreement and all-reduce; first compressed step: no bound yet
+            assert issued == 2 * len(sizes), (step, issued)
+        elif step == 4:
+            assert len(sizes) < issued <= 2 * len(sizes), (step, issued)
+        else:
+            assert issued == len(sizes), (step, issued)
+
+
+def check_scalecom_buckets_in_flight(rank, world):
+    """ScaleCom's exchange (two agreements, a broadcast, a reduce and a broadcast per
+    bucket) with four buckets in flight: each bucket equals its simulation."""
+    sizes, density, beta = [2001, 500, 3001, 40], 0.01, 0.5
+    state = ddp.State(method="scalecom", density=density, beta=beta, start_iter=0)
+    m = [[np.zeros(n, dtype=np.float32) for n in sizes] for _ in range(world)]
+    for step in range(4):
+        if rank == step % world:
+            time.sleep(0.3)
+        futures = [ddp.hook(state, Bucket(grad_of(rank, step, n, b), b, b == len(sizes) - 1))
+                   for b, n in enumerate(sizes)]
+        for b, n in enumerate(sizes):
+            acc = [(m[r][b] + grad_of(r, step, n, b).numpy()).astype(np.float32) for r in range(world)]
+            idx = reference.top_k(acc[step % world], reference.k_for(density, n))
+            want = np.zeros(n, dtype=np.float64)
+            for r in range(world):
+                want[idx] += acc[r][idx].astype(np.float64) / world
+                sent = np.zeros(n, dtype=np.float32)
+                sent[idx] = acc[r][idx]
+                m[r][b] = ((1 - beta) * m[r][b] + beta * (acc[r] - sent)).astype(np.float32)
+            np.testing.assert_allclose(futures[b].wait().numpy(), want, rtol=1e-5, atol=1e-7)
 
 
 def check_cuda_buckets(rank, world):
@@ -278,7 +376,7 @@ def check_disagreeing_ranks(rank, world):
     # Buckets of other sizes, before any compressor exists.
     state = ddp.State(density=0.05, start_iter=0)
     size = n + 1 if rank == 0 else n
-    raises_alike(lambda: ddp.hook(state, Bucket(grad_of(rank, 0, size))), gradcomp.InvalidArgumentError,
+    raises_alike(lambda: ddp.hook(state, Bucket(grad_of(rank, 0, size))).wait(), gradcomp.InvalidArgumentError,
                  f"gradcomp: ddp hook: ranks disagree on the bucket's elements: rank 0 has {n + 1}, rank 1 has {n}")
 
     # A rank whose checkpoint does not restore fails before the exchange: every rank hears of it.
@@ -304,7 +402,7 @@ def check_disagreeing_ranks(rank, world):
     if rank == 0:
         bad[5] = float("nan")
     before = memory_of(state)
-    raises_alike(lambda: ddp.hook(state, Bucket(bad)), gradcomp.NonFiniteError,
+    raises_alike(lambda: ddp.hook(state, Bucket(bad)).wait(), gradcomp.NonFiniteError,
                  f"gradcomp: preview: grad[5] = nan is not finite (rank 0 of {world})")
     assert all(torch.equal(memory_of(state)[i], before[i]) for i in before)
 
@@ -357,6 +455,8 @@ def check_schedules(rank, world):
 
 SCENARIOS = {
     "disagree": check_disagreeing_ranks,
+    "in-flight": check_buckets_in_flight,
+    "scalecom-in-flight": check_scalecom_buckets_in_flight,
     "methods": check_every_method,
     "schedules": check_schedules,
     "cuda": check_cuda_buckets,

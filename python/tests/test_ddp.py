@@ -25,6 +25,11 @@ def test_hook_against_reference(world, tmp_path):
 
 
 @pytest.mark.parametrize("world", [2, 4])
+def test_buckets_in_flight_overlap_and_agree(world, tmp_path):
+    spawn(world, ["in-flight", "scalecom-in-flight"], tmp_path)
+
+
+@pytest.mark.parametrize("world", [2, 4])
 def test_ranks_that_disagree_or_fail_early_raise_alike_and_nobody_waits(world, tmp_path):
     spawn(world, ["disagree"], tmp_path)
 

@@ -135,53 +135,61 @@ inline std::string value_of(const std::vector<std::pair<std::string, std::string
   return "(not set)";
 }
 
-/// Runs `attempt` (this rank's own checks, returning its own value) and exchanges its
-/// verdict and a digest of `settings` with every rank of `comm` in one all-gather of
-/// rank_verdict::size bytes per rank (`comm.all_gather(mine, all)`). Where a rank
-/// failed or the digests differ, a second all-gather of rank_report::size bytes per
-/// rank carries the texts. Then, identically on every rank: if any rank's attempt threw
-/// gradcomp::error, every rank throws the error of the lowest such rank (its code and
-/// text, naming the rank); otherwise, if the ranks hold different values of a setting
-/// (or one holds a setting another lacks), every rank throws errc::invalid_argument
-/// naming it and two ranks' values.
-/// \returns every rank's own value, in rank order
-template <class Comm, class Attempt>
-std::vector<std::uint64_t> agree(Comm& comm, const char* who, std::span<const setting> settings, Attempt&& attempt) {
-  rank_report mine;
-  mine.settings = rank_report::written(settings);
-  std::uint64_t own_value = 0;
+/// One rank's side of an agreement before anything is exchanged: its report (its error,
+/// if `attempt` threw one, and its written settings), its own value and its verdict.
+struct rank_draft {
+  rank_report report;
+  rank_verdict verdict;
+};
+
+/// Runs `attempt` (this rank's own checks, returning its own value) and writes down what
+/// this rank tells the others: a gradcomp::error it threw becomes the report's code and
+/// text (nothing is thrown here).
+template <class Attempt>
+rank_draft draft(const char* who, std::span<const setting> settings, Attempt&& attempt) {
+  rank_draft d;
+  d.report.settings = rank_report::written(settings);
   try {
-    require(mine.settings.size() <= rank_report::max_settings, errc::invalid_argument, who, ": the settings take ",
-            mine.settings.size(), " bytes, more than the ", rank_report::max_settings, " the ranks' report carries");
-    own_value = attempt();
+    require(d.report.settings.size() <= rank_report::max_settings, errc::invalid_argument, who, ": the settings take ",
+            d.report.settings.size(), " bytes, more than the ", rank_report::max_settings,
+            " the ranks' report carries");
+    d.verdict.own = attempt();
   } catch (const error& e) {
-    mine.code = 1 + static_cast<std::uint32_t>(e.code());
+    d.report.code = 1 + static_cast<std::uint32_t>(e.code());
     const std::string_view text = e.what();
     constexpr std::string_view prefix = "gradcomp: ";
-    mine.text = std::string(text.substr(text.starts_with(prefix) ? prefix.size() : 0));
+    d.report.text = std::string(text.substr(text.starts_with(prefix) ? prefix.size() : 0));
+    d.verdict.own = 0;
   }
+  d.verdict.code = d.report.code;
+  d.verdict.digest = rank_verdict::digest_of(d.report.settings);
+  return d;
+}
 
-  // The first exchange: verdicts and digests. Every rank reads the same bytes, so every
-  // rank makes the second exchange, or none does.
+/// Reads every rank's verdict (`verdicts`: rank_verdict::size bytes per rank, in rank
+/// order, the same bytes on every rank) and, where a rank failed or the digests differ,
+/// exchanges the reports (a second all-gather of rank_report::size bytes per rank) and
+/// throws, identically on every rank: the error of the lowest rank whose attempt threw
+/// (its code and text, naming the rank), else errc::invalid_argument naming a setting
+/// the ranks hold differently (or one holds and another lacks) and two ranks' values.
+/// \returns every rank's own value, in rank order
+template <class Comm>
+std::vector<std::uint64_t> settle(Comm& comm, const char* who, const rank_draft& mine,
+                                  std::span<const std::byte> verdicts) {
   const auto ranks = static_cast<std::size_t>(comm.size());
-  const rank_verdict verdict{mine.code, own_value, rank_verdict::digest_of(mine.settings)};
-  std::byte verdict_bytes[rank_verdict::size];
-  verdict.write(verdict_bytes);
-  std::vector<std::byte> verdicts(ranks * rank_verdict::size);
-  comm.all_gather(std::span<const std::byte>(verdict_bytes, rank_verdict::size), std::span<std::byte>(verdicts));
   std::vector<std::uint64_t> own(ranks);
   bool alike = true;
   for (std::size_t r = 0; r < ranks; ++r) {
     const rank_verdict theirs = rank_verdict::read(verdicts.data() + r * rank_verdict::size);
     own[r] = theirs.own;
-    alike = alike && theirs.code == 0 && theirs.digest == verdict.digest;
+    alike = alike && theirs.code == 0 && theirs.digest == mine.verdict.digest;
   }
   if (alike) return own;
 
-  // The second: the texts, from which every rank names the same error.
+  // Every rank read the same verdicts, so every rank makes this exchange, or none does.
   std::vector<std::byte> all(ranks * rank_report::size);
   std::vector<std::byte> own_bytes(rank_report::size);
-  mine.write(own_bytes.data());
+  mine.report.write(own_bytes.data());
   comm.all_gather(std::span<const std::byte>(own_bytes), std::span<std::byte>(all));
 
   std::vector<rank_report> reports;
@@ -204,6 +212,21 @@ std::vector<std::uint64_t> agree(Comm& comm, const char* who, std::span<const se
     for (const auto& each : theirs) disagree(each.first);
   }
   return own;  // the digests differed, the settings (up to what the report carries) do not
+}
+
+/// Runs `attempt` (this rank's own checks, returning its own value) and exchanges its
+/// verdict and a digest of `settings` with every rank of `comm` in one all-gather of
+/// rank_verdict::size bytes per rank (`comm.all_gather(mine, all)`), then settle()s:
+/// every rank throws the same error, or none does.
+/// \returns every rank's own value, in rank order
+template <class Comm, class Attempt>
+std::vector<std::uint64_t> agree(Comm& comm, const char* who, std::span<const setting> settings, Attempt&& attempt) {
+  const rank_draft mine = draft(who, settings, std::forward<Attempt>(attempt));
+  std::byte verdict_bytes[rank_verdict::size];
+  mine.verdict.write(verdict_bytes);
+  std::vector<std::byte> verdicts(static_cast<std::size_t>(comm.size()) * rank_verdict::size);
+  comm.all_gather(std::span<const std::byte>(verdict_bytes, rank_verdict::size), std::span<std::byte>(verdicts));
+  return settle(comm, who, mine, verdicts);
 }
 
 /// The sum of the sizes the ranks reported, saturated (a peer's size is not trusted to

@@ -12,14 +12,16 @@ are final), as torch's PowerSGD hook does. Then each bucket has its own compress
 - ``scalecom``: ScaleCom's cyclic local top-k (the C++ ``comm::cyclic_topk``): the
   step's leader broadcasts its indices, every rank sends its values there, one
   all-reduce of k values; O(k) per rank whatever the world size.
-- every other method: each rank compresses its bucket; the ranks agree (one
-  all-gather of a fixed-size report that also carries the message sizes), the
-  messages are all-gathered padded to the largest (gloo's all_gather needs equal
-  sizes), and every rank returns the mean of the decoded messages.
+- every other method: each rank compresses its bucket and all-gathers, in one
+  collective in the steady state, its verdict (the agreement) and its message padded to
+  a bound the ranks agreed on in the previous step; every rank returns the mean of the
+  decoded messages.
 
-A NaN or infinity in a bucket on any rank, a bucket of another size, or ranks
-configured differently make every rank raise the same :class:`gradcomp.Error` in that
-step, and no rank's memory changes. See docs/torch.md.
+The hook returns a Future at once: the exchange runs on a thread of the process group's
+own, bucket after bucket in the order DDP calls the hook, while backward goes on. A NaN
+or infinity in a bucket on any rank, a bucket of another size, or ranks configured
+differently make every rank's Future raise the same :class:`gradcomp.Error` in that
+step, and no bucket's memory changes. See docs/torch.md.
 """
 
 import torch
@@ -46,8 +48,9 @@ class State:
     ``state.set_density(gradcomp.torch.Warmup(final_density=d).by_epoch(epoch))``.
 
     ``bytes_sent`` counts the bytes this rank has put into the hook's collectives (the
-    agreement's reports, the messages or ScaleCom's indices and values, the dense
-    warm-up's buckets).
+    verdicts and reports, the messages or ScaleCom's indices and values, the dense
+    warm-up's buckets); ``collectives`` counts the collectives. Both are final once
+    backward has returned.
 
     ``torch.save(state)`` keeps the iteration, the options and every bucket's memory
     (not the process group, as PowerSGDState does); a loaded State restores each
@@ -66,10 +69,10 @@ class State:
         if density is not None:
             self.options["density"] = check.real("State", "density", density)
         self.iter = 0
-        self.bytes_sent = 0
         self.compressors = {}
         self._saved = {}
         self._exchanges = {}
+        self._steps = None
         self._probe()  # refuses bad options now, not in backward
 
     def _probe(self, **changes):
@@ -115,6 +118,23 @@ class State:
             self._exchanges[index] = x
         return x
 
+    @property
+    def bytes_sent(self):
+        """Bytes this rank has put into the hook's collectives (complete once backward is)."""
+        return 0 if self._steps is None else self._steps.bytes_sent
+
+    @property
+    def collectives(self):
+        """Collectives the hook has issued on this rank: in the steady state one per bucket
+        (two and more for ScaleCom, two for a dense warm-up step)."""
+        return 0 if self._steps is None else self._steps.collectives
+
+    def _steps_over(self, group):
+        """The hook's steps over ``group`` (made on first use)."""
+        if self._steps is None:
+            self._steps = _C.HookSteps(group)
+        return self._steps
+
     def _group(self):
         return self.process_group if self.process_group is not None else dist.distributed_c10d._get_default_group()
 
@@ -126,29 +146,26 @@ class State:
         return settings + [(f"option {k}", repr(v)) for k, v in sorted(self.options.items())]
 
     def __getstate__(self):
-        state = {k: v for k, v in self.__dict__.items() if k not in ("process_group", "compressors", "_exchanges")}
+        state = {k: v for k, v in self.__dict__.items()
+                 if k not in ("process_group", "compressors", "_exchanges", "_steps")}
         saved = dict(self._saved)
         saved.update({i: c.state_dict() for i, c in self.compressors.items()})
         state["_saved"] = saved
         return state
 
     def __setstate__(self, state):
-        self.bytes_sent = 0
+        state.pop("bytes_sent", None)  # kept by the States of gradcomp <= 0.1
         self.__dict__.update(state)
         self.process_group = None
         self.compressors = {}
         self._exchanges = {}
+        self._steps = None
 
 
 # torch.load's weights-only unpickler (the default from torch 2.6) may rebuild a State:
 # it holds only numbers, strings, dicts and tensors.
 if hasattr(torch.serialization, "add_safe_globals"):
     torch.serialization.add_safe_globals([State])
-
-
-def _allreduce_mean(group, tensor):
-    tensor.div_(dist.get_world_size(group))
-    return dist.all_reduce(tensor, group=group, async_op=True).get_future().then(lambda f: f.value()[0])
 
 
 def _reported(e):
@@ -161,48 +178,39 @@ def _reported(e):
 def hook(state, bucket):
     """The communication hook: ``model.register_comm_hook(state, hook)``.
 
-    Every step of every bucket starts with the ranks' agreement (one all-gather of a
-    fixed-size report): each rank's verdict on its own step (a NaN, a bucket of another
-    size, a checkpoint that does not restore), and what all must share (the method,
-    every option, the density, ``start_iter``, the iteration, the bucket's index, size
-    and dtype). Any of those on any rank makes every rank raise the same
-    :class:`gradcomp.Error`, naming the rank where it started, and changes no rank's
-    memory; no rank is left waiting in a collective.
+    Returns at once a Future that completes when the bucket's exchange has: the bucket
+    goes to a job that runs, one after another in the order DDP calls the hook (the same
+    on every rank), on a thread of the process group's own, so that backward computes the
+    next buckets while this one's bytes travel and every rank issues its collectives in
+    the same order.
+
+    Every step of every bucket carries the ranks' agreement: each rank's verdict on its
+    own step (a NaN, a bucket of another size, a checkpoint that does not restore), and a
+    digest of what all must share (the method, every option, the density, ``start_iter``,
+    the iteration, the bucket's index, size and dtype). Any of those on any rank makes
+    every rank's Future raise the same :class:`gradcomp.Error`, naming the rank where it
+    started; no rank is left waiting. The step's memory changes only at its last bucket,
+    and only if every bucket succeeded on every rank.
     """
     if not isinstance(state, State):
         check.fail(_WHO, f"state must be a gradcomp.torch.ddp.State, got {check.kind(state)}")
     group = state._group()
-    world = dist.get_world_size(group)
     buffer = bucket.buffer()
     index = bucket.index()
+    last = bucket.is_last()
     settings = state._settings(index, buffer)
+    steps = state._steps_over(group)
     if state.iter < state.start_iter:
-        state.bytes_sent += _C.agree(group, _WHO, settings, None) + buffer.numel() * buffer.element_size()
-        state.maybe_increase_iter(bucket)
-        return _allreduce_mean(group, buffer)
-
-    problem, c, exchange, flat, mean = None, None, None, buffer, None
-    try:
-        # gradcomp compresses float32, float16 and bfloat16 buckets as they are (widened
-        # exactly inside); ScaleCom's exchange, and any other dtype, go through a float32 copy.
-        native = buffer.dtype in (torch.float32, torch.float16, torch.bfloat16) and state.method != "scalecom"
-        flat = buffer if native or buffer.dtype == torch.float32 else buffer.float()
-        c = state.compressor(index, flat.numel(), flat.device)
-        if state.method == "scalecom":
-            exchange = state._exchange(index, c, group)
-        mean = torch.zeros(flat.numel(), dtype=torch.float32, device=flat.device)
-    except Exception as e:  # every rank hears of it in the agreement instead of waiting for this one
-        problem = _reported(e)
-    if problem is not None or exchange is not None:
-        state.bytes_sent += _C.agree(group, _WHO, settings, problem)
-    if exchange is not None:
-        before = exchange.bytes_sent
-        exchange.step(flat, mean, 1.0 / world)
-        state.bytes_sent += exchange.bytes_sent - before
+        future = steps.dense(buffer, settings, last)
     else:
-        state.bytes_sent += c._impl.exchange(group, flat, mean, 1.0 / world, _WHO, settings, None)
+        problem, c, exchange = None, None, None
+        try:
+            c = state.compressor(index, buffer.numel(), buffer.device)
+            if state.method == "scalecom":
+                exchange = state._exchange(index, c, group)
+        except Exception as e:  # every rank hears of it in the exchange instead of waiting for this one
+            problem = _reported(e)
+        future = steps.compressed(index, None if c is None else c._impl, exchange, state.method == "scalecom", buffer,
+                                  settings, problem, last)
     state.maybe_increase_iter(bucket)
-    result = mean if buffer.dtype == torch.float32 else mean.to(buffer.dtype)
-    future = torch.futures.Future()
-    future.set_result(result)
     return future

@@ -1,0 +1,191 @@
+// gradcomp._C.HookSteps (see ddp_steps.hpp).
+#include "ddp_steps.hpp"
+
+#include <ATen/Parallel.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+
+#include <gradcomp/detail/collective_checks.hpp>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#include <cstring>
+#include <exception>
+#include <optional>
+#include <string_view>
+#include <utility>
+
+#include "bucket_gather.hpp"
+#include "messages.hpp"
+
+namespace py = pybind11;
+namespace gc = gradcomp;
+
+namespace gradcomp_py {
+namespace {
+
+constexpr const char* who = "ddp hook";
+
+std::vector<gc::detail::setting> settings_of(const std::vector<named_value>& settings) {
+  std::vector<gc::detail::setting> out;
+  for (const auto& [name, value] : settings) out.emplace_back(name, value);
+  return out;
+}
+
+/// The ranks agree on `settings` (and on `error`, this rank's, if any) in one all-gather.
+void agree_on(transport& t, const std::vector<gc::detail::setting>& settings, const reported_error& error) {
+  agreement_comm comm{t};
+  (void)gc::detail::agree(comm, who, settings, [&]() -> std::uint64_t {
+    rethrow(error);
+    return 0;
+  });
+}
+
+/// `mean` (float32) in the dtype of `bucket`.
+torch::Tensor in_dtype_of(const torch::Tensor& bucket, const torch::Tensor& mean) {
+  return bucket.scalar_type() == torch::kFloat ? mean : mean.to(bucket.scalar_type());
+}
+
+}  // namespace
+
+hook_steps::hook_steps(const py::object& group) : group_(group_of(group)), worker_(ordered_worker::of(group_.get())) {}
+
+py::object hook_steps::submit(const torch::Tensor& bucket_in, bool last, work job) {
+  // A tensor of our own over the bucket's memory: a tensor that has had a Python object
+  // needs the GIL where its last reference goes, and the job drops this one off the
+  // Python thread.
+  torch::Tensor bucket = bucket_in.alias();
+  const torch::Device device = bucket.device();
+  std::optional<c10::Stream> stream;  // where backward wrote the bucket: the job works on it
+  std::vector<c10::Device> devices;
+  if (!device.is_cpu()) {
+    stream = c10::impl::VirtualGuardImpl(device.type()).getStream(device);
+    devices.push_back(device);
+  }
+  auto future = c10::make_intrusive<c10::ivalue::Future>(c10::PyObjectType::get(), devices);
+  const int threads = at::get_num_threads();  // the caller's, not the worker's default
+  worker_->submit(
+      [group = group_, state = shared_, future, bucket, stream, threads, last, job = std::move(job)]() mutable {
+#if defined(_OPENMP)
+        omp_set_num_threads(threads);
+#else
+        (void)threads;
+#endif
+        torch::Tensor result;
+        std::exception_ptr failure;
+        {
+          std::optional<c10::StreamGuard> on_stream;
+          if (stream) on_stream.emplace(*stream);
+          transport t = transport_of(group, torch::kCPU, nullptr);
+          try {
+            result = job(t, bucket);
+          } catch (...) {
+            failure = std::current_exception();
+          }
+          state->bytes += *t.sent;
+          state->collectives += *t.issued;
+        }
+        state->step_failed = state->step_failed || failure != nullptr;
+        if (last) {  // the step's end: its staged buckets are accepted together, or none is
+          try {
+            if (!state->step_failed) {
+              for (const auto& c : state->staged) c->accept_staged();
+            }
+          } catch (...) {
+            if (!failure) failure = std::current_exception();
+          }
+          state->staged.clear();
+          state->step_failed = false;
+        }
+        // Everything the job holds goes before the Future completes: once it has, the
+        // training script may run to its end, and a reference dropped here after the
+        // interpreter has finalized would need the GIL, which this thread cannot take then.
+        job = nullptr;
+        bucket = torch::Tensor();
+        group.reset();
+        state.reset();
+        if (failure) {
+          future->setError(failure);
+          future.reset();
+          return;
+        }
+        // DDP (torch 1.13) takes the hook's result as a Python object. It is made, the Future
+        // completed and this thread's reference to it dropped under the GIL, so that whichever
+        // reference goes last, no Python object is released without the GIL.
+        const py::gil_scoped_acquire python;
+        c10::IValue value = torch::jit::toIValue(py::cast(result), c10::PyObjectType::get());
+        result = torch::Tensor();
+        future->markCompleted(std::move(value));
+        future.reset();
+      });
+  return py::cast(std::make_shared<torch::jit::PythonFutureWrapper>(future));
+}
+
+py::object hook_steps::dense(const torch::Tensor& bucket, const std::vector<named_value>& settings, bool last) {
+  return submit(bucket, last, [pg = group_, settings = settings_of(settings)](transport& t, const torch::Tensor& b) {
+    agree_on(t, settings, std::nullopt);
+    b.div_(pg->getSize());
+    std::vector<at::Tensor> tensors{b};
+    pg->allreduce(tensors)->wait();
+    *t.sent += static_cast<std::uint64_t>(b.numel() * b.element_size());
+    ++*t.issued;
+    return b;
+  });
+}
+
+py::object hook_steps::compressed(std::int64_t index, std::shared_ptr<compressor_handle> c,
+                                  std::shared_ptr<cyclic_handle> cyclic, bool is_cyclic, const torch::Tensor& bucket,
+                                  const std::vector<named_value>& settings, const reported_error& error, bool last) {
+  std::vector<gc::detail::setting> shared = settings_of(settings);
+  if (is_cyclic) {
+    return submit(bucket, last, [shared, c, cyclic, error](transport& t, const torch::Tensor& b) {
+      agree_on(t, shared, error);
+      const torch::Tensor flat = b.to(torch::kFloat);
+      torch::Tensor mean = torch::zeros({flat.numel()}, flat.options());
+      const std::uint64_t sent = cyclic->bytes_sent();
+      const std::uint64_t issued = cyclic->collectives();
+      cyclic->step(flat, mean, 1.0 / t.size);
+      *t.sent += cyclic->bytes_sent() - sent;
+      *t.issued += cyclic->collectives() - issued;
+      return in_dtype_of(b, mean);
+    });
+  }
+  if (c) shared.emplace_back("the policies", c->signature());
+  return submit(bucket, last, [state = shared_, index, shared, c, error](transport& t, const torch::Tensor& b) {
+    // float32, float16 and bfloat16 buckets are compressed as they are (widened exactly
+    // inside); any other dtype through a float32 copy.
+    const bool native =
+        b.scalar_type() == torch::kFloat || b.scalar_type() == torch::kHalf || b.scalar_type() == torch::kBFloat16;
+    const torch::Tensor flat = native ? b : b.to(torch::kFloat);
+    torch::Tensor mean = torch::zeros({flat.numel()}, flat.options().dtype(torch::kFloat));
+    const std::uint64_t capacity = c ? c->capacity() : 0;
+    const auto scale = static_cast<float>(1.0 / t.size);
+    std::size_t& bound = state->bounds[index];
+    const std::uint64_t longest = gather_bucket(
+        t, who, shared, bound, capacity,
+        [&] {
+          rethrow(error);
+          if (!c) invalid(who, ": no compressor for bucket ", index);
+          return c->stage_to_host(flat, who);
+        },
+        [&](std::span<const std::byte> message, std::size_t rank) {
+          const torch::Tensor bytes = torch::from_blob(const_cast<std::byte*>(message.data()),
+                                                       {static_cast<std::int64_t>(message.size())}, torch::kUInt8)
+                                          .to(mean.device());
+          try {
+            add_message(bytes, mean, scale);
+          } catch (const gc::error& e) {
+            gc::detail::fail(e.code(), std::string_view(e.what()).substr(std::strlen("gradcomp: ")),
+                             " (the message of rank ", rank, " of ", t.size, ")");
+          }
+        });
+    bound = next_bound(longest, capacity);
+    state->staged.push_back(c);
+    return in_dtype_of(b, mean);
+  });
+}
+
+}  // namespace gradcomp_py
