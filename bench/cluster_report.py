@@ -57,11 +57,12 @@ def table(rate, runs, failures):
         comm = r["communication_only_seconds"]
         hidden = max(0.0, min(1.0, (compute + comm - step) / comm)) if compute and comm else None
         reached = time_to(r["curve"], target) if target else None
+        reached_text = "not reached" if reached is None else f"{reached:.0f} s"
         speedup = f"{dense_time / reached:.2f}x" if reached and dense_time else "-"
         lines.append(
             f"| {hook} | {step:.3f} s | {step / compute:.2f}x | {comm:.3f} s | "
             f"{'-' if hidden is None else f'{100 * hidden:.0f}%'} | {statistics.mean(r['step_bytes']):,.0f} | "
-            f"{'not reached' if reached is None else f'{reached:.0f} s'} | {speedup} | {100 * r['curve'][-1][2]:.2f}% |")
+            f"{reached_text} | {speedup} | {100 * r['curve'][-1][2]:.2f}% |")
     return "\n".join(lines) + "\n"
 
 
