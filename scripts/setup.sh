@@ -36,7 +36,7 @@ case "$purpose" in
   demo) packages=("${demo[@]}") ;;
   test) packages=("${demo[@]}" "${cpp_tests[@]}" "${python_tests[@]}") ;;
   bench) packages=("${demo[@]}" "${cpp_tests[@]}" libtorch-dev python3-numpy python3-matplotlib) ;;
-  results) packages=("${demo[@]}" libopenmpi-dev openmpi-bin libeigen3-dev zlib1g-dev dataset-fashion-mnist
+  results) packages=("${demo[@]}" libopenmpi-dev openmpi-bin libeigen3-dev zlib1g-dev dataset-fashion-mnist iproute2 python3-matplotlib
                      "${python_tests[@]}") ;;
   *) echo "setup.sh: unknown purpose '$purpose' (demo, test, bench or results)" >&2; exit 2 ;;
 esac
