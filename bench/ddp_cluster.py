@@ -5,7 +5,7 @@ initialisation and data order for every hook. scripts/cluster_results.sh runs it
 ranks through scripts/cluster.sh (which sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 
     python3 bench/ddp_cluster.py --hook dense|fp16|powersgd1|powersgd4|topk_ef|dgc|scalecom|none
-                                 --steps 240 --out result.json
+                                 --steps 200 --out result.json
 
 Three phases, each timed on every rank with a barrier before it (rank 0 writes the JSON):
 - training: --steps steps (forward, backward with the hook, SGD step), the test accuracy
@@ -145,7 +145,7 @@ def communication_only(args, rank, world):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hook", choices=HOOKS, required=True)
-    parser.add_argument("--steps", type=int, default=240)
+    parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch", type=int, default=8, help="per rank")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--density", type=float, default=0.01)
