@@ -9,7 +9,9 @@ communication ("none"); the fraction of communication hidden behind backward,
 "none" and communication the median step of the hook's communication-only phase;
 bytes sent per worker per step; the training time to reach the target accuracy (dense
 all-reduce's final accuracy minus 1 point, at the first evaluation that reaches it); the
-final accuracy.
+final accuracy. Refuses runs that did not start from the same parameters or see the same
+data order (their digests differ), and names the torch of any run whose torch is not
+dense all-reduce's (torch's PowerSGD runs under torch 2.x: scripts/cluster_results.sh).
 """
 import argparse
 import glob
@@ -17,7 +19,8 @@ import json
 import os
 import statistics
 
-ORDER = ["dense", "fp16", "powersgd1", "powersgd4", "topk_ef", "dgc", "scalecom"]
+ORDER = ["dense", "fp16"] + [f"powersgd{r}{how}" for r in (1, 4) for how in ("", "-torch2", "-onebucket")] + [
+    "topk_ef", "dgc", "scalecom"]
 
 
 def load(folder):
@@ -53,6 +56,7 @@ def table(rate, runs, failures):
             lines.append(f"| {hook} | {why} | | | | | | | |")
             continue
         r = runs[hook]
+        label = hook if r["torch"] == (dense or r)["torch"] else f"{hook} (torch {r['torch'].split('+')[0]})"
         step = statistics.median(r["step_seconds"])
         comm = r["communication_only_seconds"]
         hidden = max(0.0, min(1.0, (compute + comm - step) / comm)) if compute and comm else None
@@ -60,7 +64,7 @@ def table(rate, runs, failures):
         reached_text = "not reached" if reached is None else f"{reached:.0f} s"
         speedup = f"{dense_time / reached:.2f}x" if reached and dense_time else "-"
         lines.append(
-            f"| {hook} | {step:.3f} s | {step / compute:.2f}x | {comm:.3f} s | "
+            f"| {label} | {step:.3f} s | {step / compute:.2f}x | {comm:.3f} s | "
             f"{'-' if hidden is None else f'{100 * hidden:.0f}%'} | {statistics.mean(r['step_bytes']):,.0f} | "
             f"{reached_text} | {speedup} | {100 * r['curve'][-1][2]:.2f}% |")
     return "\n".join(lines) + "\n"
@@ -86,6 +90,14 @@ def plot(runs, path):
     fig.savefig(path, dpi=110)
 
 
+def check_same_start(runs):
+    """Every hook's run must start from the same parameters and see the same data."""
+    for key in ("init_digest", "order_digest"):
+        seen = {f"{rate} {hook}": r[key] for rate in runs for hook, r in runs[rate].items()}
+        if len(set(seen.values())) != 1:
+            raise SystemExit(f"cluster_report: runs differ in {key}: {seen}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder")
@@ -98,9 +110,13 @@ def main():
         for line in open(failed):
             key, _, why = line.partition(":")
             failures[key.strip()] = why.strip()
+    check_same_start(runs)
     first = next(iter(next(iter(runs.values())).values()))
+    torches = sorted({r["torch"] for rate in runs.values() for r in rate.values()})
     print(f"{first['world']} ranks, {first['parameters']:,} parameters, batch {first['args']['batch']} per rank, "
-          f"{first['args']['steps']} steps, density {first['args']['density']}\n")
+          f"{first['args']['steps']} steps, density {first['args']['density']}; every run from the same "
+          f"parameters (digest {first['init_digest']}) and data order (digest {first['order_digest']}); "
+          f"torch {', '.join(torches)}\n")
     for rate in sorted(runs):
         print(table(rate, runs[rate], failures))
     if args.plot:

@@ -16,23 +16,22 @@ Three phases, each timed on every rank with a barrier before it (rank 0 writes t
 - computation only ("none"): the training step with a hook that communicates nothing.
 """
 import argparse
-import importlib.util
+import datetime
+import hashlib
 import json
 import os
 import statistics
+import sys
 import time
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-from gradcomp.torch import ddp as gddp
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+from ddp_helpers import TORCH_HOOKS, Traffic, load, torch_hook  # noqa: E402
 
-HOOKS = ["none", "dense", "fp16", "powersgd1", "powersgd4", "topk_ef", "dgc", "scalecom"]
-_example = importlib.util.spec_from_file_location(
-    "example", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "torch_ddp_fashion_mnist.py"))
-example = importlib.util.module_from_spec(_example)
-_example.loader.exec_module(example)
+GRADCOMP_HOOKS = ["topk_ef", "dgc", "scalecom"]
+HOOKS = ["none"] + TORCH_HOOKS + GRADCOMP_HOOKS
 
 
 def mlp():
@@ -50,25 +49,38 @@ def no_communication(state, bucket):
     return future
 
 
+def counting_calls(hook, calls):
+    """The hook, counting its calls: DDP calls it once per bucket."""
+
+    def counted(state, bucket):
+        calls[0] += 1
+        return hook(state, bucket)
+
+    return counted
+
+
 def hook_for(name, args, world):
-    """(state, hook, the optimizer's momentum) of a hook by name."""
+    """(state, hook, the optimizer's momentum) of a hook by name. gradcomp is imported only
+    for its own hooks: torch's run under any torch, its 2.x environment included."""
     if name == "none":
         return None, no_communication, 0.9
-    if name == "dense":
-        return None, default_hooks.allreduce_hook, 0.9
-    if name == "fp16":
-        return None, default_hooks.fp16_compress_hook, 0.9
-    if name.startswith("powersgd"):
-        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=int(name[len("powersgd"):]),
-                                            start_powerSGD_iter=args.start_iter, min_compression_rate=1.0,
-                                            use_error_feedback=True, warm_start=True)
-        return state, powerSGD_hook.powerSGD_hook, 0.9
+    if name in TORCH_HOOKS:
+        return (*torch_hook(name, args.start_iter), 0.9)
+    from gradcomp.torch import ddp as gddp
     if name == "dgc":  # DGC's momentum correction is in the hook: plain SGD outside
         return gddp.State(method="dgc", density=args.density, start_iter=args.start_iter, max_norm=args.max_norm,
                           workers=world), gddp.hook, 0.0
     # Error feedback remembers what was not sent; SGD momentum on top of it amplifies the
     # residuals it releases (docs/results.md), so plain SGD.
     return gddp.State(method=name, density=args.density, start_iter=args.start_iter), gddp.hook, 0.0
+
+
+def digest(tensors):
+    """What every run must share, whatever its torch: a hash of the tensors' bytes."""
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def synced_seconds():
@@ -82,18 +94,23 @@ def evaluate(net, tx, ty):
 
 
 def bytes_sent(state, traffic):
-    return traffic.bytes + (state.bytes_sent if isinstance(state, gddp.State) else 0)
+    """What this rank put into collectives: torch's through torch.distributed (counted by
+    Traffic), gradcomp's in C++ (counted by its State)."""
+    return traffic.bytes + getattr(state, "bytes_sent", 0)
 
 
 def train(args, rank, world):
     torch.manual_seed(0)
-    net = torch.nn.parallel.DistributedDataParallel(mlp(), bucket_cap_mb=args.bucket_mb)
+    model = mlp()
+    init_digest = digest(model.parameters())
+    net = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
     state, hook, momentum = hook_for(args.hook, args, world)
-    net.register_comm_hook(state, hook)
+    calls = [0]
+    net.register_comm_hook(state, counting_calls(hook, calls))
     optimizer = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=momentum)
-    traffic = example.Traffic()
-    x, y = example.load("train")
-    tx, ty = example.load("test")
+    traffic = Traffic()
+    x, y = load("train")
+    tx, ty = load("test")
     tx, ty = tx[:args.test_images], ty[:args.test_images]
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(1))[rank::world]
     step_seconds, step_bytes, curve, clock = [], [], [], 0.0
@@ -103,6 +120,7 @@ def train(args, rank, world):
         traffic.counting, traffic.bytes = True, 0
         before = bytes_sent(state, traffic)
         optimizer.zero_grad()
+        calls[0] = 0
         torch.nn.functional.cross_entropy(net(x[idx]), y[idx]).backward()
         optimizer.step()
         seconds = time.perf_counter() - start
@@ -113,9 +131,9 @@ def train(args, rank, world):
             step_bytes.append(bytes_sent(state, traffic) - before)
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             curve.append((step + 1, clock, evaluate(net, tx, ty) if rank == 0 else None))
-    buckets = len(state.compressors) if isinstance(state, gddp.State) else None
-    return {"step_seconds": step_seconds, "step_bytes": step_bytes, "curve": curve, "buckets": buckets,
-            "parameters": sum(p.numel() for p in net.parameters())}
+    return {"step_seconds": step_seconds, "step_bytes": step_bytes, "curve": curve, "buckets": calls[0],
+            "parameters": sum(p.numel() for p in net.parameters()), "torch": torch.__version__,
+            "init_digest": init_digest, "order_digest": digest([order])}
 
 
 def communication_only(args, rank, world):
@@ -124,7 +142,7 @@ def communication_only(args, rank, world):
     model = mlp()
     net = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
     state, hook, _ = hook_for(args.hook, args, world)
-    if isinstance(state, gddp.State):
+    if args.hook in GRADCOMP_HOOKS:
         state.start_iter = 1
     elif state is not None:
         state.start_powerSGD_iter = 1
@@ -152,13 +170,21 @@ def main():
     parser.add_argument("--max-norm", type=float, default=5.0, help="DGC's local gradient clipping")
     parser.add_argument("--start-iter", type=int, default=10, help="dense steps before a hook compresses")
     parser.add_argument("--bucket-mb", type=float, default=4.0, help="DDP's bucket_cap_mb")
+    parser.add_argument("--one-bucket", action="store_true",
+                        help="every gradient in one DDP bucket, DDP's small first bucket included: how torch's "
+                             "PowerSGD hook runs on gloo, whose chained collectives interleave with several buckets")
     parser.add_argument("--eval-every", type=int, default=20)
     parser.add_argument("--test-images", type=int, default=2000)
     parser.add_argument("--probe-steps", type=int, default=12)
+    parser.add_argument("--collective-timeout", type=float, default=120.0, help="seconds before gloo gives up")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    if args.one_bucket:
+        args.bucket_mb = 1024.0
+        dist._DEFAULT_FIRST_BUCKET_BYTES = int(args.bucket_mb * 2**20)  # DDP's documented knob (torch < 2.1 uses it)
+    # A hook whose collectives mismatch across ranks may hang instead of aborting: bounded.
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.collective_timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     result = train(args, rank, world)
     result["communication_only_seconds"] = None if args.hook == "none" else communication_only(args, rank, world)

@@ -10,39 +10,21 @@ test accuracy after the same epochs, the bytes each rank puts into collectives p
 scripts/torch_results.sh runs it as docs/results.md reports it.
 """
 import argparse
-import gzip
 import json
 import os
 import statistics
 import tempfile
 import time
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from ddp_helpers import TORCH_HOOKS, Traffic, load, torch_hook  # beside this file
 
 import gradcomp.torch
 from gradcomp.torch import ddp as gddp
 
-DATA = "/usr/share/datasets/fashion-mnist"
-METHODS = ["dense", "fp16", "powersgd1", "powersgd4", "topk_ef", "dgc", "scalecom"]
-
-
-def read_idx(name):
-    with gzip.open(os.path.join(DATA, name), "rb") as f:
-        raw = f.read()
-    dims = raw[3]
-    shape = [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(dims)]
-    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
-
-
-def load(split):
-    prefix = "train" if split == "train" else "t10k"
-    x = torch.from_numpy(read_idx(f"{prefix}-images-idx3-ubyte.gz").astype(np.float32) / 255.0)
-    y = torch.from_numpy(read_idx(f"{prefix}-labels-idx1-ubyte.gz").astype(np.int64))
-    return ((x - 0.2860) / 0.3530).unsqueeze(1), y
+METHODS = TORCH_HOOKS + ["topk_ef", "dgc", "scalecom"]
 
 
 def model():
@@ -51,24 +33,6 @@ def model():
         torch.nn.Conv2d(1, 16, 5, padding=2), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
         torch.nn.Conv2d(16, 32, 5, padding=2), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
         torch.nn.Flatten(), torch.nn.Linear(32 * 7 * 7, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
-
-
-class Traffic:
-    """Counts the bytes this rank puts into collectives (the input tensors)."""
-
-    def __init__(self):
-        self.bytes = 0
-        self.counting = False
-        for name in ("all_reduce", "all_gather", "broadcast", "reduce"):
-            original = getattr(dist, name)
-
-            def counted(*args, _original=original, _name=name, **kwargs):
-                if self.counting:
-                    tensor = args[1] if _name == "all_gather" else args[0]
-                    self.bytes += tensor.numel() * tensor.element_size()
-                return _original(*args, **kwargs)
-
-            setattr(dist, name, counted)
 
 
 def timed(hook, times):
@@ -99,15 +63,8 @@ def train(rank, world, init, method, args, results):
     net = torch.nn.parallel.DistributedDataParallel(model())
     start_iter = args.start_iter
     momentum, lr = 0.9, args.lr
-    if method == "dense":
-        hook, state = default_hooks.allreduce_hook, None
-    elif method == "fp16":
-        hook, state = default_hooks.fp16_compress_hook, None
-    elif method.startswith("powersgd"):
-        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=int(method[len("powersgd"):]),
-                                            start_powerSGD_iter=start_iter, min_compression_rate=1.0,
-                                            use_error_feedback=True, warm_start=True)
-        hook = powerSGD_hook.powerSGD_hook
+    if method in TORCH_HOOKS:
+        state, hook = torch_hook(method, start_iter)
     elif method == "dgc":
         # DGC's momentum correction lives in the hook: the optimizer runs without it.
         state = gddp.State(method="dgc", density=0.25, start_iter=start_iter, max_norm=args.max_norm, workers=world)
