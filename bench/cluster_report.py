@@ -32,6 +32,15 @@ def load(folder):
     return runs
 
 
+def rate_bits(rate):
+    """A rate as tc writes it ("1gbit", "500mbit") in bit/s, to order the tables."""
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+    for unit, scale in units.items():
+        if rate.endswith(unit):
+            return float(rate[:-len(unit)]) * scale
+    return float("inf")
+
+
 def time_to(curve, target):
     for _, seconds, accuracy in curve:
         if accuracy is not None and accuracy >= target:
@@ -74,7 +83,7 @@ def plot(runs, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    rates = sorted(runs)
+    rates = sorted(runs, key=rate_bits)
     fig, axes = plt.subplots(1, len(rates), figsize=(6 * len(rates), 4.2), squeeze=False)
     for ax, rate in zip(axes[0], rates):
         for hook in ORDER:
@@ -117,7 +126,7 @@ def main():
           f"{first['args']['steps']} steps, density {first['args']['density']}; every run from the same "
           f"parameters (digest {first['init_digest']}) and data order (digest {first['order_digest']}); "
           f"torch {', '.join(torches)}\n")
-    for rate in sorted(runs):
+    for rate in sorted(runs, key=rate_bits):
         print(table(rate, runs[rate], failures))
     if args.plot:
         plot(runs, args.plot)

@@ -26,6 +26,13 @@ out=build/cluster_results
 rm -rf "$out"  # one run: no result of an earlier one mixes in
 mkdir -p "$out"
 : > "$out/failures.txt"
+# Why a run failed, in one line: gloo's failed check, else a collective that timed out
+# (a hang, ended by the benchmark's gloo timeout), else the first exception; no paths.
+failure() {
+  local trim='s/enforce fail at [^]]*\] //; s/\. Received data size.*//; s/(RuntimeError: )?Got the following error when running the callback: //g; s/\[[^]]*\.cc:[0-9]+\] //; s/\. This is typically.*//'
+  { grep -m1 -o -E "enforce fail.*" "$1" || grep -m1 -o -E "Timed out waiting [0-9]+ms for [a-z]+ operation" "$1" ||
+    grep -m1 -o -E "[A-Za-z]*Error: .*" "$1" || echo "see $1"; } | sed -E "$trim"
+}
 for rate in $rates; do
   # At 10 Gbit/s the transfer itself needs a core of the two: a busy moment can cost the
   # check its 10%, so up to 3 tries (each one's figure is kept).
@@ -48,8 +55,8 @@ for rate in $rates; do
         "$python" bench/ddp_cluster.py --hook "$hook" $options --steps "$steps" --out "$out/$rate-$name.json" \
         > "$out/$rate-$name.log" 2>&1 || status=$?
       if ((status != 0)); then  # the reason, as gloo or Python gave it, for the report
-        why=$(grep -m1 -o -E "enforce fail.*|[A-Za-z]*Error: .*" "$out/$rate-$name.log" | sed -E 's/enforce fail at [^]]*\] //; s/\. Received data size.*//' || true)
-        echo "$rate $name: status $status: ${why:-see $out/$rate-$name.log}" | tee -a "$out/failures.txt"
+        why=$(failure "$out/$rate-$name.log")
+        echo "$rate $name: status $status: $why" | tee -a "$out/failures.txt"
       fi
     done
   done
