@@ -5,7 +5,7 @@
 # torch's PowerSGD hook (ranks 1 and 4) runs three ways: in the same 4 buckets as every
 # other hook under Debian's torch 1.13 and under torch 2.x from PyPI (scripts/torch2_env.sh;
 # both abort inside gloo, docs/results.md says why), and in one bucket under torch 1.13
-# (how it runs on gloo). Every other hook under torch 1.13 with gradcomp. About 25 minutes
+# (how it runs on gloo). Every other hook under torch 1.13 with gradcomp. About 45 minutes
 # per rate on this machine (2 cores). Environment:
 #   RATES   link rates, as tc writes them (default "1gbit 10gbit")
 #   HOOKS   hooks (default: none dense fp16 powersgd1 powersgd4 topk_ef dgc scalecom)
