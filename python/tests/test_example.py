@@ -1,20 +1,53 @@
 """examples/torch_ddp_fashion_mnist.py runs every hook (briefly), so it cannot rot."""
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DATA = "/usr/share/datasets/fashion-mnist"
 
 
-@pytest.mark.skipif(not os.path.isdir("/usr/share/datasets/fashion-mnist"),
-                    reason="dataset-fashion-mnist not installed")
+def run_example(methods, tmp_path, timeout):
+    """The example on 2 ranks; on a timeout, its spawned ranks are killed with it."""
+    with subprocess.Popen(
+            [sys.executable, os.path.join(ROOT, "examples", "torch_ddp_fashion_mnist.py"), "--ranks", "2", "--epochs",
+             "2", "--steps-per-epoch", "12", "--start-iter", "2", "--methods", ",".join(methods),
+             "--out", str(tmp_path / "r.json")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            raise
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+@pytest.mark.skipif(not os.path.isdir(DATA), reason="dataset-fashion-mnist not installed")
 def test_the_comparison_runs_every_hook(tmp_path):
-    out = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "examples", "torch_ddp_fashion_mnist.py"), "--ranks", "2", "--epochs", "2",
-         "--steps-per-epoch", "12", "--start-iter", "2", "--out", str(tmp_path / "r.json")],
-        capture_output=True, text=True, timeout=600)
+    methods = ("dense", "fp16", "topk_ef", "dgc", "scalecom")
+    out = run_example(methods, tmp_path, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    for method in ("dense", "fp16", "powersgd1", "powersgd4", "topk_ef", "dgc", "scalecom"):
+    for method in methods:
+        assert f"| {method} |" in out.stdout
+
+
+@pytest.mark.skipif(not os.path.isdir(DATA), reason="dataset-fashion-mnist not installed")
+def test_the_comparison_runs_torchs_powersgd(tmp_path):
+    """torch 1.13's PowerSGD hook on gloo hangs now and then, even in this model's single
+    bucket (seen in 1 of 3 runs on 2026-11-26: its callbacks block a gloo thread on the
+    next all-reduce), which is torch's, not the example's: one retry after a hang."""
+    methods = ("powersgd1", "powersgd4")
+    for attempt in (1, 2):
+        try:
+            out = run_example(methods, tmp_path, timeout=180)
+            break
+        except subprocess.TimeoutExpired:
+            if attempt == 2:
+                raise
+    assert out.returncode == 0, out.stderr[-3000:]
+    for method in methods:
         assert f"| {method} |" in out.stdout
