@@ -1,6 +1,7 @@
 """Data-parallel CNN training on Fashion-MNIST with DistributedDataParallel on gloo ranks
 of this machine, once per communication hook: dense all-reduce, torch's fp16 and
-PowerSGD hooks, and gradcomp's topk_ef, dgc and scalecom hooks. Prints, for each, the
+PowerSGD hooks, and gradcomp's topk_ef, dgc and scalecom hooks, and ok_topk (topk_ef with
+Ok-Topk's global top-k, aggregation="sparse_allreduce"). Prints, for each, the
 test accuracy after the same epochs, the bytes each rank puts into collectives per step
 (after the hooks' dense warm-up), the ratio to dense, and the hook's own time per step
 (median: from the hook's call to its future's completion, summed over buckets).
@@ -24,7 +25,7 @@ from ddp_helpers import TORCH_HOOKS, Traffic, load, torch_hook  # beside this fi
 import gradcomp.torch
 from gradcomp.torch import ddp as gddp
 
-METHODS = TORCH_HOOKS + ["topk_ef", "dgc", "scalecom"]
+METHODS = TORCH_HOOKS + ["topk_ef", "dgc", "scalecom", "ok_topk"]
 
 
 def model():
@@ -69,6 +70,10 @@ def train(rank, world, init, method, args, results):
         # DGC's momentum correction lives in the hook: the optimizer runs without it.
         state = gddp.State(method="dgc", density=0.25, start_iter=start_iter, max_norm=args.max_norm, workers=world)
         hook, momentum = gddp.hook, 0.0
+    elif method == "ok_topk":  # top-k with error feedback, the global top-k of the summed gradient
+        state = gddp.State(method="topk_ef", density=args.density, start_iter=start_iter,
+                           aggregation="sparse_allreduce")
+        hook, momentum = gddp.hook, args.ef_momentum
     else:
         # Error feedback already remembers what was not sent; momentum in the optimizer on
         # top of it amplifies the residuals it releases (at density 0.001 that diverged:

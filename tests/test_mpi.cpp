@@ -132,6 +132,7 @@ TEST_CASE("bucketed all-gather of a model's layers equals one exchange per layer
                           gc::correct::error_feedback{});
   }
   std::vector<std::vector<float>> bucketed(layers.size()), one_by_one(layers.size());
+  std::vector<bool> summed_by_mpi(layers.size(), false);  // a layer that took the dense fallback
   for (std::size_t l = 0; l < layers.size(); ++l) {
     bucketed[l].assign(layers[l], 0.0f);
     one_by_one[l].assign(layers[l], 0.0f);
@@ -146,11 +147,22 @@ TEST_CASE("bucketed all-gather of a model's layers equals one exchange per layer
       messages.push_back(mine[l].compress(g, bufs[l]).bytes());
       dense.push_back(bucketed[l]);
       std::vector<std::byte> b(separate[l].max_message_bytes());
-      (void)comm.allgather_accumulate(separate[l].compress(g, b).bytes(), one_by_one[l], 0.25f);
+      const auto path = comm.allgather_accumulate(separate[l].compress(g, b).bytes(), one_by_one[l], 0.25f);
+      summed_by_mpi[l] = summed_by_mpi[l] || path == gc::comm::path::dense;
     }
     comm.allgather_accumulate(messages, dense, 0.25f);
   }
-  for (std::size_t l = 0; l < layers.size(); ++l) CHECK(bucketed[l] == one_by_one[l]);
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    if (!summed_by_mpi[l]) {
+      CHECK(bucketed[l] == one_by_one[l]);  // the same additions in the same order
+      continue;
+    }
+    // The dense fallback (the tiny layers, where W messages outgrow the tensor) sums in
+    // MPI's order, which at 3 ranks may round differently from rank order.
+    for (std::size_t i = 0; i < layers[l]; ++i) {
+      CHECK(std::fabs(bucketed[l][i] - one_by_one[l][i]) <= 1e-6f * (std::fabs(one_by_one[l][i]) + 1e-30f));
+    }
+  }
   // A bucket with the wrong number of tensors is refused on every rank.
   if (comm.size() > 1) {
     std::vector<std::span<float>> dense;
@@ -421,4 +433,287 @@ int main(int argc, char** argv) {
   MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   MPI_Finalize();
   return any_failed;
+}
+
+// -- comm::sparse_allreduce: Ok-Topk's global top-k --------------------------------------
+
+namespace {
+
+// docs/algorithms.md ("Global top-k") simulated for W ranks in one process: each rank's
+// top-k with error feedback (e <- e + g, its k_r largest |e|, ties to the lower index,
+// sent as the value coding rounds them); the sums per index in rank order; the k of
+// largest |sum| (ties to the lower index); each rank's residual loses what it sent only
+// where the global selection kept it.
+struct global_topk_simulation {
+  std::vector<std::vector<float>> e;  // each rank's residual
+  std::vector<std::size_t> k_of;      // each rank's count
+  std::size_t k;                      // the global selection's
+  bool f16;                           // values rounded to binary16
+
+  std::vector<std::uint32_t> step(const std::vector<std::vector<float>>& g, std::vector<float>& dense, float scale) {
+    const std::size_t ranks = e.size();
+    const std::size_t n = e[0].size();
+    std::vector<std::vector<std::uint32_t>> chosen(ranks);
+    std::vector<std::vector<float>> sent(ranks);
+    std::vector<float> sum(n, 0.0f);
+    std::vector<bool> any(n, false);
+    for (std::size_t r = 0; r < ranks; ++r) {
+      for (std::size_t i = 0; i < n; ++i) e[r][i] = e[r][i] + g[r][i];
+      chosen[r] = reference::top_k(e[r], k_of[r]);
+      for (const std::uint32_t i : chosen[r]) sent[r].push_back(e[r][i]);
+      if (f16) sent[r] = reference::sent_values(reference::values::f16, sent[r], 0, 0, 0);
+      for (std::size_t j = 0; j < chosen[r].size(); ++j) {
+        const std::uint32_t i = chosen[r][j];
+        sum[i] = any[i] ? sum[i] + sent[r][j] : sent[r][j];
+        any[i] = true;
+      }
+    }
+    std::vector<std::uint32_t> all;
+    for (std::uint32_t i = 0; i < n; ++i) {
+      if (any[i]) all.push_back(i);
+    }
+    const std::vector<std::uint32_t> global = reference::top_k_of(sum, all, k);
+    for (const std::uint32_t i : global) dense[i] += scale * sum[i];
+    for (std::size_t r = 0; r < ranks; ++r) {
+      for (std::size_t j = 0; j < chosen[r].size(); ++j) {
+        if (std::binary_search(global.begin(), global.end(), chosen[r][j])) e[r][chosen[r][j]] -= sent[r][j];
+      }
+    }
+    return global;
+  }
+};
+
+// Rank r's compressor for the simulation: top-k at its own density (they differ from
+// rank to rank), error feedback, f32 or f16 values.
+auto topk_ef_of(int rank, std::size_t n, double density, bool f16) {
+  return gc::compressor{gc::backend::host{}, n, gc::select::exact_topk{.density = density * (1 + rank % 3)},
+                        gc::correct::error_feedback{},
+                        gc::encode::index_value{.value = f16 ? gc::value_coding::f16 : gc::value_coding::f32}};
+}
+
+// Gradient `t` of rank r: heavy-tailed, or (`tied`) a few levels, so that many sums
+// tie at the k-th magnitude across regions.
+std::vector<float> sparse_gradient(int rank, std::size_t n, int t, bool tied) {
+  auto g = gradient_of(rank, n, t);
+  if (tied) {
+    for (auto& v : g) v = std::round(v);
+  }
+  return g;
+}
+
+// W ranks over MPI against the simulation: the selection, `dense` and this rank's
+// residual equal it bit for bit at every step, on every rank alike.
+void sparse_allreduce_matches_simulation(std::size_t n, double density, std::size_t k, bool f16, bool tied, int steps) {
+  gc::comm::mpi comm;
+  const int ranks = comm.size();
+  CAPTURE(n);
+  CAPTURE(k);
+  CAPTURE(f16);
+  CAPTURE(tied);
+  auto mine = topk_ef_of(comm.rank(), n, density, f16);
+  // One k for all ranks (each rank's own density names another).
+  gc::comm::sparse_allreduce exchange(comm, mine, k != 0 ? k : reference::k_for(density, n));
+  global_topk_simulation sim{
+      std::vector<std::vector<float>>(static_cast<std::size_t>(ranks), std::vector<float>(n)), {}, exchange.k(), f16};
+  for (int r = 0; r < ranks; ++r) sim.k_of.push_back(topk_ef_of(r, n, density, f16).selector().max_selected(n));
+  std::vector<float> dense(n, 0.0f), expected(n, 0.0f);
+  const float scale = 1.0f / static_cast<float>(ranks);
+  bool uneven = false;
+  for (int t = 0; t < steps; ++t) {
+    std::vector<std::vector<float>> g;
+    for (int r = 0; r < ranks; ++r) g.push_back(sparse_gradient(r, n, t, tied));
+    const auto got = exchange.step(g[static_cast<std::size_t>(comm.rank())], dense, scale);
+    const auto want = sim.step(g, expected, scale);
+    CHECK(std::vector<std::uint32_t>(got.begin(), got.end()) == want);
+    CHECK(dense == expected);
+    const auto residual = mine.corrector_state(0);
+    CHECK(std::vector<float>(residual.begin(), residual.end()) == sim.e[static_cast<std::size_t>(comm.rank())]);
+    CHECK(mine.step() == static_cast<std::uint64_t>(t + 1));
+    // Regions after the first step are cut at the selection's quantiles, not equal.
+    const auto b = exchange.regions();
+    for (int j = 1; j < ranks; ++j) {
+      uneven = uneven ||
+               b[static_cast<std::size_t>(j)] != static_cast<std::uint32_t>(j * n / static_cast<std::size_t>(ranks));
+    }
+  }
+  CHECK(uneven == (ranks > 1));
+  CHECK(same_on_all_ranks(comm, dense));
+}
+
+// comm::mpi whose all_to_all_v hands rank `bad` a corrupt first entry (an index past
+// every region).
+struct corrupting_mpi : gc::comm::mpi {
+  int bad = 1;
+  void all_to_all_v(std::span<const std::byte> send, std::span<const std::uint64_t> send_sizes,
+                    std::span<std::byte> recv, std::span<const std::uint64_t> recv_sizes) {
+    gc::comm::mpi::all_to_all_v(send, send_sizes, recv, recv_sizes);
+    if (rank() == bad && recv.size() >= 4) gc::detail::store_le<std::uint32_t>(recv.data(), 0xFFFFFFF0u);
+  }
+};
+
+std::string checkpoint(const auto& c) {
+  std::ostringstream out;
+  c.save_state(out);
+  return out.str();
+}
+
+}  // namespace
+
+TEST_CASE("sparse_allreduce equals its simulation of W ranks: selection, sums and every residual, bit for bit") {
+  sparse_allreduce_matches_simulation(30011, 0.01, 0, false, false, 6);
+  sparse_allreduce_matches_simulation(30011, 0.01, 0, true, false, 4);     // lossy values: e loses what was sent
+  sparse_allreduce_matches_simulation(20000, 0.02, 0, false, true, 4);     // ties at the k-th sum across regions
+  sparse_allreduce_matches_simulation(5003, 0.002, 400, false, false, 3);  // k above the union: all of it
+  sparse_allreduce_matches_simulation(4099, 0.01, 1, false, false, 3);     // k = 1
+}
+
+TEST_CASE("sparse_allreduce receives about 2k entries per rank whatever W, and follows a density change") {
+  gc::comm::mpi comm;
+  const std::size_t n = 200003;
+  auto c = gc::presets::topk_ef(gc::backend::host{}, n, {.density = 0.001});
+  gc::comm::sparse_allreduce exchange(comm, c);
+  const std::size_t k = exchange.k();
+  CHECK(k == 201);
+  std::vector<float> dense(n, 0.0f);
+  for (int t = 0; t < 8; ++t) (void)exchange.step(gradient_of(comm.rank(), n, t), dense, 1.0f);
+  const gc::comm::traffic last = exchange.last_traffic();
+  // Entries are 8 bytes; the histograms 16 KB at most; everything else a few bytes per rank.
+  const std::uint64_t entries = 8 * k;
+  const std::uint64_t fixed = 4 * (2048 + 1024 + 1024) + 64 * static_cast<std::uint64_t>(comm.size());
+  CHECK(last.received <= 3 * entries + fixed);
+  CHECK(last.sent <= 2 * entries + fixed);
+  CHECK(last.collectives <= 9);
+  c.set_density(0.002);
+  CHECK(exchange.k() == 401);
+  (void)exchange.step(gradient_of(comm.rank(), n, 9), dense, 1.0f);
+  CHECK(same_on_all_ranks(comm, dense));
+}
+
+TEST_CASE(
+    "sparse_allreduce: a NaN, a bad argument, a corrupt entry or a differently configured rank fails on every "
+    "rank alike, changing nothing") {
+  gc::comm::mpi comm;
+  const int ranks = comm.size();
+  const std::string of_ranks = " of " + std::to_string(ranks) + ")";
+  const std::size_t n = 7001;
+  auto make = [&] { return gc::presets::dgc(gc::backend::host{}, n, {.density = 0.01, .max_norm = 5.0f}); };
+  auto mine = make();
+  auto twin = make();  // sees only the clean steps
+  gc::comm::sparse_allreduce exchange(comm, mine);
+  gc::comm::sparse_allreduce twin_exchange(comm, twin);
+  std::vector<float> dense(n, 0.0f), twin_dense(n, 0.0f);
+  corrupting_mpi corrupting;
+  gc::comm::sparse_allreduce corrupted(corrupting, mine);
+  for (int t = 0; t < 3; ++t) {
+    const auto before = checkpoint(mine);
+    const auto dense_before = dense;
+    const int bad = t % ranks;
+    auto g = gradient_of(comm.rank(), n, t);
+    if (comm.rank() == bad) g[5] = NAN;
+    every_rank_throws(
+        comm, [&] { (void)exchange.step(g, dense, 0.5f); },
+        "gradcomp: compress: grad[5] = nan is not finite (rank " + std::to_string(bad) + of_ranks, true);
+    every_rank_throws(
+        comm, [&] { (void)exchange.step(gradient_of(comm.rank(), n, t), std::span<float>(dense).first(n - 1), 1.0f); },
+        "gradcomp: sparse_allreduce: dense.size() = 7000 does not match n = 7001 (rank 0" + of_ranks);
+    every_rank_throws(
+        comm,
+        [&] { (void)exchange.step(gradient_of(comm.rank(), n, t), dense, comm.rank() == ranks - 1 ? NAN : 1.0f); },
+        "gradcomp: sparse_allreduce: scale must be finite, got nan (rank " + std::to_string(ranks - 1) + of_ranks);
+    if (ranks > 1) {
+      every_rank_throws(
+          comm, [&] { (void)corrupted.step(gradient_of(comm.rank(), n, t), dense, 1.0f); },
+          "gradcomp: sparse_allreduce: rank 1 of " + std::to_string(ranks) +
+              " received entries outside its region or out of order");
+    }
+    CHECK_FALSE(mine.has_staged());
+    CHECK(checkpoint(mine) == before);
+    CHECK(dense == dense_before);
+    // The clean step goes on in step with the twin, which never saw the failures.
+    const auto a = exchange.step(gradient_of(comm.rank(), n, t), dense, 0.5f);
+    const auto b = twin_exchange.step(gradient_of(comm.rank(), n, t), twin_dense, 0.5f);
+    CHECK(std::vector<std::uint32_t>(a.begin(), a.end()) == std::vector<std::uint32_t>(b.begin(), b.end()));
+    CHECK(dense == twin_dense);
+    CHECK(checkpoint(mine) == checkpoint(twin));
+  }
+  if (ranks > 1) {
+    // A rank with another k, or with other policies.
+    auto other =
+        comm.rank() == 1 ? gc::presets::dgc(gc::backend::host{}, n, {.density = 0.02, .max_norm = 5.0f}) : make();
+    gc::comm::sparse_allreduce odd(comm, other);
+    every_rank_throws(
+        comm, [&] { (void)odd.step(gradient_of(comm.rank(), n, 0), dense, 1.0f); },
+        "gradcomp: sparse_allreduce: ranks disagree on k: rank 0 has 71, rank 1 has 141");
+    // A rank with other policies.
+    auto plain = gc::presets::topk_ef(gc::backend::host{}, n, {.density = 0.01});
+    gc::comm::sparse_allreduce plain_exchange(comm, plain);
+    const auto before = checkpoint(mine);
+    every_rank_throws(
+        comm,
+        [&] {
+          const auto g = gradient_of(comm.rank(), n, 0);
+          (void)(comm.rank() == 1 ? plain_exchange.step(g, dense, 1.0f) : exchange.step(g, dense, 1.0f));
+        },
+        "gradcomp: sparse_allreduce: ranks disagree on the policies: rank 0 has ", true);
+    CHECK(checkpoint(mine) == before);
+    CHECK(plain.step() == 0);
+  }
+  CHECK_THROWS_WITH_AS(gc::comm::sparse_allreduce(comm, mine, n + 1),
+                       "gradcomp: sparse_allreduce: k = 7002 exceeds the compressor's n = 7001", gc::error);
+}
+
+TEST_CASE(
+    "sparse_allreduce::reduce_scatter: each rank's shard of the summed messages and every residual, bit for "
+    "bit; bad shapes fail on every rank alike") {
+  gc::comm::mpi comm;
+  const int ranks = comm.size();
+  const auto w = static_cast<std::size_t>(ranks);
+  const std::size_t n = 2003 * w;
+  const std::size_t shard_n = n / w;
+  const std::size_t begin = shard_n * static_cast<std::size_t>(comm.rank());
+  auto mine = topk_ef_of(comm.rank(), n, 0.01, false);
+  gc::comm::sparse_allreduce exchange(comm, mine);
+  std::vector<std::vector<float>> e(w, std::vector<float>(n, 0.0f));
+  std::vector<float> shard(shard_n, 7.0f);
+  for (int t = 0; t < 4; ++t) {
+    std::vector<float> sum(n, 0.0f);
+    std::vector<bool> any(n, false);
+    for (int r = 0; r < ranks; ++r) {
+      auto& er = e[static_cast<std::size_t>(r)];
+      const auto g = sparse_gradient(r, n, t, false);
+      for (std::size_t i = 0; i < n; ++i) er[i] = er[i] + g[i];
+      for (const std::uint32_t i : reference::top_k(er, topk_ef_of(r, n, 0.01, false).selector().max_selected(n))) {
+        sum[i] = any[i] ? sum[i] + er[i] : er[i];
+        any[i] = true;
+        er[i] -= er[i];  // everything sent is committed: no global selection
+      }
+    }
+    exchange.reduce_scatter(sparse_gradient(comm.rank(), n, t, false), shard, 0.5f);
+    std::vector<float> expected(shard_n, 0.0f);
+    for (std::size_t i = 0; i < shard_n; ++i) expected[i] = any[begin + i] ? 0.5f * sum[begin + i] : 0.0f;
+    CHECK(shard == expected);
+    const auto residual = mine.corrector_state(0);
+    CHECK(std::vector<float>(residual.begin(), residual.end()) == e[static_cast<std::size_t>(comm.rank())]);
+  }
+  const auto before = checkpoint(mine);
+  const auto shard_before = shard;
+  every_rank_throws(
+      comm,
+      [&] {
+        exchange.reduce_scatter(sparse_gradient(comm.rank(), n, 9, false), std::span(shard).first(shard_n - 1), 1.0f);
+      },
+      "gradcomp: sparse_allreduce: shard.size() = " + std::to_string(shard_n - 1) +
+          " does not match n / ranks = " + std::to_string(shard_n) + " (rank 0 of " + std::to_string(ranks) + ")");
+  CHECK(checkpoint(mine) == before);
+  CHECK(shard == shard_before);
+  if (ranks > 1) {
+    auto odd = gc::presets::topk_ef(gc::backend::host{}, n + 1, {.density = 0.01});
+    gc::comm::sparse_allreduce odd_exchange(comm, odd);
+    std::vector<float> odd_shard((n + 1) / w);
+    every_rank_throws(
+        comm, [&] { odd_exchange.reduce_scatter(sparse_gradient(comm.rank(), n + 1, 0, false), odd_shard, 1.0f); },
+        "gradcomp: sparse_allreduce: reduce_scatter needs n = " + std::to_string(n + 1) +
+            " to be a multiple of the ranks, " + std::to_string(ranks) + " (rank 0 of " + std::to_string(ranks) + ")");
+    CHECK(odd.step() == 0);
+  }
 }

@@ -446,3 +446,70 @@ TEST_CASE("raising OpenMP's thread count after construction changes nothing and 
   omp_set_num_threads(saved);
 }
 #endif
+
+namespace {
+// A step staged with exact_topk and accepted in part (accept_staged(kept)) leaves the
+// corrector's memory bit for bit as a step whose selector chose only the kept entries
+// (given_indices) leaves it: kept entries committed as sent, the others as the update
+// left them. `kept` mixes some of the step's indices with indices it did not select.
+template <class Corrector>
+void partial_accept_is_a_smaller_selection(Corrector corrector) {
+  const std::size_t n = 20011;
+  gc::compressor staged{gc::backend::host{}, n, gc::select::exact_topk{.density = 0.01}, corrector};
+  gc::compressor twin{gc::backend::host{}, n, gc::select::given_indices{.density = 0.01}, corrector};
+  CAPTURE(staged.corrector().name());
+  std::vector<std::byte> a(staged.max_message_bytes()), b(twin.max_message_bytes());
+  for (std::uint64_t t = 0; t < 6; ++t) {
+    auto g = inputs::make(inputs::shape::student_t3, n, 100 + t);
+    for (auto& v : g) v *= 30.0f;  // clipping engages
+    const auto m = staged.stage(g, a);
+    const auto chosen = gc::decode(m.bytes());
+    std::vector<std::uint32_t> kept, committed;
+    for (std::size_t j = 0; j < chosen.indices.size(); ++j) {
+      const std::uint32_t i = chosen.indices[j];
+      if ((i * 2654435761u + t) % 3 != 0) {  // about two thirds of the step's entries
+        kept.push_back(i);
+        committed.push_back(i);
+      } else if (i + 1 < n && j + 1 < chosen.indices.size() && chosen.indices[j + 1] != i + 1) {
+        kept.push_back(i + 1);  // not selected: ignored
+      }
+    }
+    // A bad `kept` is refused and changes nothing: the step stays staged.
+    if (kept.size() >= 2) {
+      std::vector<std::uint32_t> unordered = kept;
+      std::swap(unordered[0], unordered[1]);
+      const std::string before = checkpoint_of(staged);
+      CHECK_THROWS_WITH_AS(staged.accept_staged(unordered),
+                           doctest::Contains("accept_staged: kept must ascend strictly, kept[0] = "), gc::error);
+      CHECK(staged.has_staged());
+      CHECK(checkpoint_of(staged) == before);
+    }
+    staged.accept_staged(kept);
+    CHECK(staged.step() == t + 1);
+    twin.set_indices(committed);
+    const auto expected = twin.compress(g, b);
+    // The twin sends the kept entries' values: the same acc.
+    const auto sent = gc::decode(expected.bytes());
+    CHECK(sent.indices == committed);
+    for (std::size_t a_ = 0; a_ < Corrector::state_arrays; ++a_) {
+      const auto x = staged.corrector_state(a_);
+      const auto y = twin.corrector_state(a_);
+      CHECK(std::vector<float>(x.begin(), x.end()) == std::vector<float>(y.begin(), y.end()));
+    }
+  }
+  CHECK_THROWS_WITH_AS(staged.accept_staged(std::vector<std::uint32_t>{}), "gradcomp: accept_staged: no step is staged",
+                       gc::error);
+}
+}  // namespace
+
+TEST_CASE("accept_staged(kept) commits a subset: as if the selector had chosen only the kept entries") {
+  partial_accept_is_a_smaller_selection(gc::correct::error_feedback{});
+  partial_accept_is_a_smaller_selection(gc::correct::error_feedback{.beta = 0.9f, .gamma = 0.5f});
+  partial_accept_is_a_smaller_selection(gc::correct::momentum{.beta = 0.9f});                    // DGC's masking
+  partial_accept_is_a_smaller_selection(gc::correct::momentum{.beta = 0.9f, .nesterov = true});  // masking
+  partial_accept_is_a_smaller_selection(gc::correct::momentum{.beta = 0.9f, .masking = false});
+  partial_accept_is_a_smaller_selection(gc::correct::low_pass{.beta = 0.3f});
+  partial_accept_is_a_smaller_selection(
+      gc::correct::chain{gc::correct::clip_norm{.max_norm = 5.0f}, gc::correct::momentum{.beta = 0.9f}});
+  partial_accept_is_a_smaller_selection(gc::correct::none{});
+}

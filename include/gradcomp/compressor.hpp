@@ -119,8 +119,9 @@ class compressor {
   }
 
   /// Runs one step like compress() but keeps its outcome aside: the message is written
-  /// to `out` and the new state is computed, yet until accept_staged() the compressor's
-  /// committed state, step() and checkpoints stay those before the step. A later
+  /// to `out` and the new state is computed, yet until accept_staged() (which commits
+  /// what was sent, or a part of it) the compressor's committed state, step() and
+  /// checkpoints stay those before the step. drop_staged() or a later
   /// compress(), stage(), set_density() or load_state() drops the staged step. For
   /// collectives in which every rank must hear that the others' steps were accepted
   /// before any commits (the PyTorch DDP hook): stage, agree, then accept or drop.
@@ -133,10 +134,32 @@ class compressor {
 
   /// Makes the step of the last stage() current, as compress() would have.
   /// \throws gradcomp::error (invalid_argument) if no step is staged.
-  void accept_staged() {
-    detail::require(staged_, errc::invalid_argument, "accept_staged: no step is staged");
-    finish_step();
+  void accept_staged() { accept_staged(backend_); }
+
+  /// Makes the step of the last stage() current as if its selector had chosen only the
+  /// selected entries whose index is in `kept` (host memory, ascending; indices the
+  /// step did not select are ignored): those are committed as compress() commits what
+  /// it sends, and every other entry keeps the corrector's update, so what the global
+  /// selection of comm::sparse_allreduce drops stays in this rank's memory
+  /// (docs/algorithms.md, "Global top-k").
+  /// \throws gradcomp::error (invalid_argument) if no step is staged or `kept` does not
+  ///         ascend strictly; nothing changes then.
+  void accept_staged(std::span<const std::uint32_t> kept) { accept_staged(backend_, kept); }
+
+  /// accept_staged() with the commit queued on `context`.
+  void accept_staged(const Backend& context) { commit_staged(context, nullptr); }
+  /// accept_staged(kept) with the commit queued on `context`.
+  void accept_staged(const Backend& context, std::span<const std::uint32_t> kept) {
+    for (std::size_t j = 1; j < kept.size(); ++j) {
+      detail::require(kept[j - 1] < kept[j], errc::invalid_argument, "accept_staged: kept must ascend strictly, kept[",
+                      j - 1, "] = ", kept[j - 1], " and kept[", j, "] = ", kept[j]);
+    }
+    commit_staged(context, &kept);
   }
+
+  /// Drops a stage()d step (if any): the compressor goes on from its committed state,
+  /// as after a collective that refused the step.
+  void drop_staged() noexcept { staged_ = false; }
 
   /// Whether a stage()d step waits for accept_staged().
   [[nodiscard]] bool has_staged() const noexcept { return staged_; }
@@ -319,7 +342,7 @@ class compressor {
     const std::span<const float> grad = wide_.float_values(on, backend_, "compress", grad_at, n_);
     const std::span<std::byte> out = detail::raw(out_at);
     if (!stage_it) {
-      const message_type m = run_step(on, grad, out);
+      const message_type m = run_step(on, grad, out, true);
       finish_step();
       return m;
     }
@@ -329,7 +352,7 @@ class compressor {
       compressor& c;
       ~restore() { c.engines_.allow_in_place(true); }
     } guard{*this};
-    const message_type m = run_step(on, grad, out);
+    const message_type m = run_step(on, grad, out, false);  // committed by accept_staged
     staged_ = true;
     return m;
   }
@@ -347,13 +370,21 @@ class compressor {
 
   // One step up to (not including) making it current: check, then the step queued on
   // `on` (run, on the host) and its status read once. finish_step() makes it current.
-  message_type run_step(const Backend& on, std::span<const float> grad, std::span<std::byte> out) {
+  message_type run_step(const Backend& on, std::span<const float> grad, std::span<std::byte> out, bool commit) {
     staged_ = false;
     check_step("compress", grad, out);
-    engines_.queue(on, selector_, corrector_, encoder_, grad, out, step_);
+    engines_.queue(on, selector_, corrector_, encoder_, grad, out, step_, commit);
     const detail::step_status status = engines_.status(on);
     if (status.non_finite != 0) detail::report_non_finite(on, "compress", grad, engines_.acc(grad));
     return written(out, static_cast<std::size_t>(status.bytes), status.count);
+  }
+
+  // The staged step's commit (of what `kept` holds, or all), then the step made current.
+  void commit_staged(const Backend& context, const std::span<const std::uint32_t>* kept) {
+    detail::require(staged_, errc::invalid_argument, "accept_staged: no step is staged");
+    const Backend on = detail::context_for(backend_, "accept_staged", context);
+    engines_.commit_staged(on, corrector_, kept);
+    finish_step();
   }
 
   void finish_step() {

@@ -64,6 +64,20 @@ struct transport {
   std::function<void(std::span<std::uint32_t> data, int root)> broadcast;
   /// The sum over ranks, the same bits everywhere (compressor memory).
   std::function<void(std::span<float> values, int root)> reduce_broadcast;
+  /// \name Host memory, for comm::sparse_allreduce
+  /// @{
+  /// Rank r's `sizes[r]` bytes into `all`, in rank order (`mine` is this rank's).
+  std::function<void(std::span<const std::byte> mine, std::span<const std::uint64_t> sizes, std::span<std::byte> all)>
+      all_gather_v;
+  /// mine[j] to rank j, theirs[r] from rank r.
+  std::function<void(std::span<const std::uint64_t> mine, std::span<std::uint64_t> theirs)> all_to_all;
+  /// send's parts (send_sizes bytes each) to their ranks; recv_sizes bytes from each.
+  std::function<void(std::span<const std::byte> send, std::span<const std::uint64_t> send_sizes,
+                     std::span<std::byte> recv, std::span<const std::uint64_t> recv_sizes)>
+      all_to_all_v;
+  /// The sum over ranks of unsigned counts (exact).
+  std::function<void(std::span<std::uint32_t> values)> all_reduce_sum;
+  /// @}
   /// Bytes this rank has put into the collectives above (their inputs), shared by copies.
   std::shared_ptr<std::uint64_t> sent = std::make_shared<std::uint64_t>(0);
   /// Collectives issued (a reduce_broadcast is two), shared by copies.
@@ -81,6 +95,7 @@ struct written {
 };
 
 class cyclic_exchange;
+class sparse_exchange;
 
 /// A gradcomp::compressor of any policies on any backend. Pointers are in the
 /// backend's memory (host, or the CUDA device the compressor was made on). The calls
@@ -123,6 +138,10 @@ class any_compressor {
   /// selector), the leader selecting with exact_topk at `leader_density`.
   virtual std::unique_ptr<cyclic_exchange> cyclic(transport t, double leader_density) = 0;
 
+  /// Ok-Topk's global top-k (comm::sparse_allreduce) over `t` with this compressor, the
+  /// global selection `k` entries (0: the compressor's density's count).
+  virtual std::unique_ptr<sparse_exchange> sparse(transport t, std::size_t k) = 0;
+
   /// Keeps `resource` (the compressor's stream) alive until after the compressor,
   /// which the derived class destroys first.
   void keep(std::shared_ptr<void> resource) { kept_ = std::move(resource); }
@@ -139,6 +158,22 @@ class cyclic_exchange {
   /// rank's message (written to `out`).
   virtual written step(const float* grad, float* dense, std::size_t n, float scale, std::byte* out,
                        std::size_t out_size) = 0;
+};
+
+/// comm::sparse_allreduce behind a virtual interface.
+class sparse_exchange {
+ public:
+  virtual ~sparse_exchange() = default;
+  /// dense += scale * the global top-k of the ranks' sums; the compressor's step stays
+  /// staged until accept() (or drop()).
+  virtual void stage(const float* grad, float* dense, std::size_t n, float scale) = 0;
+  virtual void accept() = 0;
+  virtual void drop() noexcept = 0;
+  /// FSDP's sparse reduce-scatter: `shard` (n / W floats) = scale * this rank's shard of
+  /// the ranks' summed messages; the compressor's whole step is committed.
+  virtual void reduce_scatter(const float* grad, std::size_t n, float* shard, std::size_t shard_n, float scale) = 0;
+  /// The global selection's size.
+  [[nodiscard]] virtual std::size_t k() const = 0;
 };
 
 /// Builds a compressor of `n` elements for `method` (a preset's name, or "compose" for

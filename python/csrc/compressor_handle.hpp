@@ -112,7 +112,8 @@ class compressor_handle {
     });
   }
   void accept_staged() {
-    exclusive([&] { c_->accept_staged(); });
+    // The staged step's commit is queued now: on CUDA on the compressor's own stream.
+    exclusive([&] { on_own_stream([&] { c_->accept_staged(); }); });
   }
   bool has_staged() {
     return exclusive([&] { return c_->has_staged(); });
@@ -287,6 +288,68 @@ class cyclic_handle {
   std::shared_ptr<std::uint64_t> sent_;
   std::shared_ptr<std::uint64_t> issued_;
   std::unique_ptr<gradcomp_py::cyclic_exchange> x_;
+};
+
+/// Ok-Topk's global top-k over a process group with one CPU compressor
+/// (gradcomp._C.SparseAllreduce; comm::sparse_allreduce).
+class sparse_handle {
+ public:
+  sparse_handle(compressor_handle& c, const py::object& group, std::size_t k)
+      : sparse_handle(c, gradcomp_py::transport_of(gradcomp_py::group_of(group), c.device(), c.impl().stream()), k) {}
+
+  /// Bytes this rank has put into the exchange's collectives.
+  std::uint64_t bytes_sent() const { return *sent_; }
+  /// Collectives the exchange has issued.
+  std::uint64_t collectives() const { return *issued_; }
+  /// The global selection's size.
+  std::size_t k() {
+    return c_.exclusive([&] { return x_->k(); });
+  }
+
+  /// dense += scale * the global top-k of the ranks' sums; the compressor's step stays
+  /// staged until accept() (the DDP hook accepts a step's buckets together).
+  void stage(const torch::Tensor& grad_in, torch::Tensor& dense, double scale) {
+    // Sizes are the exchange's to check (every rank alike).
+    check_tensor("sparse_allreduce", "grad", grad_in, torch::kFloat, c_.device());
+    check_tensor("sparse_allreduce", "dense", dense, torch::kFloat, c_.device());
+    gradcomp_py::check_written("sparse_allreduce", "dense", dense);
+    const torch::Tensor grad = values_of(grad_in);
+    c_.exclusive([&] {
+      x_->stage(grad.data_ptr<float>(), dense.data_ptr<float>(), static_cast<std::size_t>(dense.numel()),
+                static_cast<float>(scale));
+    });
+  }
+  void accept() {
+    c_.exclusive([&] { c_.on_own_stream([&] { x_->accept(); }); });
+  }
+  /// FSDP's sparse reduce-scatter: `shard` = scale * this rank's shard of the ranks'
+  /// summed messages of `grad` (W equal shards); the compressor's step is committed.
+  void reduce_scatter(const torch::Tensor& grad_in, torch::Tensor& shard, double scale) {
+    check_tensor("reduce_scatter", "input", grad_in, torch::kFloat, c_.device());
+    check_tensor("reduce_scatter", "output", shard, torch::kFloat, c_.device());
+    gradcomp_py::check_written("reduce_scatter", "output", shard);
+    const torch::Tensor grad = values_of(grad_in);
+    c_.exclusive([&] {
+      c_.on_own_stream([&] {
+        x_->reduce_scatter(grad.data_ptr<float>(), static_cast<std::size_t>(grad.numel()), shard.data_ptr<float>(),
+                           static_cast<std::size_t>(shard.numel()), static_cast<float>(scale));
+      });
+    });
+  }
+  /// stage() then accept().
+  void step(const torch::Tensor& grad, torch::Tensor& dense, double scale) {
+    stage(grad, dense, scale);
+    accept();
+  }
+
+ private:
+  sparse_handle(compressor_handle& c, gradcomp_py::transport t, std::size_t k)
+      : c_(c), sent_(t.sent), issued_(t.issued), x_(c.impl().sparse(std::move(t), k)) {}
+
+  compressor_handle& c_;
+  std::shared_ptr<std::uint64_t> sent_;
+  std::shared_ptr<std::uint64_t> issued_;
+  std::unique_ptr<gradcomp_py::sparse_exchange> x_;
 };
 
 }  // namespace gradcomp_py

@@ -11,6 +11,7 @@
 #include "policy_options.hpp"
 
 #include <gradcomp/comm/cyclic_topk.hpp>
+#include <gradcomp/comm/sparse_allreduce.hpp>
 #include <gradcomp/gradcomp.hpp>
 
 #include <cmath>
@@ -40,6 +41,15 @@ class transport_comm {
   void reduce_broadcast(gc::backend_span<Backend, float> values, int root) {
     t_.reduce_broadcast(gc::detail::raw(values), root);
   }
+  void all_gather_v(std::span<const std::byte> mine, std::span<const std::uint64_t> sizes, std::span<std::byte> all) {
+    t_.all_gather_v(mine, sizes, all);
+  }
+  void all_to_all(std::span<const std::uint64_t> mine, std::span<std::uint64_t> theirs) { t_.all_to_all(mine, theirs); }
+  void all_to_all_v(std::span<const std::byte> send, std::span<const std::uint64_t> send_sizes,
+                    std::span<std::byte> recv, std::span<const std::uint64_t> recv_sizes) {
+    t_.all_to_all_v(send, send_sizes, recv, recv_sizes);
+  }
+  void all_reduce_sum(std::span<std::uint32_t> values) { t_.all_reduce_sum(values); }
 
  private:
   transport t_;
@@ -136,6 +146,7 @@ class compressor_of final : public any_compressor {
   }
 
   std::unique_ptr<cyclic_exchange> cyclic(transport t, double leader_density) override;
+  std::unique_ptr<sparse_exchange> sparse(transport t, std::size_t k) override;
 
  private:
   // Calls `f` with the gradient as a view (of the backend's memory) of its element type.
@@ -193,6 +204,41 @@ std::unique_ptr<cyclic_exchange> compressor_of<Compressor>::cyclic(transport t, 
   } else {
     gc::detail::fail(gc::errc::invalid_argument, "cyclic exchange: the compressor's selector is ", c_.selector().name(),
                      "; ScaleCom's ranks compress at the leader's indices (method='scalecom')");
+  }
+}
+
+/// comm::sparse_allreduce over a torch.distributed transport (compressors in host memory).
+template <class Compressor>
+class sparse_exchange_of final : public sparse_exchange {
+  using backend_type = typename Compressor::backend_type;
+
+ public:
+  sparse_exchange_of(Compressor& c, transport t, std::size_t k)
+      : comm_(std::move(t), c.backend()), exchange_(comm_, c, k) {}
+
+  void stage(const float* grad, float* dense, std::size_t n, float scale) override {
+    (void)exchange_.stage(std::span<const float>(grad, n), std::span<float>(dense, n), scale);
+  }
+  void accept() override { exchange_.accept_staged(); }
+  void reduce_scatter(const float* grad, std::size_t n, float* shard, std::size_t shard_n, float scale) override {
+    exchange_.reduce_scatter(std::span<const float>(grad, n), std::span<float>(shard, shard_n), scale);
+  }
+  void drop() noexcept override { exchange_.drop_staged(); }
+  [[nodiscard]] std::size_t k() const override { return exchange_.k(); }
+
+ private:
+  transport_comm<backend_type> comm_;
+  gc::comm::sparse_allreduce<Compressor, transport_comm<backend_type>> exchange_;
+};
+
+template <class Compressor>
+std::unique_ptr<sparse_exchange> compressor_of<Compressor>::sparse(transport t, std::size_t k) {
+  if constexpr (backend_type::host_accessible) {
+    return std::make_unique<sparse_exchange_of<Compressor>>(c_, std::move(t), k);
+  } else {
+    gc::detail::fail(gc::errc::invalid_argument,
+                     "sparse_allreduce: runs with CPU compressors; this one is on a CUDA device (use a CPU bucket, or "
+                     "the all-gather)");
   }
 }
 

@@ -92,7 +92,7 @@ py::object hook_steps::submit(const torch::Tensor& bucket_in, bool last, work jo
         if (last) {  // the step's end: its staged buckets are accepted together, or none is
           try {
             if (!state->step_failed) {
-              for (const auto& c : state->staged) c->accept_staged();
+              for (const auto& accept : state->staged) accept();
             }
           } catch (...) {
             if (!failure) failure = std::current_exception();
@@ -138,8 +138,30 @@ py::object hook_steps::dense(const torch::Tensor& bucket, const std::vector<name
 
 py::object hook_steps::compressed(std::int64_t index, std::shared_ptr<compressor_handle> c,
                                   std::shared_ptr<cyclic_handle> cyclic, bool is_cyclic, const torch::Tensor& bucket,
-                                  const std::vector<named_value>& settings, const reported_error& error, bool last) {
+                                  const std::vector<named_value>& settings, const reported_error& error, bool last,
+                                  std::shared_ptr<sparse_handle> sparse, bool is_sparse) {
   std::vector<gc::detail::setting> shared = settings_of(settings);
+  if (is_sparse) {
+    return submit(bucket, last, [state = shared_, shared, sparse, error](transport& t, const torch::Tensor& b) {
+      agree_on(t, shared, error);  // a rank without its exchange has an error here
+      if (!sparse) invalid(who, ": no sparse_allreduce for this bucket");
+      const torch::Tensor flat = b.to(torch::kFloat).contiguous();
+      torch::Tensor mean = torch::zeros({flat.numel()}, flat.options());
+      const std::uint64_t sent = sparse->bytes_sent();
+      const std::uint64_t issued = sparse->collectives();
+      try {
+        sparse->stage(flat, mean, 1.0 / t.size);
+      } catch (...) {
+        *t.sent += sparse->bytes_sent() - sent;
+        *t.issued += sparse->collectives() - issued;
+        throw;
+      }
+      *t.sent += sparse->bytes_sent() - sent;
+      *t.issued += sparse->collectives() - issued;
+      state->staged.push_back([sparse] { sparse->accept(); });
+      return in_dtype_of(b, mean);
+    });
+  }
   if (is_cyclic) {
     return submit(bucket, last, [shared, c, cyclic, error](transport& t, const torch::Tensor& b) {
       agree_on(t, shared, error);
@@ -183,7 +205,7 @@ py::object hook_steps::compressed(std::int64_t index, std::shared_ptr<compressor
           }
         });
     bound = next_bound(longest, capacity);
-    state->staged.push_back(c);
+    state->staged.push_back([c] { c->accept_staged(); });
     return in_dtype_of(b, mean);
   });
 }

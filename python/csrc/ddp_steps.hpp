@@ -34,14 +34,17 @@ class hook_steps {
   pybind11::object dense(const torch::Tensor& bucket, const std::vector<named_value>& settings, bool last);
 
   /// A compressed step of bucket `index`: with `cyclic` (ScaleCom's exchange, when
-  /// `is_cyclic`) two agreements and its broadcast and reduce; otherwise `c` stages its step
+  /// `is_cyclic`) two agreements and its broadcast and reduce; with `sparse` (Ok-Topk's
+  /// global top-k, when `is_sparse`) an agreement on the hook's settings, then comm::sparse_allreduce, the
+  /// commit staged like the others'; otherwise `c` stages its step
   /// and the messages are gathered in one all-gather padded to the bucket's bound
   /// (bucket_gather.hpp). `error`: what this rank met before (then `c` may be None), told
   /// to every rank in the exchange. The Future's value is the mean of the ranks' messages,
   /// in the bucket's dtype; its error, the same gradcomp::error on every rank.
   pybind11::object compressed(std::int64_t index, std::shared_ptr<compressor_handle> c,
                               std::shared_ptr<cyclic_handle> cyclic, bool is_cyclic, const torch::Tensor& bucket,
-                              const std::vector<named_value>& settings, const reported_error& error, bool last);
+                              const std::vector<named_value>& settings, const reported_error& error, bool last,
+                              std::shared_ptr<sparse_handle> sparse, bool is_sparse);
 
   /// Bytes this rank has put into the steps' collectives (read at any time).
   [[nodiscard]] std::uint64_t bytes_sent() const { return shared_->bytes.load(); }
@@ -51,8 +54,8 @@ class hook_steps {
  private:
   /// What the jobs keep between them (touched by the worker's thread only, but `bytes`).
   struct shared {
-    std::map<std::int64_t, std::size_t> bounds;              // each bucket's frame bound
-    std::vector<std::shared_ptr<compressor_handle>> staged;  // this step's staged buckets
+    std::map<std::int64_t, std::size_t> bounds;  // each bucket's frame bound
+    std::vector<std::function<void()>> staged;   // this step's staged buckets' accepts
     bool step_failed = false;
     std::atomic<std::uint64_t> bytes{0};
     std::atomic<std::uint64_t> collectives{0};

@@ -24,6 +24,7 @@ namespace py = pybind11;
 namespace gc = gradcomp;
 using gradcomp_py::compressor_handle;
 using gradcomp_py::cyclic_handle;
+using gradcomp_py::sparse_handle;
 
 namespace {
 
@@ -96,12 +97,20 @@ PYBIND11_MODULE(_C, m) {
       .def("step", &cyclic_handle::step)
       .def_property_readonly("bytes_sent", &cyclic_handle::bytes_sent);
 
+  py::class_<sparse_handle, std::shared_ptr<sparse_handle>>(m, "SparseAllreduce")
+      .def(py::init<compressor_handle&, const py::object&, std::size_t>(), py::keep_alive<1, 2>())
+      .def("step", &sparse_handle::step)
+      .def("reduce_scatter", &sparse_handle::reduce_scatter)
+      .def_property_readonly("collectives", &sparse_handle::collectives)
+      .def_property_readonly("k", &sparse_handle::k)
+      .def_property_readonly("bytes_sent", &sparse_handle::bytes_sent);
+
   py::class_<gradcomp_py::hook_steps>(m, "HookSteps")
       .def(py::init<const py::object&>(), py::arg("group"))
       .def("dense", &gradcomp_py::hook_steps::dense, py::arg("bucket"), py::arg("settings"), py::arg("last"))
       .def("compressed", &gradcomp_py::hook_steps::compressed, py::arg("index"), py::arg("compressor"),
            py::arg("cyclic"), py::arg("is_cyclic"), py::arg("bucket"), py::arg("settings"), py::arg("error"),
-           py::arg("last"))
+           py::arg("last"), py::arg("sparse") = nullptr, py::arg("is_sparse") = false)
       .def_property_readonly("bytes_sent", &gradcomp_py::hook_steps::bytes_sent)
       .def_property_readonly("collectives", &gradcomp_py::hook_steps::collectives);
 

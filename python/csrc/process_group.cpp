@@ -9,6 +9,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #endif
 
+#include <algorithm>
 #include <cstring>
 #include <string_view>
 
@@ -95,6 +96,66 @@ transport transport_of(const group_ptr& pg, const torch::Device& device, void* s
       const torch::Tensor got = parts[0][r].to(torch::kCPU).contiguous();
       std::memcpy(all.data() + r * mine.size(), got.data_ptr<std::uint8_t>(), mine.size());
     }
+  };
+  // Host arrays as tensors on the collective's device, and back.
+  const auto to_where = [where](const void* data, std::int64_t count, torch::ScalarType type) {
+    return torch::from_blob(const_cast<void*>(data), {count}, type).to(where).contiguous();
+  };
+  const auto back = [](const torch::Tensor& t, void* to) {
+    const torch::Tensor host = t.to(torch::kCPU).contiguous();
+    if (host.nbytes() != 0) std::memcpy(to, host.data_ptr(), host.nbytes());
+  };
+  out.all_gather_v = [pg, to_where, back, sent, issued](std::span<const std::byte> mine,
+                                                        std::span<const std::uint64_t> sizes,
+                                                        std::span<std::byte> all) {
+    // gloo gathers parts of one size: each is padded to the largest, which every rank knows.
+    const std::uint64_t longest = sizes.empty() ? 0 : *std::max_element(sizes.begin(), sizes.end());
+    const auto width = static_cast<std::int64_t>(std::max<std::uint64_t>(longest, 1));
+    std::vector<std::uint8_t> padded(static_cast<std::size_t>(width), 0);
+    std::memcpy(padded.data(), mine.data(), mine.size());
+    *sent += static_cast<std::uint64_t>(width);
+    ++*issued;
+    std::vector<at::Tensor> send{to_where(padded.data(), width, torch::kUInt8)};
+    std::vector<std::vector<at::Tensor>> parts(1);
+    for (int r = 0; r < pg->getSize(); ++r) parts[0].push_back(torch::empty({width}, send[0].options()));
+    pg->allgather(parts, send)->wait();
+    std::size_t at = 0;
+    for (std::size_t r = 0; r < parts[0].size(); ++r) {
+      back(parts[0][r].narrow(0, 0, static_cast<std::int64_t>(sizes[r])), all.data() + at);
+      at += static_cast<std::size_t>(sizes[r]);
+    }
+  };
+  out.all_to_all = [pg, to_where, back, sent, issued](std::span<const std::uint64_t> mine,
+                                                      std::span<std::uint64_t> theirs) {
+    *sent += mine.size_bytes();
+    ++*issued;
+    at::Tensor in = to_where(mine.data(), static_cast<std::int64_t>(mine.size()), torch::kInt64);
+    at::Tensor got = torch::empty_like(in);
+    std::vector<std::int64_t> even;
+    pg->alltoall_base(got, in, even, even)->wait();
+    back(got, theirs.data());
+  };
+  out.all_to_all_v = [pg, to_where, back, sent, issued](
+                         std::span<const std::byte> send, std::span<const std::uint64_t> send_sizes,
+                         std::span<std::byte> recv, std::span<const std::uint64_t> recv_sizes) {
+    *sent += send.size();
+    ++*issued;
+    at::Tensor in = to_where(send.data(), static_cast<std::int64_t>(send.size()), torch::kUInt8);
+    at::Tensor got = torch::empty({static_cast<std::int64_t>(recv.size())}, in.options());
+    std::vector<std::int64_t> in_splits(send_sizes.begin(), send_sizes.end());
+    std::vector<std::int64_t> out_splits(recv_sizes.begin(), recv_sizes.end());
+    pg->alltoall_base(got, in, out_splits, in_splits)->wait();
+    back(got, recv.data());
+  };
+  out.all_reduce_sum = [pg, to_where, sent, issued](std::span<std::uint32_t> values) {
+    *sent += 8 * values.size();
+    ++*issued;
+    std::vector<std::int64_t> wide(values.begin(), values.end());
+    std::vector<at::Tensor> tensors{to_where(wide.data(), static_cast<std::int64_t>(wide.size()), torch::kInt64)};
+    pg->allreduce(tensors)->wait();
+    const torch::Tensor sum = tensors[0].to(torch::kCPU).contiguous();
+    const auto* p = sum.data_ptr<std::int64_t>();
+    for (std::size_t j = 0; j < values.size(); ++j) values[j] = static_cast<std::uint32_t>(p[j]);
   };
   const auto options = torch::TensorOptions().device(device);
   // `collective(tensors)` on a view of the compressor's memory, in the order above.

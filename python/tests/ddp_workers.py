@@ -1,6 +1,5 @@
 """What each rank of the DDP tests runs (in a spawned process; see test_ddp.py)."""
 import io
-import os
 import time
 
 import numpy as np
@@ -198,6 +197,18 @@ def check_real_ddp_training(rank, world):
         assert torch.equal(c.state_dict()["state"], before[i])
 
 
+def outcomes_of(futures):
+    """What each Future ends with: None, or the gradcomp.Error's type and text."""
+    outcomes = []
+    for f in futures:
+        try:
+            f.wait()
+            outcomes.append(None)
+        except gradcomp.Error as e:
+            outcomes.append((type(e), str(e)))
+    return outcomes
+
+
 def check_buckets_in_flight(rank, world):
     """Four buckets in flight at once, as DDP has them: each hook returns before its
     bucket's exchange completes (one late rank holds every exchange back), every bucket
@@ -240,13 +251,8 @@ def check_buckets_in_flight(rank, world):
             bad = [g.clone() for g in grads]
             if rank == world - 1:
                 bad[1][7] = float("nan")
-            outcomes = []
-            for f in submit(step, bad):  # every bucket's exchange ends before this rank's next collective
-                try:
-                    f.wait()
-                    outcomes.append(None)
-                except gradcomp.Error as e:
-                    outcomes.append((type(e), str(e)))
+            # every bucket's exchange ends before this rank's next collective
+            outcomes = outcomes_of(submit(step, bad))
             text = f"gradcomp: compress: grad[7] = nan is not finite (rank {world - 1} of {world})"
             assert outcomes == [None, (gradcomp.NonFiniteError, text), None, None], outcomes
             texts = [None] * world
@@ -270,6 +276,53 @@ def check_buckets_in_flight(rank, world):
             assert len(sizes) < issued <= 2 * len(sizes), (step, issued)
         else:
             assert issued == len(sizes), (step, issued)
+
+
+def check_sparse_allreduce(rank, world):
+    """aggregation="sparse_allreduce" with three buckets in flight: every bucket equals
+    Ok-Topk's reference (the global top-k of the summed messages) and this rank's
+    residual equals its simulation, bit for bit; a NaN in one bucket on one rank raises
+    the same error on every rank and the step changes no bucket's memory."""
+    sizes, density = [3001, 1000, 17], 0.01
+    last = len(sizes) - 1
+    state = ddp.State(method="topk_ef", density=density, start_iter=1, aggregation="sparse_allreduce")
+    refs = [reference.GlobalTopk(world, n) for n in sizes]
+    for step in range(6):
+        grads = [grad_of(rank, step, n, b) for b, n in enumerate(sizes)]
+        if step == 4:  # a NaN in bucket 1 on the last rank, with every bucket in flight
+            memory = memory_of(state)
+            bad = [g.clone() for g in grads]
+            if rank == world - 1:
+                bad[1][7] = float("nan")
+            outcomes = outcomes_of([ddp.hook(state, Bucket(bad[b], b, b == last)) for b in range(len(sizes))])
+            text = f"gradcomp: compress: grad[7] = nan is not finite (rank {world - 1} of {world})"
+            assert outcomes == [None, (gradcomp.NonFiniteError, text), None], outcomes
+            now = memory_of(state)
+            assert all(torch.equal(now[i], memory[i]) for i in memory), "a failed step changed a bucket's memory"
+        before = state.collectives
+        futures = [ddp.hook(state, Bucket(grads[b].clone(), b, b == last)) for b in range(len(sizes))]
+        got = [f.wait() for f in futures]
+        for b, n in enumerate(sizes):
+            if step < 1:
+                want = (sum(grad_of(r, step, n, b) for r in range(world)) / world).numpy()
+                np.testing.assert_allclose(got[b].numpy(), want, rtol=1e-5, atol=1e-6)
+                continue
+            k = reference.k_for(density, n)
+            idx, sums = refs[b].step([grad_of(r, step, n, b).numpy() for r in range(world)], k, k)
+            want = np.zeros(n, dtype=np.float32)
+            want[idx] = np.float32(1.0 / world) * sums
+            np.testing.assert_array_equal(got[b].numpy(), want)
+            assert np.count_nonzero(got[b].numpy()) <= k
+            assert same_on_all_ranks(got[b])
+            np.testing.assert_array_equal(state.compressors[b].corrector_state(0).numpy(), refs[b].e[rank])
+        if step >= 1:  # the hook's agreement, then the exchange's 6 to 9 collectives
+            assert len(sizes) * 7 <= state.collectives - before <= len(sizes) * 10, state.collectives - before
+    # scalecom has an exchange of its own
+    raises_alike(lambda: ddp.State(method="scalecom", aggregation="sparse_allreduce"), gradcomp.InvalidArgumentError,
+                 "gradcomp: State: aggregation 'sparse_allreduce' does not apply to method 'scalecom' (its cyclic "
+                 "exchange is its aggregation)")
+    raises_alike(lambda: ddp.State(aggregation="ring"), gradcomp.InvalidArgumentError,
+                 "gradcomp: State: aggregation must be 'allgather' or 'sparse_allreduce', got 'ring'")
 
 
 def check_scalecom_buckets_in_flight(rank, world):
@@ -463,18 +516,10 @@ SCENARIOS = {
     "topk": lambda rank, world: check_topk_against_reference(rank, world, 0.01),
     "allreduce": lambda rank, world: check_topk_against_reference(rank, world, 1.0),
     "nan": check_nan_on_one_rank,
+    "sparse": check_sparse_allreduce,
     "scalecom": check_scalecom_against_simulation,
     "checkpoint": check_checkpoint_and_bucket_errors,
     "16-bit": check_16_bit_buckets,
     "training": check_real_ddp_training,
 }
 
-
-def worker(rank, world, init_file, names):
-    torch.set_num_threads(1)
-    os.environ["OMP_NUM_THREADS"] = "1"
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    for name in names:
-        SCENARIOS[name](rank, world)
-        dist.barrier()
-    dist.destroy_process_group()

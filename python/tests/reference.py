@@ -65,3 +65,35 @@ def adacomp(acc, g, bin_size):
         top = np.max(np.abs(acc[start:start + bin_size]))
         out.extend(i for i in range(start, min(start + bin_size, len(acc))) if abs(h[i]) >= top)
     return np.array(out, dtype=np.int64)
+
+
+class GlobalTopk:
+    """Ok-Topk's global top-k with error feedback for W ranks (docs/algorithms.md,
+    "Global top-k"): each rank e <- e + g and its top-k; the sums per index in rank
+    order (float32); the k of largest |sum|, ties to the lower index; each rank's e
+    loses what it sent only where the global selection kept it."""
+
+    def __init__(self, world, n):
+        self.e = [np.zeros(n, dtype=np.float32) for _ in range(world)]
+
+    def step(self, grads, k_rank, k):
+        n = len(self.e[0])
+        sums = np.zeros(n, dtype=np.float32)
+        seen = np.zeros(n, dtype=bool)
+        chosen, sent = [], []
+        for r, g in enumerate(grads):
+            self.e[r] = (self.e[r] + g).astype(np.float32)
+            idx = top_k(self.e[r], k_rank)
+            values = self.e[r][idx].copy()
+            for i, v in zip(idx, values):
+                sums[i] = np.float32(sums[i] + v) if seen[i] else v
+                seen[i] = True
+            chosen.append(idx)
+            sent.append(values)
+        union = np.nonzero(seen)[0]
+        order = sorted(union, key=lambda i: (-abs(float(sums[i])), int(i)))
+        selected = np.array(sorted(order[:k]), dtype=np.int64)
+        for r in range(len(grads)):
+            kept = np.isin(chosen[r], selected)
+            self.e[r][chosen[r][kept]] = (self.e[r][chosen[r][kept]] - sent[r][kept]).astype(np.float32)
+        return selected, sums[selected]

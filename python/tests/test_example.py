@@ -28,7 +28,7 @@ def run_example(methods, tmp_path, timeout):
 
 @pytest.mark.skipif(not os.path.isdir(DATA), reason="dataset-fashion-mnist not installed")
 def test_the_comparison_runs_every_hook(tmp_path):
-    methods = ("dense", "fp16", "topk_ef", "dgc", "scalecom")
+    methods = ("dense", "fp16", "topk_ef", "dgc", "scalecom", "ok_topk")
     out = run_example(methods, tmp_path, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     for method in methods:

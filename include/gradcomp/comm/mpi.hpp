@@ -1,10 +1,11 @@
 /// \file comm/mpi.hpp
 /// Moving compressed messages between the ranks of an MPI communicator (needs MPI;
-/// CMake: gradcomp::mpi). Also brings comm::cyclic_topk.
+/// CMake: gradcomp::mpi). Also brings comm::cyclic_topk and comm::sparse_allreduce.
 #pragma once
 
 #include <gradcomp/comm/cyclic_topk.hpp>
 #include <gradcomp/comm/path.hpp>
+#include <gradcomp/comm/sparse_allreduce.hpp>
 #include <gradcomp/config.hpp>
 #include <gradcomp/detail/collective_checks.hpp>
 #include <gradcomp/detail/wire.hpp>
@@ -118,6 +119,30 @@ class mpi {
   void broadcast(std::span<std::uint32_t> data, int root) {
     MPI_Bcast(data.data(), mpi_count(data.size()), MPI_UINT32_T, root, comm_);
   }
+  /// Every rank's `mine` (sizes[r] bytes from rank r, as every rank knows them) into
+  /// `all`, in rank order.
+  void all_gather_v(std::span<const std::byte> mine, std::span<const std::uint64_t> sizes, std::span<std::byte> all) {
+    displace(sizes, counts_, displs_);
+    MPI_Allgatherv(mine.data(), mpi_count(mine.size()), MPI_BYTE, all.data(), counts_.data(), displs_.data(), MPI_BYTE,
+                   comm_);
+  }
+  /// mine[j] to rank j; theirs[r] from rank r (one value per rank each way).
+  void all_to_all(std::span<const std::uint64_t> mine, std::span<std::uint64_t> theirs) {
+    MPI_Alltoall(mine.data(), 1, MPI_UINT64_T, theirs.data(), 1, MPI_UINT64_T, comm_);
+  }
+  /// The parts of `send` (send_sizes[j] bytes for rank j, in rank order) to their ranks;
+  /// rank r's part for this rank (recv_sizes[r] bytes) into `recv`, in rank order.
+  void all_to_all_v(std::span<const std::byte> send, std::span<const std::uint64_t> send_sizes,
+                    std::span<std::byte> recv, std::span<const std::uint64_t> recv_sizes) {
+    displace(send_sizes, send_counts_, send_displs_);
+    displace(recv_sizes, counts_, displs_);
+    MPI_Alltoallv(send.data(), send_counts_.data(), send_displs_.data(), MPI_BYTE, recv.data(), counts_.data(),
+                  displs_.data(), MPI_BYTE, comm_);
+  }
+  /// `values` becomes the sum over ranks (integers: exact, whatever the order).
+  void all_reduce_sum(std::span<std::uint32_t> values) {
+    MPI_Allreduce(MPI_IN_PLACE, values.data(), mpi_count(values.size()), MPI_UINT32_T, MPI_SUM, comm_);
+  }
   /// `values` becomes the sum over ranks, the same bits on every rank: summed at
   /// `root`, then broadcast.
   void reduce_broadcast(std::span<float> values, int root) {
@@ -138,20 +163,25 @@ class mpi {
     return static_cast<int>(count);
   }
 
+  // MPI's counts and displacements of parts of `sizes` bytes laid end to end.
+  static void displace(std::span<const std::uint64_t> sizes, std::vector<int>& counts, std::vector<int>& displs) {
+    detail::require(detail::total_size(sizes) <= static_cast<std::uint64_t>(INT32_MAX), errc::invalid_argument,
+                    "comm::mpi: ", detail::total_size(sizes), " bytes exceed what one MPI call moves");
+    counts.resize(sizes.size());
+    displs.resize(sizes.size());
+    int at = 0;
+    for (std::size_t r = 0; r < sizes.size(); ++r) {
+      counts[r] = static_cast<int>(sizes[r]);
+      displs[r] = at;
+      at += counts[r];
+    }
+  }
+
   void gather(std::span<const std::byte> mine, std::uint64_t total) {
     detail::require(total <= static_cast<std::uint64_t>(INT32_MAX), errc::invalid_argument,
                     "allgather_accumulate: ", total, " bytes of messages exceed what one MPI_Allgatherv moves");
-    counts_.resize(static_cast<std::size_t>(size_));
-    displs_.resize(static_cast<std::size_t>(size_));
-    int at = 0;
-    for (int r = 0; r < size_; ++r) {
-      counts_[static_cast<std::size_t>(r)] = static_cast<int>(sizes_[static_cast<std::size_t>(r)]);
-      displs_[static_cast<std::size_t>(r)] = at;
-      at += counts_[static_cast<std::size_t>(r)];
-    }
     if (gathered_.size() < total) gathered_.resize(static_cast<std::size_t>(total));
-    MPI_Allgatherv(mine.data(), static_cast<int>(mine.size()), MPI_BYTE, gathered_.data(), counts_.data(),
-                   displs_.data(), MPI_BYTE, comm_);
+    all_gather_v(mine, sizes_, gathered_);
   }
 
   void sparse_path(std::span<const std::byte> message, std::span<float> dense, float scale, std::uint64_t total) {
@@ -192,7 +222,7 @@ class mpi {
   int rank_ = 0;
   int size_ = 1;
   std::vector<std::uint64_t> sizes_;
-  std::vector<int> counts_, displs_;
+  std::vector<int> counts_, displs_, send_counts_, send_displs_;
   std::vector<std::byte> gathered_, bucket_;
   std::vector<std::span<const std::byte>> parts_;
   std::vector<float> mine_;

@@ -65,10 +65,19 @@ GRADCOMP_HOST_DEVICE inline std::pair<std::uint32_t, std::size_t> find_bin_from_
   return {0, r};  // unreachable when r <= total count
 }
 
+/// The histograms of kth_largest counted here are the whole count.
+struct keys_all_here {
+  void operator()(std::span<std::uint32_t>) const noexcept {}
+};
+
 /// Finds the r-th largest of `size` keys (1 <= r <= size), `key_at(j)` giving key j,
-/// all of which share the digits above `first_digit` with `prefix`.
-template <class KeyAt>
-kth_key kth_largest(KeyAt&& key_at, std::size_t size, std::size_t r, std::size_t first_digit, std::uint32_t prefix) {
+/// all of which share the digits above `first_digit` with `prefix`. `combine(bins)`
+/// makes each digit's histogram of the keys here the histogram of all keys: for keys
+/// spread over the ranks of a collective (comm::sparse_allreduce), an all-reduce, and r
+/// counts over all of them.
+template <class KeyAt, class Combine = keys_all_here>
+kth_key kth_largest(KeyAt&& key_at, std::size_t size, std::size_t r, std::size_t first_digit, std::uint32_t prefix,
+                    Combine&& combine = {}) {
   std::array<std::uint32_t, top_digit_bins> bins{};
   std::uint32_t known_mask = 0;
   for (std::size_t d = 0; d < first_digit; ++d) {
@@ -82,6 +91,7 @@ kth_key kth_largest(KeyAt&& key_at, std::size_t size, std::size_t r, std::size_t
       const std::uint32_t key = key_at(j);
       if ((key & known_mask) == prefix) ++bins[(key >> shift) & digit_mask];
     }
+    combine(std::span(bins).first(std::size_t{1} << bits));
     const auto [digit, remaining] = find_bin_from_top(std::span(bins).first(std::size_t{1} << bits), r);
     prefix |= digit << shift;
     known_mask |= digit_mask << shift;

@@ -17,6 +17,7 @@
 #include <span>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
@@ -60,9 +61,10 @@ class step_engines {
   /// stage after the first NaN writes nothing (the engines read the status), so a
   /// rejected step changes neither `out` nor the committed state, and only accept() makes
   /// the new state current. Without a corrector (acc = g), a selector that reads every
-  /// entry checks finiteness itself and g is read once.
+  /// entry checks finiteness itself and g is read once. A staged step (`commit` false)
+  /// leaves the commit to commit_staged(), once the caller knows what to keep.
   void queue(const Backend& on, const Selector& s, const Corrector& c, const Encoder& e, std::span<const float> grad,
-             std::span<std::byte> out, std::uint64_t step) {
+             std::span<std::byte> out, std::uint64_t step, bool commit = true) {
     step_status* status = status_.data();
     on.clear(status, 1);
     std::span<const float> acc = grad;
@@ -74,7 +76,36 @@ class step_engines {
     const std::span<const std::uint32_t> index = selected(on, status);
     const std::span<float> sent = std::span<float>(sent_.data(), index.size());
     encode_.encode(on, e, {acc, index, step, chosen.value_scale}, out, sent, status);
-    correct_.commit(on, c, index, sent, status);
+    if (commit) correct_.commit(on, c, index, sent, status);
+  }
+
+  /// Queues on `on` the commit of the step queued without one: of every selected entry,
+  /// or, given `kept` (ascending, host memory), of the selected entries whose index is in
+  /// it, as if the selector had chosen only those (the others stay as the update left
+  /// them). The selection is a few entries, filtered on the host (read back and written
+  /// again where the backend's memory is a device's).
+  void commit_staged(const Backend& on, const Corrector& c, const std::span<const std::uint32_t>* kept) {
+    step_status* status = status_.data();
+    if (kept != nullptr) {
+      step_status s = on.read(status);
+      std::vector<std::uint32_t> index(s.count);
+      std::vector<float> sent(s.count);
+      on.to_host(index_.data(), index.size(), index.data());
+      on.to_host(sent_.data(), sent.size(), sent.data());
+      std::size_t count = 0;
+      for (std::size_t j = 0; j < index.size(); ++j) {
+        if (!std::binary_search(kept->begin(), kept->end(), index[j])) continue;
+        index[count] = index[j];
+        sent[count] = sent[j];
+        ++count;
+      }
+      s.count = static_cast<std::uint32_t>(count);
+      on.to_device(index.data(), count, index_.data());
+      on.to_device(sent.data(), count, sent_.data());
+      on.to_device(&s, 1, status);
+    }
+    const std::span<const std::uint32_t> index = selected(on, status);
+    correct_.commit(on, c, index, std::span<const float>(sent_.data(), index.size()), status);
   }
 
   /// The status of the last step queued, read on `on` (waits for it on a device).

@@ -12,6 +12,11 @@ are final), as torch's PowerSGD hook does. Then each bucket has its own compress
 - ``scalecom``: ScaleCom's cyclic local top-k (the C++ ``comm::cyclic_topk``): the
   step's leader broadcasts its indices, every rank sends its values there, one
   all-reduce of k values; O(k) per rank whatever the world size.
+- ``aggregation="sparse_allreduce"`` (any method but scalecom, CPU buckets): Ok-Topk's
+  global top-k (the C++ ``comm::sparse_allreduce``): each rank sends each index region's
+  entries to the region's rank, which sums them; the k largest sums over all regions are
+  all-gathered. About 2k entries per rank whatever the world size; each rank keeps in
+  its memory what it sent and the global selection dropped.
 - every other method: each rank compresses its bucket and all-gathers, in one
   collective in the steady state, its verdict (the agreement) and its message padded to
   a bound the ranks agreed on in the previous step; every rank returns the mean of the
@@ -42,7 +47,10 @@ class State:
 
     ``method`` and ``**options`` are those of :class:`gradcomp.torch.Compressor`;
     ``density`` (the method's default when None) applies to methods that have one.
-    ``start_iter``: iterations of dense all-reduce first. With ``dgc``, the momentum
+    ``start_iter``: iterations of dense all-reduce first. ``aggregation``: ``"allgather"``
+    (every rank receives every rank's message) or ``"sparse_allreduce"`` (Ok-Topk's
+    global top-k of the summed gradient, k the density's count; CPU buckets; not with
+    scalecom, whose exchange is its own). With ``dgc``, the momentum
     correction lives in the hook: run the optimizer without momentum
     (``torch.optim.SGD(momentum=0)``), and step the warm-up per epoch with
     ``state.set_density(gradcomp.torch.Warmup(final_density=d).by_epoch(epoch))``.
@@ -61,10 +69,17 @@ class State:
     ``start_iter`` here, not in backward.
     """
 
-    def __init__(self, process_group=None, method="topk_ef", density=None, start_iter=10, **options):
+    def __init__(self, process_group=None, method="topk_ef", density=None, start_iter=10, aggregation="allgather",
+                 **options):
         self.process_group = process_group
         self.method = check.text("State", "method", method)
         self.start_iter = check.integer("State", "start_iter", start_iter, 0)
+        self.aggregation = check.text("State", "aggregation", aggregation)
+        if self.aggregation not in ("allgather", "sparse_allreduce"):
+            check.fail("State", f"aggregation must be 'allgather' or 'sparse_allreduce', got {aggregation!r}")
+        if self.aggregation == "sparse_allreduce" and self.method == "scalecom":
+            check.fail("State", "aggregation 'sparse_allreduce' does not apply to method 'scalecom' (its cyclic "
+                       "exchange is its aggregation)")
         self.options = dict(options)
         if density is not None:
             self.options["density"] = check.real("State", "density", density)
@@ -72,6 +87,7 @@ class State:
         self.compressors = {}
         self._saved = {}
         self._exchanges = {}
+        self._sparse = {}
         self._steps = None
         self._probe()  # refuses bad options now, not in backward
 
@@ -118,6 +134,14 @@ class State:
             self._exchanges[index] = x
         return x
 
+    def _sparse_allreduce(self, index, c, group):
+        """Ok-Topk's global top-k of bucket ``index`` over ``group``."""
+        x = self._sparse.get(index)
+        if x is None:
+            x = _C.SparseAllreduce(c._impl, group, 0)
+            self._sparse[index] = x
+        return x
+
     @property
     def bytes_sent(self):
         """Bytes this rank has put into the hook's collectives (complete once backward is)."""
@@ -140,14 +164,15 @@ class State:
 
     def _settings(self, index, buffer):
         """What every rank must hold alike in this step, as (name, value) texts."""
-        settings = [("the method", self.method), ("start_iter", str(self.start_iter)),
+        settings = [("the method", self.method), ("the aggregation", self.aggregation),
+                    ("start_iter", str(self.start_iter)),
                     ("the iteration", str(self.iter)), ("the bucket index", str(index)),
                     ("the bucket's elements", str(buffer.numel())), ("the bucket's dtype", str(buffer.dtype))]
         return settings + [(f"option {k}", repr(v)) for k, v in sorted(self.options.items())]
 
     def __getstate__(self):
         state = {k: v for k, v in self.__dict__.items()
-                 if k not in ("process_group", "compressors", "_exchanges", "_steps")}
+                 if k not in ("process_group", "compressors", "_exchanges", "_sparse", "_steps")}
         saved = dict(self._saved)
         saved.update({i: c.state_dict() for i, c in self.compressors.items()})
         state["_saved"] = saved
@@ -155,10 +180,12 @@ class State:
 
     def __setstate__(self, state):
         state.pop("bytes_sent", None)  # kept by the States of gradcomp <= 0.1
+        state.setdefault("aggregation", "allgather")  # States saved before it existed
         self.__dict__.update(state)
         self.process_group = None
         self.compressors = {}
         self._exchanges = {}
+        self._sparse = {}
         self._steps = None
 
 
@@ -203,14 +230,17 @@ def hook(state, bucket):
     if state.iter < state.start_iter:
         future = steps.dense(buffer, settings, last)
     else:
-        problem, c, exchange = None, None, None
+        problem, c, exchange, sparse = None, None, None, None
+        is_sparse = state.aggregation == "sparse_allreduce"
         try:
             c = state.compressor(index, buffer.numel(), buffer.device)
             if state.method == "scalecom":
                 exchange = state._exchange(index, c, group)
+            elif is_sparse:
+                sparse = state._sparse_allreduce(index, c, group)
         except Exception as e:  # every rank hears of it in the exchange instead of waiting for this one
             problem = _reported(e)
         future = steps.compressed(index, None if c is None else c._impl, exchange, state.method == "scalecom", buffer,
-                                  settings, problem, last)
+                                  settings, problem, last, sparse, is_sparse)
     state.maybe_increase_iter(bucket)
     return future

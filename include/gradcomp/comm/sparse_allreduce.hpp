@@ -1,0 +1,379 @@
+/// \file comm/sparse_allreduce.hpp
+/// A global top-k sparse all-reduce (Ok-Topk: Li and Hoefler, PPoPP 2022) over any
+/// transport with the collectives below (comm::mpi). What a rank receives stays about
+/// 2k entries whatever the number of ranks. Include it through comm/mpi.hpp.
+#pragma once
+
+#include <gradcomp/compressor.hpp>
+#include <gradcomp/config.hpp>
+#include <gradcomp/detail/collective_checks.hpp>
+#include <gradcomp/detail/density.hpp>
+#include <gradcomp/detail/radix_select.hpp>
+#include <gradcomp/detail/state_io.hpp>
+#include <gradcomp/error.hpp>
+#include <gradcomp/message.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+#include <vector>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace comm {
+
+/// What one rank moved in one collective step: payload bytes it handed to the
+/// transport (`sent`), bytes the transport delivered to it from the other ranks
+/// (`received`; an all-reduce's result counts whole), and the collectives it took part in.
+struct traffic {
+  std::uint64_t sent = 0;         ///< bytes this rank handed to the transport
+  std::uint64_t received = 0;     ///< bytes delivered to this rank from the others
+  std::uint32_t collectives = 0;  ///< collectives this rank took part in
+};
+
+/// One entry of a sparse sum on the wire: an index and its float32 value, in the
+/// native byte order of the ranks (one job runs on one kind of machine).
+struct sparse_entry {
+  std::uint32_t index;  ///< the element
+  float value;          ///< its value (a rank's, or the ranks' sum)
+};
+static_assert(sizeof(sparse_entry) == 8);
+
+/// Ok-Topk's sparse all-reduce of the ranks' compressed gradients, as
+/// docs/algorithms.md ("Global top-k") defines it:
+/// 1. every rank stages its step with its compressor (its selector and corrector) and
+///    the ranks agree, in their first exchange, that every step is accepted and that
+///    they are configured alike;
+/// 2. the index space is cut into one region per rank (equal at first, then balanced by
+///    the previous step's global selection, which every rank holds); each rank sends
+///    region j's entries to rank j, which sums each index's values in rank order;
+/// 3. the exact global top-k of the sums' magnitudes, ties to the lower index, is found
+///    by a radix select whose digit histograms are all-reduced (integer counts: exact);
+///    each rank contributes its region's selected (index, sum) to an all-gather;
+/// 4. every rank adds `scale` times the k sums to `dense` (the same bits everywhere),
+///    and commits of its own step only the entries the global selection kept
+///    (compressor::accept_staged(kept)): what it sent and the selection dropped stays
+///    in its memory, so no gradient mass is lost.
+///
+/// `Comm` offers rank(), size(), all_gather, all_gather_v, all_to_all, all_to_all_v and
+/// all_reduce_sum over host memory (comm::mpi); the compressor's memory is host memory.
+template <class Compressor, class Comm>
+class sparse_allreduce {
+  static_assert(Compressor::backend_type::host_accessible,
+                "comm::sparse_allreduce runs with compressors whose memory the host reads (backend::host, "
+                "backend::kokkos of a host space)");
+
+ public:
+  /// \param comm the transport, which the exchange uses until it is destroyed
+  /// \param compressor this rank's compressor, staged and committed by each step
+  /// \param k entries of the global selection; 0 takes the compressor's own: its
+  ///          selector's density's count (followed when set_density changes it), or
+  ///          max_selected(n) for a selector without a density
+  /// \throws gradcomp::error if k > n
+  sparse_allreduce(Comm& comm, Compressor& compressor, std::size_t k = 0)
+      : comm_(comm),
+        compressor_(compressor),
+        k_(k),
+        message_(compressor.max_message_bytes()),
+        policies_(detail::fingerprint()
+                      .add(compressor.selector().name())
+                      .add(compressor.corrector().name())
+                      .add(compressor.encoder().name())
+                      .value()) {
+    detail::require(k <= compressor.size(), errc::invalid_argument, "sparse_allreduce: k = ", k,
+                    " exceeds the compressor's n = ", compressor.size());
+    const auto ranks = static_cast<std::uint64_t>(comm.size());
+    for (std::uint64_t j = 0; j <= ranks; ++j) {
+      bounds_.push_back(static_cast<std::uint32_t>(j * compressor.size() / ranks));
+    }
+  }
+
+  /// One step with this rank's gradient: `dense[i] += scale * s_i` for the k indices i
+  /// of largest |s_i|, s being the sum over ranks of what their compressors sent.
+  /// \returns the global selection, ascending (every rank's is the same), valid until
+  ///          the next step
+  /// \throws gradcomp::error on every rank alike, changing no compressor and no `dense`,
+  ///         if any rank's dense.size() != n, `scale` is not finite, its step is
+  ///         rejected (a NaN or infinity) or what it received is corrupt, if a sum
+  ///         overflows, or if the ranks disagree on n, k, the policies or the regions.
+  std::span<const std::uint32_t> step(std::span<const float> grad, std::span<float> dense, float scale) {
+    const auto selected = stage(grad, dense, scale);
+    accept_staged();
+    return selected;
+  }
+
+  /// step() but the commit: the compressor's step stays staged until accept_staged()
+  /// (or drop_staged()), so that a DDP hook can commit all of a step's buckets together,
+  /// once every one of them has succeeded on every rank. `dense` is written.
+  /// \throws gradcomp::error as step() does; nothing is staged then.
+  std::span<const std::uint32_t> stage(std::span<const float> grad, std::span<float> dense, float scale) {
+    try {
+      return run(grad, dense, scale);
+    } catch (...) {
+      compressor_.drop_staged();
+      throw;
+    }
+  }
+  /// Commits of the compressor's staged step what the global selection kept.
+  /// \throws gradcomp::error (invalid_argument) if no step is staged.
+  void accept_staged() { compressor_.accept_staged(global_index_); }
+  /// Drops the compressor's staged step.
+  void drop_staged() noexcept { compressor_.drop_staged(); }
+
+  /// A sparse reduce-scatter (FSDP's, gradcomp.torch.fsdp): the n indices are cut into W
+  /// equal shards (n a multiple of W), rank j owning [j·n/W, (j+1)·n/W); each rank sends
+  /// each shard's entries of its step to the shard's owner (steps 1-3 above), which
+  /// writes `shard[i - j·n/W] = scale * s_i` for the sums of its shard and 0 elsewhere.
+  /// There is no global selection: every rank commits its whole step.
+  /// \throws gradcomp::error on every rank alike, changing no compressor and no shard, if
+  ///         n is not a multiple of W or shard.size() != n / W on any rank, `scale` is not
+  ///         finite, a step is rejected, what a rank received is corrupt, a sum overflows,
+  ///         or the ranks disagree on n or the policies.
+  void reduce_scatter(std::span<const float> grad, std::span<float> shard, float scale) {
+    const std::size_t n = compressor_.size();
+    const auto ranks = static_cast<std::size_t>(comm_.size());
+    const auto me = static_cast<std::size_t>(comm_.rank());
+    shards_.resize(ranks + 1);
+    for (std::size_t j = 0; j <= ranks; ++j) shards_[j] = static_cast<std::uint32_t>(j * n / ranks);
+    try {
+      (void)reduce_in_regions(grad, shards_, {{"n", n}, {"the policies", policies_}}, [&] {
+        detail::require(n % ranks == 0, errc::invalid_argument, who, ": reduce_scatter needs n = ", n,
+                        " to be a multiple of the ranks, ", ranks);
+        detail::require(shard.size() == n / ranks, errc::invalid_argument, who, ": shard.size() = ", shard.size(),
+                        " does not match n / ranks = ", n / ranks);
+        detail::require(std::isfinite(scale), errc::invalid_argument, who, ": scale must be finite, got ", scale);
+      });
+    } catch (...) {
+      compressor_.drop_staged();
+      throw;
+    }
+    std::fill(shard.begin(), shard.end(), 0.0f);
+    for (const sparse_entry& e : sums_) shard[e.index - shards_[me]] = scale * e.value;
+    compressor_.accept_staged();
+  }
+
+  /// The global selection's size this step takes.
+  [[nodiscard]] std::size_t k() const {
+    if (k_ != 0) return k_;
+    const double density = detail::density_of(compressor_.selector());
+    const std::size_t n = compressor_.size();
+    return density > 0.0 ? detail::entries_at_density(density, n) : compressor_.selector().max_selected(n);
+  }
+  /// The regions' bounds: rank j sums the indices in [regions()[j], regions()[j + 1]).
+  [[nodiscard]] std::span<const std::uint32_t> regions() const noexcept { return bounds_; }
+  /// What this rank moved in its last step (also one that threw).
+  [[nodiscard]] const comm::traffic& last_traffic() const noexcept { return traffic_; }
+
+ private:
+  static constexpr const char* who = "sparse_allreduce";
+
+  std::span<const std::uint32_t> run(std::span<const float> grad, std::span<float> dense, float scale) {
+    const std::size_t n = compressor_.size();
+    const auto ranks = static_cast<std::size_t>(comm_.size());
+    const auto me = static_cast<std::size_t>(comm_.rank());
+    const std::size_t k = this->k();
+    const std::size_t total = reduce_in_regions(
+        grad, bounds_, {{"n", n}, {"k", k}, {"the policies", policies_}, {"the regions", regions_fingerprint()}}, [&] {
+          detail::require(dense.size() == n, errc::invalid_argument, who, ": dense.size() = ", dense.size(),
+                          " does not match n = ", n);
+          detail::require(std::isfinite(scale), errc::invalid_argument, who, ": scale must be finite, got ", scale);
+        });
+
+    // 4. The exact global top-k of |sum|, ties to the lower index: the k-th largest
+    // magnitude key over all ranks, then the ties it leaves split in rank (= index) order.
+    const auto key_at = [&](std::size_t j) { return detail::magnitude_key(sums_[j].value); };
+    detail::kth_key kth{0, 0};
+    const bool take_all = total <= k;
+    if (!take_all) {
+      kth = detail::kth_largest(key_at, sums_.size(), k, 0, 0, [&](std::span<std::uint32_t> bins) {
+        comm_.all_reduce_sum(bins);
+        note(4 * bins.size(), 4 * bins.size());
+      });
+    }
+    std::uint64_t above = 0, ties = 0;
+    for (std::size_t j = 0; j < sums_.size(); ++j) {
+      const std::uint32_t key = key_at(j);
+      above += take_all || key > kth.key ? 1 : 0;
+      ties += !take_all && key == kth.key ? 1 : 0;
+    }
+    // Each rank's count above the k-th key and of ties at it: the ties go to the lowest
+    // ranks' regions first, which hold the lower indices.
+    pairs_.assign(2 * ranks, 0);
+    const std::uint64_t mine_pair[2] = {above, ties};
+    comm_.all_gather(std::as_bytes(std::span(mine_pair)), std::as_writable_bytes(std::span(pairs_)));
+    note(16, 16 * (ranks - 1));
+    std::uint64_t ties_left = kth.ties_left;
+    global_sizes_.resize(ranks);
+    for (std::size_t r = 0; r < ranks; ++r) {
+      const std::uint64_t take = std::min<std::uint64_t>(pairs_[2 * r + 1], ties_left);
+      ties_left -= take;
+      pairs_[2 * r + 1] = take;
+      global_sizes_[r] = sizeof(sparse_entry) * detail::saturating_add(pairs_[2 * r], take);
+    }
+    selected_.clear();
+    for (std::size_t j = 0, ties_taken = 0; j < sums_.size(); ++j) {
+      const std::uint32_t key = key_at(j);
+      const bool tie = !take_all && key == kth.key && ties_taken < pairs_[2 * me + 1];
+      ties_taken += tie ? 1 : 0;
+      if (take_all || key > kth.key || tie) selected_.push_back(sums_[j]);
+    }
+    global_.resize(detail::total_size(global_sizes_) / sizeof(sparse_entry));
+    comm_.all_gather_v(std::as_bytes(std::span(selected_)), global_sizes_, std::as_writable_bytes(std::span(global_)));
+    note(sizeof(sparse_entry) * selected_.size(), sizeof(sparse_entry) * (global_.size() - selected_.size()));
+    check_global(n, std::min(k, total));
+
+    // 5. Every rank adds the same sums (each commits what the selection kept of its own
+    // in accept_staged()); the next step's regions follow this selection.
+    global_index_.resize(global_.size());
+    for (std::size_t j = 0; j < global_.size(); ++j) {
+      dense[global_[j].index] += scale * global_[j].value;
+      global_index_[j] = global_[j].index;
+    }
+    balance_regions(n);
+    return global_index_;
+  }
+
+  // Steps 1-3 of both collectives: this rank stages its step and the ranks agree (on
+  // `settings`, and that `check_args` and every stage passed); each rank sends the
+  // entries of region j = [bounds[j], bounds[j + 1]) to rank j, which sums them in rank
+  // order into sums_; the ranks agree that what each received and summed is sound.
+  // Returns the number of sums over all ranks.
+  template <class CheckArgs>
+  std::size_t reduce_in_regions(std::span<const float> grad, std::span<const std::uint32_t> bounds,
+                                std::initializer_list<detail::setting> settings, CheckArgs&& check_args) {
+    const auto ranks = static_cast<std::size_t>(comm_.size());
+    const auto me = static_cast<std::size_t>(comm_.rank());
+    traffic_ = {};
+
+    (void)detail::agree(comm_, who, settings, [&]() -> std::uint64_t {
+      check_args();
+      message_.resize(std::max(message_.size(), compressor_.max_message_bytes()));
+      const auto m = compressor_.stage(grad, message_);
+      mine_.clear();
+      detail::message_reader(m.bytes()).visit([&](std::uint32_t i, float v) { mine_.push_back({i, v}); });
+      return 0;
+    });
+    note(detail::rank_verdict::size, (ranks - 1) * detail::rank_verdict::size);
+
+    // Region j's entries to rank j (counts first).
+    send_counts_.assign(ranks, 0);
+    for (std::size_t j = 0, at = 0; j < ranks; ++j) {
+      const auto end = std::lower_bound(mine_.begin() + static_cast<std::ptrdiff_t>(at), mine_.end(), bounds[j + 1],
+                                        [](const sparse_entry& e, std::uint32_t b) { return e.index < b; });
+      send_counts_[j] = static_cast<std::uint64_t>(end - mine_.begin()) - at;
+      at += send_counts_[j];
+    }
+    recv_counts_.assign(ranks, 0);
+    comm_.all_to_all(send_counts_, recv_counts_);
+    note(8 * (ranks - 1), 8 * (ranks - 1));
+    received_.resize(detail::total_size(recv_counts_));
+    bytes_of(send_counts_, send_sizes_);
+    bytes_of(recv_counts_, recv_sizes_);
+    comm_.all_to_all_v(std::as_bytes(std::span(mine_)), send_sizes_, std::as_writable_bytes(std::span(received_)),
+                       recv_sizes_);
+    note(sizeof(sparse_entry) * (mine_.size() - send_counts_[me]),
+         sizeof(sparse_entry) * (received_.size() - recv_counts_[me]));
+    const std::uint32_t my_verdict = sum_region(bounds[me], bounds[me + 1]);
+
+    // Every rank's verdict on what it received, and how many sums there are.
+    verdicts_.assign(ranks + 1, 0);
+    verdicts_[me] = my_verdict;
+    verdicts_[ranks] = static_cast<std::uint32_t>(sums_.size());
+    comm_.all_reduce_sum(verdicts_);
+    note(4 * verdicts_.size(), 4 * verdicts_.size());
+    for (std::size_t r = 0; r < ranks; ++r) {
+      detail::require(verdicts_[r] != corrupt, errc::corrupt_message, who, ": rank ", r, " of ", ranks,
+                      " received entries outside its region or out of order");
+      detail::require(verdicts_[r] != overflow, errc::invalid_argument, who, ": a sum in rank ", r, " of ", ranks,
+                      "'s region overflows (not finite)");
+    }
+    return verdicts_[ranks];
+  }
+
+  // The entries received (rank after rank, each ascending) summed per index in rank
+  // order into sums_, ascending; the verdict on them (0, corrupt or overflow).
+  std::uint32_t sum_region(std::uint32_t begin, std::uint32_t end) {
+    std::uint32_t verdict = 0;
+    for (std::size_t r = 0, at = 0; r < recv_counts_.size(); at += recv_counts_[r], ++r) {
+      for (std::size_t j = at; j < at + recv_counts_[r]; ++j) {
+        const sparse_entry e = received_[j];
+        const bool ordered = j == at || received_[j - 1].index < e.index;
+        const bool finite = detail::magnitude_key(e.value) < detail::non_finite_key;
+        if (e.index < begin || e.index >= end || !ordered || !finite) verdict = corrupt;
+      }
+    }
+    sums_.clear();
+    if (verdict != 0) return verdict;
+    // A stable sort by index keeps each index's values in rank order.
+    std::stable_sort(received_.begin(), received_.end(),
+                     [](const sparse_entry& a, const sparse_entry& b) { return a.index < b.index; });
+    for (const sparse_entry& e : received_) {
+      if (!sums_.empty() && sums_.back().index == e.index) {
+        sums_.back().value += e.value;
+      } else {
+        sums_.push_back(e);
+      }
+    }
+    for (const sparse_entry& s : sums_) {
+      if (detail::magnitude_key(s.value) >= detail::non_finite_key) return overflow;
+    }
+    return 0;
+  }
+
+  // The all-gathered selection, the same bytes on every rank, so every rank judges it
+  // alike: `expected` entries, indices ascending and below n, values finite.
+  void check_global(std::size_t n, std::size_t expected) const {
+    bool sound = global_.size() == expected;
+    for (std::size_t j = 0; sound && j < global_.size(); ++j) {
+      sound = global_[j].index < n && (j == 0 || global_[j - 1].index < global_[j].index) &&
+              detail::magnitude_key(global_[j].value) < detail::non_finite_key;
+    }
+    detail::require(sound, errc::corrupt_message, who, ": the gathered global selection is corrupt");
+  }
+
+  // Regions for the next step: the previous selection cut into equal parts, so that
+  // each region holds about k / W of the indices that are likely to come again.
+  void balance_regions(std::size_t n) {
+    const std::size_t ranks = bounds_.size() - 1;
+    if (global_index_.empty()) return;
+    bounds_[0] = 0;
+    bounds_[ranks] = static_cast<std::uint32_t>(n);
+    for (std::size_t j = 1; j < ranks; ++j) bounds_[j] = global_index_[j * global_index_.size() / ranks];
+  }
+
+  [[nodiscard]] std::uint64_t regions_fingerprint() const {
+    detail::fingerprint f;
+    for (const std::uint32_t b : bounds_) f.add(b);
+    return f.value();
+  }
+
+  static void bytes_of(const std::vector<std::uint64_t>& counts, std::vector<std::uint64_t>& bytes) {
+    bytes.resize(counts.size());
+    for (std::size_t j = 0; j < counts.size(); ++j) bytes[j] = sizeof(sparse_entry) * counts[j];
+  }
+  void note(std::uint64_t sent, std::uint64_t received) noexcept {
+    traffic_.sent += sent;
+    traffic_.received += received;
+    ++traffic_.collectives;
+  }
+
+  static constexpr std::uint32_t corrupt = 1;
+  static constexpr std::uint32_t overflow = 2;
+
+  Comm& comm_;
+  Compressor& compressor_;
+  std::size_t k_;
+  std::vector<std::byte> message_;
+  std::uint64_t policies_;
+  std::vector<std::uint32_t> bounds_;  // W + 1 region bounds
+  std::vector<std::uint32_t> shards_;  // W + 1 equal shards' bounds (reduce_scatter)
+  std::vector<sparse_entry> mine_, received_, sums_, selected_, global_;
+  std::vector<std::uint64_t> send_counts_, recv_counts_, send_sizes_, recv_sizes_, pairs_, global_sizes_;
+  std::vector<std::uint32_t> verdicts_, global_index_;
+  comm::traffic traffic_;
+};
+
+}  // namespace comm
+GRADCOMP_NAMESPACE_END

@@ -1,0 +1,33 @@
+"""Running a test's scenarios on W gloo ranks of this machine (spawned processes), with
+a timeout that fails the test if a rank hangs. Shared by test_ddp.py and test_fsdp.py."""
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def run_scenarios(rank, world, init_file, module, names):
+    """One rank: joins the group and runs ``module.SCENARIOS[name](rank, world)`` for each name."""
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    scenarios = __import__(module).SCENARIOS
+    for name in names:
+        scenarios[name](rank, world)
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def spawn(module, world, names, tmp_path, timeout=240):
+    """Runs the scenarios ``names`` of the worker module ``module`` on ``world`` ranks."""
+    context = mp.start_processes(run_scenarios, args=(world, str(tmp_path / "init"), module, names), nprocs=world,
+                                 join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for p in context.processes:
+                p.kill()
+            pytest.fail(f"{names} on {world} ranks did not finish in {timeout} s (a rank hangs)")
