@@ -260,34 +260,27 @@ class scalecom_exchange final : public exchange {
   std::vector<gradcomp::comm::cyclic_topk<leader_type, compressor_type, gradcomp::comm::mpi>> exchanges_;
 };
 
-// Ok-Topk's global top-k, per layer: each rank sums one region of the indices, the k
-// largest sums are all-gathered: about 2k entries per worker whatever the rank count.
+// Ok-Topk's global top-k over the whole gradient (one bucket, as Ok-Topk takes it): each
+// rank sums one region of the indices, the k largest sums are all-gathered: about 2k
+// entries per worker whatever the rank count.
 class global_topk_exchange final : public exchange {
   using compressor_type = decltype(gradcomp::presets::topk_ef(gradcomp::backend::host{}, 1));
 
  public:
-  global_topk_exchange(gradcomp::comm::mpi& comm, double density) {
-    for (const auto n : mlp::layer_sizes) {
-      compressors_.push_back(std::make_unique<compressor_type>(
-          gradcomp::presets::topk_ef(gradcomp::backend::host{}, n, {.density = density})));
-      exchanges_.emplace_back(comm, *compressors_.back());
-    }
-  }
+  global_topk_exchange(gradcomp::comm::mpi& comm, double density)
+      : compressor_(gradcomp::presets::topk_ef(gradcomp::backend::host{}, mlp::size, {.density = density})),
+        exchange_(comm, compressor_) {}
   void step(std::span<const float> grad, std::span<float> update) override {
-    const auto g = mlp::layers(grad);
-    const auto u = mlp::layers(update);
     std::fill(update.begin(), update.end(), 0.0f);
-    for (std::size_t t = 0; t < exchanges_.size(); ++t) {
-      (void)exchanges_[t].step(g[t], u[t], 1.0f);
-      epoch_traffic.sent += static_cast<double>(exchanges_[t].last_traffic().sent);
-      epoch_traffic.received += static_cast<double>(exchanges_[t].last_traffic().received);
-    }
+    (void)exchange_.step(grad, update, 1.0f);
+    epoch_traffic.sent += static_cast<double>(exchange_.last_traffic().sent);
+    epoch_traffic.received += static_cast<double>(exchange_.last_traffic().received);
     epoch_traffic.steps += 1;
   }
 
  private:
-  std::vector<std::unique_ptr<compressor_type>> compressors_;
-  std::vector<gradcomp::comm::sparse_allreduce<compressor_type, gradcomp::comm::mpi>> exchanges_;
+  compressor_type compressor_;
+  gradcomp::comm::sparse_allreduce<compressor_type, gradcomp::comm::mpi> exchange_;
 };
 
 // --- driver ----------------------------------------------------------------------------

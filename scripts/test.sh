@@ -21,15 +21,9 @@ bash scripts/format.sh --check
 (cd build && venv/bin/python -m pytest -q -rs --timeout=900 --junitxml=pytest.xml ../python/tests)
 
 # FSDP2 (gradcomp.torch.fsdp) needs torch 2.x, which Debian lacks: torch 2.15 from PyPI in
-# an environment of its own (scripts/torch2_env.sh, about 5 GB), gradcomp built there for
-# the CPU from a copy of the sources (its objects must not mix with the torch 1.13
-# build's), then the FSDP tests (which skip under 1.13 above).
-torch2="$PWD/$(bash scripts/torch2_env.sh)"
-"$torch2" -m pip install --quiet --disable-pip-version-check "pytest==8.3.5" "pytest-timeout==2.3.1"
-rm -rf build/torch2-src && mkdir -p build/torch2-src
-cp -r setup.py pyproject.toml README.md LICENSE include python build/torch2-src/
-(cd build/torch2-src && GRADCOMP_CUDA=0 "$torch2" -m pip install --quiet --disable-pip-version-check \
-  --no-build-isolation --no-deps .)
+# an environment of its own with gradcomp built there for the CPU (scripts/torch2_env.sh,
+# about 5 GB), then the FSDP tests, which skip under 1.13 above.
+torch2="$PWD/$(bash scripts/torch2_env.sh --gradcomp)"
 (cd build && "$torch2" -m pytest -q -rs -p no:cacheprovider --timeout=900 --junitxml=pytest-torch2.xml \
   ../python/tests/test_fsdp.py)
 

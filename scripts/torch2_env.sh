@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Creates build/venv-torch2: torch 2.x from PyPI (about 5 GB with its CUDA libraries; it
-# runs on the CPU here) beside Debian's torch 1.13, for what 1.13 lacks: torch 2.x's
-# PowerSGD hook in the cluster measurement (scripts/cluster_results.sh). Idempotent: does
-# nothing when the environment already has this torch. Prints the environment's python.
+# runs on the CPU here) beside Debian's torch 1.13, for what 1.13 lacks: FSDP2
+# (gradcomp.torch.fsdp's tests and benchmark) and torch 2.x's PowerSGD hook in the
+# cluster measurement (scripts/cluster_results.sh). Idempotent: does nothing when the
+# environment already has this torch. Prints the environment's python.
+#   --gradcomp  also builds gradcomp there (for the CPU) from a copy of the sources, whose
+#               objects must not mix with those of the torch 1.13 build in build/, and
+#               installs pytest for its tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version=2.15.0
@@ -11,5 +15,14 @@ if ! "$venv/bin/python" -c "import sys, torch; sys.exit(torch.__version__.split(
   echo "torch2_env: installing torch $version from PyPI into $venv" >&2
   /usr/bin/python3 -m venv "$venv"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "torch==$version" numpy >&2
+fi
+if [ "${1:-}" = "--gradcomp" ]; then
+  python="$PWD/$venv/bin/python"
+  "$python" -m pip install --quiet --disable-pip-version-check "pytest==8.3.5" "pytest-timeout==2.3.1" >&2
+  rm -rf build/torch2-src && mkdir -p build/torch2-src
+  cp -r setup.py pyproject.toml README.md LICENSE include python build/torch2-src/
+  echo "torch2_env: building gradcomp against torch $version (CPU)" >&2
+  (cd build/torch2-src && GRADCOMP_CUDA=0 "$python" -m pip install --quiet --disable-pip-version-check \
+    --no-build-isolation --no-deps . >&2)
 fi
 echo "$venv/bin/python"

@@ -315,8 +315,10 @@ class sparse_handle {
     gradcomp_py::check_written("sparse_allreduce", "dense", dense);
     const torch::Tensor grad = values_of(grad_in);
     c_.exclusive([&] {
-      x_->stage(grad.data_ptr<float>(), dense.data_ptr<float>(), static_cast<std::size_t>(dense.numel()),
-                static_cast<float>(scale));
+      c_.on_own_stream([&] {
+        x_->stage(grad.data_ptr<float>(), dense.data_ptr<float>(), static_cast<std::size_t>(dense.numel()),
+                  static_cast<float>(scale));
+      });
     });
   }
   void accept() {

@@ -207,21 +207,23 @@ std::unique_ptr<cyclic_exchange> compressor_of<Compressor>::cyclic(transport t, 
   }
 }
 
-/// comm::sparse_allreduce over a torch.distributed transport (compressors in host memory).
+/// comm::sparse_allreduce over a torch.distributed transport.
 template <class Compressor>
 class sparse_exchange_of final : public sparse_exchange {
   using backend_type = typename Compressor::backend_type;
+  template <class T>
+  using view = typename Compressor::template view<T>;
 
  public:
   sparse_exchange_of(Compressor& c, transport t, std::size_t k)
       : comm_(std::move(t), c.backend()), exchange_(comm_, c, k) {}
 
   void stage(const float* grad, float* dense, std::size_t n, float scale) override {
-    (void)exchange_.stage(std::span<const float>(grad, n), std::span<float>(dense, n), scale);
+    (void)exchange_.stage(view<const float>(grad, n), view<float>(dense, n), scale);
   }
   void accept() override { exchange_.accept_staged(); }
   void reduce_scatter(const float* grad, std::size_t n, float* shard, std::size_t shard_n, float scale) override {
-    exchange_.reduce_scatter(std::span<const float>(grad, n), std::span<float>(shard, shard_n), scale);
+    exchange_.reduce_scatter(view<const float>(grad, n), view<float>(shard, shard_n), scale);
   }
   void drop() noexcept override { exchange_.drop_staged(); }
   [[nodiscard]] std::size_t k() const override { return exchange_.k(); }
@@ -233,13 +235,7 @@ class sparse_exchange_of final : public sparse_exchange {
 
 template <class Compressor>
 std::unique_ptr<sparse_exchange> compressor_of<Compressor>::sparse(transport t, std::size_t k) {
-  if constexpr (backend_type::host_accessible) {
-    return std::make_unique<sparse_exchange_of<Compressor>>(c_, std::move(t), k);
-  } else {
-    gc::detail::fail(gc::errc::invalid_argument,
-                     "sparse_allreduce: runs with CPU compressors; this one is on a CUDA device (use a CPU bucket, or "
-                     "the all-gather)");
-  }
+  return std::make_unique<sparse_exchange_of<Compressor>>(c_, std::move(t), k);
 }
 
 /// A compressor_of whatever `make()` returns, behind any_compressor.

@@ -315,8 +315,8 @@ def check_sparse_allreduce(rank, world):
             assert np.count_nonzero(got[b].numpy()) <= k
             assert same_on_all_ranks(got[b])
             np.testing.assert_array_equal(state.compressors[b].corrector_state(0).numpy(), refs[b].e[rank])
-        if step >= 1:  # the hook's agreement, then the exchange's 6 to 9 collectives
-            assert len(sizes) * 7 <= state.collectives - before <= len(sizes) * 10, state.collectives - before
+        if step >= 1:  # the hook's agreement, then the exchange's 6 to 10 collectives
+            assert len(sizes) * 7 <= state.collectives - before <= len(sizes) * 11, state.collectives - before
     # scalecom has an exchange of its own
     raises_alike(lambda: ddp.State(method="scalecom", aggregation="sparse_allreduce"), gradcomp.InvalidArgumentError,
                  "gradcomp: State: aggregation 'sparse_allreduce' does not apply to method 'scalecom' (its cyclic "

@@ -1,7 +1,8 @@
 // comm::nccl with one rank on one GPU: the sparse all-gather, the dense fallback and the
 // bucketed exchange give what the host's accumulate gives for the same messages, a
 // corrupt message changes nothing, and cyclic_topk equals ScaleCom written out on the
-// host. (More ranks need more GPUs.) Needs a GPU and NCCL
+// host, and sparse_allreduce equals a host compressor accepted in part. (More ranks need
+// more GPUs.) Needs a GPU and NCCL
 // (exit 77 without a GPU).
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "device.cuh"
@@ -170,6 +171,70 @@ TEST_CASE("one-rank cyclic_topk over NCCL equals ScaleCom written out on the hos
                           gc::correct::low_pass{.beta = 0.25f},
                           gc::encode::index_value{.index = gc::index_coding::raw32, .value = gc::value_coding::f16}};
   });
+}
+
+TEST_CASE(
+    "one-rank sparse_allreduce over NCCL: the global top-k of the rank's own message, its residual keeping "
+    "what the selection dropped, as a host compressor staged and accepted in part") {
+  one_rank world;
+  gc::comm::nccl comm(world.comm, gc::backend::cuda{});
+  const std::size_t n = 100'003;
+  const double density = 0.004;
+  const float scale = 0.5f;
+  const auto make = [&](auto be) {
+    return gc::compressor{be, n, gc::select::exact_topk{.density = density}, gc::correct::error_feedback{},
+                          gc::encode::index_value{.value = gc::value_coding::f16}};
+  };
+  auto gpu = make(gc::backend::cuda{});
+  auto sim = make(gc::backend::host{});
+  const std::size_t k = sim.selector().max_selected(n) / 2;  // the selection drops half
+  gc::comm::sparse_allreduce exchange(comm, gpu, k);
+  thrust::device_vector<float> dense(n, 0.0f);
+  std::vector<float> expected(n, 0.0f);
+  std::vector<std::byte> buf(sim.max_message_bytes());
+  for (int t = 0; t < 4; ++t) {
+    CAPTURE(t);
+    const auto x = inputs::make(inputs::shape::student_t3, n, 70 + static_cast<std::uint64_t>(t));
+    auto g = device::copy_of(x);
+    const auto got = exchange.step(device::span_of(g), device::span_of(dense), scale);
+    // The host: stage, keep the k largest |sent| (ties to the lower index), add them.
+    const auto sent = gc::decode(sim.stage(x, buf).bytes());
+    std::vector<std::size_t> order(sent.indices.size());
+    for (std::size_t j = 0; j < order.size(); ++j) order[j] = j;
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      return std::fabs(sent.values[a]) > std::fabs(sent.values[b]);
+    });
+    order.resize(k);
+    std::sort(order.begin(), order.end());
+    std::vector<std::uint32_t> kept;
+    for (const std::size_t j : order) {
+      kept.push_back(sent.indices[j]);
+      expected[sent.indices[j]] += scale * sent.values[j];
+    }
+    sim.accept_staged(kept);
+    CHECK(std::vector<std::uint32_t>(got.begin(), got.end()) == kept);
+    REQUIRE(device::same_bits(device::host_copy(dense), expected));
+    const auto a = gpu.corrector_state(0);
+    const auto b = sim.corrector_state(0);
+    CHECK(device::same_bits(std::vector<float>(a.begin(), a.end()), std::vector<float>(b.begin(), b.end())));
+  }
+  // The reduce-scatter of one rank: its whole message, everything committed.
+  thrust::device_vector<float> shard(n, 7.0f);
+  const auto x = inputs::make(inputs::shape::normal, n, 80);
+  auto g = device::copy_of(x);
+  exchange.reduce_scatter(device::span_of(g), device::span_of(shard), scale);
+  std::vector<float> want(n, 0.0f);
+  const auto m = sim.compress(x, buf);
+  gc::accumulate(gc::backend::host{}, m.bytes(), want, scale);
+  CHECK(device::same_bits(device::host_copy(shard), want));
+  // A NaN is rejected before anything changes.
+  auto bad = x;
+  bad[5] = NAN;
+  auto gb = device::copy_of(bad);
+  const auto dense_before = device::host_copy(dense);
+  CHECK_THROWS_AS(exchange.step(device::span_of(gb), device::span_of(dense), scale), gc::error);
+  CHECK(device::host_copy(dense) == dense_before);
+  CHECK_FALSE(gpu.has_staged());
 }
 
 int main(int argc, char** argv) { return device::run_tests(argc, argv); }

@@ -7,6 +7,7 @@
 #include <gradcomp/backend/cuda.cuh>
 #include <gradcomp/comm/cyclic_topk.hpp>
 #include <gradcomp/comm/path.hpp>
+#include <gradcomp/comm/sparse_allreduce.hpp>
 #include <gradcomp/config.hpp>
 #include <gradcomp/detail/collective_checks.hpp>
 #include <gradcomp/detail/cuda/device_buffer.cuh>
@@ -166,6 +167,62 @@ class nccl {
                        "ncclAllGather (agreement)");
     backend_.to_host(exchange_.data(), all.size(), all.data());
   }
+  /// \name Host-memory collectives that comm::sparse_allreduce builds on (staged through
+  /// device buffers; each returns once the host may read its result)
+  /// @{
+
+  /// Rank r's `sizes[r]` bytes (host memory; `mine` is this rank's) into `all`, in rank
+  /// order: one broadcast per rank, grouped (NCCL has no all-gather of unequal sizes).
+  void all_gather_v(std::span<const std::byte> mine, std::span<const std::uint64_t> sizes, std::span<std::byte> all) {
+    exchange_sizes(std::vector<std::uint64_t>(sizes.begin(), sizes.end()));
+    if (staged_.size() < mine.size()) staged_ = detail::device_buffer<std::byte>(mine.size());
+    if (!mine.empty()) backend_.to_device(mine.data(), mine.size(), staged_.data());
+    gather(std::span<const std::byte>(staged_.data(), mine.size()));
+    if (!all.empty()) backend_.to_host(gathered_.data(), all.size(), all.data());
+  }
+  /// mine[j] to rank j; theirs[r] from rank r (host memory).
+  void all_to_all(std::span<const std::uint64_t> mine, std::span<std::uint64_t> theirs) {
+    const std::vector<std::uint64_t> eight(mine.size(), 8);
+    all_to_all_v(std::as_bytes(mine), eight, std::as_writable_bytes(theirs), eight);
+  }
+  /// The parts of `send` (send_sizes[j] bytes for rank j, in rank order, host memory) to
+  /// their ranks; rank r's part for this rank (recv_sizes[r] bytes) into `recv`: grouped
+  /// sends and receives.
+  void all_to_all_v(std::span<const std::byte> send, std::span<const std::uint64_t> send_sizes,
+                    std::span<std::byte> recv, std::span<const std::uint64_t> recv_sizes) {
+    if (staged_.size() < send.size()) staged_ = detail::device_buffer<std::byte>(send.size());
+    if (gathered_.size() < recv.size()) gathered_ = detail::device_buffer<std::byte>(recv.size());
+    if (!send.empty()) backend_.to_device(send.data(), send.size(), staged_.data());
+    detail::nccl_check(ncclGroupStart(), "ncclGroupStart");
+    std::size_t out = 0, in = 0;
+    for (int r = 0; r < size_; ++r) {
+      const auto at = static_cast<std::size_t>(r);
+      if (send_sizes[at] != 0) {
+        detail::nccl_check(ncclSend(staged_.data() + out, send_sizes[at], ncclUint8, r, comm_, backend_.stream),
+                           "ncclSend (entries)");
+      }
+      if (recv_sizes[at] != 0) {
+        detail::nccl_check(ncclRecv(gathered_.data() + in, recv_sizes[at], ncclUint8, r, comm_, backend_.stream),
+                           "ncclRecv (entries)");
+      }
+      out += send_sizes[at];
+      in += recv_sizes[at];
+    }
+    detail::nccl_check(ncclGroupEnd(), "ncclGroupEnd");
+    if (!recv.empty()) backend_.to_host(gathered_.data(), recv.size(), recv.data());
+  }
+  /// `values` (host memory) becomes the sum over ranks (integers: exact in any order).
+  void all_reduce_sum(std::span<std::uint32_t> values) {
+    const std::size_t bytes = values.size_bytes();
+    if (staged_.size() < bytes) staged_ = detail::device_buffer<std::byte>(bytes);
+    auto* counts = reinterpret_cast<std::uint32_t*>(staged_.data());
+    backend_.to_device(values.data(), values.size(), counts);
+    detail::nccl_check(ncclAllReduce(counts, counts, values.size(), ncclUint32, ncclSum, comm_, backend_.stream),
+                       "ncclAllReduce (counts)");
+    backend_.to_host(counts, values.size(), values.data());
+  }
+  /// @}
+
   /// Rank `root`'s `data` (device memory) into every rank's `data` (the same size everywhere).
   void broadcast(device_span<std::uint32_t> data, int root) {
     if (data.empty()) return;
@@ -240,7 +297,7 @@ class nccl {
   int size_ = 1;
   detail::device_buffer<std::byte> exchange_;  // the agreement's reports
   std::vector<std::uint64_t> sizes_, offsets_, directory_;
-  detail::device_buffer<std::byte> gathered_, bucket_;
+  detail::device_buffer<std::byte> gathered_, bucket_, staged_;
   detail::device_buffer<float> mine_;
   std::vector<detail::message_decoder<backend::cuda>::checked> checked_;
 };

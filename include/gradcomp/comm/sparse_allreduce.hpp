@@ -1,9 +1,11 @@
 /// \file comm/sparse_allreduce.hpp
 /// A global top-k sparse all-reduce (Ok-Topk: Li and Hoefler, PPoPP 2022) over any
-/// transport with the collectives below (comm::mpi). What a rank receives stays about
-/// 2k entries whatever the number of ranks. Include it through comm/mpi.hpp.
+/// transport with the collectives below (comm::mpi with host compressors, comm::nccl
+/// with backend::cuda ones). What a rank receives stays about 2k entries whatever the
+/// number of ranks. Include it through comm/mpi.hpp or comm/nccl.cuh.
 #pragma once
 
+#include <gradcomp/comm/cyclic_topk.hpp>
 #include <gradcomp/compressor.hpp>
 #include <gradcomp/config.hpp>
 #include <gradcomp/detail/collective_checks.hpp>
@@ -57,15 +59,22 @@ static_assert(sizeof(sparse_entry) == 8);
 ///    (compressor::accept_staged(kept)): what it sent and the selection dropped stays
 ///    in its memory, so no gradient mass is lost.
 ///
-/// `Comm` offers rank(), size(), all_gather, all_gather_v, all_to_all, all_to_all_v and
-/// all_reduce_sum over host memory (comm::mpi); the compressor's memory is host memory.
+/// `Comm` offers rank(), size(), and all_gather, all_gather_v, all_to_all, all_to_all_v
+/// and all_reduce_sum over host memory: the entries are few, so the local work (splitting,
+/// summing, selecting) runs on the host whatever the compressor's memory; `grad` and
+/// `dense` are in the compressor's memory (std::span, device_span), and only the
+/// message, the k sums and (reduce_scatter) the shard cross to and from a device.
 template <class Compressor, class Comm>
 class sparse_allreduce {
-  static_assert(Compressor::backend_type::host_accessible,
-                "comm::sparse_allreduce runs with compressors whose memory the host reads (backend::host, "
-                "backend::kokkos of a host space)");
+  using backend_type = typename Compressor::backend_type;
+  template <class T>
+  using buffer = typename backend_type::template buffer<T>;
 
  public:
+  /// A view of the compressor's memory (std::span or device_span).
+  template <class T>
+  using view = typename Compressor::template view<T>;
+
   /// \param comm the transport, which the exchange uses until it is destroyed
   /// \param compressor this rank's compressor, staged and committed by each step
   /// \param k entries of the global selection; 0 takes the compressor's own: its
@@ -76,7 +85,8 @@ class sparse_allreduce {
       : comm_(comm),
         compressor_(compressor),
         k_(k),
-        message_(compressor.max_message_bytes()),
+        memory_(comm),
+        message_(compressor.backend().template allocate<std::byte>(compressor.max_message_bytes())),
         policies_(detail::fingerprint()
                       .add(compressor.selector().name())
                       .add(compressor.corrector().name())
@@ -98,7 +108,7 @@ class sparse_allreduce {
   ///         if any rank's dense.size() != n, `scale` is not finite, its step is
   ///         rejected (a NaN or infinity) or what it received is corrupt, if a sum
   ///         overflows, or if the ranks disagree on n, k, the policies or the regions.
-  std::span<const std::uint32_t> step(std::span<const float> grad, std::span<float> dense, float scale) {
+  std::span<const std::uint32_t> step(view<const float> grad, view<float> dense, float scale) {
     const auto selected = stage(grad, dense, scale);
     accept_staged();
     return selected;
@@ -108,7 +118,7 @@ class sparse_allreduce {
   /// (or drop_staged()), so that a DDP hook can commit all of a step's buckets together,
   /// once every one of them has succeeded on every rank. `dense` is written.
   /// \throws gradcomp::error as step() does; nothing is staged then.
-  std::span<const std::uint32_t> stage(std::span<const float> grad, std::span<float> dense, float scale) {
+  std::span<const std::uint32_t> stage(view<const float> grad, view<float> dense, float scale) {
     try {
       return run(grad, dense, scale);
     } catch (...) {
@@ -131,7 +141,7 @@ class sparse_allreduce {
   ///         n is not a multiple of W or shard.size() != n / W on any rank, `scale` is not
   ///         finite, a step is rejected, what a rank received is corrupt, a sum overflows,
   ///         or the ranks disagree on n or the policies.
-  void reduce_scatter(std::span<const float> grad, std::span<float> shard, float scale) {
+  void reduce_scatter(view<const float> grad, view<float> shard, float scale) {
     const std::size_t n = compressor_.size();
     const auto ranks = static_cast<std::size_t>(comm_.size());
     const auto me = static_cast<std::size_t>(comm_.rank());
@@ -149,8 +159,9 @@ class sparse_allreduce {
       compressor_.drop_staged();
       throw;
     }
-    std::fill(shard.begin(), shard.end(), 0.0f);
-    for (const sparse_entry& e : sums_) shard[e.index - shards_[me]] = scale * e.value;
+    shard_.assign(shard.size(), 0.0f);
+    for (const sparse_entry& e : sums_) shard_[e.index - shards_[me]] = scale * e.value;
+    compressor_.backend().to_device(shard_.data(), shard_.size(), detail::raw(shard).data());
     compressor_.accept_staged();
   }
 
@@ -169,7 +180,7 @@ class sparse_allreduce {
  private:
   static constexpr const char* who = "sparse_allreduce";
 
-  std::span<const std::uint32_t> run(std::span<const float> grad, std::span<float> dense, float scale) {
+  std::span<const std::uint32_t> run(view<const float> grad, view<float> dense, float scale) {
     const std::size_t n = compressor_.size();
     const auto ranks = static_cast<std::size_t>(comm_.size());
     const auto me = static_cast<std::size_t>(comm_.rank());
@@ -187,10 +198,13 @@ class sparse_allreduce {
     detail::kth_key kth{0, 0};
     const bool take_all = total <= k;
     if (!take_all) {
-      kth = detail::kth_largest(key_at, sums_.size(), k, 0, 0, [&](std::span<std::uint32_t> bins) {
-        comm_.all_reduce_sum(bins);
-        note(4 * bins.size(), 4 * bins.size());
-      });
+      kth = detail::kth_largest(
+          key_at, sums_.size(), k, 0, 0,
+          [&](std::span<std::uint32_t> bins) {
+            comm_.all_reduce_sum(bins);
+            note(4 * bins.size(), 4 * bins.size());
+          },
+          detail::collective_digits);
     }
     std::uint64_t above = 0, ties = 0;
     for (std::size_t j = 0; j < sums_.size(); ++j) {
@@ -227,10 +241,12 @@ class sparse_allreduce {
     // 5. Every rank adds the same sums (each commits what the selection kept of its own
     // in accept_staged()); the next step's regions follow this selection.
     global_index_.resize(global_.size());
+    global_value_.resize(global_.size());
     for (std::size_t j = 0; j < global_.size(); ++j) {
-      dense[global_[j].index] += scale * global_[j].value;
       global_index_[j] = global_[j].index;
+      global_value_[j] = global_[j].value;
     }
+    add(detail::raw(dense), scale);
     balance_regions(n);
     return global_index_;
   }
@@ -241,7 +257,7 @@ class sparse_allreduce {
   // order into sums_; the ranks agree that what each received and summed is sound.
   // Returns the number of sums over all ranks.
   template <class CheckArgs>
-  std::size_t reduce_in_regions(std::span<const float> grad, std::span<const std::uint32_t> bounds,
+  std::size_t reduce_in_regions(view<const float> grad, std::span<const std::uint32_t> bounds,
                                 std::initializer_list<detail::setting> settings, CheckArgs&& check_args) {
     const auto ranks = static_cast<std::size_t>(comm_.size());
     const auto me = static_cast<std::size_t>(comm_.rank());
@@ -249,10 +265,15 @@ class sparse_allreduce {
 
     (void)detail::agree(comm_, who, settings, [&]() -> std::uint64_t {
       check_args();
-      message_.resize(std::max(message_.size(), compressor_.max_message_bytes()));
-      const auto m = compressor_.stage(grad, message_);
+      if (static_cast<std::size_t>(message_.size()) < compressor_.max_message_bytes()) {
+        message_ = compressor_.backend().template allocate<std::byte>(compressor_.max_message_bytes());
+      }
+      const auto m = compressor_.stage(grad, {message_.data(), static_cast<std::size_t>(message_.size())});
+      const std::span<const std::byte> bytes = detail::raw(m.bytes());
+      host_message_.resize(bytes.size());
+      compressor_.backend().to_host(bytes.data(), bytes.size(), host_message_.data());
       mine_.clear();
-      detail::message_reader(m.bytes()).visit([&](std::uint32_t i, float v) { mine_.push_back({i, v}); });
+      detail::message_reader(host_message_).visit([&](std::uint32_t i, float v) { mine_.push_back({i, v}); });
       return 0;
     });
     note(detail::rank_verdict::size, (ranks - 1) * detail::rank_verdict::size);
@@ -322,6 +343,20 @@ class sparse_allreduce {
     return 0;
   }
 
+  // dense[i] += scale * s_i for the selection, in the compressor's memory (the transport's
+  // way of adding there: a kernel on a device).
+  void add(std::span<float> dense, float scale) {
+    const std::size_t count = global_index_.size();
+    if (static_cast<std::size_t>(index_.size()) < count) {
+      index_ = compressor_.backend().template allocate<std::uint32_t>(count);
+      values_ = compressor_.backend().template allocate<float>(count);
+    }
+    compressor_.backend().to_device(global_index_.data(), count, index_.data());
+    compressor_.backend().to_device(global_value_.data(), count, values_.data());
+    memory_.add(std::span<const std::uint32_t>(index_.data(), count), std::span<const float>(values_.data(), count),
+                dense, scale);
+  }
+
   // The all-gathered selection, the same bytes on every rank, so every rank judges it
   // alike: `expected` entries, indices ascending and below n, values finite.
   void check_global(std::size_t n, std::size_t expected) const {
@@ -365,7 +400,12 @@ class sparse_allreduce {
   Comm& comm_;
   Compressor& compressor_;
   std::size_t k_;
-  std::vector<std::byte> message_;
+  detail::exchange_memory<Comm> memory_;
+  buffer<std::byte> message_;            // this rank's message, in the compressor's memory
+  buffer<std::uint32_t> index_;          // the selection, in the compressor's memory
+  buffer<float> values_;                 // its sums
+  std::vector<std::byte> host_message_;  // the message on the host
+  std::vector<float> global_value_, shard_;
   std::uint64_t policies_;
   std::vector<std::uint32_t> bounds_;  // W + 1 region bounds
   std::vector<std::uint32_t> shards_;  // W + 1 equal shards' bounds (reduce_scatter)

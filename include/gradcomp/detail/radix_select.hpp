@@ -41,6 +41,9 @@ struct radix_digit {
 };
 inline constexpr std::array<radix_digit, 3> magnitude_digits{{{20, 11}, {10, 10}, {0, 10}}};
 inline constexpr std::size_t top_digit_bins = std::size_t{1} << 11;
+/// The digits of a select whose histograms travel (comm::sparse_allreduce): 8 + 8 + 8 + 7
+/// bits, so that the four histograms together are 3.5 KB of uint32 counts, not 16 KB.
+inline constexpr std::array<radix_digit, 4> collective_digits{{{23, 8}, {15, 8}, {7, 8}, {0, 7}}};
 
 /// exact_topk's sample, on every backend: every topk_sample_stride-th entry of acc
 /// brackets the k-th largest key (sample_bracket); below topk_min_sampled_n entries
@@ -73,18 +76,16 @@ struct keys_all_here {
 /// Finds the r-th largest of `size` keys (1 <= r <= size), `key_at(j)` giving key j,
 /// all of which share the digits above `first_digit` with `prefix`. `combine(bins)`
 /// makes each digit's histogram of the keys here the histogram of all keys: for keys
-/// spread over the ranks of a collective (comm::sparse_allreduce), an all-reduce, and r
-/// counts over all of them.
-template <class KeyAt, class Combine = keys_all_here>
+/// spread over the ranks of a collective (comm::sparse_allreduce, with
+/// collective_digits), an all-reduce, and r counts over all of them.
+template <class KeyAt, class Combine = keys_all_here, std::size_t Digits = magnitude_digits.size()>
 kth_key kth_largest(KeyAt&& key_at, std::size_t size, std::size_t r, std::size_t first_digit, std::uint32_t prefix,
-                    Combine&& combine = {}) {
+                    Combine&& combine = {}, const std::array<radix_digit, Digits>& digits = magnitude_digits) {
   std::array<std::uint32_t, top_digit_bins> bins{};
   std::uint32_t known_mask = 0;
-  for (std::size_t d = 0; d < first_digit; ++d) {
-    known_mask |= ((1u << magnitude_digits[d].bits) - 1u) << magnitude_digits[d].shift;
-  }
-  for (std::size_t d = first_digit; d < magnitude_digits.size(); ++d) {
-    const auto [shift, bits] = magnitude_digits[d];
+  for (std::size_t d = 0; d < first_digit; ++d) known_mask |= ((1u << digits[d].bits) - 1u) << digits[d].shift;
+  for (std::size_t d = first_digit; d < digits.size(); ++d) {
+    const auto [shift, bits] = digits[d];
     const std::uint32_t digit_mask = (1u << bits) - 1u;
     std::fill(bins.begin(), bins.begin() + (std::size_t{1} << bits), 0u);
     for (std::size_t j = 0; j < size; ++j) {

@@ -12,7 +12,7 @@ are final), as torch's PowerSGD hook does. Then each bucket has its own compress
 - ``scalecom``: ScaleCom's cyclic local top-k (the C++ ``comm::cyclic_topk``): the
   step's leader broadcasts its indices, every rank sends its values there, one
   all-reduce of k values; O(k) per rank whatever the world size.
-- ``aggregation="sparse_allreduce"`` (any method but scalecom, CPU buckets): Ok-Topk's
+- ``aggregation="sparse_allreduce"`` (any method but scalecom): Ok-Topk's
   global top-k (the C++ ``comm::sparse_allreduce``): each rank sends each index region's
   entries to the region's rank, which sums them; the k largest sums over all regions are
   all-gathered. About 2k entries per rank whatever the world size; each rank keeps in
@@ -49,8 +49,8 @@ class State:
     ``density`` (the method's default when None) applies to methods that have one.
     ``start_iter``: iterations of dense all-reduce first. ``aggregation``: ``"allgather"``
     (every rank receives every rank's message) or ``"sparse_allreduce"`` (Ok-Topk's
-    global top-k of the summed gradient, k the density's count; CPU buckets; not with
-    scalecom, whose exchange is its own). With ``dgc``, the momentum
+    global top-k of the summed gradient, k the density's count; not with scalecom,
+    whose exchange is its own). With ``dgc``, the momentum
     correction lives in the hook: run the optimizer without momentum
     (``torch.optim.SGD(momentum=0)``), and step the warm-up per epoch with
     ``state.set_density(gradcomp.torch.Warmup(final_density=d).by_epoch(epoch))``.
