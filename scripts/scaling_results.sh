@@ -4,13 +4,7 @@
 # Ok-Topk's global top-k (ok_topk) at W = 2, 4, 8 and 16 MPI ranks (oversubscribed on
 # this machine), one epoch of 12,000 images each; then the accuracy of topk_ef and
 # ok_topk after 10 epochs on 4 ranks. Prints the raw tables. About 15 minutes on 2 cores.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-bash scripts/setup.sh results
-cmake --preset results >/dev/null
-cmake --build --preset results -j"$(nproc)" >/dev/null
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-train() { timeout 1800 mpirun --oversubscribe -n "$1" build/results/examples/train_fashion_mnist "${@:2}"; }
+source "$(dirname "$0")/mpi_training.sh"
 
 echo "== bytes per worker per step against the rank count (1 epoch of 12,000 images)"
 for ranks in 2 4 8 16; do

@@ -2,13 +2,7 @@
 # Reproduces docs/results.md: data-parallel Fashion-MNIST training with every method
 # (examples/train_fashion_mnist) under mpirun on this machine. Prints the raw tables.
 # Takes about 10 minutes on 2 cores.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-bash scripts/setup.sh results
-cmake --preset results >/dev/null
-cmake --build --preset results -j"$(nproc)" >/dev/null
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-train() { mpirun --oversubscribe -n "$1" build/results/examples/train_fashion_mnist "${@:2}"; }
+source "$(dirname "$0")/mpi_training.sh"
 
 echo "== every method, 4 ranks, equal shards, 10 epochs"
 train 4 --method all --epochs 10

@@ -197,6 +197,15 @@ def check_real_ddp_training(rank, world):
         assert torch.equal(c.state_dict()["state"], before[i])
 
 
+def nan_in_bucket_1(grads, rank, world):
+    """Copies of the buckets' gradients with a NaN at bucket 1's entry 7 on the last rank,
+    and the error every rank then raises for bucket 1."""
+    bad = [g.clone() for g in grads]
+    if rank == world - 1:
+        bad[1][7] = float("nan")
+    return bad, f"gradcomp: compress: grad[7] = nan is not finite (rank {world - 1} of {world})"
+
+
 def outcomes_of(futures):
     """What each Future ends with: None, or the gradcomp.Error's type and text."""
     outcomes = []
@@ -248,12 +257,9 @@ def check_buckets_in_flight(rank, world):
         grads = [grad_of(rank, step, n, b) for b, n in enumerate(sizes)]
         if step == 6:  # a NaN in bucket 1 on the last rank, with every bucket in flight
             memory = memory_of(state)
-            bad = [g.clone() for g in grads]
-            if rank == world - 1:
-                bad[1][7] = float("nan")
+            bad, text = nan_in_bucket_1(grads, rank, world)
             # every bucket's exchange ends before this rank's next collective
             outcomes = outcomes_of(submit(step, bad))
-            text = f"gradcomp: compress: grad[7] = nan is not finite (rank {world - 1} of {world})"
             assert outcomes == [None, (gradcomp.NonFiniteError, text), None, None], outcomes
             texts = [None] * world
             dist.all_gather_object(texts, outcomes[1][1])
@@ -291,11 +297,8 @@ def check_sparse_allreduce(rank, world):
         grads = [grad_of(rank, step, n, b) for b, n in enumerate(sizes)]
         if step == 4:  # a NaN in bucket 1 on the last rank, with every bucket in flight
             memory = memory_of(state)
-            bad = [g.clone() for g in grads]
-            if rank == world - 1:
-                bad[1][7] = float("nan")
+            bad, text = nan_in_bucket_1(grads, rank, world)
             outcomes = outcomes_of([ddp.hook(state, Bucket(bad[b], b, b == last)) for b in range(len(sizes))])
-            text = f"gradcomp: compress: grad[7] = nan is not finite (rank {world - 1} of {world})"
             assert outcomes == [None, (gradcomp.NonFiniteError, text), None], outcomes
             now = memory_of(state)
             assert all(torch.equal(now[i], memory[i]) for i in memory), "a failed step changed a bucket's memory"
