@@ -20,7 +20,7 @@ import os
 import statistics
 
 ORDER = ["dense", "fp16"] + [f"powersgd{r}{how}" for r in (1, 4) for how in ("", "-torch2", "-onebucket")] + [
-    "topk_ef", "dgc", "scalecom"]
+    "topk_ef", "dgc", "scalecom", "ok_topk"]
 
 
 def load(folder):
@@ -48,7 +48,7 @@ def time_to(curve, target):
     return None
 
 
-def table(rate, runs, failures):
+def table(rate, runs, failures, only_run=False):
     compute = statistics.median(runs["none"]["step_seconds"]) if "none" in runs else None
     dense = runs.get("dense")
     target = dense["curve"][-1][2] - 0.01 if dense else None
@@ -61,6 +61,8 @@ def table(rate, runs, failures):
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for hook in ORDER:
         if hook not in runs:
+            if only_run and f"{rate} {hook}" not in failures:
+                continue
             why = failures.get(f"{rate} {hook}", "not run")
             lines.append(f"| {hook} | {why} | | | | | | | |")
             continue
@@ -111,6 +113,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder")
     parser.add_argument("--plot", default=None)
+    parser.add_argument("--only-run", action="store_true", help="rows only for the hooks that ran or failed")
     args = parser.parse_args()
     runs = load(args.folder)
     failures = {}
@@ -127,7 +130,7 @@ def main():
           f"parameters (digest {first['init_digest']}) and data order (digest {first['order_digest']}); "
           f"torch {', '.join(torches)}\n")
     for rate in sorted(runs, key=rate_bits):
-        print(table(rate, runs[rate], failures))
+        print(table(rate, runs[rate], failures, args.only_run))
     if args.plot:
         plot(runs, args.plot)
 

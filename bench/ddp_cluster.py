@@ -4,7 +4,7 @@ DistributedDataParallel (gloo, several buckets) under one communication hook, th
 initialisation and data order for every hook. scripts/cluster_results.sh runs it on 4
 ranks through scripts/cluster.sh (which sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 
-    python3 bench/ddp_cluster.py --hook dense|fp16|powersgd1|powersgd4|topk_ef|dgc|scalecom|none
+    python3 bench/ddp_cluster.py --hook dense|fp16|powersgd1|powersgd4|topk_ef|dgc|scalecom|ok_topk|none
                                  --steps 200 --out result.json
 
 Three phases, each timed on every rank with a barrier before it (rank 0 writes the JSON):
@@ -30,7 +30,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 from ddp_helpers import TORCH_HOOKS, Traffic, load, torch_hook  # noqa: E402
 
-GRADCOMP_HOOKS = ["topk_ef", "dgc", "scalecom"]
+GRADCOMP_HOOKS = ["topk_ef", "dgc", "scalecom", "ok_topk"]
 HOOKS = ["none"] + TORCH_HOOKS + GRADCOMP_HOOKS
 
 
@@ -71,7 +71,11 @@ def hook_for(name, args, world):
         return gddp.State(method="dgc", density=args.density, start_iter=args.start_iter, max_norm=args.max_norm,
                           workers=world), gddp.hook, 0.0
     # Error feedback remembers what was not sent; SGD momentum on top of it amplifies the
-    # residuals it releases (docs/results.md), so plain SGD.
+    # residuals it releases (docs/results.md), so plain SGD. ok_topk: topk_ef with
+    # Ok-Topk's global top-k instead of the all-gather.
+    if name == "ok_topk":
+        return gddp.State(method="topk_ef", density=args.density, start_iter=args.start_iter,
+                          aggregation="sparse_allreduce"), gddp.hook, 0.0
     return gddp.State(method=name, density=args.density, start_iter=args.start_iter), gddp.hook, 0.0
 
 
