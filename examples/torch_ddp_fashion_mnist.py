@@ -60,7 +60,7 @@ def train(rank, world, init, method, args, results):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
     traffic = Traffic()
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     net = torch.nn.parallel.DistributedDataParallel(model())
     start_iter = args.start_iter
     momentum, lr = 0.9, args.lr
@@ -85,7 +85,7 @@ def train(rank, world, init, method, args, results):
     optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
 
     x, y = load("train")
-    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(1))
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(args.seed + 1))
     shard = order[rank::world]
     steps_per_epoch = len(shard) // args.batch
     if args.steps_per_epoch:
@@ -94,7 +94,8 @@ def train(rank, world, init, method, args, results):
     per_step_time, per_step_bytes, step = [], [], 0
     started = time.perf_counter()
     for epoch in range(args.epochs):
-        perm = shard[torch.randperm(len(shard), generator=torch.Generator().manual_seed(100 * epoch + rank))]
+        perm = shard[torch.randperm(len(shard),
+                                    generator=torch.Generator().manual_seed(1000 * args.seed + 100 * epoch + rank))]
         for b in range(steps_per_epoch):
             if method == "dgc":  # DGC's warm-up, here over the first epoch in four stages
                 state.set_density(warmup.by_step(step, max(1, steps_per_epoch // 4)))
@@ -148,6 +149,8 @@ def main():
     parser.add_argument("--scalecom-beta", type=float, default=1.0, help="ScaleCom's low-pass filter weight")
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--steps-per-epoch", type=int, default=0, help="cut epochs short (a smoke test)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="the initialisation (and, shifted, the data order); 0 is docs/results.md's runs")
     parser.add_argument("--out", default=None, help="write the results as JSON")
     args = parser.parse_args()
     results = mp.Manager().dict()
