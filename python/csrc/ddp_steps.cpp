@@ -147,17 +147,17 @@ py::object hook_steps::compressed(std::int64_t index, std::shared_ptr<compressor
       if (!sparse) invalid(who, ": no sparse_allreduce for this bucket");
       const torch::Tensor flat = b.to(torch::kFloat).contiguous();
       torch::Tensor mean = torch::zeros({flat.numel()}, flat.options());
-      const std::uint64_t sent = sparse->bytes_sent();
-      const std::uint64_t issued = sparse->collectives();
-      try {
-        sparse->stage(flat, mean, 1.0 / t.size);
-      } catch (...) {
-        *t.sent += sparse->bytes_sent() - sent;
-        *t.issued += sparse->collectives() - issued;
-        throw;
-      }
-      *t.sent += sparse->bytes_sent() - sent;
-      *t.issued += sparse->collectives() - issued;
+      // The exchange's bytes and collectives go to the hook's counts however it ends.
+      struct counted {
+        transport& t;
+        sparse_handle& x;
+        std::uint64_t sent = x.bytes_sent(), issued = x.collectives();
+        ~counted() {
+          *t.sent += x.bytes_sent() - sent;
+          *t.issued += x.collectives() - issued;
+        }
+      } count{t, *sparse};
+      sparse->stage(flat, mean, 1.0 / t.size);
       state->staged.push_back([sparse] { sparse->accept(); });
       return in_dtype_of(b, mean);
     });

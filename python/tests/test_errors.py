@@ -152,3 +152,23 @@ def test_bad_indices_for_scalecom():
 def test_accept_without_stage():
     with pytest.raises(gradcomp.InvalidArgumentError, match="no step is staged"):
         Compressor(100).accept_staged()
+
+
+def test_fsdp_reduce_scatter_refuses_what_is_not_its_input():
+    """gradcomp.torch.fsdp.ReduceScatter names a bad argument before any collective (its
+    collectives' own checks run on every rank alike: test_fsdp.py, under torch 2.x)."""
+    from gradcomp.torch import fsdp
+
+    rs = fsdp.ReduceScatter(method="topk_ef", density=0.1)
+    out, grad = torch.zeros(4), torch.ones(8)
+    with pytest.raises(gradcomp.InvalidArgumentError, match="output_tensor must be a torch.Tensor, got a list"):
+        rs([0.0] * 4, grad, None, None)
+    with pytest.raises(gradcomp.InvalidArgumentError, match="input_tensor must be a torch.Tensor, got a str"):
+        rs(out, "grad", None, None)
+    with pytest.raises(gradcomp.InvalidArgumentError, match="group must be a torch.distributed ProcessGroup, got None"):
+        rs(out, grad, None, None)
+    with pytest.raises(gradcomp.InvalidArgumentError, match="method must be"):
+        fsdp.ReduceScatter(method=3)
+    with pytest.raises(gradcomp.InvalidArgumentError, match="density"):
+        fsdp.ReduceScatter(density=2.0)
+    assert torch.equal(out, torch.zeros(4)) and rs.compressor is None

@@ -76,6 +76,11 @@ class ReduceScatter(_ReduceScatterBase):
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
         """``output_tensor`` (this rank's shard) = the reduce of the ranks' compressed
         ``input_tensor`` chunks for this rank. Runs to completion: returns None."""
+        # FSDP hands every rank tensors of the same kinds, so a refusal here is every rank's.
+        check.tensor(_WHO, "output_tensor", output_tensor)
+        check.tensor(_WHO, "input_tensor", input_tensor)
+        if not isinstance(group, dist.ProcessGroup):
+            check.fail(_WHO, f"group must be a torch.distributed ProcessGroup, got {check.kind(group)}")
         world = group.size()
         if op == dist.ReduceOp.AVG:
             scale = 1.0 / world
