@@ -42,7 +42,7 @@ import torch  # noqa: E402
 with_cuda = (os.environ.get("GRADCOMP_CUDA", "1") != "0" and torch.version.cuda is not None
              and cpp_extension.CUDA_HOME is not None)
 cxx = ["-std=c++20", "-O3", "-fopenmp", "-Wno-deprecated-declarations"]
-nvcc = ["--std=c++20", "-O3", "--expt-relaxed-constexpr", "--fmad=false", "-Xcompiler", "-fopenmp"]
+nvcc = ["-std=c++20", "-O3", "--expt-relaxed-constexpr", "--fmad=false", "-Xcompiler", "-fopenmp"]
 define_macros = []
 if with_cuda:
     sources += [os.path.join(csrc, "cuda", "factory.cu")] + selector_units("cuda", ".cu", "cuda/compressors_cuda.cuh")

@@ -223,6 +223,12 @@ class compressor {
     const auto bytes = engines_.encode().fixed_bytes(encoder_, n_, count);
     detail::require(bytes.has_value(), errc::invalid_argument, "compress_async: the size of ", encoder_.name(),
                     " messages depends on the data; use compress (raw32 or bitmap indices give a fixed size)");
+    // A graph replays the captured kernels with their arguments, the step number among
+    // them: a coding that rounds at random would draw the same numbers at every replay.
+    if constexpr (requires { encoder_.depends_on_step(); }) {
+      detail::require(!encoder_.depends_on_step(), errc::invalid_argument, "compress_async: ", encoder_.name(),
+                      " rounds at random with the step number, which a replayed graph would repeat; use compress");
+    }
     engines_.queue(on, selector_, corrector_, encoder_, grad, out, step_);
     finish_step();
     last_async_ = on;
@@ -234,10 +240,10 @@ class compressor {
   /// back, so that the step can be captured in a CUDA graph and replayed. For
   /// configurations whose message size is known in advance: a selector with a fixed
   /// count (exact_topk), an index coding of fixed size (raw32 or bitmap; any value
-  /// coding) and a corrector without state. Whether the step met a
+  /// coding that does not round at random) and a corrector without state. Whether the step met a
   /// NaN or infinity (and so wrote nothing to `out`) is last_step_finite()'s answer.
-  /// \throws gradcomp::error if grad.size() != n, `out` is too small, or the encoder's
-  ///         message size depends on the data.
+  /// \throws gradcomp::error if grad.size() != n, `out` is too small, the encoder's
+  ///         message size depends on the data, or its values round at random (qsgd).
   message_type compress_async(view<const float> grad, message_bytes out)
     requires(on_device && Corrector::state_arrays == 0 && detail::engine_has_fixed_count<select_engine, Selector>)
   {

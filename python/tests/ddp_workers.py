@@ -353,10 +353,13 @@ def check_scalecom_buckets_in_flight(rank, world):
 
 def check_cuda_buckets(rank, world):
     """The hook on CUDA buckets (gloo moves the bytes through host memory) gives what it
-    gives on CPU buckets, for an all-gather method and for ScaleCom."""
+    gives on CPU buckets: all-gather methods, ScaleCom, and the global top-k (its local
+    work on the host, message, sums and residual filter crossing the bus)."""
     n = 30011
     for method, options in (("topk_ef", {"density": 0.01}), ("dgc", {"density": 0.01, "max_norm": 5.0}),
-                            ("scalecom", {"density": 0.01, "beta": 0.5})):
+                            ("scalecom", {"density": 0.01, "beta": 0.5}),
+                            ("topk_ef", {"density": 0.01, "aggregation": "sparse_allreduce"}),
+                            ("dgc", {"density": 0.01, "max_norm": 5.0, "aggregation": "sparse_allreduce"})):
         on_gpu = ddp.State(method=method, start_iter=1, **options)
         on_cpu = ddp.State(method=method, start_iter=1, **options)
         for step in range(4):

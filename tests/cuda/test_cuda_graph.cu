@@ -1,7 +1,7 @@
 // A fixed-size configuration (exact_topk; raw32 or bitmap indices, any value coding; no
 // corrector) is captured once in a CUDA graph and replayed on new gradients: every
 // replay writes the message the host compressor writes, and a NaN replay writes nothing
-// and is reported.
+// and is reported. Codings that round at random with the step are refused.
 // Needs a GPU (exit 77 without one).
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "device.cuh"
@@ -61,18 +61,27 @@ void capture_and_replay(const gc::encode::index_value& encoder) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
 
-  // A configuration whose message size depends on the data is refused.
+  // A configuration whose message size depends on the data is refused, and so is one
+  // that rounds at random with the step number (a replay would repeat the captured draw).
   gc::compressor automatic{gc::backend::cuda{stream}, n, topk};
   CHECK_THROWS_WITH_AS((void)automatic.compress_async(device::span_of(g), device::span_of(out)),
                        doctest::Contains("compress_async"), gc::error);
+  gc::compressor random_rounding{
+      gc::backend::cuda{stream}, n, topk, gc::correct::none{},
+      gc::encode::index_value{
+          .index = gc::index_coding::raw32, .value = gc::value_coding::qsgd, .levels = 7, .seed = 5}};
+  CHECK_THROWS_WITH_AS((void)random_rounding.compress_async(device::span_of(g), device::span_of(out)),
+                       "gradcomp: compress_async: index_value(raw32,qsgd/7) rounds at random with the step number, "
+                       "which a replayed graph would repeat; use compress",
+                       gc::error);
   cudaStreamDestroy(stream);
 }
 
 TEST_CASE("compress_async is captured in a CUDA graph and replayed") {
   capture_and_replay({.index = gc::index_coding::raw32, .value = gc::value_coding::f32});
-  // Every coding is written on the device: a bitmap with qsgd values and a checksum too.
-  capture_and_replay(
-      {.index = gc::index_coding::bitmap, .value = gc::value_coding::qsgd, .levels = 7, .seed = 5, .checksum = true});
+  // Every coding is written on the device: a bitmap with int8 values (a scale from the
+  // data) and a checksum too.
+  capture_and_replay({.index = gc::index_coding::bitmap, .value = gc::value_coding::int8, .checksum = true});
 }
 
 int main(int argc, char** argv) { return device::run_tests(argc, argv); }

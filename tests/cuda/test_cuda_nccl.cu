@@ -158,7 +158,7 @@ TEST_CASE("one-rank cyclic_topk over NCCL equals ScaleCom written out on the hos
     auto g = device::copy_of(x);
     const auto dense_before = device::host_copy(dense);
     CHECK_THROWS_WITH_AS(exchange.step(device::span_of(g), device::span_of(dense), scale),
-                         "gradcomp: preview: grad[12345] = nan is not finite", gc::error);
+                         "gradcomp: preview: grad[12345] = nan is not finite (rank 0 of 1)", gc::error);
     std::ostringstream after;
     gpu.save_state(after);
     CHECK(after.str() == a.str());

@@ -45,6 +45,12 @@ struct index_value {
                     levels);
   }
 
+  /// Whether a message depends on the step number as well as on the entries (the codings
+  /// that round at random draw from the seed and the step).
+  [[nodiscard]] bool depends_on_step() const noexcept {
+    return detail::is_wire_value_coding(value) && detail::takes_seed(value);
+  }
+
   /// Largest message of `count` entries of a tensor of `n` elements.
   [[nodiscard]] std::size_t max_bytes(std::size_t n, std::size_t count) const noexcept {
     return message_header::size + static_cast<std::size_t>(detail::max_index_section_bytes(index, n, count) +

@@ -69,7 +69,10 @@ class Compressor:
         numel = check.integer("Compressor", "numel", numel, 1, 2**32 - 1)
         self.method = check.text("Compressor", "method", method)
         self._options = dict(options)
-        self._impl = _C.Compressor(numel, method, _flatten(options), check.device("Compressor", device))
+        device = check.device("Compressor", device)
+        if device.type == "cuda" and torch.cuda.is_available():
+            torch.cuda.init()  # torch 2 starts its caching allocator, which holds the state, lazily
+        self._impl = _C.Compressor(numel, method, _flatten(options), device)
 
     @property
     def numel(self):
