@@ -75,8 +75,8 @@ struct transport {
   std::function<void(std::span<const std::byte> send, std::span<const std::uint64_t> send_sizes,
                      std::span<std::byte> recv, std::span<const std::uint64_t> recv_sizes)>
       all_to_all_v;
-  /// The sum over ranks of unsigned counts (exact).
-  std::function<void(std::span<std::uint32_t> values)> all_reduce_sum;
+  /// The sum over ranks of unsigned counts (exact), none above `max_sum` (< 2^32).
+  std::function<void(std::span<std::uint32_t> values, std::uint64_t max_sum)> all_reduce_sum;
   /// @}
   /// Bytes this rank has put into the collectives above (their inputs), shared by copies.
   std::shared_ptr<std::uint64_t> sent = std::make_shared<std::uint64_t>(0);

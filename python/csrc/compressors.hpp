@@ -49,7 +49,7 @@ class transport_comm {
                     std::span<std::byte> recv, std::span<const std::uint64_t> recv_sizes) {
     t_.all_to_all_v(send, send_sizes, recv, recv_sizes);
   }
-  void all_reduce_sum(std::span<std::uint32_t> values) { t_.all_reduce_sum(values); }
+  void all_reduce_sum(std::span<std::uint32_t> values, std::uint64_t max_sum) { t_.all_reduce_sum(values, max_sum); }
 
  private:
   transport t_;

@@ -20,12 +20,22 @@ namespace gc = gradcomp;
 
 namespace gradcomp_py {
 group_ptr group_of(const py::object& group) {
+  c10::intrusive_ptr<c10d::ProcessGroup> held;
   try {
-    return group.cast<group_ptr>();
+    held = group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
   } catch (const py::cast_error&) {
     invalid("the process group must be a torch.distributed ProcessGroup, got ",
             py::str(group.get_type()).cast<std::string>());
   }
+  c10d::ProcessGroup* raw = held.get();
+  return group_ptr(raw, [held = std::move(held)](c10d::ProcessGroup*) mutable {
+    if (PyGILState_Check() != 0) {
+      const py::gil_scoped_release unlocked;
+      held.reset();
+    } else {
+      held.reset();
+    }
+  });
 }
 
 namespace {
@@ -147,15 +157,23 @@ transport transport_of(const group_ptr& pg, const torch::Device& device, void* s
     pg->alltoall_base(got, in, out_splits, in_splits)->wait();
     back(got, recv.data());
   };
-  out.all_reduce_sum = [pg, to_where, sent, issued](std::span<std::uint32_t> values) {
-    *sent += 8 * values.size();
+  // gloo sums no unsigned type: int32 where every sum fits it, int64 otherwise.
+  out.all_reduce_sum = [pg, to_where, sent, issued](std::span<std::uint32_t> values, std::uint64_t max_sum) {
     ++*issued;
-    std::vector<std::int64_t> wide(values.begin(), values.end());
-    std::vector<at::Tensor> tensors{to_where(wide.data(), static_cast<std::int64_t>(wide.size()), torch::kInt64)};
-    pg->allreduce(tensors)->wait();
-    const torch::Tensor sum = tensors[0].to(torch::kCPU).contiguous();
-    const auto* p = sum.data_ptr<std::int64_t>();
-    for (std::size_t j = 0; j < values.size(); ++j) values[j] = static_cast<std::uint32_t>(p[j]);
+    const auto sum_as = [&]<class Signed>(torch::ScalarType type) {
+      *sent += sizeof(Signed) * values.size();
+      std::vector<Signed> wide(values.begin(), values.end());
+      std::vector<at::Tensor> tensors{to_where(wide.data(), static_cast<std::int64_t>(wide.size()), type)};
+      pg->allreduce(tensors)->wait();
+      const torch::Tensor sum = tensors[0].to(torch::kCPU).contiguous();
+      const auto* p = sum.data_ptr<Signed>();
+      for (std::size_t j = 0; j < values.size(); ++j) values[j] = static_cast<std::uint32_t>(p[j]);
+    };
+    if (max_sum <= static_cast<std::uint64_t>(INT32_MAX)) {
+      sum_as.template operator()<std::int32_t>(torch::kInt32);
+    } else {
+      sum_as.template operator()<std::int64_t>(torch::kInt64);
+    }
   };
   const auto options = torch::TensorOptions().device(device);
   // `collective(tensors)` on a view of the compressor's memory, in the order above.

@@ -10,6 +10,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/extension.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -19,7 +20,12 @@
 
 namespace gradcomp_py {
 
-using group_ptr = c10::intrusive_ptr<c10d::ProcessGroup>;
+/// A process group as C++ holds it. The last reference's release never holds the GIL
+/// (as torch's own holders, IntrusivePtrNoGilDestructor): ~ProcessGroupGloo joins gloo's
+/// threads, and one of them may be waiting for the GIL to release a tensor that has a
+/// Python object (a work of DDP's or of the script's); a hook state collected at exit,
+/// with the GIL held, holding the last reference, would wait for it for ever.
+using group_ptr = std::shared_ptr<c10d::ProcessGroup>;
 
 /// `group` as C++ holds it.
 /// \throws gradcomp::error (invalid_argument) if `group` is not a ProcessGroup.

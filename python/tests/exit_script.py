@@ -18,7 +18,9 @@ import torch.multiprocessing as mp
 from gradcomp.torch import ddp
 
 OPTIONS = {"topk_ef": {"density": 0.5}, "dgc": {"density": 0.5, "max_norm": 5.0}, "scalecom": {"density": 0.5},
-           "adacomp": {}, "threshold_ef": {"tau": 0.1}, "randomk_ef": {"density": 0.5}}
+           "adacomp": {}, "threshold_ef": {"tau": 0.1}, "randomk_ef": {"density": 0.5},
+           "topk_ef+sparse_allreduce": {"density": 0.5, "aggregation": "sparse_allreduce"},
+           "dgc+sparse_allreduce": {"density": 0.5, "max_norm": 5.0, "aggregation": "sparse_allreduce"}}
 
 
 def train(rank, world, method, teardown, init_method):
@@ -27,7 +29,9 @@ def train(rank, world, method, teardown, init_method):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     net = torch.nn.parallel.DistributedDataParallel(model)
-    net.register_comm_hook(ddp.State(method=method, start_iter=2, **OPTIONS[method]), ddp.hook)
+    state = ddp.State(method=method.split("+")[0], start_iter=2, **OPTIONS[method])  # "+": the aggregation
+    net.register_comm_hook(state, ddp.hook)
+    del state  # DDP holds it, as in a script that registers ddp.State(...) in place
     x = torch.randn(8, 16, generator=torch.Generator().manual_seed(rank))
     for _ in range(6):
         net(x).sum().backward()

@@ -1,7 +1,8 @@
 """A DDP script that uses gradcomp's hook exits as one without it does (issue: gloo's
 worker thread, releasing a finished work's tensors, waited for the GIL that the exiting
-main thread held while it joined that thread). Each shape runs 10 times, every method
-in turn, on 2 and 4 ranks; a run that does not end within the timeout is a hang."""
+main thread held while it joined that thread). Each shape runs 12 times, every method
+(the global top-k aggregation among them) in turn, on 2 and 4 ranks; a run that does
+not end within the timeout is a hang."""
 import os
 import socket
 import subprocess
@@ -10,8 +11,9 @@ import sys
 import pytest
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exit_script.py")
-METHODS = ["topk_ef", "dgc", "scalecom", "adacomp", "threshold_ef", "randomk_ef"]
-RUNS = 10
+METHODS = ["topk_ef", "dgc", "topk_ef+sparse_allreduce", "scalecom", "adacomp", "dgc+sparse_allreduce",
+           "threshold_ef", "randomk_ef"]
+RUNS = 12
 TIMEOUT = 60  # a run takes a few seconds; one that takes this long hangs
 
 

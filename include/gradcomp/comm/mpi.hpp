@@ -139,8 +139,10 @@ class mpi {
     MPI_Alltoallv(send.data(), send_counts_.data(), send_displs_.data(), MPI_BYTE, recv.data(), counts_.data(),
                   displs_.data(), MPI_BYTE, comm_);
   }
-  /// `values` becomes the sum over ranks (integers: exact, whatever the order).
-  void all_reduce_sum(std::span<std::uint32_t> values) {
+  /// `values` becomes the sum over ranks (integers: exact, whatever the order). No sum
+  /// exceeds `max_sum` (< 2^32), which lets a transport sum in a narrower type; MPI sums
+  /// uint32 whatever it is.
+  void all_reduce_sum(std::span<std::uint32_t> values, std::uint64_t /*max_sum*/) {
     MPI_Allreduce(MPI_IN_PLACE, values.data(), mpi_count(values.size()), MPI_UINT32_T, MPI_SUM, comm_);
   }
   /// `values` becomes the sum over ranks, the same bits on every rank: summed at

@@ -211,8 +211,9 @@ class nccl {
     detail::nccl_check(ncclGroupEnd(), "ncclGroupEnd");
     if (!recv.empty()) backend_.to_host(gathered_.data(), recv.size(), recv.data());
   }
-  /// `values` (host memory) becomes the sum over ranks (integers: exact in any order).
-  void all_reduce_sum(std::span<std::uint32_t> values) {
+  /// `values` (host memory) becomes the sum over ranks (integers: exact in any order);
+  /// no sum exceeds `max_sum` (NCCL sums uint32 whatever it is).
+  void all_reduce_sum(std::span<std::uint32_t> values, std::uint64_t /*max_sum*/) {
     const std::size_t bytes = values.size_bytes();
     if (staged_.size() < bytes) staged_ = detail::device_buffer<std::byte>(bytes);
     auto* counts = reinterpret_cast<std::uint32_t*>(staged_.data());

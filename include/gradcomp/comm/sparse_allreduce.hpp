@@ -201,7 +201,7 @@ class sparse_allreduce {
       kth = detail::kth_largest(
           key_at, sums_.size(), k, 0, 0,
           [&](std::span<std::uint32_t> bins) {
-            comm_.all_reduce_sum(bins);
+            comm_.all_reduce_sum(bins, total);  // a bin counts some of the `total` sums
             note(4 * bins.size(), 4 * bins.size());
           },
           detail::collective_digits);
@@ -302,7 +302,7 @@ class sparse_allreduce {
     verdicts_.assign(ranks + 1, 0);
     verdicts_[me] = my_verdict;
     verdicts_[ranks] = static_cast<std::uint32_t>(sums_.size());
-    comm_.all_reduce_sum(verdicts_);
+    comm_.all_reduce_sum(verdicts_, std::max<std::uint64_t>(compressor_.size(), overflow));  // disjoint regions
     note(4 * verdicts_.size(), 4 * verdicts_.size());
     for (std::size_t r = 0; r < ranks; ++r) {
       detail::require(verdicts_[r] != corrupt, errc::corrupt_message, who, ": rank ", r, " of ", ranks,
