@@ -29,12 +29,9 @@ group_ptr group_of(const py::object& group) {
   }
   c10d::ProcessGroup* raw = held.get();
   return group_ptr(raw, [held = std::move(held)](c10d::ProcessGroup*) mutable {
-    if (PyGILState_Check() != 0) {
-      const py::gil_scoped_release unlocked;
-      held.reset();
-    } else {
-      held.reset();
-    }
+    std::optional<py::gil_scoped_release> unlocked;
+    if (PyGILState_Check() != 0) unlocked.emplace();
+    held.reset();
   });
 }
 
@@ -159,21 +156,16 @@ transport transport_of(const group_ptr& pg, const torch::Device& device, void* s
   };
   // gloo sums no unsigned type: int32 where every sum fits it, int64 otherwise.
   out.all_reduce_sum = [pg, to_where, sent, issued](std::span<std::uint32_t> values, std::uint64_t max_sum) {
+    const auto type = max_sum <= static_cast<std::uint64_t>(INT32_MAX) ? torch::kInt32 : torch::kInt64;
+    *sent += c10::elementSize(type) * values.size();
     ++*issued;
-    const auto sum_as = [&]<class Signed>(torch::ScalarType type) {
-      *sent += sizeof(Signed) * values.size();
-      std::vector<Signed> wide(values.begin(), values.end());
-      std::vector<at::Tensor> tensors{to_where(wide.data(), static_cast<std::int64_t>(wide.size()), type)};
-      pg->allreduce(tensors)->wait();
-      const torch::Tensor sum = tensors[0].to(torch::kCPU).contiguous();
-      const auto* p = sum.data_ptr<Signed>();
-      for (std::size_t j = 0; j < values.size(); ++j) values[j] = static_cast<std::uint32_t>(p[j]);
-    };
-    if (max_sum <= static_cast<std::uint64_t>(INT32_MAX)) {
-      sum_as.template operator()<std::int32_t>(torch::kInt32);
-    } else {
-      sum_as.template operator()<std::int64_t>(torch::kInt64);
-    }
+    std::vector<std::int64_t> wide(values.begin(), values.end());
+    std::vector<at::Tensor> tensors{to_where(wide.data(), static_cast<std::int64_t>(wide.size()), torch::kInt64)};
+    tensors[0] = tensors[0].to(type);
+    pg->allreduce(tensors)->wait();
+    const torch::Tensor sum = tensors[0].to(torch::kCPU, torch::kInt64).contiguous();
+    const auto* p = sum.data_ptr<std::int64_t>();
+    for (std::size_t j = 0; j < values.size(); ++j) values[j] = static_cast<std::uint32_t>(p[j]);
   };
   const auto options = torch::TensorOptions().device(device);
   // `collective(tensors)` on a view of the compressor's memory, in the order above.
