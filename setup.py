@@ -1,13 +1,26 @@
 """Builds gradcomp._C, the torch extension, from the C++ headers in include/ (no copy).
 
-With a CUDA build of torch and nvcc (CUDA_HOME), the extension also carries the CUDA
-backend (GRADCOMP_PY_CUDA); GRADCOMP_CUDA=0 builds it for the CPU only.
+The extension is compiled against the torch already installed, which pip's isolated
+build environment lacks: install with ``pip install --no-build-isolation .``. With a CUDA
+build of torch and nvcc (CUDA_HOME), the extension also carries the CUDA backend
+(GRADCOMP_PY_CUDA); GRADCOMP_CUDA=0 builds it for the CPU only. gradcomp/_build.py records
+how it was built (the torch, and why there is no CUDA backend where there is none).
 """
 import os
 import re
+import sys
 
 from setuptools import setup
-from torch.utils import cpp_extension
+from setuptools.command.build_py import build_py
+
+try:
+    import torch
+    from torch.utils import cpp_extension
+except ImportError:
+    sys.exit("gradcomp: the build compiles against the installed torch, which this environment lacks: install "
+             "torch (1.13 or >= 2.1) first, then run `pip install --no-build-isolation .`")
+if tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2]) < (1, 13):
+    sys.exit(f"gradcomp: torch {torch.__version__} is too old: gradcomp needs torch 1.13 or >= 2.1")
 
 root = os.path.dirname(os.path.abspath(__file__))
 csrc = os.path.join("python", "csrc")
@@ -37,10 +50,17 @@ def selector_units(backend, extension, include):
 
 sources += selector_units("host", ".cpp", "compressors.hpp")
 
-import torch  # noqa: E402
-
-with_cuda = (os.environ.get("GRADCOMP_CUDA", "1") != "0" and torch.version.cuda is not None
-             and cpp_extension.CUDA_HOME is not None)
+if os.environ.get("GRADCOMP_CUDA", "1") == "0":
+    no_cuda = "it was built with GRADCOMP_CUDA=0"
+elif torch.version.cuda is None:
+    no_cuda = f"it was built against a CPU-only torch ({torch.__version__})"
+elif cpp_extension.CUDA_HOME is None:
+    no_cuda = (f"torch {torch.__version__} is built for CUDA {torch.version.cuda}, but no CUDA toolkit (nvcc, "
+               "CUDA_HOME) was found when gradcomp was built: install one and reinstall gradcomp")
+    print(f"gradcomp: building for the CPU only: {no_cuda}", file=sys.stderr)
+else:
+    no_cuda = None
+with_cuda = no_cuda is None
 cxx = ["-std=c++20", "-O3", "-fopenmp", "-Wno-deprecated-declarations"]
 nvcc = ["-std=c++20", "-O3", "--expt-relaxed-constexpr", "--fmad=false", "-Xcompiler", "-fopenmp"]
 define_macros = []
@@ -50,6 +70,20 @@ if with_cuda:
     extension = cpp_extension.CUDAExtension
 else:
     extension = cpp_extension.CppExtension
+
+
+
+class build_py_with_record(build_py):
+    """Also writes gradcomp/_build.py: the torch the extension is compiled against, and why
+    it has no CUDA backend (None where it has one)."""
+
+    def run(self):
+        super().run()
+        path = os.path.join(self.build_lib, "gradcomp", "_build.py")
+        with open(path, "w") as f:
+            f.write(f'"""How this gradcomp was built (written by setup.py)."""\n\nTORCH = {torch.__version__!r}\n'
+                    f"NO_CUDA = {no_cuda!r}\n")
+
 
 setup(
     ext_modules=[
@@ -62,5 +96,5 @@ setup(
             extra_link_args=["-fopenmp"],
         )
     ],
-    cmdclass={"build_ext": cpp_extension.BuildExtension},
+    cmdclass={"build_ext": cpp_extension.BuildExtension, "build_py": build_py_with_record},
 )

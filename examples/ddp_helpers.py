@@ -1,7 +1,8 @@
-"""What examples/torch_ddp_fashion_mnist.py and bench/ddp_cluster.py share, and nothing
-of gradcomp's, so that the benchmark's torch-only runs work under any torch (its torch
-2.x environment has no gradcomp): Fashion-MNIST from Debian's dataset package, a counter
-of the bytes a rank puts into collectives, and torch's own communication hooks by name."""
+"""What the Fashion-MNIST examples (plain DDP, Lightning, Accelerate) and
+bench/ddp_cluster.py share, and nothing of gradcomp's, so that the benchmark's torch-only
+runs work under any torch: Fashion-MNIST from Debian's dataset package, the CNN of
+docs/results.md, a counter of the bytes a rank puts into collectives, and torch's own
+communication hooks by name."""
 import gzip
 import os
 
@@ -27,6 +28,26 @@ def load(split):
     x = torch.from_numpy(read_idx(f"{prefix}-images-idx3-ubyte.gz").astype(np.float32) / 255.0)
     y = torch.from_numpy(read_idx(f"{prefix}-labels-idx1-ubyte.gz").astype(np.int64))
     return ((x - 0.2860) / 0.3530).unsqueeze(1), y
+
+
+def training_arguments(parser):
+    """The options the Lightning and Accelerate examples share: the hook's method, density
+    and dense warm-up, and the training's length and step size."""
+    parser.add_argument("--method", default="topk_ef")
+    parser.add_argument("--density", type=float, default=0.01)
+    parser.add_argument("--start-iter", type=int, default=10, help="dense iterations first")
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--train", type=int, default=60000, help="training images used")
+    parser.add_argument("--lr", type=float, default=0.05)
+    return parser
+
+
+def cnn():
+    """docs/results.md's model: two convolutions and two dense layers, 114 k parameters."""
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(1, 16, 5, padding=2), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(16, 32, 5, padding=2), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(), torch.nn.Linear(32 * 7 * 7, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
 
 
 class Traffic:

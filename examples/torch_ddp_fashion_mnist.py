@@ -20,20 +20,12 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from ddp_helpers import TORCH_HOOKS, Traffic, load, torch_hook  # beside this file
+from ddp_helpers import TORCH_HOOKS, Traffic, cnn, load, torch_hook  # beside this file
 
 import gradcomp.torch
 from gradcomp.torch import ddp as gddp
 
 METHODS = TORCH_HOOKS + ["topk_ef", "dgc", "scalecom", "ok_topk"]
-
-
-def model():
-    """Two convolutions and two dense layers: 114 k parameters."""
-    return torch.nn.Sequential(
-        torch.nn.Conv2d(1, 16, 5, padding=2), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Conv2d(16, 32, 5, padding=2), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Flatten(), torch.nn.Linear(32 * 7 * 7, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
 
 
 def timed(hook, times):
@@ -61,7 +53,7 @@ def train(rank, world, init, method, args, results):
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
     traffic = Traffic()
     torch.manual_seed(args.seed)
-    net = torch.nn.parallel.DistributedDataParallel(model())
+    net = torch.nn.parallel.DistributedDataParallel(cnn())
     start_iter = args.start_iter
     momentum, lr = 0.9, args.lr
     if method in TORCH_HOOKS:

@@ -29,7 +29,8 @@ cpp_tests=(
 )
 python_tests=(
   python3 python3-venv python3-setuptools python3-wheel python3-numpy             # the package's build
-  python3-pytest python3-pytest-timeout                                         # and its tests
+  python3-pytest python3-pytest-timeout python3-pytest-xdist                   # and its tests
+  python3-sphinx                                                                # the Python API reference
   python3-torch libtorch-dev pybind11-dev ninja-build                       # the torch extension's build
 )
 case "$purpose" in

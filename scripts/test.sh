@@ -2,15 +2,27 @@
 # Sets everything up, builds everything, and runs the whole test suite under ctest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+started=$SECONDS
+phase() { echo "test.sh: $1 after $((SECONDS - started)) s" >&2; }
 bash scripts/setup.sh test
+phase "setup"
+# torch 2.x from PyPI (below) downloads while the C++ builds.
+mkdir -p build
+bash scripts/torch2_env.sh > build/torch2_env.log 2>&1 &
+torch2_download=$!
 cmake --preset release
 cmake --build --preset release -j"$(nproc)"
+phase "the C++ build"
 ctest --test-dir build/release --output-on-failure --no-tests=error -j"$(nproc)" --output-junit ctest.xml
+phase "ctest"
 
-# The PyTorch package (python/, docs/torch.md): built against Debian's torch in a virtual
+# The PyTorch package (python/, docs/torch.md) and its whole pytest suite (DDP on 2 and 4
+# gloo ranks, the Python API reference; the CUDA tests report themselves skipped without
+# a GPU) under each torch it supports: Debian's torch 1.13, the oldest, in a virtual
 # environment that sees the system's packages (Debian's Python is externally managed),
-# without fetching anything, then its pytest suite (DDP on 2 and 4 gloo ranks; the CUDA
-# tests report themselves skipped without a GPU).
+# built without fetching anything; then torch 2.15 from PyPI, what users have, in an
+# environment of its own with gradcomp built there for the CPU, Lightning and Accelerate
+# (scripts/torch2_env.sh, about 5 GB). FSDP2 and the integrations' tests skip under 1.13.
 /usr/bin/python3 -m venv --system-site-packages build/venv
 build/venv/bin/python -m pip install --quiet --no-build-isolation --no-deps --no-index .
 
@@ -18,14 +30,15 @@ build/venv/bin/python -m pip install --quiet --no-build-isolation --no-deps --no
 # PyPI, which Debian 12 does not package).
 build/venv/bin/python -m pip install --quiet "ruff==0.17.6"
 bash scripts/format.sh --check
+phase "the package under torch 1.13 built"
 (cd build && venv/bin/python -m pytest -q -rs --timeout=900 --junitxml=pytest.xml ../python/tests)
-
-# FSDP2 (gradcomp.torch.fsdp) needs torch 2.x, which Debian lacks: torch 2.15 from PyPI in
-# an environment of its own with gradcomp built there for the CPU (scripts/torch2_env.sh,
-# about 5 GB), then the FSDP tests, which skip under 1.13 above.
+phase "pytest under torch 1.13"
+wait "$torch2_download" || { cat build/torch2_env.log >&2; exit 1; }
 torch2="$PWD/$(bash scripts/torch2_env.sh --gradcomp)"
+phase "the package under torch 2.15 built"
 (cd build && "$torch2" -m pytest -q -rs -p no:cacheprovider --timeout=900 --junitxml=pytest-torch2.xml \
-  ../python/tests/test_fsdp.py)
+  ../python/tests)
+phase "pytest under torch 2.15"
 
 # The unit and MPI tests once more under AddressSanitizer and UndefinedBehaviorSanitizer
 # (CMakePresets.json "debug"): the SIMD kernels' loads and stores stay in bounds, and
@@ -33,7 +46,8 @@ torch2="$PWD/$(bash scripts/torch2_env.sh --gradcomp)"
 cmake --preset debug
 cmake --build --preset debug -j"$(nproc)"
 ctest --test-dir build/debug --output-on-failure --no-tests=error -j"$(nproc)" -L "unit|mpi" --output-junit ctest.xml
+phase "ctest under ASan+UBSan"
 
 # One line per suite: how many ran, what was skipped and why (the CUDA tests without a GPU).
-/usr/bin/python3 scripts/test_summary.py "ctest=build/release/ctest.xml" "pytest=build/pytest.xml" \
-  "pytest under torch 2.x (FSDP2)=build/pytest-torch2.xml" "ctest under ASan+UBSan=build/debug/ctest.xml"
+/usr/bin/python3 scripts/test_summary.py "ctest=build/release/ctest.xml" "pytest under torch 1.13=build/pytest.xml" \
+  "pytest under torch 2.15=build/pytest-torch2.xml" "ctest under ASan+UBSan=build/debug/ctest.xml"

@@ -5,8 +5,9 @@
 # cluster measurement (scripts/cluster_results.sh). Idempotent: does nothing when the
 # environment already has this torch. Prints the environment's python.
 #   --gradcomp  also builds gradcomp there (for the CPU) from a copy of the sources, whose
-#               objects must not mix with those of the torch 1.13 build in build/, and
-#               installs pytest for its tests.
+#               objects must not mix with those of the torch 1.13 build in build/ (the copy
+#               keeps the sources' times, so a rebuild compiles only what changed), and
+#               installs what its tests use: pytest, Lightning and Accelerate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version=2.15.0
@@ -18,9 +19,11 @@ if ! "$venv/bin/python" -c "import sys, torch; sys.exit(torch.__version__.split(
 fi
 if [ "${1:-}" = "--gradcomp" ]; then
   python="$PWD/$venv/bin/python"
-  "$python" -m pip install --quiet --disable-pip-version-check "pytest==8.3.5" "pytest-timeout==2.3.1" >&2
-  rm -rf build/torch2-src && mkdir -p build/torch2-src
-  cp -r setup.py pyproject.toml README.md LICENSE include python build/torch2-src/
+  "$python" -m pip install --quiet --disable-pip-version-check "pytest==8.3.5" "pytest-timeout==2.3.1" \
+    "pytest-xdist==3.6.1" "lightning==2.6.6" "accelerate==1.15.0" >&2
+  mkdir -p build/torch2-src
+  rm -rf build/torch2-src/include build/torch2-src/python
+  cp -a setup.py pyproject.toml README.md LICENSE include python build/torch2-src/
   echo "torch2_env: building gradcomp against torch $version (CPU)" >&2
   (cd build/torch2-src && GRADCOMP_CUDA=0 "$python" -m pip install --quiet --disable-pip-version-check \
     --no-build-isolation --no-deps . >&2)

@@ -80,6 +80,9 @@ struct transport {
   /// @}
   /// Bytes this rank has put into the collectives above (their inputs), shared by copies.
   std::shared_ptr<std::uint64_t> sent = std::make_shared<std::uint64_t>(0);
+  /// Bytes the collectives above delivered to this rank from the others (an all-reduce's
+  /// or a broadcast's result counts whole, as comm::traffic counts it), shared by copies.
+  std::shared_ptr<std::uint64_t> received = std::make_shared<std::uint64_t>(0);
   /// Collectives issued (a reduce_broadcast is two), shared by copies.
   std::shared_ptr<std::uint64_t> issued = std::make_shared<std::uint64_t>(0);
 };
@@ -174,6 +177,8 @@ class sparse_exchange {
   virtual void reduce_scatter(const float* grad, std::size_t n, float* shard, std::size_t shard_n, float scale) = 0;
   /// The global selection's size.
   [[nodiscard]] virtual std::size_t k() const = 0;
+  /// Entries of this rank's message in the last step.
+  [[nodiscard]] virtual std::uint64_t entries() const = 0;
 };
 
 /// Builds a compressor of `n` elements for `method` (a preset's name, or "compose" for

@@ -8,6 +8,7 @@
 #include <torch/extension.h>
 
 #include <gradcomp/detail/collective_checks.hpp>
+#include <gradcomp/detail/state_io.hpp>
 
 #include <cstdint>
 #include <cstring>
@@ -71,7 +72,7 @@ class compressor_handle {
       c_ = gradcomp_py::make_cuda(static_cast<std::size_t>(numel), method, o, index);
       order_ = std::make_unique<gc::backend::stream_order>(index);
 #else
-      invalid("Compressor: this build of gradcomp has no CUDA support (built against a CPU-only torch)");
+      invalid("Compressor: this build of gradcomp has no CUDA support (gradcomp._build.NO_CUDA says why)");
 #endif
     } else {
       invalid("Compressor: device must be cpu or cuda, got ", device);
@@ -164,6 +165,30 @@ class compressor_handle {
     exclusive([&] { on_own_stream([&] { c_->load_state(bytes); }); });
   }
   std::size_t state_arrays() const { return c_->state_arrays(); }
+  /// Makes `arrays` (state_arrays() float32 tensors of numel elements) the corrector's
+  /// memory and `step` the step, keeping the density and the selector's state (the DDP
+  /// hook's move of each parameter's memory into the buckets DDP regrouped it into).
+  /// \throws gradcomp::error (invalid_argument) for arrays of another number, type or
+  ///         size, (corrupt_message) for a non-finite value; nothing changes then.
+  void load_memory(std::uint64_t step, const std::vector<torch::Tensor>& arrays) {
+    if (arrays.size() != c_->state_arrays()) {
+      invalid("load_memory: ", arrays.size(), " arrays given, the corrector keeps ", c_->state_arrays());
+    }
+    std::vector<torch::Tensor> host;
+    for (std::size_t a = 0; a < arrays.size(); ++a) {
+      check_tensor("load_memory", "an array", arrays[a], torch::kFloat, arrays[a].device(), numel());
+      host.push_back(values_of(arrays[a]).to(torch::kCPU).contiguous());
+    }
+    std::vector<std::span<const float>> values;
+    for (const auto& h : host) values.emplace_back(h.data_ptr<float>(), static_cast<std::size_t>(h.numel()));
+    exclusive([&] {
+      on_own_stream([&] {
+        const std::string own = c_->save_state();
+        c_->load_state(gc::detail::restated(std::as_bytes(std::span(own.data(), own.size())), c_->signature(),
+                                            c_->size(), step, values));
+      });
+    });
+  }
   torch::Tensor corrector_state(std::size_t a) {
     return exclusive([&] {
       std::vector<float> s;
@@ -173,13 +198,14 @@ class compressor_handle {
   }
 
   /// Stages one step of `grad` (a DDP bucket of this compressor's size, checked, `who`
-  /// naming the call) and returns its message in host memory; accept_staged() makes the
-  /// step current (the DDP hook's exchange: ddp_steps.hpp).
-  std::vector<std::byte> stage_to_host(const torch::Tensor& grad, const char* who) {
+  /// naming the call) and returns its message in host memory, its entries in `entries`;
+  /// accept_staged() makes the step current (the DDP hook's exchange: ddp_steps.hpp).
+  std::vector<std::byte> stage_to_host(const torch::Tensor& grad, const char* who, std::size_t& entries) {
     return exclusive([&] {
       const auto type = check_gradient(who, "the bucket", grad, device_, numel());
       torch::Tensor out = message_buffer();
       const written w = run(values_of(grad), type, out, true);
+      entries = w.count;
       const torch::Tensor bytes = out.narrow(0, 0, static_cast<std::int64_t>(w.bytes)).to(torch::kCPU).contiguous();
       const auto* first = reinterpret_cast<const std::byte*>(bytes.data_ptr<std::uint8_t>());
       return std::vector<std::byte>(first, first + w.bytes);
@@ -259,8 +285,12 @@ class cyclic_handle {
 
   /// Bytes this rank has put into the exchange's collectives.
   std::uint64_t bytes_sent() const { return *sent_; }
+  /// Bytes the exchange's collectives delivered to this rank.
+  std::uint64_t bytes_received() const { return *received_; }
   /// Collectives the exchange has issued.
   std::uint64_t collectives() const { return *issued_; }
+  /// Entries of this rank's message in the last step.
+  std::uint64_t entries() const { return entries_; }
 
   torch::Tensor step(const torch::Tensor& grad_in, torch::Tensor& dense, double scale) {
     // Sizes are the compressor's to check, inside the exchange (every rank alike).
@@ -276,18 +306,25 @@ class cyclic_handle {
                      static_cast<float>(scale), reinterpret_cast<std::byte*>(out.data_ptr<std::uint8_t>()),
                      static_cast<std::size_t>(out.numel()));
       });
+      entries_ = w.count;
       return compressor_handle::compact(out, w.bytes);
     });
   }
 
  private:
   cyclic_handle(compressor_handle& c, gradcomp_py::transport t, double leader_density)
-      : c_(c), sent_(t.sent), issued_(t.issued), x_(c.impl().cyclic(std::move(t), leader_density)) {}
+      : c_(c),
+        sent_(t.sent),
+        received_(t.received),
+        issued_(t.issued),
+        x_(c.impl().cyclic(std::move(t), leader_density)) {}
 
   compressor_handle& c_;
   std::shared_ptr<std::uint64_t> sent_;
+  std::shared_ptr<std::uint64_t> received_;
   std::shared_ptr<std::uint64_t> issued_;
   std::unique_ptr<gradcomp_py::cyclic_exchange> x_;
+  std::uint64_t entries_ = 0;
 };
 
 /// Ok-Topk's global top-k over a process group with one CPU compressor
@@ -299,8 +336,14 @@ class sparse_handle {
 
   /// Bytes this rank has put into the exchange's collectives.
   std::uint64_t bytes_sent() const { return *sent_; }
+  /// Bytes the exchange's collectives delivered to this rank.
+  std::uint64_t bytes_received() const { return *received_; }
   /// Collectives the exchange has issued.
   std::uint64_t collectives() const { return *issued_; }
+  /// Entries of this rank's message in the last step.
+  std::uint64_t entries() {
+    return c_.exclusive([&] { return x_->entries(); });
+  }
   /// The global selection's size.
   std::size_t k() {
     return c_.exclusive([&] { return x_->k(); });
@@ -346,10 +389,11 @@ class sparse_handle {
 
  private:
   sparse_handle(compressor_handle& c, gradcomp_py::transport t, std::size_t k)
-      : c_(c), sent_(t.sent), issued_(t.issued), x_(c.impl().sparse(std::move(t), k)) {}
+      : c_(c), sent_(t.sent), received_(t.received), issued_(t.issued), x_(c.impl().sparse(std::move(t), k)) {}
 
   compressor_handle& c_;
   std::shared_ptr<std::uint64_t> sent_;
+  std::shared_ptr<std::uint64_t> received_;
   std::shared_ptr<std::uint64_t> issued_;
   std::unique_ptr<gradcomp_py::sparse_exchange> x_;
 };

@@ -227,6 +227,7 @@ class sparse_exchange_of final : public sparse_exchange {
   }
   void drop() noexcept override { exchange_.drop_staged(); }
   [[nodiscard]] std::size_t k() const override { return exchange_.k(); }
+  [[nodiscard]] std::uint64_t entries() const override { return exchange_.last_traffic().entries; }
 
  private:
   transport_comm<backend_type> comm_;

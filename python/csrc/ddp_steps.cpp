@@ -12,8 +12,11 @@
 #include <omp.h>
 #endif
 
+#include <chrono>
+#include <cmath>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <optional>
 #include <string_view>
 #include <utility>
@@ -44,6 +47,29 @@ void agree_on(transport& t, const std::vector<gc::detail::setting>& settings, co
   });
 }
 
+using clock = std::chrono::steady_clock;
+
+double seconds_since(clock::time_point start) { return std::chrono::duration<double>(clock::now() - start).count(); }
+
+/// Whether `failure` is a gradcomp::error of code non_finite.
+bool is_non_finite(const std::exception_ptr& failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const gc::error& e) {
+    return e.code() == gc::errc::non_finite;
+  } catch (...) {
+    return false;
+  }
+}
+
+/// Logs `text` at WARNING under Python's "gradcomp" logger (the caller holds the GIL).
+void warn(const std::string& text) {
+  try {
+    py::module_::import("logging").attr("getLogger")("gradcomp").attr("warning")(text);
+  } catch (const py::error_already_set&) {  // the interpreter is going: nothing to log to
+  }
+}
+
 /// `mean` (float32) in the dtype of `bucket`.
 torch::Tensor in_dtype_of(const torch::Tensor& bucket, const torch::Tensor& mean) {
   return bucket.scalar_type() == torch::kFloat ? mean : mean.to(bucket.scalar_type());
@@ -51,9 +77,34 @@ torch::Tensor in_dtype_of(const torch::Tensor& bucket, const torch::Tensor& mean
 
 }  // namespace
 
-hook_steps::hook_steps(const py::object& group) : group_(group_of(group)), worker_(ordered_worker::of(group_.get())) {}
+hook_counts& hook_counts::operator+=(const hook_counts& o) {
+  fields([](const char*, auto& mine, const auto& theirs) { mine += theirs; }, *this, o);
+  return *this;
+}
 
-py::object hook_steps::submit(const torch::Tensor& bucket_in, bool last, work job) {
+py::dict hook_counts::to_dict() const {
+  py::dict d;
+  fields([&](const char* name, const auto& value) { d[name] = value; }, *this);
+  return d;
+}
+
+hook_steps::hook_steps(const py::object& group, const py::object& ddp_group, bool skip_non_finite)
+    : group_(group_of(group)),
+      ddp_group_(group_of(ddp_group)),
+      worker_(ordered_worker::of(group_.get())),
+      skip_non_finite_(skip_non_finite) {}
+
+hook_counts hook_steps::totals() const {
+  const std::lock_guard<std::mutex> lock(shared_->lock);
+  return shared_->totals;
+}
+
+hook_counts hook_steps::last_step() const {
+  const std::lock_guard<std::mutex> lock(shared_->lock);
+  return shared_->last;
+}
+
+py::object hook_steps::submit(const torch::Tensor& bucket_in, bool last, bool compressed, work job) {
   // A tensor of our own over the bucket's memory: a tensor that has had a Python object
   // needs the GIL where its last reference goes, and the job drops this one off the
   // Python thread.
@@ -67,73 +118,127 @@ py::object hook_steps::submit(const torch::Tensor& bucket_in, bool last, work jo
   }
   auto future = c10::make_intrusive<c10::ivalue::Future>(c10::PyObjectType::get(), devices);
   const int threads = at::get_num_threads();  // the caller's, not the worker's default
-  worker_->submit(
-      [group = group_, state = shared_, future, bucket, stream, threads, last, job = std::move(job)]() mutable {
+  const bool skip_non_finite = skip_non_finite_;
+  worker_->submit([group = group_, state = shared_, future, bucket, stream, threads, last, compressed, skip_non_finite,
+                   job = std::move(job)]() mutable {
 #if defined(_OPENMP)
-        omp_set_num_threads(threads);
+    omp_set_num_threads(threads);
 #else
-        (void)threads;
+    (void)threads;
 #endif
-        torch::Tensor result;
-        std::exception_ptr failure;
-        {
-          std::optional<c10::StreamGuard> on_stream;
-          if (stream) on_stream.emplace(*stream);
-          transport t = transport_of(group, torch::kCPU, nullptr);
-          try {
-            result = job(t, bucket);
-          } catch (...) {
-            failure = std::current_exception();
-          }
-          state->bytes += *t.sent;
-          state->collectives += *t.issued;
+    torch::Tensor result;
+    std::exception_ptr failure;
+    hook_counts counts;
+    counts.buckets = 1;
+    counts.compressed = compressed ? 1 : 0;
+    counts.elements = static_cast<std::uint64_t>(bucket.numel());
+    const auto ranks = static_cast<std::uint64_t>(group->getSize());
+    counts.dense_bytes = 2 * (ranks - 1) * static_cast<std::uint64_t>(bucket.numel() * bucket.element_size()) / ranks;
+    {
+      std::optional<c10::StreamGuard> on_stream;
+      if (stream) on_stream.emplace(*stream);
+      transport t = transport_of(group, torch::kCPU, nullptr);
+      const auto start = clock::now();
+      try {
+        result = job(t, bucket, counts);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      counts.exchange_seconds = std::max(0.0, seconds_since(start) - counts.compress_seconds);
+      counts.bytes_sent = *t.sent;
+      counts.bytes_received = *t.received;
+      counts.collectives = *t.issued;
+    }
+    // A value that is not finite, with skip_non_finite: every rank heard of it in the
+    // exchange and returns NaN for this bucket (GradScaler skips the step); the step's
+    // memory stays as it was, as for any failure.
+    const bool skipped = failure && skip_non_finite && is_non_finite(failure);
+    std::string skipped_text;
+    if (skipped) {
+      try {
+        std::rethrow_exception(failure);
+      } catch (const std::exception& e) {
+        skipped_text = e.what();
+      }
+      result = torch::full_like(bucket, std::numeric_limits<double>::quiet_NaN());
+      failure = nullptr;
+    }
+    if (failure || skipped) counts.refused = 1;
+    state->step_failed = state->step_failed || failure != nullptr || skipped;
+    if (last) {  // the step's end: its staged buckets are accepted together, or none is
+      try {
+        if (!state->step_failed) {
+          for (const auto& accept : state->staged) accept();
         }
-        state->step_failed = state->step_failed || failure != nullptr;
-        if (last) {  // the step's end: its staged buckets are accepted together, or none is
-          try {
-            if (!state->step_failed) {
-              for (const auto& accept : state->staged) accept();
-            }
-          } catch (...) {
-            if (!failure) failure = std::current_exception();
-          }
-          state->staged.clear();
-          state->step_failed = false;
-        }
-        // Everything the job holds goes before the Future completes: once it has, the
-        // training script may run to its end, and a reference dropped here after the
-        // interpreter has finalized would need the GIL, which this thread cannot take then.
-        job = nullptr;
-        bucket = torch::Tensor();
-        group.reset();
-        state.reset();
-        if (failure) {
-          future->setError(failure);
-          future.reset();
-          return;
-        }
-        // DDP (torch 1.13) takes the hook's result as a Python object. It is made, the Future
-        // completed and this thread's reference to it dropped under the GIL, so that whichever
-        // reference goes last, no Python object is released without the GIL.
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+      state->staged.clear();
+      state->step_failed = false;
+    }
+    {
+      const std::lock_guard<std::mutex> lock(state->lock);
+      state->step += counts;
+      if (last) {
+        state->step.steps = 1;
+        state->last = state->step;
+        state->totals += state->step;
+        state->step = hook_counts{};
+      }
+    }
+    // Everything the job holds goes before the Future completes: once it has, the
+    // training script may run to its end, and a reference dropped here after the
+    // interpreter has finalized would need the GIL, which this thread cannot take then.
+    job = nullptr;
+    bucket = torch::Tensor();
+    group.reset();
+    state.reset();
+    if (failure) {
+      {
         const py::gil_scoped_acquire python;
-        c10::IValue value = torch::jit::toIValue(py::cast(result), c10::PyObjectType::get());
-        result = torch::Tensor();
-        future->markCompleted(std::move(value));
-        future.reset();
-      });
+        try {
+          std::rethrow_exception(failure);
+        } catch (const std::exception& e) {
+          warn(std::string("ddp hook: a step was refused, no bucket's memory changed: ") + e.what());
+        } catch (...) {
+        }
+      }
+      future->setError(failure);
+      future.reset();
+      return;
+    }
+    // DDP (torch 1.13) takes the hook's result as a Python object. It is made, the Future
+    // completed and this thread's reference to it dropped under the GIL, so that whichever
+    // reference goes last, no Python object is released without the GIL.
+    const py::gil_scoped_acquire python;
+    if (skipped) warn("ddp hook: a value that is not finite, returned as NaN (skip_non_finite): " + skipped_text);
+    c10::IValue value = torch::jit::toIValue(py::cast(result), c10::PyObjectType::get());
+    result = torch::Tensor();
+    future->markCompleted(std::move(value));
+    future.reset();
+  });
   return py::cast(std::make_shared<torch::jit::PythonFutureWrapper>(future));
 }
 
-py::object hook_steps::dense(const torch::Tensor& bucket, const std::vector<named_value>& settings, bool last) {
-  return submit(bucket, last, [pg = group_, settings = settings_of(settings)](transport& t, const torch::Tensor& b) {
-    agree_on(t, settings, std::nullopt);
-    b.div_(pg->getSize());
-    std::vector<at::Tensor> tensors{b};
-    pg->allreduce(tensors)->wait();
-    *t.sent += static_cast<std::uint64_t>(b.numel() * b.element_size());
-    ++*t.issued;
-    return b;
-  });
+py::object hook_steps::dense(const torch::Tensor& bucket, const std::vector<named_value>& settings,
+                             const reported_error& error, bool last) {
+  return submit(bucket, last, false,
+                [pg = group_, settings = settings_of(settings), error](transport& t, const torch::Tensor& b,
+                                                                       hook_counts& counts) {
+                  agree_on(t, settings, error);
+                  counts.entries = static_cast<std::uint64_t>(b.numel());  // a dense step sends every element
+                  // gloo sums no bfloat16 (torch 1.13): through float32, rounded once on the way back.
+                  const bool widen = b.scalar_type() == torch::kBFloat16 && pg->getBackendName() != "nccl";
+                  torch::Tensor sum = widen ? b.to(torch::kFloat) : b;
+                  sum.div_(pg->getSize());
+                  std::vector<at::Tensor> tensors{sum};
+                  pg->allreduce(tensors)->wait();
+                  if (widen) b.copy_(sum);
+                  *t.sent += static_cast<std::uint64_t>(sum.numel() * sum.element_size());
+                  *t.received += static_cast<std::uint64_t>(sum.numel() * sum.element_size());
+                  ++*t.issued;
+                  return b;
+                });
 }
 
 py::object hook_steps::compressed(std::int64_t index, std::shared_ptr<compressor_handle> c,
@@ -142,72 +247,86 @@ py::object hook_steps::compressed(std::int64_t index, std::shared_ptr<compressor
                                   std::shared_ptr<sparse_handle> sparse, bool is_sparse) {
   std::vector<gc::detail::setting> shared = settings_of(settings);
   if (is_sparse) {
-    return submit(bucket, last, [state = shared_, shared, sparse, error](transport& t, const torch::Tensor& b) {
-      agree_on(t, shared, error);  // a rank without its exchange has an error here
-      if (!sparse) invalid(who, ": no sparse_allreduce for this bucket");
-      const torch::Tensor flat = b.to(torch::kFloat).contiguous();
-      torch::Tensor mean = torch::zeros({flat.numel()}, flat.options());
-      // The exchange's bytes and collectives go to the hook's counts however it ends.
-      struct counted {
-        transport& t;
-        sparse_handle& x;
-        std::uint64_t sent = x.bytes_sent(), issued = x.collectives();
-        ~counted() {
-          *t.sent += x.bytes_sent() - sent;
-          *t.issued += x.collectives() - issued;
-        }
-      } count{t, *sparse};
-      sparse->stage(flat, mean, 1.0 / t.size);
-      state->staged.push_back([sparse] { sparse->accept(); });
-      return in_dtype_of(b, mean);
-    });
+    return submit(bucket, last, true,
+                  [state = shared_, shared, sparse, error](transport& t, const torch::Tensor& b, hook_counts& counts) {
+                    agree_on(t, shared, error);  // a rank without its exchange has an error here
+                    if (!sparse) invalid(who, ": no sparse_allreduce for this bucket");
+                    const torch::Tensor flat = b.to(torch::kFloat).contiguous();
+                    torch::Tensor mean = torch::zeros({flat.numel()}, flat.options());
+                    // The exchange's bytes and collectives go to the hook's counts however it ends.
+                    struct counted {
+                      transport& t;
+                      sparse_handle& x;
+                      std::uint64_t sent = x.bytes_sent(), received = x.bytes_received(), issued = x.collectives();
+                      ~counted() {
+                        *t.sent += x.bytes_sent() - sent;
+                        *t.received += x.bytes_received() - received;
+                        *t.issued += x.collectives() - issued;
+                      }
+                    } count{t, *sparse};
+                    sparse->stage(flat, mean, 1.0 / t.size);
+                    counts.entries = sparse->entries();
+                    state->staged.push_back([sparse] { sparse->accept(); });
+                    return in_dtype_of(b, mean);
+                  });
   }
   if (is_cyclic) {
-    return submit(bucket, last, [shared, c, cyclic, error](transport& t, const torch::Tensor& b) {
-      agree_on(t, shared, error);
-      const torch::Tensor flat = b.to(torch::kFloat);
-      torch::Tensor mean = torch::zeros({flat.numel()}, flat.options());
-      const std::uint64_t sent = cyclic->bytes_sent();
-      const std::uint64_t issued = cyclic->collectives();
-      cyclic->step(flat, mean, 1.0 / t.size);
-      *t.sent += cyclic->bytes_sent() - sent;
-      *t.issued += cyclic->collectives() - issued;
-      return in_dtype_of(b, mean);
-    });
+    return submit(bucket, last, true,
+                  [shared, c, cyclic, error](transport& t, const torch::Tensor& b, hook_counts& counts) {
+                    agree_on(t, shared, error);
+                    const torch::Tensor flat = b.to(torch::kFloat);
+                    torch::Tensor mean = torch::zeros({flat.numel()}, flat.options());
+                    const std::uint64_t sent = cyclic->bytes_sent();
+                    const std::uint64_t received = cyclic->bytes_received();
+                    const std::uint64_t issued = cyclic->collectives();
+                    cyclic->step(flat, mean, 1.0 / t.size);
+                    counts.entries = cyclic->entries();
+                    *t.sent += cyclic->bytes_sent() - sent;
+                    *t.received += cyclic->bytes_received() - received;
+                    *t.issued += cyclic->collectives() - issued;
+                    return in_dtype_of(b, mean);
+                  });
   }
   if (c) shared.emplace_back("the policies", c->signature());
-  return submit(bucket, last, [state = shared_, index, shared, c, error](transport& t, const torch::Tensor& b) {
-    // float32, float16 and bfloat16 buckets are compressed as they are (widened exactly
-    // inside); any other dtype through a float32 copy.
-    const bool native =
-        b.scalar_type() == torch::kFloat || b.scalar_type() == torch::kHalf || b.scalar_type() == torch::kBFloat16;
-    const torch::Tensor flat = native ? b : b.to(torch::kFloat);
-    torch::Tensor mean = torch::zeros({flat.numel()}, flat.options().dtype(torch::kFloat));
-    const std::uint64_t capacity = c ? c->capacity() : 0;
-    const auto scale = static_cast<float>(1.0 / t.size);
-    std::size_t& bound = state->bounds[index];
-    const std::uint64_t longest = gather_bucket(
-        t, who, shared, bound, capacity,
-        [&] {
-          rethrow(error);
-          if (!c) invalid(who, ": no compressor for bucket ", index);
-          return c->stage_to_host(flat, who);
-        },
-        [&](std::span<const std::byte> message, std::size_t rank) {
-          const torch::Tensor bytes = torch::from_blob(const_cast<std::byte*>(message.data()),
-                                                       {static_cast<std::int64_t>(message.size())}, torch::kUInt8)
-                                          .to(mean.device());
-          try {
-            add_message(bytes, mean, scale);
-          } catch (const gc::error& e) {
-            gc::detail::fail(e.code(), std::string_view(e.what()).substr(std::strlen("gradcomp: ")),
-                             " (the message of rank ", rank, " of ", t.size, ")");
-          }
-        });
-    bound = next_bound(longest, capacity);
-    state->staged.push_back([c] { c->accept_staged(); });
-    return in_dtype_of(b, mean);
-  });
+  return submit(bucket, last, true,
+                [state = shared_, index, shared, c, error](transport& t, const torch::Tensor& b, hook_counts& counts) {
+                  // float32, float16 and bfloat16 buckets are compressed as they are (widened
+                  // exactly inside); any other dtype through a float32 copy.
+                  const bool native = b.scalar_type() == torch::kFloat || b.scalar_type() == torch::kHalf ||
+                                      b.scalar_type() == torch::kBFloat16;
+                  const torch::Tensor flat = native ? b : b.to(torch::kFloat);
+                  torch::Tensor mean = torch::zeros({flat.numel()}, flat.options().dtype(torch::kFloat));
+                  const std::uint64_t capacity = c ? c->capacity() : 0;
+                  const auto scale = static_cast<float>(1.0 / t.size);
+                  std::size_t& bound = state->bounds[index];
+                  const std::uint64_t longest = gather_bucket(
+                      t, who, shared, bound, capacity,
+                      [&] {
+                        rethrow(error);
+                        if (!c) invalid(who, ": no compressor for bucket ", index);
+                        const auto start = clock::now();
+                        std::size_t entries = 0;
+                        auto message = c->stage_to_host(flat, who, entries);
+                        counts.compress_seconds = seconds_since(start);
+                        counts.entries = entries;
+                        return message;
+                      },
+                      [&](std::span<const std::byte> message, std::size_t rank) {
+                        const torch::Tensor bytes =
+                            torch::from_blob(const_cast<std::byte*>(message.data()),
+                                             {static_cast<std::int64_t>(message.size())}, torch::kUInt8)
+                                .to(mean.device());
+                        try {
+                          add_message(bytes, mean, scale);
+                        } catch (const gc::error& e) {
+                          gc::detail::fail(e.code(), std::string_view(e.what()).substr(std::strlen("gradcomp: ")),
+                                           " (the message of rank ", rank, " of ", t.size, ")");
+                        }
+                      });
+                  bound = next_bound(longest, capacity);
+                  state->staged.push_back([c] { c->accept_staged(); });
+                  return in_dtype_of(b, mean);
+                });
 }
 
 }  // namespace gradcomp_py

@@ -10,11 +10,11 @@
 
 #include <torch/extension.h>
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -24,20 +24,66 @@
 
 namespace gradcomp_py {
 
+/// What the hook's jobs moved and spent, summed over buckets (State.stats()).
+struct hook_counts {
+  std::uint64_t steps = 0;           ///< steps completed (their last bucket done)
+  std::uint64_t buckets = 0;         ///< buckets exchanged
+  std::uint64_t compressed = 0;      ///< of which compressed (the others all-reduced densely)
+  std::uint64_t elements = 0;        ///< gradient elements in those buckets
+  std::uint64_t entries = 0;         ///< entries of this rank's messages (compressed buckets)
+  std::uint64_t bytes_sent = 0;      ///< bytes this rank put into the collectives
+  std::uint64_t bytes_received = 0;  ///< bytes the collectives delivered to it
+  std::uint64_t dense_bytes = 0;     ///< what a ring all-reduce of the same buckets sends per rank
+  std::uint64_t collectives = 0;     ///< collectives issued
+  std::uint64_t refused = 0;         ///< buckets whose step failed (an error, or skipped non-finite values)
+  double compress_seconds = 0;       ///< compressing (the all-gather aggregation's own step)
+  double exchange_seconds = 0;       ///< the rest of the jobs: agreement, collectives, decoding
+
+  hook_counts& operator+=(const hook_counts& o);
+  /// The counts by the names State.stats() gives them.
+  [[nodiscard]] pybind11::dict to_dict() const;
+
+  /// Calls `f(name, counts.field...)` for every field of every one of `counts` (the sum
+  /// and the names read the one list).
+  template <class F, class... Counts>
+  static void fields(F&& f, Counts&... counts) {
+    f("steps", counts.steps...);
+    f("buckets", counts.buckets...);
+    f("compressed_buckets", counts.compressed...);
+    f("elements", counts.elements...);
+    f("entries_sent", counts.entries...);
+    f("bytes_sent", counts.bytes_sent...);
+    f("bytes_received", counts.bytes_received...);
+    f("dense_allreduce_bytes", counts.dense_bytes...);
+    f("collectives", counts.collectives...);
+    f("refused_buckets", counts.refused...);
+    f("compress_seconds", counts.compress_seconds...);
+    f("exchange_seconds", counts.exchange_seconds...);
+  }
+};
+
 class hook_steps {
  public:
-  /// The steps of one hook state over `group` (a torch.distributed ProcessGroup).
-  explicit hook_steps(const pybind11::object& group);
+  /// The steps of one hook state over `group` (a torch.distributed ProcessGroup: the
+  /// hook's own) for a DDP over `ddp_group`, which the steps only hold: its last
+  /// reference, released with the GIL held, would join gloo's threads while one of them
+  /// may wait for the GIL to release a tensor of DDP's (process_group.hpp), and a hook
+  /// state often outlives DDP's reducer. With `skip_non_finite`, a NaN or infinity in a
+  /// bucket on any rank makes that bucket's result NaN on every rank (torch's GradScaler
+  /// then skips the step) instead of raising; either way the step changes no memory.
+  hook_steps(const pybind11::object& group, const pybind11::object& ddp_group, bool skip_non_finite);
 
-  /// A dense warm-up step: the ranks agree on `settings`, then `bucket` is divided by the
-  /// world size and all-reduced in place (torch's allreduce_hook). Returns the Future.
-  pybind11::object dense(const torch::Tensor& bucket, const std::vector<named_value>& settings, bool last);
+  /// A dense step (the warm-up): the ranks agree on `settings` (and hear of `error`, this
+  /// rank's, if any), then `bucket` is divided by the world size and all-reduced in place
+  /// (torch's allreduce_hook; bfloat16 through float32 where the backend is not NCCL).
+  pybind11::object dense(const torch::Tensor& bucket, const std::vector<named_value>& settings,
+                         const reported_error& error, bool last);
 
   /// A compressed step of bucket `index`: with `cyclic` (ScaleCom's exchange, when
   /// `is_cyclic`) two agreements and its broadcast and reduce; with `sparse` (Ok-Topk's
-  /// global top-k, when `is_sparse`) an agreement on the hook's settings, then comm::sparse_allreduce, the
-  /// commit staged like the others'; otherwise `c` stages its step
-  /// and the messages are gathered in one all-gather padded to the bucket's bound
+  /// global top-k, when `is_sparse`) an agreement on the hook's settings, then
+  /// comm::sparse_allreduce, the commit staged like the others'; otherwise `c` stages its
+  /// step and the messages are gathered in one all-gather padded to the bucket's bound
   /// (bucket_gather.hpp). `error`: what this rank met before (then `c` may be None), told
   /// to every rank in the exchange. The Future's value is the mean of the ranks' messages,
   /// in the bucket's dtype; its error, the same gradcomp::error on every rank.
@@ -46,28 +92,33 @@ class hook_steps {
                               const std::vector<named_value>& settings, const reported_error& error, bool last,
                               std::shared_ptr<sparse_handle> sparse, bool is_sparse);
 
-  /// Bytes this rank has put into the steps' collectives (read at any time).
-  [[nodiscard]] std::uint64_t bytes_sent() const { return shared_->bytes.load(); }
-  /// Collectives the steps have issued (read at any time).
-  [[nodiscard]] std::uint64_t collectives() const { return shared_->collectives.load(); }
+  /// Every step's counts, summed (read at any time).
+  [[nodiscard]] hook_counts totals() const;
+  /// The last completed step's counts.
+  [[nodiscard]] hook_counts last_step() const;
 
  private:
-  /// What the jobs keep between them (touched by the worker's thread only, but `bytes`).
+  /// What the jobs keep between them (touched by the worker's thread; the counts also
+  /// read by Python's, under `lock`).
   struct shared {
     std::map<std::int64_t, std::size_t> bounds;  // each bucket's frame bound
     std::vector<std::function<void()>> staged;   // this step's staged buckets' accepts
     bool step_failed = false;
-    std::atomic<std::uint64_t> bytes{0};
-    std::atomic<std::uint64_t> collectives{0};
+    mutable std::mutex lock;
+    hook_counts step, last, totals;
   };
-  using work = std::function<torch::Tensor(transport&, const torch::Tensor& bucket)>;
+  /// A bucket's exchange: returns its result; adds its message's entries and its
+  /// compression's time to `counts`.
+  using work = std::function<torch::Tensor(transport&, const torch::Tensor& bucket, hook_counts& counts)>;
 
   /// Queues `job` for `bucket` and returns its Future.
-  pybind11::object submit(const torch::Tensor& bucket, bool last, work job);
+  pybind11::object submit(const torch::Tensor& bucket, bool last, bool compressed, work job);
 
   group_ptr group_;
+  group_ptr ddp_group_;
   std::shared_ptr<ordered_worker> worker_;
   std::shared_ptr<shared> shared_ = std::make_shared<shared>();
+  bool skip_non_finite_ = false;
 };
 
 }  // namespace gradcomp_py

@@ -90,12 +90,14 @@ PYBIND11_MODULE(_C, m) {
       .def("set_indices", &compressor_handle::set_indices)
       .def("save_state", &compressor_handle::save_state)
       .def("load_state", &compressor_handle::load_state)
-      .def("corrector_state", &compressor_handle::corrector_state);
+      .def("corrector_state", &compressor_handle::corrector_state)
+      .def("load_memory", &compressor_handle::load_memory, py::arg("step"), py::arg("arrays"));
 
   py::class_<cyclic_handle, std::shared_ptr<cyclic_handle>>(m, "CyclicExchange")
       .def(py::init<compressor_handle&, const py::object&, double>(), py::keep_alive<1, 2>())
       .def("step", &cyclic_handle::step)
-      .def_property_readonly("bytes_sent", &cyclic_handle::bytes_sent);
+      .def_property_readonly("bytes_sent", &cyclic_handle::bytes_sent)
+      .def_property_readonly("bytes_received", &cyclic_handle::bytes_received);
 
   py::class_<sparse_handle, std::shared_ptr<sparse_handle>>(m, "SparseAllreduce")
       .def(py::init<compressor_handle&, const py::object&, std::size_t>(), py::keep_alive<1, 2>())
@@ -103,16 +105,20 @@ PYBIND11_MODULE(_C, m) {
       .def("reduce_scatter", &sparse_handle::reduce_scatter)
       .def_property_readonly("collectives", &sparse_handle::collectives)
       .def_property_readonly("k", &sparse_handle::k)
-      .def_property_readonly("bytes_sent", &sparse_handle::bytes_sent);
+      .def_property_readonly("entries", &sparse_handle::entries)
+      .def_property_readonly("bytes_sent", &sparse_handle::bytes_sent)
+      .def_property_readonly("bytes_received", &sparse_handle::bytes_received);
 
   py::class_<gradcomp_py::hook_steps>(m, "HookSteps")
-      .def(py::init<const py::object&>(), py::arg("group"))
-      .def("dense", &gradcomp_py::hook_steps::dense, py::arg("bucket"), py::arg("settings"), py::arg("last"))
+      .def(py::init<const py::object&, const py::object&, bool>(), py::arg("group"), py::arg("ddp_group"),
+           py::arg("skip_non_finite") = false)
+      .def("dense", &gradcomp_py::hook_steps::dense, py::arg("bucket"), py::arg("settings"), py::arg("error"),
+           py::arg("last"))
       .def("compressed", &gradcomp_py::hook_steps::compressed, py::arg("index"), py::arg("compressor"),
            py::arg("cyclic"), py::arg("is_cyclic"), py::arg("bucket"), py::arg("settings"), py::arg("error"),
            py::arg("last"), py::arg("sparse") = nullptr, py::arg("is_sparse") = false)
-      .def_property_readonly("bytes_sent", &gradcomp_py::hook_steps::bytes_sent)
-      .def_property_readonly("collectives", &gradcomp_py::hook_steps::collectives);
+      .def("totals", [](const gradcomp_py::hook_steps& s) { return s.totals().to_dict(); })
+      .def("last_step", [](const gradcomp_py::hook_steps& s) { return s.last_step().to_dict(); });
 
   m.def("methods", &gradcomp_py::method_names, "The methods a Compressor takes (names.hpp)");
   m.def("decode", &gradcomp_py::decode, py::arg("message"));

@@ -90,8 +90,12 @@ transport transport_of(const group_ptr& pg, const torch::Device& device, void* s
   out.size = pg->getSize();
   const std::shared_ptr<std::uint64_t> sent = out.sent;
   const std::shared_ptr<std::uint64_t> issued = out.issued;
-  out.all_gather = [pg, where, sent, issued](std::span<const std::byte> mine, std::span<std::byte> all) {
+  const std::shared_ptr<std::uint64_t> received = out.received;
+  const auto others = static_cast<std::uint64_t>(out.size - 1);
+  out.all_gather = [pg, where, sent, received, issued, others](std::span<const std::byte> mine,
+                                                               std::span<std::byte> all) {
     *sent += mine.size();
+    *received += others * mine.size();
     ++*issued;
     const auto bytes = static_cast<std::int64_t>(mine.size());
     std::vector<at::Tensor> send{
@@ -112,15 +116,16 @@ transport transport_of(const group_ptr& pg, const torch::Device& device, void* s
     const torch::Tensor host = t.to(torch::kCPU).contiguous();
     if (host.nbytes() != 0) std::memcpy(to, host.data_ptr(), host.nbytes());
   };
-  out.all_gather_v = [pg, to_where, back, sent, issued](std::span<const std::byte> mine,
-                                                        std::span<const std::uint64_t> sizes,
-                                                        std::span<std::byte> all) {
+  out.all_gather_v = [pg, to_where, back, sent, received, issued, others](std::span<const std::byte> mine,
+                                                                          std::span<const std::uint64_t> sizes,
+                                                                          std::span<std::byte> all) {
     // gloo gathers parts of one size: each is padded to the largest, which every rank knows.
     const std::uint64_t longest = sizes.empty() ? 0 : *std::max_element(sizes.begin(), sizes.end());
     const auto width = static_cast<std::int64_t>(std::max<std::uint64_t>(longest, 1));
     std::vector<std::uint8_t> padded(static_cast<std::size_t>(width), 0);
     std::memcpy(padded.data(), mine.data(), mine.size());
     *sent += static_cast<std::uint64_t>(width);
+    *received += others * static_cast<std::uint64_t>(width);
     ++*issued;
     std::vector<at::Tensor> send{to_where(padded.data(), width, torch::kUInt8)};
     std::vector<std::vector<at::Tensor>> parts(1);
@@ -132,9 +137,10 @@ transport transport_of(const group_ptr& pg, const torch::Device& device, void* s
       at += static_cast<std::size_t>(sizes[r]);
     }
   };
-  out.all_to_all = [pg, to_where, back, sent, issued](std::span<const std::uint64_t> mine,
-                                                      std::span<std::uint64_t> theirs) {
+  out.all_to_all = [pg, to_where, back, sent, received, issued, others](std::span<const std::uint64_t> mine,
+                                                                        std::span<std::uint64_t> theirs) {
     *sent += mine.size_bytes();
+    *received += others * sizeof(std::uint64_t);
     ++*issued;
     at::Tensor in = to_where(mine.data(), static_cast<std::int64_t>(mine.size()), torch::kInt64);
     at::Tensor got = torch::empty_like(in);
@@ -142,10 +148,11 @@ transport transport_of(const group_ptr& pg, const torch::Device& device, void* s
     pg->alltoall_base(got, in, even, even)->wait();
     back(got, theirs.data());
   };
-  out.all_to_all_v = [pg, to_where, back, sent, issued](
+  out.all_to_all_v = [pg, to_where, back, sent, received, issued, rank = out.rank](
                          std::span<const std::byte> send, std::span<const std::uint64_t> send_sizes,
                          std::span<std::byte> recv, std::span<const std::uint64_t> recv_sizes) {
     *sent += send.size();
+    *received += recv.size() - recv_sizes[static_cast<std::size_t>(rank)];
     ++*issued;
     at::Tensor in = to_where(send.data(), static_cast<std::int64_t>(send.size()), torch::kUInt8);
     at::Tensor got = torch::empty({static_cast<std::int64_t>(recv.size())}, in.options());
@@ -155,9 +162,10 @@ transport transport_of(const group_ptr& pg, const torch::Device& device, void* s
     back(got, recv.data());
   };
   // gloo sums no unsigned type: int32 where every sum fits it, int64 otherwise.
-  out.all_reduce_sum = [pg, to_where, sent, issued](std::span<std::uint32_t> values, std::uint64_t max_sum) {
+  out.all_reduce_sum = [pg, to_where, sent, received, issued](std::span<std::uint32_t> values, std::uint64_t max_sum) {
     const auto type = max_sum <= static_cast<std::uint64_t>(INT32_MAX) ? torch::kInt32 : torch::kInt64;
     *sent += c10::elementSize(type) * values.size();
+    *received += c10::elementSize(type) * values.size();
     ++*issued;
     std::vector<std::int64_t> wide(values.begin(), values.end());
     std::vector<at::Tensor> tensors{to_where(wide.data(), static_cast<std::int64_t>(wide.size()), torch::kInt64)};
@@ -183,15 +191,17 @@ transport transport_of(const group_ptr& pg, const torch::Device& device, void* s
     o.rootRank = root;
     pg->broadcast(tensors, o)->wait();
   };
-  out.broadcast = [options, sent, run, broadcast](std::span<std::uint32_t> data, int root) {
+  out.broadcast = [options, sent, received, run, broadcast, rank = out.rank](std::span<std::uint32_t> data, int root) {
     if (data.empty()) return;
     *sent += data.size_bytes();
+    if (rank != root) *received += data.size_bytes();
     run(torch::from_blob(data.data(), {static_cast<std::int64_t>(data.size())}, options.dtype(torch::kInt32)),
         [&](std::vector<at::Tensor>& tensors) { broadcast(tensors, root); });
   };
-  out.reduce_broadcast = [pg, options, sent, issued, run, broadcast](std::span<float> values, int root) {
+  out.reduce_broadcast = [pg, options, sent, received, issued, run, broadcast](std::span<float> values, int root) {
     if (values.empty()) return;
     *sent += 2 * values.size_bytes();  // the reduce's input, then the broadcast's
+    *received += values.size_bytes();  // the sum, at the root or from it
     run(torch::from_blob(values.data(), {static_cast<std::int64_t>(values.size())}, options.dtype(torch::kFloat)),
         [&](std::vector<at::Tensor>& tensors) {
           // Summed at the root, then broadcast: every rank holds the same bits.

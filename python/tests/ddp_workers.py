@@ -11,14 +11,24 @@ from gradcomp.torch import Compressor, accumulate, ddp
 
 import reference
 
+_PARAMETERS = {}
+
+
+def parameters_of(index, n):
+    """The one parameter a test bucket of index ``index`` and ``n`` elements holds (the
+    same tensor every time, as DDP's buckets hold the model's parameters)."""
+    return _PARAMETERS.setdefault((index, n), [torch.nn.Parameter(torch.zeros(n))])
+
 
 class Bucket:
-    """What the hook reads of a torch GradBucket."""
+    """What the hook reads of a torch GradBucket; ``params``, the parameters it holds
+    (one of its size when None)."""
 
-    def __init__(self, tensor, index=0, last=True):
+    def __init__(self, tensor, index=0, last=True, params=None):
         self._tensor = tensor
         self._index = index
         self._last = last
+        self._params = parameters_of(index, tensor.numel()) if params is None else params
 
     def buffer(self):
         return self._tensor
@@ -28,6 +38,9 @@ class Bucket:
 
     def is_last(self):
         return self._last
+
+    def parameters(self):
+        return self._params
 
 
 def grad_of(rank, step, n, bucket=0):
@@ -39,9 +52,9 @@ def run_hook(state, rank, step, n, bucket=0, last=True):
     return ddp.hook(state, Bucket(grad_of(rank, step, n, bucket).clone(), bucket, last)).wait()
 
 
-def same_on_all_ranks(t):
-    parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, t)
+def same_on_all_ranks(t, group=None):
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, t, group=group)
     return all(torch.equal(p, t) for p in parts)
 
 
@@ -85,6 +98,14 @@ def check_16_bit_buckets(rank, world):
         cpu = torch.device("cpu")
         assert torch.equal(narrow.compressor(0, n, cpu).state_dict()["state"],
                            wide.compressor(0, n, cpu).state_dict()["state"])
+    # Dense warm-up steps of 16-bit buckets (gloo sums bfloat16 through float32).
+    for dtype in (torch.float16, torch.bfloat16):
+        state = ddp.State(method="topk_ef", density=0.01, start_iter=2)
+        for step in range(2):
+            got = ddp.hook(state, Bucket(grad_of(rank, step, n).to(dtype))).wait()
+            want = sum(grad_of(r, step, n).to(dtype).float() / world for r in range(world))
+            assert got.dtype == dtype and same_on_all_ranks(got.float())
+            torch.testing.assert_close(got.float(), want.to(dtype).float(), rtol=2e-2, atol=1e-2)
 
 
 def check_nan_on_one_rank(rank, world):
@@ -152,7 +173,7 @@ def check_checkpoint_and_bucket_errors(rank, world):
     # A bucket whose size changed, on one rank: every rank raises the same error.
     size = n[0] + (1 if rank == 0 else 0)
     try:
-        ddp.hook(restored, Bucket(grad_of(rank, 9, size), 0)).wait()
+        ddp.hook(restored, Bucket(grad_of(rank, 9, size), 0, params=parameters_of(0, n[0]))).wait()
         raise AssertionError("a bucket of another size was accepted")
     except gradcomp.InvalidArgumentError as e:
         assert str(e) == f"gradcomp: ddp hook: the bucket has 1001 elements, expected 1000 (rank 0 of {world})", str(e)
@@ -370,16 +391,16 @@ def check_cuda_buckets(rank, world):
             torch.testing.assert_close(got.cpu(), want, rtol=1e-6, atol=1e-7)
 
 
-def raises_alike(call, error, text):
-    """``call()`` raises ``error`` with the text ``text`` on this rank, and every rank's
-    text is the same."""
+def raises_alike(call, error, text, within=False):
+    """``call()`` raises ``error`` with the text ``text`` (``within`` a longer one: DDP's
+    backward wraps the hook's error) on this rank, and every rank's text is the same."""
     try:
         call()
     except error as e:
         got = str(e)
     else:
         raise AssertionError(f"no {error.__name__} was raised (expected {text!r})")
-    assert got == text, got
+    assert text in got if within else got == text, got
     texts = [None] * dist.get_world_size()
     dist.all_gather_object(texts, got)
     assert all(t == got for t in texts), texts
@@ -476,12 +497,16 @@ def simulated_mean(compressors, step, n):
 
 def check_every_method(rank, world):
     """Every method runs from DDP (adacomp and threshold_ef have no density) and its
-    aggregate is every rank's message, added in rank order."""
+    aggregate is every rank's message, added in rank order. DGC's clipping shares
+    max_norm among the group's ranks unless ``workers`` is given."""
     n = 2001
-    for method, options in (("adacomp", {}), ("threshold_ef", {"tau": 1.0}), ("randomk_ef", {"density": 0.02}),
-                            ("dgc", {"density": 0.02, "max_norm": 5.0})):
+    for method, options, workers in (("adacomp", {}, None), ("threshold_ef", {"tau": 1.0}, None),
+                                     ("randomk_ef", {"density": 0.02}, None),
+                                     ("dgc", {"density": 0.02, "max_norm": 5.0}, world),
+                                     ("dgc", {"density": 0.02, "max_norm": 5.0, "workers": 1}, 1)):
         state = ddp.State(method=method, start_iter=0, **options)
-        local = [Compressor(n, method, **options) for _ in range(world)]
+        local = [Compressor(n, method, **{**options, **({} if workers is None else {"workers": workers})})
+                 for _ in range(world)]
         for step in range(3):
             assert torch.equal(run_hook(state, rank, step, n), simulated_mean(local, step, n)), (method, step)
 
@@ -512,7 +537,44 @@ def check_schedules(rank, world):
     assert np.count_nonzero(got.numpy()) <= world * reference.k_for(0.01, n)
 
 
+def check_stats(rank, world):
+    """State.stats(): the last step's and every step's figures, against what the steps
+    must have moved: each bucket's k entries, its elements, one all-gather of equal frames
+    per bucket in the steady state (each rank receives the others' frames), and a dense
+    ring all-reduce's 2 (W - 1) / W of the bucket's bytes for the ratio."""
+    sizes, density = [3001, 1000], 0.01
+    state = ddp.State(method="topk_ef", density=density, start_iter=1)
+    assert state.stats()["steps"] == 0 and state.stats()["density"] == 0.0
+    for step in range(4):
+        for b, n in enumerate(sizes):
+            run_hook(state, rank, step, n, b, last=b == len(sizes) - 1)
+        last = state.stats()
+        assert last["steps"] == 1 and last["buckets"] == len(sizes) and last["elements"] == sum(sizes)
+        assert last["dense_allreduce_bytes"] == sum(2 * (world - 1) * 4 * n // world for n in sizes)
+        if step == 0:  # dense: every element, an agreement and an all-reduce per bucket
+            assert last["compressed_buckets"] == 0 and last["entries_sent"] == sum(sizes)
+            assert last["collectives"] == 2 * len(sizes)
+            continue
+        assert last["compressed_buckets"] == len(sizes)
+        assert last["entries_sent"] == sum(reference.k_for(density, n) for n in sizes), last
+        assert last["density"] == last["entries_sent"] / last["elements"]
+        assert last["ratio"] == last["dense_allreduce_bytes"] / last["bytes_sent"] > 1
+        assert last["compress_seconds"] > 0 and last["exchange_seconds"] > 0
+        if step >= 2:  # the steady state: one all-gather of equal frames per bucket
+            assert last["collectives"] == len(sizes)
+            assert last["bytes_received"] == (world - 1) * last["bytes_sent"], last
+    total = state.stats(total=True)
+    assert total["steps"] == 4 and total["buckets"] == 4 * len(sizes) and total["refused_buckets"] == 0
+    assert total["bytes_sent"] == state.bytes_sent and total["collectives"] == state.collectives
+    # A refused step counts its buckets as refused.
+    bad = grad_of(rank, 9, sizes[0])
+    bad[0] = float("nan")
+    outcomes_of([ddp.hook(state, Bucket(bad, 0, False)), ddp.hook(state, Bucket(grad_of(rank, 9, sizes[1]), 1, True))])
+    assert state.stats()["refused_buckets"] == 1 and state.stats(total=True)["refused_buckets"] == 1
+
+
 SCENARIOS = {
+    "stats": check_stats,
     "disagree": check_disagreeing_ranks,
     "in-flight": check_buckets_in_flight,
     "scalecom-in-flight": check_scalecom_buckets_in_flight,

@@ -43,6 +43,9 @@ def check_reduce_scatter_against_reference(rank, world):
         np.testing.assert_array_equal(out.numpy(), want)
         np.testing.assert_array_equal(rs.compressor.corrector_state(0).numpy(), e[rank])
     assert rs.bytes_sent > 0 and rs.collectives >= 4 * 4
+    stats = rs.stats()
+    assert stats["calls"] == 4 and stats["elements"] == n and stats["entries_sent"] == k, stats
+    assert stats["density"] == k / n and stats["bytes_received"] > 0 and stats["bytes_sent"] == rs.bytes_sent
     memory = rs.state_dict()["state"].clone()
     bad = grad_of(rank, 9, n)
     if rank == world - 1:

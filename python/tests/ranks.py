@@ -1,6 +1,7 @@
 """Running a test's scenarios on W gloo ranks of this machine (spawned processes), with
 a timeout that fails the test if a rank hangs. Shared by test_ddp.py and test_fsdp.py."""
 import os
+import tempfile
 import time
 
 import pytest
@@ -22,8 +23,10 @@ def run_scenarios(rank, world, init_file, module, names):
 
 
 def spawn(module, world, names, tmp_path, timeout=240):
-    """Runs the scenarios ``names`` of the worker module ``module`` on ``world`` ranks."""
-    context = mp.start_processes(run_scenarios, args=(world, str(tmp_path / "init"), module, names), nprocs=world,
+    """Runs the scenarios ``names`` of the worker module ``module`` on ``world`` ranks
+    (each run rendezvouses in a file of its own: torch 2's FileStore keeps its keys)."""
+    init = tempfile.mktemp(prefix="init-", dir=tmp_path)
+    context = mp.start_processes(run_scenarios, args=(world, init, module, names), nprocs=world,
                                  join=False, start_method="spawn")
     deadline = time.monotonic() + timeout
     while not context.join(timeout=1):

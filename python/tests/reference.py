@@ -17,8 +17,9 @@ def k_for(density, n):
 
 def top_k(x, k):
     """The k entries of largest |x|, ties to the lower index, ascending."""
-    order = sorted(range(len(x)), key=lambda i: (-abs(float(x[i])), i))
-    return np.array(sorted(order[:k]), dtype=np.int64)
+    x = np.asarray(x, dtype=np.float64)
+    order = np.lexsort((np.arange(len(x)), -np.abs(x)))  # by |x| descending, then index
+    return np.sort(order[:k]).astype(np.int64)
 
 
 class TopkErrorFeedback:
@@ -85,14 +86,12 @@ class GlobalTopk:
             self.e[r] = (self.e[r] + g).astype(np.float32)
             idx = top_k(self.e[r], k_rank)
             values = self.e[r][idx].copy()
-            for i, v in zip(idx, values):
-                sums[i] = np.float32(sums[i] + v) if seen[i] else v
-                seen[i] = True
+            sums[idx] = np.where(seen[idx], (sums[idx] + values).astype(np.float32), values)  # in rank order
+            seen[idx] = True
             chosen.append(idx)
             sent.append(values)
         union = np.nonzero(seen)[0]
-        order = sorted(union, key=lambda i: (-abs(float(sums[i])), int(i)))
-        selected = np.array(sorted(order[:k]), dtype=np.int64)
+        selected = union[top_k(sums[union], k)] if len(union) else union
         for r in range(len(grads)):
             kept = np.isin(chosen[r], selected)
             self.e[r][chosen[r][kept]] = (self.e[r][chosen[r][kept]] - sent[r][kept]).astype(np.float32)

@@ -10,7 +10,8 @@ def spawn(world, names, tmp_path):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_hook_against_reference(world, tmp_path):
-    spawn(world, ["topk", "allreduce", "nan", "scalecom", "checkpoint", "16-bit", "methods", "schedules"], tmp_path)
+    spawn(world, ["topk", "allreduce", "nan", "scalecom", "checkpoint", "16-bit", "methods", "schedules", "stats"],
+          tmp_path)
 
 
 @pytest.mark.parametrize("world", [2, 4])

@@ -101,7 +101,18 @@ FREE = [
      "set_density: chunk_local has no density"),
     ("hook(None, bucket)", lambda: ddp.hook(None, None),
      "ddp hook: state must be a gradcomp.torch.ddp.State, got None"),
+    ("State('dgc')", lambda: ddp.State("dgc"), r"State: process_group must be a torch.distributed ProcessGroup or "
+     r"None, got a str \(the method is a keyword: State\(method='dgc'\)\)"),
+    ("State(non_finite='skip')", lambda: ddp.State(non_finite="skip"),
+     "State: non_finite must be 'raise' or 'propagate', got 'skip'"),
 ]
+
+
+@pytest.mark.skipif(gradcomp.torch._C.cuda, reason="this build has the CUDA backend")
+def test_a_cuda_compressor_without_the_cuda_backend_names_why():
+    with pytest.raises(gradcomp.InvalidArgumentError, match="Compressor: device cuda:0 needs gradcomp's CUDA backend, "
+                       "which this build lacks: it was built "):
+        Compressor(10, device="cuda:0")
 
 
 @pytest.mark.parametrize("what,call,text", FREE, ids=[f[0] for f in FREE])

@@ -33,6 +33,7 @@ struct traffic {
   std::uint64_t sent = 0;         ///< bytes this rank handed to the transport
   std::uint64_t received = 0;     ///< bytes delivered to this rank from the others
   std::uint32_t collectives = 0;  ///< collectives this rank took part in
+  std::uint64_t entries = 0;      ///< entries of this rank's own message (its compressor's selection)
 };
 
 /// One entry of a sparse sum on the wire: an index and its float32 value, in the
@@ -276,6 +277,7 @@ class sparse_allreduce {
       detail::message_reader(host_message_).visit([&](std::uint32_t i, float v) { mine_.push_back({i, v}); });
       return 0;
     });
+    traffic_.entries = mine_.size();
     note(detail::rank_verdict::size, (ranks - 1) * detail::rank_verdict::size);
 
     // Region j's entries to rank j (counts first).

@@ -22,6 +22,7 @@
 #include <limits>
 #include <ostream>
 #include <span>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -66,6 +67,27 @@ class state_writer {
     });
   }
   void no_selector_record() { put<std::uint32_t>(0); }
+  /// A selector state record as a state_reader read it (selector_fields()).
+  template <class Field>
+  void selector_fields(std::span<const Field> fields) {
+    put<std::uint32_t>(static_cast<std::uint32_t>(fields.size()));
+    for (const Field& f : fields) {
+      put<std::uint8_t>(f.width);
+      switch (f.width) {
+        case 1:
+          put<std::uint8_t>(static_cast<std::uint8_t>(f.value));
+          break;
+        case 2:
+          put<std::uint16_t>(static_cast<std::uint16_t>(f.value));
+          break;
+        case 4:
+          put<std::uint32_t>(static_cast<std::uint32_t>(f.value));
+          break;
+        default:
+          put<std::uint64_t>(f.value);
+      }
+    }
+  }
 
   void finish(std::ostream& out) {
     put<std::uint32_t>(crc32c(bytes_.data(), bytes_.size()));
@@ -193,6 +215,14 @@ class state_reader {
   }
   [[nodiscard]] std::span<const float> array(std::size_t a) const noexcept { return arrays_[a]; }
 
+  /// One field of the selector's state record, as read.
+  struct field {
+    std::uint8_t width = 0;  ///< bytes; 0: read from a version 1 record (an f64)
+    std::uint64_t value = 0;
+  };
+  /// The selector's state record as read, field by field.
+  [[nodiscard]] std::span<const field> selector_fields() const noexcept { return selector_; }
+
  private:
   template <class T>
   T get() {
@@ -208,10 +238,6 @@ class state_reader {
   std::uint64_t step_ = 0;
   double density_ = 0.0;
   std::vector<std::vector<float>> arrays_;
-  struct field {
-    std::uint8_t width = 0;  // bytes; 0: read from a version 1 record (an f64)
-    std::uint64_t value = 0;
-  };
   std::vector<field> selector_;
 };
 
@@ -245,6 +271,33 @@ void write_state(std::ostream& out, const std::string& signature, std::uint64_t 
     w.no_selector_record();
   }
   w.finish(out);
+}
+
+/// Record `record` (one whole record of a compressor of `signature`, n and
+/// `values.size()` corrector arrays) with its step and its corrector arrays replaced by
+/// `step` and `values` (n floats each): what that compressor would save holding that
+/// memory. The density and the selector's state stay the record's. The DDP hook moves
+/// each parameter's memory into a new compressor this way when DDP regroups the
+/// parameters into other buckets.
+/// \throws gradcomp::error (corrupt_message) for a record that does not match, a
+///         version 1 record, or an array of another size.
+inline std::string restated(std::span<const std::byte> record, const std::string& signature, std::uint64_t n,
+                            std::uint64_t step, std::span<const std::span<const float>> values) {
+  std::istringstream in(std::string(reinterpret_cast<const char*>(record.data()), record.size()));
+  const state_reader r(in, signature, n, values.size(), record.size());
+  state_writer w;
+  w.header(signature, n, step, r.density());
+  for (const auto& a : values) {
+    require(a.size() == n, errc::corrupt_message, "restated: an array of ", a.size(), " elements, expected ", n);
+    w.array(a);
+  }
+  for (const auto& f : r.selector_fields()) {
+    require(f.width != 0, errc::corrupt_message, "restated: a version 1 record");
+  }
+  w.selector_fields(r.selector_fields());
+  std::ostringstream out;
+  w.finish(out);
+  return out.str();
 }
 
 /// The selector that record `r` restores: `current` at the record's density, which must

@@ -8,13 +8,25 @@ methods are the C++ presets (``topk_ef``, ``dgc``, ``adacomp``, ``randomk_ef``,
 options are the C++ policies' fields under the same names. See docs/torch.md.
 """
 
+from __future__ import annotations
+
 import numbers
+from typing import Any, Iterable, Sequence
 
 import torch
 
-from .. import _C
 from .. import _arguments as check
 from ..errors import InvalidArgumentError
+
+try:
+    from .. import _C
+except ImportError as e:  # most often: torch changed since gradcomp was built against it
+    try:
+        from .._build import TORCH as _BUILT_WITH
+    except ImportError:
+        _BUILT_WITH = "an unknown torch"
+    raise ImportError(f"gradcomp's extension does not load ({e}); it was built against torch {_BUILT_WITH}, this is "
+                      f"torch {torch.__version__}: reinstall gradcomp (pip install --no-build-isolation .)") from e
 
 __all__ = ["Compressor", "decode", "accumulate", "Warmup", "ratio_plan", "METHODS"]
 
@@ -65,46 +77,50 @@ class Compressor:
     an option out of its range.
     """
 
-    def __init__(self, numel, method="topk_ef", *, device="cpu", **options):
+    def __init__(self, numel: int, method: str = "topk_ef", *, device: str | torch.device = "cpu",
+                 **options: bool | int | float | str | dict) -> None:
         numel = check.integer("Compressor", "numel", numel, 1, 2**32 - 1)
         self.method = check.text("Compressor", "method", method)
         self._options = dict(options)
         device = check.device("Compressor", device)
+        if device.type == "cuda" and not _C.cuda:
+            check.fail("Compressor", f"device {device} needs gradcomp's CUDA backend, which this build lacks: "
+                       f"{_no_cuda()}")
         if device.type == "cuda" and torch.cuda.is_available():
             torch.cuda.init()  # torch 2 starts its caching allocator, which holds the state, lazily
         self._impl = _C.Compressor(numel, method, _flatten(options), device)
 
     @property
-    def numel(self):
+    def numel(self) -> int:
         """Elements of the tensor."""
         return self._impl.numel
 
     @property
-    def device(self):
+    def device(self) -> torch.device:
         """Where the compressor's state lives, and its tensors must."""
         return self._impl.device
 
     @property
-    def step(self):
+    def step(self) -> int:
         """Steps completed (seeds the sampled policies)."""
         return self._impl.step
 
     @property
-    def density(self):
+    def density(self) -> float | None:
         """The selector's density, or None for selectors without one."""
         return self._impl.density
 
     @property
-    def max_message_bytes(self):
+    def max_message_bytes(self) -> int:
         """Size of the largest message compress() can return."""
         return self._impl.max_message_bytes
 
     @property
-    def signature(self):
+    def signature(self) -> str:
         """The policies' names, as recorded in checkpoints."""
         return self._impl.signature
 
-    def compress(self, grad):
+    def compress(self, grad: torch.Tensor) -> torch.Tensor:
         """One step: returns the message (1-D ``torch.uint8`` on grad's device).
 
         ``grad``: 1-D contiguous float32, float16 or bfloat16 tensor of ``numel``
@@ -115,35 +131,35 @@ class Compressor:
         """
         return self._impl.compress(check.tensor("compress", "grad", grad))
 
-    def stage(self, grad):
+    def stage(self, grad: torch.Tensor) -> torch.Tensor:
         """compress(), but the step becomes current only at accept_staged(); a later
         compress() or stage() drops it (collectives that must agree first)."""
         return self._impl.stage(check.tensor("stage", "grad", grad))
 
-    def accept_staged(self):
+    def accept_staged(self) -> None:
         """Makes the staged step current."""
         self._impl.accept_staged()
 
-    def preview(self, grad):
+    def preview(self, grad: torch.Tensor) -> torch.Tensor:
         """What the next compress(grad) would rank (the corrector's update of the
         committed memory), changing nothing."""
         return self._impl.preview(check.tensor("preview", "grad", grad))
 
-    def set_density(self, density):
+    def set_density(self, density: float) -> None:
         """Changes the selector's density from the next step on (warm-up); for scalecom
         the leader's k and the compressor's capacity move together."""
         self._impl.set_density(check.real("set_density", "density", density))
 
-    def set_indices(self, indices):
+    def set_indices(self, indices: torch.Tensor | Sequence[int]) -> None:
         """The ascending indices a ``given_indices`` compressor (scalecom) sends: a 1-D
         integer tensor, or a sequence of ints."""
         self._impl.set_indices(_index_tensor(indices))
 
-    def corrector_state(self, array=0):
+    def corrector_state(self, array: int = 0) -> torch.Tensor:
         """A copy of the corrector's memory array ``array`` (the residual, say)."""
         return self._impl.corrector_state(check.integer("corrector_state", "array", array, 0))
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """The step, density and memory, for ``torch.save``."""
         record = self._impl.save_state()
         return {
@@ -154,7 +170,7 @@ class Compressor:
             "state": torch.frombuffer(bytearray(record), dtype=torch.uint8),
         }
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restores a state_dict() of a compressor of the same method, options and size.
 
         Raises :class:`gradcomp.InvalidArgumentError` for another method or size and
@@ -180,8 +196,17 @@ class Compressor:
                                        f"or cuda, got {check.kind(record)}")
         self._impl.load_state(record.resolve_neg().cpu().contiguous().numpy().tobytes())
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Compressor(numel={self.numel}, method={self.method!r}, device={str(self.device)!r}, step={self.step})"
+
+
+def _no_cuda():
+    """Why this build has no CUDA backend (setup.py's record)."""
+    try:
+        from .._build import NO_CUDA
+    except ImportError:
+        return "the build recorded no reason"
+    return NO_CUDA
 
 
 def _index_tensor(indices):
@@ -201,7 +226,7 @@ def _index_tensor(indices):
     return torch.tensor([int(v) for v in values], dtype=torch.int64)
 
 
-def decode(message):
+def decode(message: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Reads a message: ``(indices int64, values float32, n)`` on the message's device.
 
     Raises :class:`gradcomp.CorruptMessageError` if anything in it is inconsistent.
@@ -209,7 +234,7 @@ def decode(message):
     return _C.decode(check.tensor("decode", "message", message))
 
 
-def accumulate(message, dense, scale=1.0):
+def accumulate(message: torch.Tensor, dense: torch.Tensor, scale: float = 1.0) -> None:
     """``dense += scale * decode(message)``, in place. The whole message is checked
     first, and so is every sum (none may overflow to an infinity); on any error
     ``dense`` is unchanged. ``dense`` is written as an in-place op is: refused while it
@@ -224,18 +249,18 @@ class Warmup:
     """DGC's density warm-up: ``max(start * factor**epoch, final_density)`` (25%,
     6.25%, 1.5625%, 0.39%, then 0.1% with the defaults). Feed it to set_density."""
 
-    def __init__(self, start=0.25, factor=0.25, final_density=0.001):
+    def __init__(self, start: float = 0.25, factor: float = 0.25, final_density: float = 0.001) -> None:
         self.start = check.real("Warmup", "start", start)
         self.factor = check.real("Warmup", "factor", factor)
         self.final_density = check.real("Warmup", "final_density", final_density)
         self.by_epoch(0)  # validates
 
-    def by_epoch(self, epoch):
+    def by_epoch(self, epoch: int) -> float:
         """Density for a whole epoch (from 0)."""
         epoch = check.integer("Warmup.by_epoch", "epoch", epoch, 0, _UINT64_MAX)
         return _C.warmup_by_epoch(self.start, self.factor, self.final_density, epoch)
 
-    def by_step(self, step, steps_per_epoch):
+    def by_step(self, step: int, steps_per_epoch: int) -> float:
         """Density at a step, decaying smoothly within epochs."""
         step = check.integer("Warmup.by_step", "step", step, 0, _UINT64_MAX)
         steps_per_epoch = check.integer("Warmup.by_step", "steps_per_epoch", steps_per_epoch, 0, _UINT64_MAX)
@@ -245,7 +270,7 @@ class Warmup:
 _UINT64_MAX = 2**64 - 1
 
 
-def ratio_plan(volumes, mean_density, min_density):
+def ratio_plan(volumes: Iterable[float], mean_density: float, min_density: float) -> list[float]:
     """DAGC's per-worker densities for data volumes under a traffic budget."""
     if isinstance(volumes, (str, bytes)) or not hasattr(volumes, "__iter__"):
         check.fail("ratio_plan", f"volumes must be a sequence of numbers, got {check.kind(volumes)}")

@@ -31,6 +31,8 @@ rank raise the same :class:`gradcomp.Error` (nothing changes, no rank waits). CP
 tensors (gloo); torch 1.x has no FSDP2.
 """
 
+from typing import Any, Dict, Optional, Sequence, Union
+
 import torch
 import torch.distributed as dist
 
@@ -58,7 +60,8 @@ class ReduceScatter(_ReduceScatterBase):
     ``state_dict()`` / ``load_state_dict()`` keep the compressor's memory.
     """
 
-    def __init__(self, method="topk_ef", density=None, **options):
+    def __init__(self, method: str = "topk_ef", density: Optional[float] = None,
+                 **options: Union[bool, int, float, str, dict]) -> None:
         self.method = check.text(_WHO, "method", method)
         self.options = dict(options)
         if density is not None:
@@ -68,12 +71,15 @@ class ReduceScatter(_ReduceScatterBase):
         self._exchange = None
         self._group = None
         self._saved = None
+        self._calls = 0
+        self._elements = 0
 
-    def allocate(self, size, *, dtype, device):
+    def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """FSDP's buffers: plain tensors."""
         return torch.empty(*size, dtype=dtype, device=device)
 
-    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup, op: Any,
+                 async_op: bool = False) -> None:
         """``output_tensor`` (this rank's shard) = the reduce of the ranks' compressed
         ``input_tensor`` chunks for this rank. Runs to completion: returns None."""
         # FSDP hands every rank tensors of the same kinds, so a refusal here is every rank's.
@@ -95,6 +101,8 @@ class ReduceScatter(_ReduceScatterBase):
         shard = torch.empty(output_tensor.numel(), dtype=torch.float32, device=output_tensor.device)
         exchange.reduce_scatter(grad.contiguous(), shard, scale)
         output_tensor.copy_(shard.view_as(output_tensor))
+        self._calls += 1
+        self._elements = grad.numel()
         return None
 
     def _exchange_for(self, numel, device, group):
@@ -111,20 +119,34 @@ class ReduceScatter(_ReduceScatterBase):
         return self._exchange
 
     @property
-    def bytes_sent(self):
+    def bytes_sent(self) -> int:
+        """Bytes this rank has put into the collectives."""
         return 0 if self._exchange is None else self._exchange.bytes_sent
 
     @property
-    def collectives(self):
+    def collectives(self) -> int:
+        """Collectives issued."""
         return 0 if self._exchange is None else self._exchange.collectives
 
-    def state_dict(self):
+    def stats(self) -> Dict[str, Any]:
+        """What this reduce-scatter moved on this rank: ``calls``, ``bytes_sent`` and
+        ``bytes_received`` (every call's, summed), ``collectives``, and of the last call
+        ``elements`` (the unsharded gradient's), ``entries_sent`` (this rank's message) and
+        ``density`` (entries_sent / elements)."""
+        x = self._exchange
+        entries = 0 if x is None else x.entries
+        return {"calls": self._calls, "bytes_sent": self.bytes_sent,
+                "bytes_received": 0 if x is None else x.bytes_received, "collectives": self.collectives,
+                "elements": self._elements, "entries_sent": entries,
+                "density": entries / self._elements if self._elements else 0.0}
+
+    def state_dict(self) -> Optional[Dict[str, Any]]:
         """The compressor's memory (the residual of the unsharded gradient)."""
         if self.compressor is not None:
             return self.compressor.state_dict()
         return self._saved
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict: Optional[Dict[str, Any]]) -> None:
         """Restores the memory on the next call (when the gradient's size is known)."""
         self._saved = state_dict
         self.compressor = None

@@ -1,0 +1,30 @@
+"""The DDP hook under DistributedDataParallel's own features, on 2 and 4 gloo ranks
+(ddp_features.py): every step against a reference, no hang (a timeout fails the test)."""
+import pytest
+import ranks
+
+
+def spawn(world, names, tmp_path, monkeypatch):
+    monkeypatch.setenv("GRADCOMP_TEST_DIR", str(tmp_path))
+    ranks.spawn("ddp_features", world, names, tmp_path, timeout=600)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ddp_features_against_reference(world, tmp_path, monkeypatch):
+    spawn(world, ["features", "16-bit", "subgroups", "density-1"], tmp_path, monkeypatch)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_every_method_under_ddp_features(world, tmp_path, monkeypatch):
+    spawn(world, ["methods"], tmp_path, monkeypatch)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_misuse_and_non_finite_gradients(world, tmp_path, monkeypatch):
+    spawn(world, ["one-state-per-model", "non-finite"], tmp_path, monkeypatch)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_resume_in_new_processes_equals_uninterrupted(world, tmp_path, monkeypatch):
+    spawn(world, ["uninterrupted"], tmp_path, monkeypatch)
+    spawn(world, ["resumed"], tmp_path, monkeypatch)
