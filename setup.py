@@ -8,7 +8,9 @@ how it was built (the torch, and why there is no CUDA backend where there is non
 """
 import os
 import re
+import subprocess
 import sys
+import tempfile
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
@@ -73,6 +75,35 @@ else:
 
 
 
+def links_libstdcxx_statically(cxx):
+    """Whether the C++ driver ``cxx`` (a command list) links libstdc++ into a shared object
+    statically, as some relocatable toolchains are configured to. Probed by linking one."""
+    with tempfile.TemporaryDirectory() as d:
+        source, probe = os.path.join(d, "probe.cpp"), os.path.join(d, "probe.so")
+        with open(source, "w") as f:
+            f.write("#include <sstream>\nstd::string probe() { std::ostringstream s; s << 1; return s.str(); }\n")
+        if subprocess.run(cxx + ["-shared", "-fPIC", source, "-o", probe], capture_output=True).returncode != 0:
+            return False  # the build itself will say what is wrong with the compiler
+        with open(probe, "rb") as f:
+            return b"libstdc++.so." not in f.read()  # no DT_NEEDED entry naming the shared one
+
+
+class build_ext_on_shared_runtime(cpp_extension.BuildExtension):
+    """torch's BuildExtension, linking the shared libstdc++ (the one torch runs on) where the
+    compiler would link its own copy statically: the two copies then share the C++ runtime's
+    data, and the first error message's std::ostringstream ends in "free(): invalid pointer"
+    (seen on the GPU machine, 2026-11-26, with Python's -Wl,-Bsymbolic-functions)."""
+
+    def build_extensions(self):
+        cxx = list(getattr(self.compiler, "compiler_cxx", None) or [os.environ.get("CXX", "c++")])
+        if links_libstdcxx_statically(cxx):
+            print(f"gradcomp: {cxx[0]} links libstdc++ statically; linking the shared libstdc++ instead",
+                  file=sys.stderr)
+            for ext in self.extensions:
+                ext.extra_link_args.insert(0, "-l:libstdc++.so.6")
+        super().build_extensions()
+
+
 class build_py_with_record(build_py):
     """Also writes gradcomp/_build.py: the torch the extension is compiled against, and why
     it has no CUDA backend (None where it has one)."""
@@ -96,5 +127,5 @@ setup(
             extra_link_args=["-fopenmp"],
         )
     ],
-    cmdclass={"build_ext": cpp_extension.BuildExtension, "build_py": build_py_with_record},
+    cmdclass={"build_ext": build_ext_on_shared_runtime, "build_py": build_py_with_record},
 )

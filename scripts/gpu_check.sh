@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The checks that need an NVIDIA GPU, in one bounded run (docs/benchmarks.md records
 # what it found, with the device's name and the date):
-#   1. the CUDA test binaries and bench_cuda, built beforehand with CMake
-#      (`cmake --build build/release`: doctest and Google Benchmark need not be on the GPU
+#   1. the CUDA test binaries and bench_cuda, built beforehand with CMake for every
+#      architecture and optimised (`cmake --preset release -DGRADCOMP_CUDA_COMPILE_ONLY=OFF`,
+#      then `cmake --build build/release`: doctest and Google Benchmark need not be on the GPU
 #      machine), run from BIN;
 #   2. the torch extension built with its CUDA backend against the machine's torch, then
 #      pytest's CUDA tests (-m cuda) and bench/torch_gpu.py.
@@ -61,8 +62,14 @@ if [ "$built" = 0 ]; then
   cd "$root/python"  # the in-place build put gradcomp/_C there
   export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
   # -s: a C++ abort's message reaches the log (pytest's capture would swallow it)
-  step pytest_cuda pytest_cuda.log 150 "$python" -m pytest -q -s -p no:cacheprovider -m cuda tests -o addopts="" \
-    --timeout=140
+  # With pytest-xdist a test that aborts loses its worker, not the rest of the run.
+  workers=()
+  "$python" -c "import xdist" 2>/dev/null && workers=(-n 4)
+  # A C++ abort or fault prints its native stack too (scripts/crash_backtrace.c).
+  preload=$(mktemp -d)/crash_backtrace.so
+  cc -shared -fPIC -o "$preload" "$root/scripts/crash_backtrace.c" || preload=
+  step pytest_cuda pytest_cuda.log 150 env ${preload:+LD_PRELOAD=$preload} "$python" -m pytest -q -s \
+    -p no:cacheprovider -m cuda tests -o addopts="" --timeout=140 "${workers[@]}"
   step torch_gpu bench.log 90 "$python" ../bench/torch_gpu.py --out "$out/torch_gpu.json"
   [ -s "$out/pytest_cuda.log" ] && tail -5 "$out/pytest_cuda.log"
 else

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "compressor_handle.hpp"
@@ -67,7 +68,11 @@ PYBIND11_MODULE(_C, m) {
       if (p) std::rethrow_exception(p);
     } catch (const gc::error& e) {
       const py::object cls = py::module_::import("gradcomp.errors").attr(error_class(e.code()));
-      PyErr_SetString(cls.ptr(), e.what());
+      // A message may quote bytes of a damaged record that are not UTF-8: escaped, not lost.
+      const std::string_view what = e.what();
+      const py::object text = py::reinterpret_steal<py::object>(
+          PyUnicode_DecodeUTF8(what.data(), static_cast<Py_ssize_t>(what.size()), "backslashreplace"));
+      PyErr_SetObject(cls.ptr(), text.ptr());
     }
   });
 
@@ -117,6 +122,7 @@ PYBIND11_MODULE(_C, m) {
       .def("compressed", &gradcomp_py::hook_steps::compressed, py::arg("index"), py::arg("compressor"),
            py::arg("cyclic"), py::arg("is_cyclic"), py::arg("bucket"), py::arg("settings"), py::arg("error"),
            py::arg("last"), py::arg("sparse") = nullptr, py::arg("is_sparse") = false)
+      .def_static("no_counts", [] { return gradcomp_py::hook_counts{}.to_dict(); })
       .def("totals", [](const gradcomp_py::hook_steps& s) { return s.totals().to_dict(); })
       .def("last_step", [](const gradcomp_py::hook_steps& s) { return s.last_step().to_dict(); });
 

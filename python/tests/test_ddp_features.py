@@ -4,27 +4,26 @@ import pytest
 import ranks
 
 
-def spawn(world, names, tmp_path, monkeypatch):
-    monkeypatch.setenv("GRADCOMP_TEST_DIR", str(tmp_path))
-    ranks.spawn("ddp_features", world, names, tmp_path, timeout=600)
+def spawn(world, names, tmp_path):
+    ranks.spawn("ddp_features", world, names, tmp_path, timeout=600, env={"GRADCOMP_TEST_DIR": str(tmp_path)})
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_ddp_features_against_reference(world, tmp_path, monkeypatch):
-    spawn(world, ["features", "16-bit", "subgroups", "density-1"], tmp_path, monkeypatch)
+def test_ddp_features_against_reference(world, tmp_path):
+    spawn(world, ["features", "16-bit", "subgroups", "density-1"], tmp_path)
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_every_method_under_ddp_features(world, tmp_path, monkeypatch):
-    spawn(world, ["methods"], tmp_path, monkeypatch)
+def test_every_method_under_ddp_features(world, tmp_path):
+    spawn(world, ["methods"], tmp_path)
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_misuse_and_non_finite_gradients(world, tmp_path, monkeypatch):
-    spawn(world, ["one-state-per-model", "non-finite"], tmp_path, monkeypatch)
+def test_misuse_and_non_finite_gradients(world, tmp_path):
+    spawn(world, ["one-state-per-model", "non-finite"], tmp_path)
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_resume_in_new_processes_equals_uninterrupted(world, tmp_path, monkeypatch):
-    spawn(world, ["uninterrupted"], tmp_path, monkeypatch)
-    spawn(world, ["resumed"], tmp_path, monkeypatch)
+def test_resume_in_new_processes_equals_uninterrupted(world, tmp_path):
+    spawn(world, ["uninterrupted"], tmp_path)
+    spawn(world, ["resumed"], tmp_path)

@@ -63,6 +63,11 @@ def test_other_size_method_or_damage_is_refused_and_changes_nothing():
     damaged["state"] = saved["state"].clone()
     damaged["state"][len(damaged["state"]) // 2] ^= 0x10
     refused(damaged, gradcomp.CorruptMessageError, "checksum does not match")
+    # a damaged byte of the policies' names, quoted by the message, is escaped, not lost
+    garbled = dict(saved)
+    garbled["state"] = saved["state"].clone()
+    garbled["state"][12] ^= 0xFF
+    refused(garbled, gradcomp.CorruptMessageError, r'saved by a compressor of "\\x..')
     cut = dict(saved)
     cut["state"] = saved["state"][:-3].clone()
     refused(cut, gradcomp.StateIOError, "the stream ended inside the state record")

@@ -206,10 +206,7 @@ class State:
         ``compress_seconds`` (compression, measured for the all-gather aggregation; ScaleCom
         and the global top-k compress inside their exchange) and ``exchange_seconds``."""
         if self._steps is None:
-            counts = {key: 0 for key in ("steps", "buckets", "compressed_buckets", "elements", "entries_sent",
-                                         "bytes_sent", "bytes_received", "dense_allreduce_bytes", "collectives",
-                                         "refused_buckets")}
-            counts.update(compress_seconds=0.0, exchange_seconds=0.0)
+            counts = _C.HookSteps.no_counts()
         else:
             counts = self._steps.totals() if total else self._steps.last_step()
         counts["density"] = counts["entries_sent"] / counts["elements"] if counts["elements"] else 0.0
