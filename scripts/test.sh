@@ -4,12 +4,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$SECONDS
 phase() { echo "test.sh: $1 after $((SECONDS - started)) s" >&2; }
+kill_tree() { local child; for child in $(pgrep -P "$1"); do kill_tree "$child"; done; kill "$1" 2>/dev/null || true; }
+trap 'for job in $(jobs -p); do kill_tree "$job"; done' EXIT  # no build left running when a step fails
 bash scripts/setup.sh test
 phase "setup"
-# torch 2.x from PyPI (below) downloads while the C++ builds.
+# torch 2.x from PyPI (below) downloads while the C++ builds, then gradcomp is built there
+# at a lower priority: it takes what the builds and tests before it leave of the CPU.
 mkdir -p build
-bash scripts/torch2_env.sh > build/torch2_env.log 2>&1 &
-torch2_download=$!
+(bash scripts/torch2_env.sh && nice -n 10 bash scripts/torch2_env.sh --gradcomp) > build/torch2_env.log 2>&1 &
+torch2_build=$!
 # Without a GPU the CUDA tests cannot run here: they are compiled only, for one architecture
 # with their host code unoptimised (CMakeLists.txt, GRADCOMP_CUDA_COMPILE_ONLY).
 compile_only=ON
@@ -35,20 +38,25 @@ build/venv/bin/python -m pip install --quiet --no-build-isolation --no-deps --no
 build/venv/bin/python -m pip install --quiet "ruff==0.17.6"
 bash scripts/format.sh --check
 phase "the package under torch 1.13 built"
+
+# The unit and MPI tests run once more under AddressSanitizer and UndefinedBehaviorSanitizer
+# (CMakePresets.json "debug"): the SIMD kernels' loads and stores stay in bounds, and
+# ranks configured differently never write past a buffer. Their build runs at the lowest
+# priority beside the Python suites, whose ranks leave a core mostly idle as they wait on
+# each other.
+(cmake --preset debug && nice -n 19 cmake --build --preset debug -j"$(nproc)") > build/debug_build.log 2>&1 &
+debug_build=$!
+
 (cd build && venv/bin/python -m pytest -q -rs --timeout=900 --junitxml=pytest.xml ../python/tests)
 phase "pytest under torch 1.13"
-wait "$torch2_download" || { cat build/torch2_env.log >&2; exit 1; }
-torch2="$PWD/$(bash scripts/torch2_env.sh --gradcomp)"
+wait "$torch2_build" || { cat build/torch2_env.log >&2; exit 1; }
+torch2="$PWD/build/venv-torch2/bin/python"
 phase "the package under torch 2.15 built"
 (cd build && "$torch2" -m pytest -q -rs -p no:cacheprovider --timeout=900 --junitxml=pytest-torch2.xml \
   ../python/tests)
 phase "pytest under torch 2.15"
 
-# The unit and MPI tests once more under AddressSanitizer and UndefinedBehaviorSanitizer
-# (CMakePresets.json "debug"): the SIMD kernels' loads and stores stay in bounds, and
-# ranks configured differently never write past a buffer.
-cmake --preset debug
-cmake --build --preset debug -j"$(nproc)"
+wait "$debug_build" || { cat build/debug_build.log >&2; exit 1; }
 ctest --test-dir build/debug --output-on-failure --no-tests=error -j"$(nproc)" -L "unit|mpi" --output-junit ctest.xml
 phase "ctest under ASan+UBSan"
 
