@@ -397,7 +397,14 @@ TEST_CASE("given_indices with a density: set_density moves its capacity, and a s
   CHECK(step(c, g).indices == six);
   c.set_density(0.002);  // shrinks below the set: dropped, nothing sent
   CHECK(step(c, g).indices.empty());
-  CHECK_THROWS_WITH_AS(c.set_density(0.0), doctest::Contains("given_indices: density must be in (0, 1], got 0"),
+  CHECK_THROWS_WITH_AS(c.set_density(0.0),
+                       doctest::Contains("given_indices: set density (in (0, 1]) or max_count (in [1, n = 1000]); "
+                                         "both are 0"),
+                       gc::error);
+  CHECK_THROWS_WITH_AS(c.set_density(-0.5), doctest::Contains("given_indices: density must be in (0, 1], got -0.5"),
+                       gc::error);
+  CHECK_THROWS_WITH_AS(gc::compressor(gc::backend::host{}, 10, gc::select::given_indices{}),
+                       doctest::Contains("set density (in (0, 1]) or max_count (in [1, n = 10]); both are 0"),
                        gc::error);
   CHECK_THROWS_WITH_AS(
       gc::compressor(gc::backend::host{}, 10, gc::select::given_indices{.max_count = 2, .density = 0.5}),

@@ -191,19 +191,18 @@ class compressor {
   /// The compressor does not order calls made on different streams: its state is device
   /// memory that one call writes and the next reads, so a caller that changes streams
   /// between calls makes the new one wait for the old (an event), as for any memory used
-  /// on two streams; backend::stream_order (backend/stream_order.cuh) does so, and
-  /// gradcomp.torch uses it.
+  /// on two streams, as backend::stream_order (backend/stream_order.cuh) does.
   /// @{
 
   /// compress() on `context`.
   template <gradient_view<Backend> Grad>
   message_type compress(const Backend& context, const Grad& grad, message_bytes out) {
-    return step_on(context, grad, out, false);
+    return step_on(context, grad, out, /*commit=*/true);
   }
   /// stage() on `context`.
   template <gradient_view<Backend> Grad>
   message_type stage(const Backend& context, const Grad& grad, message_bytes out) {
-    return step_on(context, grad, out, true);
+    return step_on(context, grad, out, /*commit=*/false);
   }
   /// preview() on `context`.
   template <gradient_view<Backend> Grad>
@@ -341,14 +340,14 @@ class compressor {
     return message_type(typename message_type::bytes_type(out.data(), bytes), n_, count);
   }
 
-  // compress() (stage_it false) or stage() of a gradient on `context`.
+  // compress() (commit) or stage() (not yet) of a gradient on `context`.
   template <class Grad>
-  message_type step_on(const Backend& context, const Grad& grad_at, message_bytes out_at, bool stage_it) {
+  message_type step_on(const Backend& context, const Grad& grad_at, message_bytes out_at, bool commit) {
     const Backend on = detail::context_for(backend_, "compress", context);
     const std::span<const float> grad = wide_.float_values(on, backend_, "compress", grad_at, n_);
     const std::span<std::byte> out = detail::raw(out_at);
-    if (!stage_it) {
-      const message_type m = run_step(on, grad, out, true);
+    if (commit) {
+      const message_type m = run_step(on, grad, out, /*commit=*/true);
       finish_step();
       return m;
     }
@@ -358,7 +357,7 @@ class compressor {
       compressor& c;
       ~restore() { c.engines_.allow_in_place(true); }
     } guard{*this};
-    const message_type m = run_step(on, grad, out, false);  // committed by accept_staged
+    const message_type m = run_step(on, grad, out, /*commit=*/false);  // committed by accept_staged
     staged_ = true;
     return m;
   }

@@ -1,7 +1,8 @@
 // What the Python module (module.cpp, which includes torch) and the compressor
-// instantiations (compressors_*.cpp / .cu, which include only gradcomp) share: a
-// compressor behind a virtual interface, the options that choose one, and the
-// collectives a transport (torch.distributed, called back through Python) offers.
+// instantiations (one unit per backend and selector, generated under build/units by
+// setup.py and tests/CMakeLists.txt; they include only gradcomp) share: a compressor
+// behind a virtual interface, the options that choose one, and the collectives a
+// transport (a torch.distributed process group, process_group.hpp) offers.
 // Kept free of torch and pybind11 headers so that the instantiations compile quickly
 // and in parallel.
 #pragma once
@@ -53,8 +54,8 @@ class options {
   std::set<std::string> taken_;
 };
 
-/// The collectives of a torch.distributed process group, each called back through
-/// Python, on the memory of the compressors that use them (host or CUDA device).
+/// The collectives of a torch.distributed process group, issued on its c10d backend by
+/// process_group.hpp, on the memory of the compressors that use them (host or CUDA device).
 struct transport {
   int rank = 0;
   int size = 1;

@@ -241,52 +241,74 @@ py::object hook_steps::dense(const torch::Tensor& bucket, const std::vector<name
                 });
 }
 
+namespace {
+
+/// The traffic an exchange (CyclicExchange, SparseAllreduce) counts itself, added to the
+/// hook's counts however its step ends.
+template <class Exchange>
+class exchange_traffic {
+ public:
+  exchange_traffic(transport& t, Exchange& x)
+      : t_(t), x_(x), sent_(x.bytes_sent()), received_(x.bytes_received()), issued_(x.collectives()) {}
+  ~exchange_traffic() {
+    *t_.sent += x_.bytes_sent() - sent_;
+    *t_.received += x_.bytes_received() - received_;
+    *t_.issued += x_.collectives() - issued_;
+  }
+  exchange_traffic(const exchange_traffic&) = delete;
+  exchange_traffic& operator=(const exchange_traffic&) = delete;
+
+ private:
+  transport& t_;
+  Exchange& x_;
+  std::uint64_t sent_, received_, issued_;
+};
+
+/// `exchange` as the handle its aggregation takes, or null for None (a rank that met an
+/// error before making it).
+template <class Handle>
+std::shared_ptr<Handle> exchange_of(const py::object& exchange) {
+  return exchange.is_none() ? nullptr : exchange.cast<std::shared_ptr<Handle>>();
+}
+
+}  // namespace
+
 py::object hook_steps::compressed(std::int64_t index, std::shared_ptr<compressor_handle> c,
-                                  std::shared_ptr<cyclic_handle> cyclic, bool is_cyclic, const torch::Tensor& bucket,
-                                  const std::vector<named_value>& settings, const reported_error& error, bool last,
-                                  std::shared_ptr<sparse_handle> sparse, bool is_sparse) {
+                                  const std::string& aggregation, const py::object& exchange,
+                                  const torch::Tensor& bucket, const std::vector<named_value>& settings,
+                                  const reported_error& error, bool last) {
   std::vector<gc::detail::setting> shared = settings_of(settings);
-  if (is_sparse) {
+  if (aggregation == "sparse_allreduce") {
     return submit(bucket, last, true,
-                  [state = shared_, shared, sparse, error](transport& t, const torch::Tensor& b, hook_counts& counts) {
+                  [state = shared_, shared, sparse = exchange_of<sparse_handle>(exchange), error](
+                      transport& t, const torch::Tensor& b, hook_counts& counts) {
                     agree_on(t, shared, error);  // a rank without its exchange has an error here
                     if (!sparse) invalid(who, ": no sparse_allreduce for this bucket");
                     const torch::Tensor flat = b.to(torch::kFloat).contiguous();
                     torch::Tensor mean = torch::zeros({flat.numel()}, flat.options());
-                    // The exchange's bytes and collectives go to the hook's counts however it ends.
-                    struct counted {
-                      transport& t;
-                      sparse_handle& x;
-                      std::uint64_t sent = x.bytes_sent(), received = x.bytes_received(), issued = x.collectives();
-                      ~counted() {
-                        *t.sent += x.bytes_sent() - sent;
-                        *t.received += x.bytes_received() - received;
-                        *t.issued += x.collectives() - issued;
-                      }
-                    } count{t, *sparse};
+                    const exchange_traffic<sparse_handle> traffic(t, *sparse);
                     sparse->stage(flat, mean, 1.0 / t.size);
                     counts.entries = sparse->entries();
                     state->staged.push_back([sparse] { sparse->accept(); });
                     return in_dtype_of(b, mean);
                   });
   }
-  if (is_cyclic) {
+  if (aggregation == "cyclic") {
     return submit(bucket, last, true,
-                  [shared, c, cyclic, error](transport& t, const torch::Tensor& b, hook_counts& counts) {
-                    agree_on(t, shared, error);
+                  [shared, cyclic = exchange_of<cyclic_handle>(exchange), error](transport& t, const torch::Tensor& b,
+                                                                                 hook_counts& counts) {
+                    agree_on(t, shared, error);  // a rank without its exchange has an error here
+                    if (!cyclic) invalid(who, ": no cyclic exchange for this bucket");
                     const torch::Tensor flat = b.to(torch::kFloat);
                     torch::Tensor mean = torch::zeros({flat.numel()}, flat.options());
-                    const std::uint64_t sent = cyclic->bytes_sent();
-                    const std::uint64_t received = cyclic->bytes_received();
-                    const std::uint64_t issued = cyclic->collectives();
+                    const exchange_traffic<cyclic_handle> traffic(t, *cyclic);
                     cyclic->step(flat, mean, 1.0 / t.size);
                     counts.entries = cyclic->entries();
-                    *t.sent += cyclic->bytes_sent() - sent;
-                    *t.received += cyclic->bytes_received() - received;
-                    *t.issued += cyclic->collectives() - issued;
                     return in_dtype_of(b, mean);
                   });
   }
+  if (aggregation != "allgather")
+    invalid(who, ": aggregation must be allgather, cyclic or sparse_allreduce, got ", aggregation);
   if (c) shared.emplace_back("the policies", c->signature());
   return submit(bucket, last, true,
                 [state = shared_, index, shared, c, error](transport& t, const torch::Tensor& b, hook_counts& counts) {

@@ -79,18 +79,18 @@ class hook_steps {
   pybind11::object dense(const torch::Tensor& bucket, const std::vector<named_value>& settings,
                          const reported_error& error, bool last);
 
-  /// A compressed step of bucket `index`: with `cyclic` (ScaleCom's exchange, when
-  /// `is_cyclic`) two agreements and its broadcast and reduce; with `sparse` (Ok-Topk's
-  /// global top-k, when `is_sparse`) an agreement on the hook's settings, then
-  /// comm::sparse_allreduce, the commit staged like the others'; otherwise `c` stages its
-  /// step and the messages are gathered in one all-gather padded to the bucket's bound
-  /// (bucket_gather.hpp). `error`: what this rank met before (then `c` may be None), told
-  /// to every rank in the exchange. The Future's value is the mean of the ranks' messages,
-  /// in the bucket's dtype; its error, the same gradcomp::error on every rank.
-  pybind11::object compressed(std::int64_t index, std::shared_ptr<compressor_handle> c,
-                              std::shared_ptr<cyclic_handle> cyclic, bool is_cyclic, const torch::Tensor& bucket,
-                              const std::vector<named_value>& settings, const reported_error& error, bool last,
-                              std::shared_ptr<sparse_handle> sparse, bool is_sparse);
+  /// A compressed step of bucket `index`, exchanged by `aggregation`: "cyclic" (ScaleCom:
+  /// `exchange` a CyclicExchange) two agreements and its broadcast and reduce;
+  /// "sparse_allreduce" (Ok-Topk's global top-k: `exchange` a SparseAllreduce) an
+  /// agreement on the hook's settings, then comm::sparse_allreduce, the commit staged like
+  /// the others'; "allgather": `c` stages its step and the messages are gathered in one
+  /// all-gather padded to the bucket's bound (bucket_gather.hpp). `error`: what this rank
+  /// met before (then `c` and `exchange` may be None), told to every rank in the exchange.
+  /// The Future's value is the mean of the ranks' messages, in the bucket's dtype; its
+  /// error, the same gradcomp::error on every rank.
+  pybind11::object compressed(std::int64_t index, std::shared_ptr<compressor_handle> c, const std::string& aggregation,
+                              const pybind11::object& exchange, const torch::Tensor& bucket,
+                              const std::vector<named_value>& settings, const reported_error& error, bool last);
 
   /// Every step's counts, summed (read at any time).
   [[nodiscard]] hook_counts totals() const;

@@ -120,8 +120,8 @@ PYBIND11_MODULE(_C, m) {
       .def("dense", &gradcomp_py::hook_steps::dense, py::arg("bucket"), py::arg("settings"), py::arg("error"),
            py::arg("last"))
       .def("compressed", &gradcomp_py::hook_steps::compressed, py::arg("index"), py::arg("compressor"),
-           py::arg("cyclic"), py::arg("is_cyclic"), py::arg("bucket"), py::arg("settings"), py::arg("error"),
-           py::arg("last"), py::arg("sparse") = nullptr, py::arg("is_sparse") = false)
+           py::arg("aggregation"), py::arg("exchange"), py::arg("bucket"), py::arg("settings"), py::arg("error"),
+           py::arg("last"))
       .def_static("no_counts", [] { return gradcomp_py::hook_counts{}.to_dict(); })
       .def("totals", [](const gradcomp_py::hook_steps& s) { return s.totals().to_dict(); })
       .def("last_step", [](const gradcomp_py::hook_steps& s) { return s.last_step().to_dict(); });

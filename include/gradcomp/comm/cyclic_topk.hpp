@@ -1,7 +1,8 @@
 /// \file comm/cyclic_topk.hpp
-/// ScaleCom's cyclic local top-k (Chen et al., NeurIPS 2020) over any transport:
-/// comm::mpi with host compressors, comm::nccl with backend::cuda compressors. Include
-/// it through comm/mpi.hpp or comm/nccl.cuh.
+/// ScaleCom's cyclic local top-k (Chen et al., NeurIPS 2020) over any transport that
+/// offers the collectives it calls: comm::mpi with host compressors, comm::nccl with
+/// backend::cuda compressors (comm/mpi.hpp and comm/nccl.cuh include it), and the torch
+/// binding's adapter of a c10d process group with either.
 #pragma once
 
 #include <gradcomp/compressor.hpp>
@@ -24,8 +25,8 @@ GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 
 /// How cyclic_topk reads messages and adds sums in the memory a transport moves: host
-/// memory here (comm::mpi); comm::nccl specialises it for device memory. The spans are
-/// raw views of that memory. Not API.
+/// memory here; comm::nccl and the torch binding's CUDA adapter specialise it for device
+/// memory. The spans are raw views of that memory. Not API.
 template <class Comm>
 class exchange_memory {
  public:

@@ -61,4 +61,4 @@ struct index_value {
 }  // namespace encode
 GRADCOMP_NAMESPACE_END
 
-#include <gradcomp/detail/encode_index_value.hpp>  // the algorithm, for messages in host memory
+#include <gradcomp/detail/encode_index_value.hpp>  // the algorithm, on every backend

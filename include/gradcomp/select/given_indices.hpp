@@ -30,6 +30,8 @@ struct given_indices {
     detail::require(!(density != 0.0 && max_count != 0), errc::invalid_argument,
                     "given_indices: set density or max_count, not both (density = ", density,
                     ", max_count = ", max_count, ")");
+    detail::require(density != 0.0 || max_count != 0, errc::invalid_argument,
+                    "given_indices: set density (in (0, 1]) or max_count (in [1, n = ", n, "]); both are 0");
     if (max_count != 0) {
       detail::require(max_count <= n, errc::invalid_argument, "given_indices: max_count must be in [1, n = ", n,
                       "], got ", max_count);

@@ -121,8 +121,7 @@ class State:
         """What lives in this process only: made empty at construction and loading."""
         self.process_group = getattr(self, "process_group", None)
         self.compressors = {}
-        self._exchanges = {}
-        self._sparse = {}
+        self._exchanges = {}  # unit -> its CyclicExchange or SparseAllreduce
         self._steps = None
         self._group_of_hook = None
         self._step = None  # what the step in progress has decided (_Step)
@@ -179,20 +178,23 @@ class State:
         return c
 
     def _exchange(self, unit, c):
-        """ScaleCom's cyclic exchange of unit ``unit``."""
+        """The exchange of unit ``unit`` (compressor ``c``) for the method's aggregation:
+        ScaleCom's cyclic exchange, Ok-Topk's global top-k, or None for the all-gather."""
+        if self._aggregation_path() == "allgather":
+            return None
         x = self._exchanges.get(unit)
         if x is None:
-            x = _C.CyclicExchange(c._impl, self._group_of_hook, c.density)
+            if self.method == "scalecom":
+                x = _C.CyclicExchange(c._impl, self._group_of_hook, c.density)
+            else:
+                x = _C.SparseAllreduce(c._impl, self._group_of_hook, 0)
             self._exchanges[unit] = x
         return x
 
-    def _sparse_allreduce(self, unit, c):
-        """Ok-Topk's global top-k of unit ``unit``."""
-        x = self._sparse.get(unit)
-        if x is None:
-            x = _C.SparseAllreduce(c._impl, self._group_of_hook, 0)
-            self._sparse[unit] = x
-        return x
+    def _aggregation_path(self):
+        """How a compressed bucket is exchanged: "cyclic" (ScaleCom), "sparse_allreduce"
+        or "allgather"."""
+        return "cyclic" if self.method == "scalecom" else self.aggregation
 
     def stats(self, total: bool = False) -> Dict[str, Any]:
         """What the hook moved and spent in the last completed step (every step's, summed,
@@ -316,26 +318,21 @@ class State:
                 self._moved_step = max(self._moved_step, c.step)
                 moved += len(self.units[unit])
             self._exchanges.pop(unit, None)
-            self._sparse.pop(unit, None)
         del self.units[first:]
         _log.info("ddp hook: DDP regrouped its buckets from bucket %d on; the memory of %d parameters moves with "
                   "them", first, moved)
 
     def _compress(self, steps, unit, buffer, problem, last):
         """Submits the compressed step of unit ``unit`` over ``buffer`` (its gradient)."""
-        c, exchange, sparse = None, None, None
+        c, exchange = None, None
         if problem is None:
             try:
                 c = self.compressor(unit, buffer.numel(), buffer.device)
-                if self.method == "scalecom":
-                    exchange = self._exchange(unit, c)
-                elif self.aggregation == "sparse_allreduce":
-                    sparse = self._sparse_allreduce(unit, c)
+                exchange = self._exchange(unit, c)
             except Exception as e:  # every rank hears of it in the exchange instead of waiting for this one
                 problem = _reported(e)
-        return steps.compressed(unit, None if c is None else c._impl, exchange, self.method == "scalecom", buffer,
-                                self._settings(unit, buffer), problem, last, sparse,
-                                self.aggregation == "sparse_allreduce")
+        return steps.compressed(unit, None if c is None else c._impl, self._aggregation_path(), exchange, buffer,
+                                self._settings(unit, buffer), problem, last)
 
     def _hold(self, steps, buffer, names, problem, last):
         """A bucket of a regrouped step: kept until the step's last, whose hook compresses
