@@ -180,11 +180,12 @@ class State:
     def _exchange(self, unit, c):
         """The exchange of unit ``unit`` (compressor ``c``) for the method's aggregation:
         ScaleCom's cyclic exchange, Ok-Topk's global top-k, or None for the all-gather."""
-        if self._aggregation_path() == "allgather":
+        path = self._aggregation_path()
+        if path == "allgather":
             return None
         x = self._exchanges.get(unit)
         if x is None:
-            if self.method == "scalecom":
+            if path == "cyclic":
                 x = _C.CyclicExchange(c._impl, self._group_of_hook, c.density)
             else:
                 x = _C.SparseAllreduce(c._impl, self._group_of_hook, 0)
