@@ -3,7 +3,7 @@
 #pragma once
 
 #include <benchmark/benchmark.h>
-#include <gradcomp/detail/random.hpp>
+#include <gradcomp/detail/core/random.hpp>
 
 #include <cmath>
 #include <cstdint>

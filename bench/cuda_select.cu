@@ -144,7 +144,7 @@ void dgc_step(benchmark::State& state) {
 
 // The selection alone, by backend::cuda's fast path (detail::fast_engine<S, cuda>: the fused
 // radix select, reduce-by-key) and by the generic algorithm over the backend primitives
-// (detail/select_<name>.hpp), on the same acc: a fast path stays only where it pays
+// (detail/select/<name>.hpp), on the same acc: a fast path stays only where it pays
 // (docs/design.md), and tests/cuda/test_cuda_conformance.cu proves both select alike.
 template <class Engine, class Policy>
 void select_only(benchmark::State& state, const Policy& policy) {

@@ -1,7 +1,7 @@
 // backend::kokkos<Serial> against backend::host with one thread on N = 2.5e7 float32:
 // every selector at density 0.001, standalone (the selection given acc = g), args 0-4;
 // and a corrector's step (update, commit of every 1000th entry, accept), args 5-6, for
-// which family "generic" runs the generic algorithm (detail/correct_elementwise.hpp) on
+// which family "generic" runs the generic algorithm (detail/correct/elementwise.hpp) on
 // backend::host: what backend::host's fused fast path gains over it.
 // Family "host" is the baseline: "speed-up vs host" below 1 means slower than the host.
 #include <gradcomp/backend/kokkos.hpp>

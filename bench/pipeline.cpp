@@ -2,7 +2,7 @@
 // fused (the compressor: the selector's first pass rides on the corrector's) and
 // unfused (the same engines run one after the other), against the streaming read; and
 // delta_bitpack index coding throughput on one core.
-#include <gradcomp/detail/decode_index_value.hpp>
+#include <gradcomp/detail/codec/decode.hpp>
 #include <gradcomp/gradcomp.hpp>
 
 #include <bit>

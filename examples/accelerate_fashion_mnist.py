@@ -13,7 +13,7 @@ import argparse
 
 import torch
 from accelerate import Accelerator
-from ddp_helpers import cnn, load, training_arguments  # beside this file
+from fashion_mnist import cnn, load, training_arguments  # beside this file
 from torch.utils.data import DataLoader, TensorDataset
 
 from gradcomp.torch import ddp

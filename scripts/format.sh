@@ -12,9 +12,9 @@ check=0
 clang_format=${CLANG_FORMAT:-clang-format-16}
 ruff=${RUFF:-build/venv/bin/ruff}
 
-mapfile -t cxx < <(git ls-files -- include tests tools bench fuzz examples python/csrc |
+mapfile -t cxx < <(git ls-files -- include tests tools bench fuzz examples experiments python/csrc |
                    grep -E '\.(hpp|cpp|cuh|cu)$')
-python_paths=(python examples bench scripts)
+python_paths=(python examples experiments bench scripts)
 if ((check)); then
   "$clang_format" --style=file --dry-run --Werror "${cxx[@]}"
   "$ruff" check --quiet "${python_paths[@]}"

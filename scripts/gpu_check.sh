@@ -6,7 +6,7 @@
 #      then `cmake --build build/release`: doctest and Google Benchmark need not be on the GPU
 #      machine), run from BIN;
 #   2. the torch extension built with its CUDA backend against the machine's torch, then
-#      pytest's CUDA tests (-m cuda) and bench/torch_gpu.py.
+#      pytest's CUDA tests (-m cuda) and experiments/torch_gpu.py.
 # The extension compiles in the background while the binaries run.
 #
 #   bash scripts/gpu_check.sh BIN OUT
@@ -70,7 +70,7 @@ if [ "$built" = 0 ]; then
   cc -shared -fPIC -o "$preload" "$root/scripts/crash_backtrace.c" || preload=
   step pytest_cuda pytest_cuda.log 150 env ${preload:+LD_PRELOAD=$preload} "$python" -m pytest -q -s \
     -p no:cacheprovider -m cuda tests -o addopts="" --timeout=140 "${workers[@]}"
-  step torch_gpu bench.log 90 "$python" ../bench/torch_gpu.py --out "$out/torch_gpu.json"
+  step torch_gpu bench.log 90 "$python" ../experiments/torch_gpu.py --out "$out/torch_gpu.json"
   [ -s "$out/pytest_cuda.log" ] && tail -5 "$out/pytest_cuda.log"
 else
   failed+=(extension_build)

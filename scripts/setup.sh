@@ -22,10 +22,10 @@ cpp_tests=(
   libbenchmark-dev               # Google Benchmark suites (smoke-tested by ctest)
   libtrilinos-kokkos-dev         # the Kokkos backend (Kokkos 3.4.1, Serial)
   libopenmpi-dev openmpi-bin     # MPI collectives, tested under mpirun
-  libeigen3-dev zlib1g-dev dataset-fashion-mnist   # examples/train_fashion_mnist (model math, IDX.gz, data)
+  libeigen3-dev zlib1g-dev dataset-fashion-mnist   # experiments/train_fashion_mnist (model math, IDX.gz, data)
   doxygen                        # the API reference, checked for undocumented entities
   clang-format-16 git            # the C++ sources stay formatted (scripts/format.sh --check)
-  iproute2                       # the emulated cluster (scripts/cluster.sh: ip netns, tc tbf)
+  iproute2                       # the emulated cluster (experiments/cluster.sh: ip netns, tc tbf)
 )
 python_tests=(
   python3 python3-venv python3-setuptools python3-wheel python3-numpy             # the package's build

@@ -2,7 +2,7 @@
 # Creates build/venv-torch2: torch 2.x from PyPI (about 5 GB with its CUDA libraries; it
 # runs on the CPU here) beside Debian's torch 1.13, for what 1.13 lacks: FSDP2
 # (gradcomp.torch.fsdp's tests and benchmark) and torch 2.x's PowerSGD hook in the
-# cluster measurement (scripts/cluster_results.sh). Idempotent: does nothing when the
+# cluster measurement (experiments/ddp_cluster_hooks.sh). Idempotent: does nothing when the
 # environment already has this torch. Prints the environment's python.
 #   --gradcomp  also builds gradcomp there (for the CPU) from a copy of the sources, whose
 #               objects must not mix with those of the torch 1.13 build in build/ (the copy

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# scripts/cluster.sh: the link runs at its rate (within 10%), ranks reach each other with
+# experiments/cluster.sh: the link runs at its rate (within 10%), ranks reach each other with
 # the rendezvous variables set, and every namespace it made is gone afterwards: after
 # success, after a rank's failure (which ends the others at once), after the timeout and
 # after Ctrl-C. Exits 77 (skipped) where the script cannot make namespaces.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-cluster=scripts/cluster.sh
+cluster=experiments/cluster.sh
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 

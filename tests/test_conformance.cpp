@@ -130,7 +130,7 @@ TEST_CASE("lossless values leave exactly zero residual at sent indices") {
 #if !defined(GRADCOMP_TEST_KOKKOS)
 // backend::host's corrector engines are fast paths (fused with the selector's pass,
 // optimistic clipping order, in-place updates): each must equal the generic algorithm
-// that the other backends run (detail/correct_elementwise.hpp, detail/correct_none.hpp)
+// that the other backends run (detail/correct/elementwise.hpp, detail/correct/none.hpp)
 // instantiated on backend::host, bit for bit, step by step, rejected steps included.
 namespace {
 
@@ -239,7 +239,7 @@ void require_same_selection(const gc::backend::host& be, Fast& fast, Generic& ge
 
 #if !defined(GRADCOMP_TEST_KOKKOS)
 // backend::host's threshold engine (collecting in the corrector's pass, SIMD skipping)
-// against the generic compaction (detail/select_threshold.hpp) on backend::host.
+// against the generic compaction (detail/select/threshold.hpp) on backend::host.
 TEST_CASE("backend::host's threshold fast path equals the generic algorithm on backend::host") {
   for (const int threads : {1, 2}) {
     for (const std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{70003}}) {
@@ -265,7 +265,7 @@ TEST_CASE("backend::host's threshold fast path equals the generic algorithm on b
 #if !defined(GRADCOMP_TEST_KOKKOS)
 // backend::host's sampled_threshold engine (sampling directly, collecting by thread
 // slices, ranking in place) against the generic algorithm
-// (detail/select_sampled_threshold.hpp) on backend::host and on opaque_host, step after
+// (detail/select/sampled_threshold.hpp) on backend::host and on opaque_host, step after
 // accepted step so that a reused threshold carries over, the exact fallback (n = 1, 7)
 // included (opaque_host: support/opaque_host.hpp, the path backend::cuda takes).
 template <class Backend>
@@ -315,7 +315,7 @@ TEST_CASE("backend::host's sampled_threshold fast path equals the generic algori
 
 #if !defined(GRADCOMP_TEST_KOKKOS)
 // backend::host's exact_topk engine (a SIMD radix select) against the generic algorithm
-// (detail/select_exact_topk.hpp) on backend::host: sizes on both sides of the sampled
+// (detail/select/exact_topk.hpp) on backend::host: sizes on both sides of the sampled
 // bracket's threshold (2^16), counts from 1 to n, ties (the "ties" and "zeros" shapes)
 // and inputs on which the sample's bracket misses (a sorted ramp whose every 512th
 // entry sits apart).
@@ -352,7 +352,7 @@ TEST_CASE("backend::host's exact_topk fast path equals the generic algorithm on 
 #if !defined(GRADCOMP_TEST_KOKKOS)
 // backend::host's chunk_local engine (bins inside the corrector's tiles, straddling
 // bins stitched in select) against the generic expansion over the bins
-// (detail/select_chunk_local.hpp) on backend::host, with g apart from acc.
+// (detail/select/chunk_local.hpp) on backend::host, with g apart from acc.
 TEST_CASE("backend::host's chunk_local fast path equals the generic algorithm on backend::host") {
   for (const int threads : {1, 2}) {
     for (const std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{70003}}) {

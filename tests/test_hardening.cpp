@@ -177,7 +177,7 @@ TEST_CASE("ratio_plan meets its budget for volumes spanning any range of doubles
 
 namespace {
 
-// A checkpoint record (detail/state_io.hpp) opened up: where its density and arrays sit,
+// A checkpoint record (detail/step/state_io.hpp) opened up: where its density and arrays sit,
 // and how to seal it again with a recomputed CRC, as an attacker would.
 struct record {
   std::string bytes;

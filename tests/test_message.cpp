@@ -1,7 +1,7 @@
 // The decoder trusts nothing: every corruption raises gradcomp::error and leaves the
 // destination untouched.
 #include <doctest/doctest.h>
-#include <gradcomp/detail/decode_index_value.hpp>
+#include <gradcomp/detail/codec/decode.hpp>
 #include <gradcomp/gradcomp.hpp>
 
 #include <cmath>
@@ -65,7 +65,7 @@ outcome accumulate_outcome(const std::vector<std::byte>& bytes, std::size_t n) {
   return o;
 }
 
-// The generic decoder (detail/decode_index_value.hpp, what backend::cuda runs) on
+// The generic decoder (detail/codec/decode.hpp, what backend::cuda runs) on
 // `Backend`: check, then add, with a decoder kept across calls as the device's are.
 template <class Backend>
 outcome generic_outcome(gc::detail::message_decoder<Backend>& decoder, const std::vector<std::byte>& bytes,

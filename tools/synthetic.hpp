@@ -3,7 +3,7 @@
 // aggregates carry signal. Reproducible on every platform: a counter-based generator.
 #pragma once
 
-#include <gradcomp/detail/random.hpp>
+#include <gradcomp/detail/core/random.hpp>
 
 #include <cmath>
 #include <cstdint>

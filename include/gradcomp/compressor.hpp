@@ -5,13 +5,14 @@
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/config.hpp>
 #include <gradcomp/correct/none.hpp>
-#include <gradcomp/detail/density.hpp>
-#include <gradcomp/detail/non_finite.hpp>
-#include <gradcomp/detail/selector_work.hpp>
-#include <gradcomp/detail/state_io.hpp>
-#include <gradcomp/detail/step.hpp>
-#include <gradcomp/detail/step_input.hpp>
-#include <gradcomp/detail/widening.hpp>
+#include <gradcomp/detail/core/density.hpp>
+#include <gradcomp/detail/core/non_finite.hpp>
+#include <gradcomp/detail/core/selector_work.hpp>
+#include <gradcomp/detail/core/step_input.hpp>
+#include <gradcomp/detail/engines.hpp>
+#include <gradcomp/detail/step/state_io.hpp>
+#include <gradcomp/detail/step/step_engines.hpp>
+#include <gradcomp/detail/step/widening.hpp>
 #include <gradcomp/encode/index_value.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/float16.hpp>
@@ -281,7 +282,7 @@ class compressor {
   }
 
   /// Writes the step counter, the selector's density and the corrector's memory
-  /// (detail/state_io.hpp).
+  /// (detail/step/state_io.hpp).
   /// \throws gradcomp::error (io) if the stream fails.
   void save_state(std::ostream& out) const {
     detail::require_current_device(backend_, "save_state");
@@ -304,7 +305,7 @@ class compressor {
   }
 
  private:
-  // A record read and checked whole (detail/state_io.hpp) made current.
+  // A record read and checked whole (detail/step/state_io.hpp) made current.
   void load_record(const detail::state_reader& r) {
     detail::require_current_device(backend_, "load_state");
     [[maybe_unused]] const auto saved_selector = detail::restored_selector_state<select_engine>(r, selector_.name());

@@ -7,7 +7,7 @@
 #pragma once
 
 #include <gradcomp/config.hpp>
-#include <gradcomp/detail/step_input.hpp>
+#include <gradcomp/detail/core/step_input.hpp>
 #include <gradcomp/memory.hpp>
 
 #include <concepts>
@@ -185,7 +185,7 @@ concept encoder = std::copyable<E> && policy_has_name<E> && encoder_has_validate
 /// - histogram(n, bin_of, counts): adds 1 to counts[bin_of(i)] for every i < n whose bin
 ///   is not detail::no_bin;
 /// - sum(n, term, tile, total): *total = the sum of term(i) -> double in the order of
-///   detail/fixed_order_sum.hpp (identical on every backend and for any thread count);
+///   detail/core/fixed_order_sum.hpp (identical on every backend and for any thread count);
 /// - compact(n, keep, out, workspace, count): the i < n with keep(i) -> bool, ascending,
 ///   to out and their number to *count; compact_workspace<Keep>(n) bytes of workspace;
 /// - expand(m, body, out, workspace, count): item b < m writes body(b, at) outputs, all

@@ -8,7 +8,7 @@
 
 #include <gradcomp/backend/cuda.cuh>
 #include <gradcomp/config.hpp>
-#include <gradcomp/detail/decode_index_value.hpp>
+#include <gradcomp/detail/codec/decode.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/memory.hpp>
 #include <gradcomp/message.hpp>

@@ -6,7 +6,7 @@
 #pragma once
 
 #include <gradcomp/config.hpp>
-#include <gradcomp/detail/float_formats.hpp>
+#include <gradcomp/detail/core/float_formats.hpp>
 
 #include <cstddef>
 #include <cstdint>

@@ -2,6 +2,7 @@
 /// Everything gradcomp offers on the host, in one include.
 #pragma once
 
+#include <gradcomp/accumulate.hpp>
 #include <gradcomp/backend/host.hpp>
 #include <gradcomp/compressor.hpp>
 #include <gradcomp/concepts.hpp>

@@ -7,7 +7,7 @@
 // message outgrew the bound (every message again, padded to the longest).
 #pragma once
 
-#include <gradcomp/detail/collective_checks.hpp>
+#include <gradcomp/comm/agreement.hpp>
 
 #include <algorithm>
 #include <cstddef>

@@ -7,8 +7,8 @@
 
 #include <torch/extension.h>
 
-#include <gradcomp/detail/collective_checks.hpp>
-#include <gradcomp/detail/state_io.hpp>
+#include <gradcomp/comm/agreement.hpp>
+#include <gradcomp/detail/step/state_io.hpp>
 
 #include <cstdint>
 #include <cstring>

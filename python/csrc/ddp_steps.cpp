@@ -6,7 +6,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
-#include <gradcomp/detail/collective_checks.hpp>
+#include <gradcomp/comm/agreement.hpp>
 
 #if defined(_OPENMP)
 #include <omp.h>

@@ -1,6 +1,7 @@
 // gradcomp.torch's decode and accumulate on torch tensors (messages.hpp).
 #include "messages.hpp"
 
+#include <gradcomp/accumulate.hpp>
 #include <gradcomp/backend/host.hpp>
 #include <gradcomp/message.hpp>
 

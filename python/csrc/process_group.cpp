@@ -3,7 +3,7 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
-#include <gradcomp/detail/collective_checks.hpp>
+#include <gradcomp/comm/agreement.hpp>
 
 #if defined(GRADCOMP_PY_CUDA)
 #include <ATen/cuda/CUDAContext.h>

@@ -1,4 +1,4 @@
-"""examples/torch_ddp_fashion_mnist.py runs every hook (briefly), so it cannot rot."""
+"""experiments/ddp_hooks.py runs every hook (briefly), so it cannot rot."""
 import os
 import signal
 import subprocess
@@ -11,12 +11,12 @@ DATA = "/usr/share/datasets/fashion-mnist"
 
 
 def run_example(methods, tmp_path, timeout):
-    """The example on 2 ranks; on a timeout, its spawned ranks are killed with it."""
+    """The experiment on 2 ranks, run as the README of experiments/ says (a module, from the
+    repository's root); on a timeout, its spawned ranks are killed with it."""
     with subprocess.Popen(
-            [sys.executable, os.path.join(ROOT, "examples", "torch_ddp_fashion_mnist.py"), "--ranks", "2", "--epochs",
-             "2", "--steps-per-epoch", "12", "--start-iter", "2", "--methods", ",".join(methods),
-             "--out", str(tmp_path / "r.json")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            start_new_session=True) as process:
+            [sys.executable, "-m", "experiments.ddp_hooks", "--ranks", "2", "--epochs", "2", "--steps-per-epoch", "12",
+             "--start-iter", "2", "--methods", ",".join(methods), "--out", str(tmp_path / "r.json")],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True) as process:
         try:
             stdout, stderr = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -61,7 +61,7 @@ std::vector<std::uint32_t> queued_indices(Engine& engine, const gradcomp::backen
 
 // backend::cuda's exact_topk (the device radix select) and chunk_local (reduce-by-key
 // and one compaction) are fast paths: each must select what the generic algorithm
-// over the backend primitives (detail/select_<name>.hpp) selects on backend::cuda.
+// over the backend primitives (detail/select/<name>.hpp) selects on backend::cuda.
 TEST_CASE("cuda: the exact_topk and chunk_local fast paths equal the generic algorithms on backend::cuda") {
   namespace gc = gradcomp;
   const gc::backend::cuda be{};

@@ -6,8 +6,8 @@
 #pragma once
 
 #include <gradcomp/backend/host.hpp>
-#include <gradcomp/detail/encode_index_value.hpp>
-#include <gradcomp/detail/step_input.hpp>
+#include <gradcomp/detail/codec/encode.hpp>
+#include <gradcomp/detail/core/step_input.hpp>
 
 #include <cstddef>
 #include <cstdint>

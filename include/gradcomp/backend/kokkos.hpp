@@ -8,10 +8,10 @@
 #pragma once
 
 #include <gradcomp/config.hpp>
-#include <gradcomp/detail/expansion.hpp>
-#include <gradcomp/detail/fixed_order_sum.hpp>
+#include <gradcomp/detail/core/expansion.hpp>
+#include <gradcomp/detail/core/fixed_order_sum.hpp>
 #include <gradcomp/detail/kokkos/primitives.hpp>
-#include <gradcomp/detail/radix_select.hpp>
+#include <gradcomp/detail/core/radix_select.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/memory.hpp>
 
@@ -87,7 +87,7 @@ struct kokkos {
   }
 
   /// Writes to `*total` (space memory) the sum of `term(i)` (a double) over [0, n) in
-  /// the order of detail/fixed_order_sum.hpp; `tile` is workspace of tile_count(n)
+  /// the order of detail/core/fixed_order_sum.hpp; `tile` is workspace of tile_count(n)
   /// doubles in space memory. Waits.
   template <class Term>
   void sum(std::size_t n, const Term& term, double* tile, double* total) const {

@@ -8,8 +8,8 @@
 #include <gradcomp/compressor.hpp>
 #include <gradcomp/config.hpp>
 #include <gradcomp/correct/none.hpp>
-#include <gradcomp/detail/collective_checks.hpp>
-#include <gradcomp/detail/density.hpp>
+#include <gradcomp/comm/agreement.hpp>
+#include <gradcomp/detail/core/density.hpp>
 #include <gradcomp/encode/index_value.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/message.hpp>

@@ -7,8 +7,8 @@
 #include <gradcomp/comm/path.hpp>
 #include <gradcomp/comm/sparse_allreduce.hpp>
 #include <gradcomp/config.hpp>
-#include <gradcomp/detail/collective_checks.hpp>
-#include <gradcomp/detail/wire.hpp>
+#include <gradcomp/comm/agreement.hpp>
+#include <gradcomp/detail/core/wire.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/message.hpp>
 

@@ -9,10 +9,10 @@
 #include <gradcomp/comm/path.hpp>
 #include <gradcomp/comm/sparse_allreduce.hpp>
 #include <gradcomp/config.hpp>
-#include <gradcomp/detail/collective_checks.hpp>
+#include <gradcomp/comm/agreement.hpp>
 #include <gradcomp/detail/cuda/device_buffer.cuh>
 #include <gradcomp/detail/cuda/exchange_memory.cuh>
-#include <gradcomp/detail/decode_index_value.hpp>
+#include <gradcomp/detail/codec/decode.hpp>
 #include <gradcomp/detail/cuda/launch.cuh>
 #include <gradcomp/error.hpp>
 #include <gradcomp/message.hpp>

@@ -8,10 +8,10 @@
 #include <gradcomp/comm/cyclic_topk.hpp>
 #include <gradcomp/compressor.hpp>
 #include <gradcomp/config.hpp>
-#include <gradcomp/detail/collective_checks.hpp>
-#include <gradcomp/detail/density.hpp>
-#include <gradcomp/detail/radix_select.hpp>
-#include <gradcomp/detail/state_io.hpp>
+#include <gradcomp/comm/agreement.hpp>
+#include <gradcomp/detail/core/density.hpp>
+#include <gradcomp/detail/core/radix_select.hpp>
+#include <gradcomp/detail/step/state_io.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/message.hpp>
 

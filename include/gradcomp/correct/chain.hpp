@@ -108,5 +108,3 @@ struct chain {
 
 }  // namespace correct
 GRADCOMP_NAMESPACE_END
-
-#include <gradcomp/detail/correct_elementwise.hpp>  // the algorithm, on every backend

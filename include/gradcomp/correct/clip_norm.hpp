@@ -52,5 +52,3 @@ struct clip_norm {
 
 }  // namespace correct
 GRADCOMP_NAMESPACE_END
-
-#include <gradcomp/detail/correct_elementwise.hpp>  // the algorithm, on every backend

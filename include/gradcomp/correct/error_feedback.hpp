@@ -49,5 +49,3 @@ struct error_feedback {
 
 }  // namespace correct
 GRADCOMP_NAMESPACE_END
-
-#include <gradcomp/detail/correct_elementwise.hpp>  // the algorithm, on every backend

@@ -44,5 +44,3 @@ struct low_pass {
 
 }  // namespace correct
 GRADCOMP_NAMESPACE_END
-
-#include <gradcomp/detail/correct_elementwise.hpp>  // the algorithm, on every backend

@@ -61,5 +61,3 @@ struct momentum {
 
 }  // namespace correct
 GRADCOMP_NAMESPACE_END
-
-#include <gradcomp/detail/correct_elementwise.hpp>  // the algorithm, on every backend

@@ -21,5 +21,3 @@ struct none {
 
 }  // namespace correct
 GRADCOMP_NAMESPACE_END
-
-#include <gradcomp/detail/correct_none.hpp>  // the algorithm, on every backend

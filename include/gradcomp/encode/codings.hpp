@@ -17,7 +17,9 @@ enum class index_coding : std::uint8_t {
 };
 
 /// How the value section is written. The numeric values are part of the wire format;
-/// each coding is a struct of detail/value_codings.hpp (its name, layout and arithmetic).
+/// each coding is a struct of detail/codec/value_codings.hpp (its name, layout and
+/// arithmetic), which also holds to_string(value_coding) and for_each_value_coding, read
+/// from those structs (message.hpp and compressor.hpp include it).
 enum class value_coding : std::uint8_t {
   f32 = 1,      ///< IEEE binary32, exact
   f16 = 2,      ///< IEEE binary16, round to nearest even, saturating at +-65504
@@ -43,6 +45,3 @@ constexpr const char* to_string(index_coding c) noexcept {
 }
 
 GRADCOMP_NAMESPACE_END
-
-// Every value coding's struct, and to_string(value_coding), which they name.
-#include <gradcomp/detail/value_codings.hpp>

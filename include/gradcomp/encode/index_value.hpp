@@ -3,7 +3,7 @@
 #pragma once
 
 #include <gradcomp/config.hpp>
-#include <gradcomp/detail/codecs.hpp>
+#include <gradcomp/detail/codec/sections.hpp>
 #include <gradcomp/encode/codings.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/message.hpp>
@@ -60,5 +60,3 @@ struct index_value {
 
 }  // namespace encode
 GRADCOMP_NAMESPACE_END
-
-#include <gradcomp/detail/encode_index_value.hpp>  // the algorithm, on every backend

@@ -34,5 +34,3 @@ struct chunk_local {
 
 }  // namespace select
 GRADCOMP_NAMESPACE_END
-
-#include <gradcomp/detail/select_chunk_local.hpp>  // the algorithm, on every backend

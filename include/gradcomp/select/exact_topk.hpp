@@ -3,7 +3,7 @@
 #pragma once
 
 #include <gradcomp/config.hpp>
-#include <gradcomp/detail/density.hpp>
+#include <gradcomp/detail/core/density.hpp>
 #include <gradcomp/error.hpp>
 
 #include <algorithm>
@@ -50,5 +50,3 @@ struct exact_topk {
 
 }  // namespace select
 GRADCOMP_NAMESPACE_END
-
-#include <gradcomp/detail/select_exact_topk.hpp>  // the algorithm, on every backend

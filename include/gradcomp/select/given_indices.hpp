@@ -3,7 +3,7 @@
 #pragma once
 
 #include <gradcomp/config.hpp>
-#include <gradcomp/detail/density.hpp>
+#include <gradcomp/detail/core/density.hpp>
 #include <gradcomp/error.hpp>
 
 #include <cstddef>
@@ -48,5 +48,3 @@ struct given_indices {
 
 }  // namespace select
 GRADCOMP_NAMESPACE_END
-
-#include <gradcomp/detail/select_given_indices.hpp>  // the algorithm, on every backend

@@ -3,7 +3,7 @@
 #pragma once
 
 #include <gradcomp/config.hpp>
-#include <gradcomp/detail/density.hpp>
+#include <gradcomp/detail/core/density.hpp>
 #include <gradcomp/error.hpp>
 
 #include <algorithm>
@@ -44,5 +44,3 @@ struct random_k {
 
 }  // namespace select
 GRADCOMP_NAMESPACE_END
-
-#include <gradcomp/detail/select_random_k.hpp>  // the algorithm, on every backend

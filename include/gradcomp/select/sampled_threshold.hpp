@@ -3,7 +3,7 @@
 #pragma once
 
 #include <gradcomp/config.hpp>
-#include <gradcomp/detail/density.hpp>
+#include <gradcomp/detail/core/density.hpp>
 #include <gradcomp/error.hpp>
 
 #include <algorithm>
@@ -75,5 +75,3 @@ struct sampled_threshold {
 
 }  // namespace select
 GRADCOMP_NAMESPACE_END
-
-#include <gradcomp/detail/select_sampled_threshold.hpp>  // the algorithm, on every backend

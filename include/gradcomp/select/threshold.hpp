@@ -29,5 +29,3 @@ struct threshold {
 
 }  // namespace select
 GRADCOMP_NAMESPACE_END
-
-#include <gradcomp/detail/select_threshold.hpp>  // the algorithm, on every backend

@@ -7,7 +7,7 @@
 #include <gradcomp/config.hpp>
 #include <gradcomp/detail/cuda/device_buffer.cuh>
 #include <gradcomp/detail/cuda/launch.cuh>
-#include <gradcomp/detail/decode_index_value.hpp>
+#include <gradcomp/detail/codec/decode.hpp>
 #include <gradcomp/message.hpp>
 
 #include <cuda_runtime.h>

@@ -8,9 +8,9 @@
 
 #include <gradcomp/config.hpp>
 #include <gradcomp/detail/cuda/device_buffer.cuh>
-#include <gradcomp/detail/fixed_order_sum.hpp>
-#include <gradcomp/detail/radix_select.hpp>
-#include <gradcomp/detail/step_input.hpp>
+#include <gradcomp/detail/core/fixed_order_sum.hpp>
+#include <gradcomp/detail/core/radix_select.hpp>
+#include <gradcomp/detail/core/step_input.hpp>
 
 #include <cuda_runtime.h>
 

@@ -18,7 +18,7 @@
 #include <gradcomp/config.hpp>
 #include <gradcomp/detail/cuda/device_buffer.cuh>
 #include <gradcomp/detail/cuda/launch.cuh>
-#include <gradcomp/detail/step_input.hpp>
+#include <gradcomp/detail/core/step_input.hpp>
 
 #include <cooperative_groups.h>
 #include <cub/block/block_scan.cuh>

@@ -6,15 +6,12 @@
 /// status. Magnitudes are compared as keys, which order as the host's floats. Not API.
 #pragma once
 
-#if !defined(GRADCOMP_BACKEND_CUDA_COMPLETE)
-#error "gradcomp: detail/cuda/select_*.cuh are parts of <gradcomp/backend/cuda.cuh>, which includes them: include that"
-#endif
-
+#include <gradcomp/detail/cuda/backend.cuh>
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/detail/cuda/compaction.cuh>
 #include <gradcomp/detail/cuda/device_buffer.cuh>
-#include <gradcomp/detail/radix_select.hpp>
-#include <gradcomp/detail/step_input.hpp>
+#include <gradcomp/detail/core/radix_select.hpp>
+#include <gradcomp/detail/core/step_input.hpp>
 #include <gradcomp/select/chunk_local.hpp>
 
 #include <cub/device/device_reduce.cuh>

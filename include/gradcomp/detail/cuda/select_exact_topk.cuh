@@ -5,16 +5,13 @@
 /// they ascend. The same indices as backend::host. Not API.
 #pragma once
 
-#if !defined(GRADCOMP_BACKEND_CUDA_COMPLETE)
-#error "gradcomp: detail/cuda/select_*.cuh are parts of <gradcomp/backend/cuda.cuh>, which includes them: include that"
-#endif
-
+#include <gradcomp/detail/cuda/backend.cuh>
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/detail/cuda/device_buffer.cuh>
 #include <gradcomp/detail/cuda/launch.cuh>
 #include <gradcomp/detail/cuda/radix_topk.cuh>
-#include <gradcomp/detail/radix_select.hpp>
-#include <gradcomp/detail/step_input.hpp>
+#include <gradcomp/detail/core/radix_select.hpp>
+#include <gradcomp/detail/core/step_input.hpp>
 #include <gradcomp/select/exact_topk.hpp>
 
 #include <cub/device/device_radix_sort.cuh>

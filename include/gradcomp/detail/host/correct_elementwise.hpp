@@ -1,21 +1,18 @@
 /// \file detail/host/correct_elementwise.hpp
 /// backend::host's fast path for the element-wise correctors (error_feedback, momentum,
-/// clip_norm, low_pass, chain): the algorithm of detail/correct_elementwise.hpp fused
+/// clip_norm, low_pass, chain): the algorithm of detail/correct/elementwise.hpp fused
 /// with the selector's first pass (each tile of acc is handed over while in cache),
 /// with an optimistic clipping order and in-place updates when a step cannot be
 /// rejected. The conformance tests prove it bit-identical to the generic algorithm on
 /// backend::host; bench_kokkos measures what it gains.
 #pragma once
 
-#if !defined(GRADCOMP_BACKEND_HOST_COMPLETE)
-#error "gradcomp: detail/host/ holds the parts of <gradcomp/backend/host.hpp>, which includes them: include that"
-#endif
-
+#include <gradcomp/detail/host/backend.hpp>
 #include <gradcomp/concepts.hpp>
-#include <gradcomp/detail/correct_elementwise.hpp>
-#include <gradcomp/detail/fixed_order_sum.hpp>
+#include <gradcomp/detail/correct/elementwise.hpp>
+#include <gradcomp/detail/core/fixed_order_sum.hpp>
 #include <gradcomp/detail/host/corrector_state.hpp>
-#include <gradcomp/detail/step_input.hpp>
+#include <gradcomp/detail/core/step_input.hpp>
 
 #include <algorithm>
 #include <array>

@@ -2,14 +2,11 @@
 /// correct::none on backend::host.
 #pragma once
 
-#if !defined(GRADCOMP_BACKEND_HOST_COMPLETE)
-#error "gradcomp: detail/host/ holds the parts of <gradcomp/backend/host.hpp>, which includes them: include that"
-#endif
-
+#include <gradcomp/detail/host/backend.hpp>
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/correct/none.hpp>
 #include <gradcomp/detail/host/corrector_state.hpp>
-#include <gradcomp/detail/step_input.hpp>
+#include <gradcomp/detail/core/step_input.hpp>
 
 #include <algorithm>
 #include <cstddef>

@@ -8,12 +8,9 @@
 /// which saves the read for ownership of the second copy.
 #pragma once
 
-#if !defined(GRADCOMP_BACKEND_HOST_COMPLETE)
-#error "gradcomp: detail/host/ holds the parts of <gradcomp/backend/host.hpp>, which includes them: include that"
-#endif
-
+#include <gradcomp/detail/host/backend.hpp>
 #include <gradcomp/concepts.hpp>
-#include <gradcomp/detail/radix_select.hpp>
+#include <gradcomp/detail/core/radix_select.hpp>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>

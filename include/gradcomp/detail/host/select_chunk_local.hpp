@@ -4,15 +4,12 @@
 /// handled in select() as their lists are concatenated.
 #pragma once
 
-#if !defined(GRADCOMP_BACKEND_HOST_COMPLETE)
-#error "gradcomp: detail/host/ holds the parts of <gradcomp/backend/host.hpp>, which includes them: include that"
-#endif
-
+#include <gradcomp/detail/host/backend.hpp>
 #include <gradcomp/concepts.hpp>
-#include <gradcomp/detail/select_bin.hpp>
+#include <gradcomp/detail/select/chunk_local_bin.hpp>
 #include <gradcomp/detail/host/slices.hpp>
-#include <gradcomp/detail/radix_select.hpp>
-#include <gradcomp/detail/step_input.hpp>
+#include <gradcomp/detail/core/radix_select.hpp>
+#include <gradcomp/detail/core/step_input.hpp>
 #include <gradcomp/select/chunk_local.hpp>
 
 #include <algorithm>

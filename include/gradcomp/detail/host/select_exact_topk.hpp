@@ -19,14 +19,11 @@
 /// the common case for slowly changing residuals, acc is never read again.
 #pragma once
 
-#if !defined(GRADCOMP_BACKEND_HOST_COMPLETE)
-#error "gradcomp: detail/host/ holds the parts of <gradcomp/backend/host.hpp>, which includes them: include that"
-#endif
-
+#include <gradcomp/detail/host/backend.hpp>
 #include <gradcomp/concepts.hpp>
-#include <gradcomp/detail/simd.hpp>
-#include <gradcomp/detail/radix_select.hpp>
-#include <gradcomp/detail/step_input.hpp>
+#include <gradcomp/detail/core/simd.hpp>
+#include <gradcomp/detail/core/radix_select.hpp>
+#include <gradcomp/detail/core/step_input.hpp>
 #include <gradcomp/select/exact_topk.hpp>
 
 #include <algorithm>

@@ -6,17 +6,14 @@
 /// count misses the bounds.
 #pragma once
 
-#if !defined(GRADCOMP_BACKEND_HOST_COMPLETE)
-#error "gradcomp: detail/host/ holds the parts of <gradcomp/backend/host.hpp>, which includes them: include that"
-#endif
-
+#include <gradcomp/detail/host/backend.hpp>
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/detail/host/select_exact_topk.hpp>
 #include <gradcomp/detail/host/slices.hpp>
-#include <gradcomp/detail/radix_select.hpp>
-#include <gradcomp/detail/random.hpp>
-#include <gradcomp/detail/sampled_threshold_steps.hpp>
-#include <gradcomp/detail/step_input.hpp>
+#include <gradcomp/detail/core/radix_select.hpp>
+#include <gradcomp/detail/core/random.hpp>
+#include <gradcomp/detail/select/sampled_threshold_steps.hpp>
+#include <gradcomp/detail/core/step_input.hpp>
 #include <gradcomp/select/sampled_threshold.hpp>
 
 #include <algorithm>

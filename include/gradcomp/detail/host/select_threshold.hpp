@@ -3,14 +3,11 @@
 /// corrector's pass (observe); select() only concatenates the per-tile lists.
 #pragma once
 
-#if !defined(GRADCOMP_BACKEND_HOST_COMPLETE)
-#error "gradcomp: detail/host/ holds the parts of <gradcomp/backend/host.hpp>, which includes them: include that"
-#endif
-
+#include <gradcomp/detail/host/backend.hpp>
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/detail/host/slices.hpp>
-#include <gradcomp/detail/radix_select.hpp>
-#include <gradcomp/detail/step_input.hpp>
+#include <gradcomp/detail/core/radix_select.hpp>
+#include <gradcomp/detail/core/step_input.hpp>
 #include <gradcomp/select/threshold.hpp>
 
 #include <utility>

@@ -4,11 +4,8 @@
 /// short serial gather concatenates the slices in tile order. Not API.
 #pragma once
 
-#if !defined(GRADCOMP_BACKEND_HOST_COMPLETE)
-#error "gradcomp: detail/host/ holds the parts of <gradcomp/backend/host.hpp>, which includes them: include that"
-#endif
-
-#include <gradcomp/detail/simd.hpp>
+#include <gradcomp/detail/host/backend.hpp>
+#include <gradcomp/detail/core/simd.hpp>
 
 #include <cstdint>
 #include <cstring>

@@ -5,8 +5,8 @@
 #pragma once
 
 #include <gradcomp/config.hpp>
-#include <gradcomp/detail/simd.hpp>
-#include <gradcomp/detail/radix_select.hpp>
+#include <gradcomp/detail/core/simd.hpp>
+#include <gradcomp/detail/core/radix_select.hpp>
 
 #include <Kokkos_Core.hpp>
 
@@ -31,7 +31,7 @@ Kokkos::RangePolicy<Space> range(const Space& space, std::size_t n) {
 
 /// Writes, ascending, every i with magnitude_key(x(i)) >= low to out (up to its
 /// extent) and returns how many there are (possibly more than out holds). Sixteen
-/// entries per work item with the SIMD mask of detail/simd.hpp: groups without a
+/// entries per work item with the SIMD mask of detail/core/simd.hpp: groups without a
 /// hit cost one compare.
 template <class Space>
 std::size_t compact_at_least(const Space& space, const view<const float, Space>& x, std::uint32_t low,

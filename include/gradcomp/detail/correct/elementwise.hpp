@@ -1,0 +1,230 @@
+/// \file detail/correct/elementwise.hpp
+/// The algorithm of every corrector defined element by element (error_feedback,
+/// momentum, clip_norm, low_pass, chain), written once over the backend primitives of
+/// concepts.hpp: it is what backend::kokkos and backend::cuda run, and backend::host's
+/// fused engine (detail/host/correct_elementwise.hpp) is a fast path proved
+/// bit-identical to it by the tests. The policy supplies `update(state, g) -> acc` and
+/// `commit(state, old_state, acc, sent)` for one element; this file supplies the passes
+/// and the double-buffered state, so a rejected step leaves the committed state as it
+/// was. Not API.
+#pragma once
+
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/config.hpp>
+#include <gradcomp/detail/core/fixed_order_sum.hpp>
+#include <gradcomp/detail/core/radix_select.hpp>
+#include <gradcomp/detail/core/step_input.hpp>
+
+#include <array>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace detail {
+
+/// What a corrector must offer to run element by element.
+template <class P>
+concept elementwise_corrector = requires(const P& p, float* s, const float* old, float x) {
+  { P::acc_state } -> std::convertible_to<int>;
+  { p.update(s, x) } -> std::same_as<float>;
+  p.commit(s, old, x, x);
+};
+
+/// Whether the policy scales the gradient by a factor of its norm (clip_norm).
+template <class P>
+constexpr bool scales_gradient() {
+  if constexpr (requires { P::scales_gradient; }) {
+    return P::scales_gradient;
+  } else {
+    return false;
+  }
+}
+
+// The per-element work, as functors a device can run. Loops over the state arrays test
+// `a != Arrays`: nvcc warns that `a < Arrays` is pointless for the stateless correctors.
+namespace elementwise {
+
+/// Addresses of a corrector's state arrays (one spare slot keeps the array non-empty
+/// for the stateless correctors).
+template <std::size_t Arrays>
+struct arrays {
+  float* at[Arrays + 1];
+};
+
+/// The policy's gradient factor from the squared norm, by one thread: computed where
+/// the norm is, so that nothing is read back.
+template <class Policy>
+struct scale_from_norm {
+  Policy policy;
+  const double* sum_of_squares;
+  float* scale;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t) const { *scale = policy.gradient_scale(*sum_of_squares); }
+};
+
+/// The new state and acc at i from the committed state and g_i times the factor (none:
+/// 1); returns 1 if acc is a NaN or an infinity.
+template <class Policy, std::size_t Arrays, bool OwnAcc>
+struct update {
+  Policy policy;
+  arrays<Arrays> old, next;
+  float* acc;
+  const float* g;
+  const float* scale;
+  GRADCOMP_HOST_DEVICE std::uint32_t operator()(std::size_t i) const {
+    float s[Arrays + 1];
+    for (std::size_t a = 0; a != Arrays; ++a) s[a] = old.at[a][i];
+    const float value = policy.update(s, scale != nullptr ? mul_rn(g[i], *scale) : g[i]);
+    for (std::size_t a = 0; a != Arrays; ++a) next.at[a][i] = s[a];
+    if constexpr (OwnAcc) acc[i] = value;
+    return magnitude_key(value) >= non_finite_key ? 1u : 0u;
+  }
+};
+
+/// The policy's commit of the j-th sent entry. Entries past the status's count, and
+/// every entry of a step that met a NaN, are left alone.
+template <class Policy, std::size_t Arrays>
+struct commit {
+  Policy policy;
+  arrays<Arrays> old, next;
+  const float* acc;
+  const std::uint32_t* index;
+  const float* sent;
+  const step_status* status;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
+    if (status->non_finite != 0 || j >= status->count) return;
+    const std::uint32_t i = index[j];
+    float s[Arrays + 1], before[Arrays + 1];
+    for (std::size_t a = 0; a != Arrays; ++a) {
+      s[a] = next.at[a][i];
+      before[a] = old.at[a][i];
+    }
+    policy.commit(s, before, acc[i], sent[j]);
+    for (std::size_t a = 0; a != Arrays; ++a) next.at[a][i] = s[a];
+  }
+};
+
+/// to[i] = from[i].
+struct copy {
+  const float* from;
+  float* to;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t i) const { to[i] = from[i]; }
+};
+
+}  // namespace elementwise
+
+/// An element-wise corrector on any backend: each stage queued with the step's status.
+template <elementwise_corrector Policy, class Backend>
+class elementwise_correction {
+  static constexpr std::size_t arrays = Policy::state_arrays;
+  static constexpr bool own_acc = Policy::acc_state < 0;
+  using pointers = elementwise::arrays<arrays>;
+  using buffer = typename Backend::template buffer<float>;
+
+ public:
+  elementwise_correction(const Backend& be, const Policy&, std::size_t n)
+      : backend_(be),
+        n_(n),
+        acc_(be.template allocate<float>(own_acc ? n : 0)),
+        tile_sums_(be.template allocate<double>(scales_gradient<Policy>() ? tile_count(n) : 0)),
+        sum_of_squares_(be.template allocate<double>(scales_gradient<Policy>() ? 1 : 0)),
+        scale_(be.template allocate<float>(scales_gradient<Policy>() ? 1 : 0)),
+        staging_(Backend::host_accessible ? 0 : n) {
+    for (std::size_t a = 0; a != arrays; ++a) {
+      committed_[a] = be.template allocate<float>(n);
+      next_[a] = be.template allocate<float>(n);
+    }
+  }
+
+  /// Queues the new state and acc of every element; a NaN or infinity in acc raises
+  /// the status's flag. A clip's factor is computed on the backend (no read-back).
+  void update(const Backend& be, const Policy& policy, std::span<const float> g, step_status* status) {
+    const float* scale = nullptr;
+    if constexpr (scales_gradient<Policy>()) {
+      if (policy.needs_norm()) {
+        be.sum(n_, square_of{g.data()}, tile_sums_.data(), sum_of_squares_.data());
+        be.for_each(1, elementwise::scale_from_norm<Policy>{policy, sum_of_squares_.data(), scale_.data()});
+        scale = scale_.data();
+      }
+    }
+    be.reduce_or(n_,
+                 elementwise::update<Policy, arrays, own_acc>{policy, addresses(committed_), addresses(next_),
+                                                              acc_.data(), g.data(), scale},
+                 &status->non_finite);
+  }
+
+  /// acc of the step in progress.
+  std::span<const float> acc(std::span<const float>) const noexcept {
+    if constexpr (own_acc) {
+      return {acc_.data(), n_};
+    } else {
+      return {next_[static_cast<std::size_t>(Policy::acc_state)].data(), n_};
+    }
+  }
+
+  /// Queues into `out` the acc that update() would compute now, and its finiteness
+  /// into the status. The committed state is untouched (update() writes only the next
+  /// copy, which the next step rewrites whole).
+  void preview(const Backend& be, const Policy& policy, std::span<const float> g, std::span<float> out,
+               step_status* status) {
+    update(be, policy, g, status);
+    be.for_each(n_, elementwise::copy{acc({}).data(), out.data()});
+  }
+
+  /// Queues the commit of the sent entries: index and sent span the workspace and the
+  /// count is the status's; nothing is written if the step met a NaN.
+  void commit(const Backend& be, const Policy& policy, std::span<const std::uint32_t> index,
+              std::span<const float> sent, const step_status* status) {
+    be.for_each(index.size(), elementwise::commit<Policy, arrays>{policy, addresses(committed_), addresses(next_),
+                                                                  acc({}).data(), index.data(), sent.data(), status});
+  }
+
+  /// Makes the step's state the committed one.
+  void accept() noexcept { std::swap(committed_, next_); }
+
+  /// Committed array `a`, readable on the host (a copy, where the host cannot read the
+  /// backend's memory).
+  std::span<const float> committed(std::size_t a) const {
+    if constexpr (Backend::host_accessible) {
+      return {committed_[a].data(), n_};
+    } else {
+      backend_.to_host(committed_[a].data(), n_, staging_.data());
+      return staging_;
+    }
+  }
+  /// Replaces committed array `a` by `values` (host memory, n of them).
+  void load_committed(std::size_t a, std::span<const float> values) {
+    backend_.to_device(values.data(), n_, committed_[a].data());
+  }
+
+ private:
+  static pointers addresses(const std::array<buffer, arrays + 1>& buffers) {
+    pointers p{};
+    for (std::size_t a = 0; a != arrays; ++a) p.at[a] = const_cast<float*>(buffers[a].data());
+    return p;
+  }
+
+  Backend backend_;
+  std::size_t n_;
+  std::array<buffer, arrays + 1> committed_{};
+  std::array<buffer, arrays + 1> next_{};
+  buffer acc_;
+  typename Backend::template buffer<double> tile_sums_;
+  typename Backend::template buffer<double> sum_of_squares_;
+  buffer scale_;
+  mutable std::vector<float> staging_;
+};
+
+/// Every backend runs the element-wise correctors with the algorithm above, unless it has
+/// a fast path for them (a detail::fast_engine: backend::host's fused pass).
+template <elementwise_corrector Policy, class Backend>
+class engine<Policy, Backend> : public elementwise_correction<Policy, Backend> {
+ public:
+  using elementwise_correction<Policy, Backend>::elementwise_correction;
+};
+
+}  // namespace detail
+GRADCOMP_NAMESPACE_END

@@ -1,0 +1,248 @@
+/// \file detail/cuda/backend.cuh
+/// backend::cuda and its primitives, without its fast paths: what the fast paths of
+/// detail/cuda/select_*.cuh build on. Include backend/cuda.cuh, which adds them (and
+/// says how to build).
+#pragma once
+
+#include <gradcomp/backend/device_allocator.hpp>
+#include <gradcomp/config.hpp>
+#include <gradcomp/detail/cuda/compaction.cuh>
+#include <gradcomp/detail/cuda/device_buffer.cuh>
+#include <gradcomp/detail/cuda/launch.cuh>
+#include <gradcomp/error.hpp>
+#include <gradcomp/memory.hpp>
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <vector>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace backend {
+
+/// Runs gradcomp on the current CUDA device, ordered on one stream.
+struct cuda {
+  /// The stream every kernel and copy is queued on (0: the legacy default stream).
+  cudaStream_t stream = nullptr;
+  /// The device the compressor's memory lives on; -1 (the default): the current device
+  /// when the compressor is made, which it then records. Every call that touches that
+  /// memory must run with this device current.
+  int device = -1;
+  /// Where this compressor's state and workspace come from (PyTorch's caching
+  /// allocator, RMM, a pool of the caller's); null, the default: the one
+  /// set_device_allocator installed for the process, else cudaMalloc.
+  std::shared_ptr<device_allocator> allocator = nullptr;
+
+  /// Gradients, state and dense tensors live in device memory (device_span): the
+  /// compressor queues its work and reads a step_status back.
+  using memory = gradcomp::device_memory;
+  /// Messages are written and read in device memory (device_span, device_message).
+  using message_memory = gradcomp::device_memory;
+
+  /// Owning device storage for compressor state and workspace.
+  template <class T>
+  using buffer = detail::device_buffer<T>;
+
+  /// Allocates `count` elements of device memory, zero-filled on the stream before it
+  /// returns (waits for the stream).
+  /// \throws gradcomp::error (errc::device) if the allocation fails.
+  template <class T>
+  [[nodiscard]] buffer<T> allocate(std::size_t count) const {
+    return buffer<T>(count, allocator, stream);
+  }
+
+  /// Queues the zeroing of `count` elements at device address `p`.
+  template <class T>
+  void clear(T* p, std::size_t count) const {
+    detail::cuda_check(cudaMemsetAsync(p, 0, count * sizeof(T), stream), "cudaMemsetAsync");
+  }
+
+  /// Queues `body(i)` for every i in [0, n) on the stream. `body` must be a
+  /// GRADCOMP_HOST_DEVICE functor holding device pointers.
+  template <class Body>
+  void for_each(std::size_t n, const Body& body) const {
+    if (n == 0) return;
+    detail::cuda_launch::for_each<<<detail::cuda_launch::grid_for(n), detail::cuda_launch::block_threads, 0, stream>>>(
+        n, body);
+    detail::cuda_check(cudaGetLastError(), "for_each (launch)");
+  }
+
+  /// Queues `body(i)` -> std::uint32_t for every i in [0, n), ORing the results into
+  /// `*bits` (device memory, never cleared here).
+  template <class Body>
+  void reduce_or(std::size_t n, const Body& body, std::uint32_t* bits) const {
+    if (n == 0) return;
+    detail::cuda_launch::reduce_or<<<detail::cuda_launch::grid_for(n), detail::cuda_launch::block_threads, 0, stream>>>(
+        n, body, bits);
+    detail::cuda_check(cudaGetLastError(), "reduce_or (launch)");
+  }
+
+  /// Queues `body(i)` -> std::uint32_t for every i in [0, n), raising `*word` (device
+  /// memory, never lowered here) to the largest result.
+  template <class Body>
+  void reduce_max(std::size_t n, const Body& body, std::uint32_t* word) const {
+    if (n == 0) return;
+    detail::cuda_launch::
+        reduce_max<<<detail::cuda_launch::grid_for(n), detail::cuda_launch::block_threads, 0, stream>>>(n, body, word);
+    detail::cuda_check(cudaGetLastError(), "reduce_max (launch)");
+  }
+
+  /// Queues counts[bin_of(i)] += 1 for every i in [0, n) whose bin is not
+  /// detail::no_bin (atomic increments); `counts` is device memory, never cleared here.
+  template <class BinOf>
+  void histogram(std::size_t n, const BinOf& bin_of, std::uint32_t* counts) const {
+    if (n == 0) return;
+    detail::cuda_launch::histogram<<<detail::cuda_launch::grid_for(n), detail::cuda_launch::block_threads, 0, stream>>>(
+        n, bin_of, counts);
+    detail::cuda_check(cudaGetLastError(), "histogram (launch)");
+  }
+
+  /// Queues the sum of `term(i)` (a double) over [0, n) into `*total` (device memory),
+  /// added in the order of detail/core/fixed_order_sum.hpp, exactly as the host adds it;
+  /// `tile` is device workspace of tile_count(n) doubles.
+  template <class Term>
+  void sum(std::size_t n, const Term& term, double* tile, double* total) const {
+    if (n != 0) {
+      detail::cuda_launch::
+          tile_sums<<<detail::cuda_launch::tile_sum_blocks(n), detail::cuda_launch::block_threads, 0, stream>>>(n, term,
+                                                                                                                tile);
+      detail::cuda_check(cudaGetLastError(), "sum (launch)");
+    }
+    detail::cuda_launch::sum_of_tiles<<<1, 1, 0, stream>>>(tile, detail::tile_count(n), total);
+    detail::cuda_check(cudaGetLastError(), "sum (launch)");
+  }
+
+  /// Bytes of workspace that compact() needs for n indices and a predicate of type Keep.
+  template <class Keep>
+  [[nodiscard]] std::size_t compact_workspace(std::size_t n) const {
+    return detail::cuda_launch::select_if_scratch<Keep>(n, stream);
+  }
+  /// Queues the indices i < n with keep(i), ascending, into `out` (room for every kept
+  /// index) and their number into `*count` (device memory), by cub::DeviceSelect::If;
+  /// `workspace` holds compact_workspace<Keep>(n) bytes.
+  template <class Keep>
+  void compact(std::size_t n, const Keep& keep, std::uint32_t* out, std::span<std::byte> workspace,
+               std::uint32_t* count) const {
+    detail::cuda_launch::select_if(workspace.data(), workspace.size(), keep, n, out, count, stream);
+  }
+
+  /// Bytes of workspace that expand() needs for m items.
+  [[nodiscard]] std::size_t expand_workspace(std::size_t m) const {
+    return detail::cuda_launch::expand_scratch(m, stream);
+  }
+  /// Queues the ordered expansion: item b < m makes body(b, at) -> std::size_t outputs,
+  /// written from `at` on, or only counted when `at` is null; the outputs land in `out`
+  /// in item order and their number in `*count` (device memory). A counting kernel, an
+  /// exclusive scan of the counts (CUB), a writing kernel; `workspace` holds
+  /// expand_workspace(m) bytes.
+  template <class Body>
+  void expand(std::size_t m, const Body& body, std::uint32_t* out, std::span<std::byte> workspace,
+              std::uint32_t* count) const {
+    if (m == 0) return clear(count, 1);
+    auto* counts = reinterpret_cast<std::uint32_t*>(workspace.data());  // allocation-aligned
+    std::uint32_t* offsets = counts + m;
+    std::byte* scratch = workspace.data() + 2 * m * sizeof(std::uint32_t);
+    std::size_t scratch_bytes = workspace.size() - 2 * m * sizeof(std::uint32_t);
+    const auto blocks =
+        static_cast<unsigned>((m + detail::cuda_launch::block_threads - 1) / detail::cuda_launch::block_threads);
+    detail::cuda_launch::expand_counts<<<blocks, detail::cuda_launch::block_threads, 0, stream>>>(m, body, counts);
+    detail::cuda_check(cudaGetLastError(), "expand (launch)");
+    detail::cuda_check(
+        cub::DeviceScan::ExclusiveSum(scratch, scratch_bytes, counts, offsets, static_cast<std::int64_t>(m), stream),
+        "cub::DeviceScan::ExclusiveSum");
+    detail::cuda_launch::expand_write<<<blocks, detail::cuda_launch::block_threads, 0, stream>>>(m, body, counts,
+                                                                                                 offsets, out, count);
+    detail::cuda_check(cudaGetLastError(), "expand (launch)");
+  }
+
+  /// Device memory: the host reaches it only through read(), to_host() and to_device().
+  static constexpr bool host_accessible = false;
+
+  /// This backend with `device` settled for a compressor (or accumulator) made now: the
+  /// current device if it is -1.
+  /// \throws gradcomp::error (invalid_argument) if it names a device that is not current.
+  [[nodiscard]] cuda resolved(const char* who) const {
+    cuda bound = *this;
+    if (bound.device < 0) {
+      detail::cuda_check(cudaGetDevice(&bound.device), "cudaGetDevice");
+    } else {
+      bound.require_current_device(who);
+    }
+    return bound;
+  }
+
+  /// `context` (its stream) checked as the execution context of one call of a
+  /// compressor made with this backend: it must be on this backend's device (-1 takes
+  /// it), where the compressor's memory lives.
+  /// \throws gradcomp::error (invalid_argument) naming both devices otherwise.
+  [[nodiscard]] cuda context_for(const char* who, const cuda& context) const {
+    cuda bound = context;
+    if (bound.device < 0) bound.device = device;
+    detail::require(bound.device == device, errc::invalid_argument, who, ": the context is on CUDA device ",
+                    bound.device, " but the compressor's memory is on device ", device);
+    return bound;
+  }
+
+  /// \throws gradcomp::error (invalid_argument) unless `device` is the current device,
+  ///         naming both: kernels would otherwise run on memory of another device.
+  void require_current_device(const char* who) const {
+    int current = 0;
+    detail::cuda_check(cudaGetDevice(&current), "cudaGetDevice");
+    detail::require(device < 0 || current == device, errc::invalid_argument, who,
+                    ": the compressor's memory is on CUDA device ", device, " but the current device is ", current,
+                    " (call cudaSetDevice(", device, ") first)");
+  }
+
+  /// \throws gradcomp::error (invalid_argument) if `p`, the start of the view `what`
+  ///         that the caller passed to `who` as device memory, is host memory (a host
+  ///         pointer wrapped in a device_span): kernels would read the wrong address
+  ///         space. Device and managed memory pass; so does null (an empty view).
+  void require_device_pointer(const char* who, const char* what, const void* p) const {
+    if (p == nullptr) return;
+    cudaPointerAttributes attributes{};
+    detail::cuda_check(cudaPointerGetAttributes(&attributes, p), "cudaPointerGetAttributes");
+    detail::require(attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged,
+                    errc::invalid_argument, who, ": ", what, " (", p, ") is host memory, but backend::cuda takes ",
+                    "device memory there (a device_span of a device pointer); copy it to the device first");
+  }
+
+  /// Waits for the stream and returns the value at device address `p`.
+  template <class T>
+  [[nodiscard]] T read(const T* p) const {
+    T value{};
+    to_host(p, 1, &value);
+    return value;
+  }
+
+  /// Waits for the stream and copies `count` elements at device address `from` to `to`.
+  template <class T>
+  void to_host(const T* from, std::size_t count, T* to) const {
+    copy_and_wait(to, from, count * sizeof(T), cudaMemcpyDeviceToHost);
+  }
+
+  /// A host copy of device memory (waits for the stream).
+  template <class T>
+  [[nodiscard]] std::vector<T> to_host(std::span<const T> device) const {
+    std::vector<T> host(device.size());
+    to_host(device.data(), device.size(), host.data());
+    return host;
+  }
+
+  /// Copies `count` host elements to device address `to`; returns when `from` may be
+  /// reused.
+  template <class T>
+  void to_device(const T* from, std::size_t count, T* to) const {
+    copy_and_wait(to, from, count * sizeof(T), cudaMemcpyHostToDevice);
+  }
+
+ private:
+  void copy_and_wait(void* to, const void* from, std::size_t bytes, cudaMemcpyKind kind) const {
+    detail::cuda_check(cudaMemcpyAsync(to, from, bytes, kind, stream), "cudaMemcpyAsync");
+    detail::cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  }
+};
+
+}  // namespace backend
+GRADCOMP_NAMESPACE_END

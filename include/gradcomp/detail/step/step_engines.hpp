@@ -1,0 +1,222 @@
+/// \file detail/step/step_engines.hpp
+/// The engines of one compressor's selector, corrector and encoder, their workspace, and
+/// the step they run: what compressor.hpp's calls check, stage and commit. Not API.
+#pragma once
+
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/config.hpp>
+#include <gradcomp/correct/none.hpp>
+#include <gradcomp/detail/core/selector_work.hpp>
+#include <gradcomp/detail/core/step_input.hpp>
+#include <gradcomp/error.hpp>
+#include <gradcomp/message.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace detail {
+
+/// `backend` settled for a compressor of n elements made now, once n and the policies
+/// are checked: backend::host its threads (0: OpenMP's default now, which sizes the
+/// per-thread workspace), backend::cuda its device (-1: the current one).
+/// \throws gradcomp::error if n is 0 or above 2^32 - 1, or a policy's parameters are invalid.
+template <class Backend, class Selector, class Corrector, class Encoder>
+Backend checked_backend(const Backend& backend, std::size_t n, const Selector& s, const Corrector& c,
+                        const Encoder& e) {
+  require(n >= 1 && n <= message_header::max_n, errc::invalid_argument, "compressor: n must be in [1, ",
+          message_header::max_n, "], got ", n);
+  s.validate(n);
+  c.validate();
+  e.validate();
+  return resolved(backend, "compressor");
+}
+
+/// The engines of Selector, Corrector and Encoder on Backend, with workspace for the
+/// selector's largest selection (grown by reserve) and the step's status.
+template <class Backend, class Selector, class Corrector, class Encoder>
+class step_engines {
+ public:
+  using select_engine = engine_for<Selector, Backend>;
+  using correct_engine = engine_for<Corrector, Backend>;
+  using encode_engine = engine_for<Encoder, Backend>;
+
+  step_engines(const Backend& be, const Selector& s, const Corrector& c, const Encoder& e, std::size_t n)
+      : backend_(be),
+        n_(n),
+        capacity_(s.max_selected(n)),
+        select_(be, s, n),
+        correct_(be, c, n),
+        encode_(be, e, n, capacity_),
+        index_(be.template allocate<std::uint32_t>(capacity_)),
+        sent_(be.template allocate<float>(capacity_)),
+        status_(be.template allocate<step_status>(2)) {}  // a step's, a preview's
+
+  /// Queues the whole step of `grad` on `on`, each stage with the step's status: every
+  /// stage after the first NaN writes nothing (the engines read the status), so a
+  /// rejected step changes neither `out` nor the committed state, and only accept() makes
+  /// the new state current. Without a corrector (acc = g), a selector that reads every
+  /// entry checks finiteness itself and g is read once. A staged step (`commit` false)
+  /// leaves the commit to commit_staged(), once the caller knows what to keep.
+  void queue(const Backend& on, const Selector& s, const Corrector& c, const Encoder& e, std::span<const float> grad,
+             std::span<std::byte> out, std::uint64_t step, bool commit = true) {
+    step_status* status = status_.data();
+    on.clear(status, 1);
+    std::span<const float> acc = grad;
+    if constexpr (!skips_update) {
+      queue_update(on, s, c, grad, step, status);
+      acc = correct_.acc(grad);
+    }
+    const queued_selection chosen = select_.select(on, s, {acc, grad, step}, index_span(), status);
+    const std::span<const std::uint32_t> index = selected(on, status);
+    const std::span<float> sent = std::span<float>(sent_.data(), index.size());
+    encode_.encode(on, e, {acc, index, step, chosen.value_scale}, out, sent, status);
+    if (commit) correct_.commit(on, c, index, sent, status);
+  }
+
+  /// Queues on `on` the commit of the step queued without one: of every selected entry,
+  /// or, given `kept` (ascending, host memory), of the selected entries whose index is in
+  /// it, as if the selector had chosen only those (the others stay as the update left
+  /// them). The selection is a few entries, filtered on the host (read back and written
+  /// again where the backend's memory is a device's).
+  void commit_staged(const Backend& on, const Corrector& c, const std::span<const std::uint32_t>* kept) {
+    step_status* status = status_.data();
+    if (kept != nullptr) {
+      step_status s = on.read(status);
+      std::vector<std::uint32_t> index(s.count);
+      std::vector<float> sent(s.count);
+      on.to_host(index_.data(), index.size(), index.data());
+      on.to_host(sent_.data(), sent.size(), sent.data());
+      std::size_t count = 0;
+      for (std::size_t j = 0; j < index.size(); ++j) {
+        if (!std::binary_search(kept->begin(), kept->end(), index[j])) continue;
+        index[count] = index[j];
+        sent[count] = sent[j];
+        ++count;
+      }
+      s.count = static_cast<std::uint32_t>(count);
+      on.to_device(index.data(), count, index_.data());
+      on.to_device(sent.data(), count, sent_.data());
+      on.to_device(&s, 1, status);
+    }
+    const std::span<const std::uint32_t> index = selected(on, status);
+    correct_.commit(on, c, index, std::span<const float>(sent_.data(), index.size()), status);
+  }
+
+  /// The status of the last step queued, read on `on` (waits for it on a device).
+  [[nodiscard]] step_status status(const Backend& on) const { return on.read(status_.data()); }
+  /// The corrector's value of the step queued with `grad` (grad itself without one).
+  [[nodiscard]] std::span<const float> acc(std::span<const float> grad) { return correct_.acc(grad); }
+
+  /// Queues the corrector's update of the committed state with `grad` into a buffer of
+  /// n floats (allocated by the first call), and returns it with whether it is finite.
+  std::pair<std::span<const float>, bool> preview(const Backend& on, const Corrector& c, std::span<const float> grad) {
+    if (static_cast<std::size_t>(preview_.size()) != n_) preview_ = backend_.template allocate<float>(n_);
+    const std::span<float> acc(preview_.data(), n_);
+    step_status* status = status_.data() + 1;  // [0] is the step's (last_step_finite)
+    on.clear(status, 1);
+    correct_.preview(on, c, grad, acc, status);
+    return {acc, on.read(status).non_finite == 0};
+  }
+
+  /// Makes the queued step current.
+  void accept() {
+    correct_.accept();
+    select_.accept();
+  }
+
+  /// Grows the index and value workspace and the selector's to what `next` may select
+  /// (strong guarantee: allocated first, then swapped).
+  void reserve(const Selector& next, const Encoder& e) {
+    const std::size_t capacity = next.max_selected(n_);
+    if (capacity > capacity_) {
+      auto encode = encode_engine(backend_, e, n_, capacity);
+      auto index = backend_.template allocate<std::uint32_t>(capacity);
+      auto sent = backend_.template allocate<float>(capacity);
+      encode_ = std::move(encode);
+      index_ = std::move(index);
+      sent_ = std::move(sent);
+      capacity_ = capacity;
+    }
+    select_.reserve(next);
+  }
+
+  /// Whether the corrector may update its state in place (not while a step is staged).
+  void allow_in_place(bool allowed) noexcept {
+    if constexpr (requires { correct_.allow_in_place(allowed); }) correct_.allow_in_place(allowed);
+  }
+
+  /// \name The engines (checkpoints, set_indices, compress_async)
+  /// @{
+  select_engine& select() noexcept { return select_; }
+  const select_engine& select() const noexcept { return select_; }
+  correct_engine& correct() noexcept { return correct_; }
+  const correct_engine& correct() const noexcept { return correct_; }
+  const encode_engine& encode() const noexcept { return encode_; }
+  /// @}
+  /// The step's status record in the backend's memory (compress_async's last_step_finite).
+  [[nodiscard]] const step_status* status_record() const noexcept { return status_.data(); }
+
+ private:
+  // The selector watches the corrector's pass tile by tile where both engines can
+  // (backend::host's fast paths), so that acc is read while it is in cache.
+  static constexpr bool fused_pass = selector_engine_observes<select_engine, Selector, Backend> &&
+                                     corrector_engine_visits<correct_engine, Corrector, Backend>;
+  static constexpr bool skips_update = [] {
+    if constexpr (requires { select_engine::checks_finite; }) {
+      return std::is_same_v<Corrector, correct::none> && select_engine::checks_finite;
+    } else {
+      return false;
+    }
+  }();
+
+  // The corrector's pass. In a fused pass the selector's first pass rides on it: each
+  // tile of acc is handed over while it is still in cache, and the selector may look
+  // ahead at acc before the pass (sampled_threshold samples it, then collects in it).
+  void queue_update(const Backend& on, const Selector& s, const Corrector& c, std::span<const float> grad,
+                    std::uint64_t step, step_status* status) {
+    if constexpr (fused_pass) {
+      select_.begin_observe(on, s, step);
+      const auto observe = [&](int thread, std::size_t begin, auto acc_tile) {
+        select_.observe(thread, begin, acc_tile, grad.subspan(begin, acc_tile.size()));
+      };
+      const auto before_pass = [&](auto&& acc_at) { look_ahead(select_, s, acc_at); };
+      correct_.update(on, c, grad, status, observe, before_pass);
+    } else {
+      correct_.update(on, c, grad, status);
+    }
+  }
+
+  // The selected indices as far as the host knows them: their count where the host can
+  // read the status (so that the later stages run over the count, not the capacity,
+  // which is n for threshold), else the whole workspace, the count staying on the device.
+  std::span<const std::uint32_t> selected(const Backend& on, const step_status* status) {
+    const std::span<const std::uint32_t> all = index_span();
+    if constexpr (Backend::host_accessible) {
+      return all.first(std::min<std::size_t>(all.size(), on.read(status).count));
+    } else {
+      return all;
+    }
+  }
+
+  std::span<std::uint32_t> index_span() noexcept { return {index_.data(), static_cast<std::size_t>(index_.size())}; }
+
+  Backend backend_;
+  std::size_t n_;
+  std::size_t capacity_;
+  select_engine select_;
+  correct_engine correct_;
+  encode_engine encode_;
+  typename Backend::template buffer<std::uint32_t> index_;
+  typename Backend::template buffer<float> sent_;
+  typename Backend::template buffer<step_status> status_;  // [0] a step's, [1] a preview's
+  typename Backend::template buffer<float> preview_;
+};
+
+}  // namespace detail
+GRADCOMP_NAMESPACE_END

@@ -1,0 +1,55 @@
+/// \file detail/step/widening.hpp
+/// A 16-bit gradient (IEEE half, bfloat16) widened to float32 exactly, in the backend's
+/// memory, for a compressor whose state and arithmetic are float32. Not API.
+#pragma once
+
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/config.hpp>
+#include <gradcomp/error.hpp>
+#include <gradcomp/float16.hpp>
+
+#include <cstddef>
+#include <span>
+#include <type_traits>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace detail {
+
+/// The float32 workspace of one compressor's 16-bit gradients: n floats, allocated by
+/// the first widening (if that throws, nothing has changed).
+template <class Backend>
+class widening {
+ public:
+  /// The float32 values of `grad`, a gradient_view of n elements: its own, or a 16-bit
+  /// gradient's widened on `on` (checked first as a step checks its gradient); valid
+  /// until the next call.
+  template <class Grad>
+  std::span<const float> float_values(const Backend& on, const Backend& be, const char* who, const Grad& grad,
+                                      std::size_t n) {
+    if constexpr (std::is_convertible_v<const Grad&, backend_span<Backend, const float>>) {
+      return raw(backend_span<Backend, const float>(grad));
+    } else {
+      using T =
+          std::conditional_t<std::is_convertible_v<const Grad&, backend_span<Backend, const half>>, half, bfloat16>;
+      return values(on, be, who, raw(backend_span<Backend, const T>(grad)), n);
+    }
+  }
+
+ private:
+  template <narrow_float T>
+  std::span<const float> values(const Backend& on, const Backend& be, const char* who, std::span<const T> grad,
+                                std::size_t n) {
+    require_current_device(be, who);
+    require(grad.size() == n, errc::invalid_argument, who, ": grad.size() = ", grad.size(),
+            " does not match the compressor's n = ", n);
+    require_device_pointer(be, who, "grad", grad.data());
+    if (static_cast<std::size_t>(wide_.size()) != n) wide_ = be.template allocate<float>(n);
+    on.for_each(n, widen_to_float<T>{grad.data(), wide_.data()});
+    return {wide_.data(), n};
+  }
+
+  typename Backend::template buffer<float> wide_;
+};
+
+}  // namespace detail
+GRADCOMP_NAMESPACE_END
