@@ -55,10 +55,14 @@ class options {
 };
 
 /// The collectives of a torch.distributed process group, issued on its c10d backend by
-/// process_group.hpp, on the memory of the compressors that use them (host or CUDA device).
+/// process_group.hpp, on the memory of the compressors that use them (host or CUDA device):
+/// a gradcomp::comm::collectives (the ranks' agreement, the framed all-gather), which
+/// compressors.hpp's transport_in<Backend> makes a gradcomp::comm::transport.
 struct transport {
-  int rank = 0;
-  int size = 1;
+  int this_rank = 0;
+  int ranks = 1;
+  [[nodiscard]] int rank() const noexcept { return this_rank; }
+  [[nodiscard]] int size() const noexcept { return ranks; }
   /// Every rank's `mine` (host memory, the same size everywhere) into `all`.
   std::function<void(std::span<const std::byte> mine, std::span<std::byte> all)> all_gather;
   /// Rank `root`'s indices into every rank's (compressor memory).

@@ -27,14 +27,17 @@ namespace gc = gradcomp;
 
 // -- the type-erased compressor ---------------------------------------------------------------
 
-/// The collectives that comm::cyclic_topk and detail::agree use, over a transport;
-/// the compressor's backend says in which memory the exchanged arrays live.
+/// A process group's transport as a gradcomp::comm::transport in the memory of a
+/// compressor on `Backend` (where broadcast and reduce_broadcast read and write): what
+/// comm::cyclic_topk and comm::sparse_allreduce run over.
 template <class Backend>
-class transport_comm {
+class transport_in {
  public:
-  transport_comm(transport t, const Backend& be) : t_(std::move(t)), backend_(be) {}
-  [[nodiscard]] int rank() const noexcept { return t_.rank; }
-  [[nodiscard]] int size() const noexcept { return t_.size; }
+  using memory = typename Backend::memory;
+
+  transport_in(transport t, const Backend& be) : t_(std::move(t)), backend_(be) {}
+  [[nodiscard]] int rank() const noexcept { return t_.rank(); }
+  [[nodiscard]] int size() const noexcept { return t_.size(); }
   [[nodiscard]] const Backend& backend() const noexcept { return backend_; }
   void all_gather(std::span<const std::byte> mine, std::span<std::byte> all) { t_.all_gather(mine, all); }
   void broadcast(gc::backend_span<Backend, std::uint32_t> data, int root) { t_.broadcast(gc::detail::raw(data), root); }
@@ -55,6 +58,8 @@ class transport_comm {
   transport t_;
   Backend backend_;
 };
+static_assert(gc::comm::collectives<transport>);
+static_assert(gc::comm::transport<transport_in<gc::backend::host>>);
 
 /// What compressor_of needs of a backend beyond gradcomp's API: the execution context of a
 /// call on a stream, copies within its memory, its own stream, and waiting for its work
@@ -182,8 +187,8 @@ class cyclic_exchange_of final : public cyclic_exchange {
                std::size_t out_size) override;
 
  private:
-  transport_comm<backend_type> comm_;
-  gc::comm::cyclic_topk<gc::select::exact_topk, Compressor, transport_comm<backend_type>> exchange_;
+  transport_in<backend_type> comm_;
+  gc::comm::cyclic_topk<gc::select::exact_topk, Compressor, transport_in<backend_type>> exchange_;
 };
 
 template <class Compressor>
@@ -230,8 +235,8 @@ class sparse_exchange_of final : public sparse_exchange {
   [[nodiscard]] std::uint64_t entries() const override { return exchange_.last_traffic().entries; }
 
  private:
-  transport_comm<backend_type> comm_;
-  gc::comm::sparse_allreduce<Compressor, transport_comm<backend_type>> exchange_;
+  transport_in<backend_type> comm_;
+  gc::comm::sparse_allreduce<Compressor, transport_in<backend_type>> exchange_;
 };
 
 template <class Compressor>

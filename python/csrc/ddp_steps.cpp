@@ -7,6 +7,7 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 
 #include <gradcomp/comm/agreement.hpp>
+#include <gradcomp/comm/frames.hpp>
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -21,7 +22,6 @@
 #include <string_view>
 #include <utility>
 
-#include "bucket_gather.hpp"
 #include "messages.hpp"
 
 namespace py = pybind11;
@@ -40,8 +40,7 @@ std::vector<gc::detail::setting> settings_of(const std::vector<named_value>& set
 
 /// The ranks agree on `settings` (and on `error`, this rank's, if any) in one all-gather.
 void agree_on(transport& t, const std::vector<gc::detail::setting>& settings, const reported_error& error) {
-  agreement_comm comm{t};
-  (void)gc::detail::agree(comm, who, settings, [&]() -> std::uint64_t {
+  (void)gc::detail::agree(t, who, settings, [&]() -> std::uint64_t {
     rethrow(error);
     return 0;
   });
@@ -287,7 +286,7 @@ py::object hook_steps::compressed(std::int64_t index, std::shared_ptr<compressor
                     const torch::Tensor flat = b.to(torch::kFloat).contiguous();
                     torch::Tensor mean = torch::zeros({flat.numel()}, flat.options());
                     const exchange_traffic<sparse_handle> traffic(t, *sparse);
-                    sparse->stage(flat, mean, 1.0 / t.size);
+                    sparse->stage(flat, mean, 1.0 / t.size());
                     counts.entries = sparse->entries();
                     state->staged.push_back([sparse] { sparse->accept(); });
                     return in_dtype_of(b, mean);
@@ -302,7 +301,7 @@ py::object hook_steps::compressed(std::int64_t index, std::shared_ptr<compressor
                     const torch::Tensor flat = b.to(torch::kFloat);
                     torch::Tensor mean = torch::zeros({flat.numel()}, flat.options());
                     const exchange_traffic<cyclic_handle> traffic(t, *cyclic);
-                    cyclic->step(flat, mean, 1.0 / t.size);
+                    cyclic->step(flat, mean, 1.0 / t.size());
                     counts.entries = cyclic->entries();
                     return in_dtype_of(b, mean);
                   });
@@ -319,9 +318,9 @@ py::object hook_steps::compressed(std::int64_t index, std::shared_ptr<compressor
                   const torch::Tensor flat = native ? b : b.to(torch::kFloat);
                   torch::Tensor mean = torch::zeros({flat.numel()}, flat.options().dtype(torch::kFloat));
                   const std::uint64_t capacity = c ? c->capacity() : 0;
-                  const auto scale = static_cast<float>(1.0 / t.size);
+                  const auto scale = static_cast<float>(1.0 / t.size());
                   std::size_t& bound = state->bounds[index];
-                  const std::uint64_t longest = gather_bucket(
+                  const std::uint64_t longest = gc::comm::gather_frames(
                       t, who, shared, bound, capacity,
                       [&] {
                         rethrow(error);
@@ -342,10 +341,10 @@ py::object hook_steps::compressed(std::int64_t index, std::shared_ptr<compressor
                           add_message(bytes, mean, scale);
                         } catch (const gc::error& e) {
                           gc::detail::fail(e.code(), std::string_view(e.what()).substr(std::strlen("gradcomp: ")),
-                                           " (the message of rank ", rank, " of ", t.size, ")");
+                                           " (the message of rank ", rank, " of ", t.size(), ")");
                         }
                       });
-                  bound = next_bound(longest, capacity);
+                  bound = gc::comm::next_frame_bound(longest, capacity);
                   state->staged.push_back([c] { c->accept_staged(); });
                   return in_dtype_of(b, mean);
                 });

@@ -84,7 +84,7 @@ class hook_steps {
   /// "sparse_allreduce" (Ok-Topk's global top-k: `exchange` a SparseAllreduce) an
   /// agreement on the hook's settings, then comm::sparse_allreduce, the commit staged like
   /// the others'; "allgather": `c` stages its step and the messages are gathered in one
-  /// all-gather padded to the bucket's bound (bucket_gather.hpp). `error`: what this rank
+  /// all-gather padded to the bucket's bound (gradcomp/comm/frames.hpp). `error`: what this rank
   /// met before (then `c` and `exchange` may be None), told to every rank in the exchange.
   /// The Future's value is the mean of the ranks' messages, in the bucket's dtype; its
   /// error, the same gradcomp::error on every rank.

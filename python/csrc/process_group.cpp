@@ -86,28 +86,12 @@ void on_collective_device(const torch::Tensor& tensor, const torch::Device& devi
 transport transport_of(const group_ptr& pg, const torch::Device& device, void* stream) {
   const torch::Device where = collective_device(pg);
   transport out;
-  out.rank = pg->getRank();
-  out.size = pg->getSize();
+  out.this_rank = pg->getRank();
+  out.ranks = pg->getSize();
   const std::shared_ptr<std::uint64_t> sent = out.sent;
   const std::shared_ptr<std::uint64_t> issued = out.issued;
   const std::shared_ptr<std::uint64_t> received = out.received;
-  const auto others = static_cast<std::uint64_t>(out.size - 1);
-  out.all_gather = [pg, where, sent, received, issued, others](std::span<const std::byte> mine,
-                                                               std::span<std::byte> all) {
-    *sent += mine.size();
-    *received += others * mine.size();
-    ++*issued;
-    const auto bytes = static_cast<std::int64_t>(mine.size());
-    std::vector<at::Tensor> send{
-        torch::from_blob(const_cast<std::byte*>(mine.data()), {bytes}, torch::kUInt8).to(where)};
-    std::vector<std::vector<at::Tensor>> parts(1);
-    for (int r = 0; r < pg->getSize(); ++r) parts[0].push_back(torch::empty({bytes}, send[0].options()));
-    pg->allgather(parts, send)->wait();
-    for (std::size_t r = 0; r < parts[0].size(); ++r) {
-      const torch::Tensor got = parts[0][r].to(torch::kCPU).contiguous();
-      std::memcpy(all.data() + r * mine.size(), got.data_ptr<std::uint8_t>(), mine.size());
-    }
-  };
+  const auto others = static_cast<std::uint64_t>(out.ranks - 1);
   // Host arrays as tensors on the collective's device, and back.
   const auto to_where = [where](const void* data, std::int64_t count, torch::ScalarType type) {
     return torch::from_blob(const_cast<void*>(data), {count}, type).to(where).contiguous();
@@ -116,26 +100,34 @@ transport transport_of(const group_ptr& pg, const torch::Device& device, void* s
     const torch::Tensor host = t.to(torch::kCPU).contiguous();
     if (host.nbytes() != 0) std::memcpy(to, host.data_ptr(), host.nbytes());
   };
-  out.all_gather_v = [pg, to_where, back, sent, received, issued, others](std::span<const std::byte> mine,
-                                                                          std::span<const std::uint64_t> sizes,
-                                                                          std::span<std::byte> all) {
-    // gloo gathers parts of one size: each is padded to the largest, which every rank knows.
-    const std::uint64_t longest = sizes.empty() ? 0 : *std::max_element(sizes.begin(), sizes.end());
-    const auto width = static_cast<std::int64_t>(std::max<std::uint64_t>(longest, 1));
-    std::vector<std::uint8_t> padded(static_cast<std::size_t>(width), 0);
-    std::memcpy(padded.data(), mine.data(), mine.size());
-    *sent += static_cast<std::uint64_t>(width);
-    *received += others * static_cast<std::uint64_t>(width);
+  // Every rank's part (sizes[r] bytes from rank r) into `all`, as an all-to-all-v in
+  // which each rank sends its part to every other at its own size: gloo's all-gather takes
+  // parts of one size only (padding them to the largest cost each rank W times the
+  // largest), and its ring sends W - 1 messages per rank for each part where the
+  // all-to-all sends one, about half the bytes on the wire for small parts
+  // (docs/results.md, "Bytes on the wire").
+  const auto gather_parts = [pg, to_where, back, sent, received, issued, rank = out.this_rank](
+                                std::span<const std::byte> mine, std::span<const std::uint64_t> sizes,
+                                std::span<std::byte> all) {
+    const std::size_t ranks = sizes.size();
+    const std::uint64_t total = gc::detail::total_size(sizes);
+    if (total == 0) return;  // nothing to move, as every rank knows
+    *sent += mine.size();
+    *received += total - sizes[static_cast<std::size_t>(rank)];
     ++*issued;
-    std::vector<at::Tensor> send{to_where(padded.data(), width, torch::kUInt8)};
-    std::vector<std::vector<at::Tensor>> parts(1);
-    for (int r = 0; r < pg->getSize(); ++r) parts[0].push_back(torch::empty({width}, send[0].options()));
-    pg->allgather(parts, send)->wait();
-    std::size_t at = 0;
-    for (std::size_t r = 0; r < parts[0].size(); ++r) {
-      back(parts[0][r].narrow(0, 0, static_cast<std::int64_t>(sizes[r])), all.data() + at);
-      at += static_cast<std::size_t>(sizes[r]);
-    }
+    std::vector<std::uint8_t> copies(ranks * mine.size());
+    for (std::size_t r = 0; r < ranks; ++r) std::memcpy(copies.data() + r * mine.size(), mine.data(), mine.size());
+    at::Tensor in = to_where(copies.data(), static_cast<std::int64_t>(copies.size()), torch::kUInt8);
+    at::Tensor got = torch::empty({static_cast<std::int64_t>(all.size())}, in.options());
+    std::vector<std::int64_t> in_splits(ranks, static_cast<std::int64_t>(mine.size()));
+    std::vector<std::int64_t> out_splits(sizes.begin(), sizes.end());
+    pg->alltoall_base(got, in, out_splits, in_splits)->wait();
+    back(got, all.data());
+  };
+  out.all_gather_v = gather_parts;
+  out.all_gather = [gather_parts, ranks = out.ranks](std::span<const std::byte> mine, std::span<std::byte> all) {
+    const std::vector<std::uint64_t> sizes(static_cast<std::size_t>(ranks), mine.size());
+    gather_parts(mine, sizes, all);
   };
   out.all_to_all = [pg, to_where, back, sent, received, issued, others](std::span<const std::uint64_t> mine,
                                                                         std::span<std::uint64_t> theirs) {
@@ -148,7 +140,7 @@ transport transport_of(const group_ptr& pg, const torch::Device& device, void* s
     pg->alltoall_base(got, in, even, even)->wait();
     back(got, theirs.data());
   };
-  out.all_to_all_v = [pg, to_where, back, sent, received, issued, rank = out.rank](
+  out.all_to_all_v = [pg, to_where, back, sent, received, issued, rank = out.this_rank](
                          std::span<const std::byte> send, std::span<const std::uint64_t> send_sizes,
                          std::span<std::byte> recv, std::span<const std::uint64_t> recv_sizes) {
     *sent += send.size();
@@ -191,7 +183,8 @@ transport transport_of(const group_ptr& pg, const torch::Device& device, void* s
     o.rootRank = root;
     pg->broadcast(tensors, o)->wait();
   };
-  out.broadcast = [options, sent, received, run, broadcast, rank = out.rank](std::span<std::uint32_t> data, int root) {
+  out.broadcast = [options, sent, received, run, broadcast, rank = out.this_rank](std::span<std::uint32_t> data,
+                                                                                  int root) {
     if (data.empty()) return;
     *sent += data.size_bytes();
     if (rank != root) *received += data.size_bytes();

@@ -37,14 +37,6 @@ group_ptr group_of(const pybind11::object& group);
 /// collectives' copies run) has finished. Needs no GIL.
 transport transport_of(const group_ptr& group, const torch::Device& device, void* stream);
 
-/// detail::agree's view of a transport (host memory only).
-struct agreement_comm {
-  transport& t;
-  [[nodiscard]] int rank() const noexcept { return t.rank; }
-  [[nodiscard]] int size() const noexcept { return t.size; }
-  void all_gather(std::span<const std::byte> mine, std::span<std::byte> all) { t.all_gather(mine, all); }
-};
-
 /// A setting the ranks must share, as Python names and writes it.
 using named_value = std::pair<std::string, std::string>;
 /// An error a rank met before a collective, as Python reports it: the gradcomp.Error

@@ -5,6 +5,7 @@
 /// none does. Not API.
 #pragma once
 
+#include <gradcomp/comm/transport.hpp>
 #include <gradcomp/config.hpp>
 #include <gradcomp/detail/core/wire.hpp>
 #include <gradcomp/error.hpp>
@@ -173,7 +174,7 @@ rank_draft draft(const char* who, std::span<const setting> settings, Attempt&& a
 /// (its code and text, naming the rank), else errc::invalid_argument naming a setting
 /// the ranks hold differently (or one holds and another lacks) and two ranks' values.
 /// \returns every rank's own value, in rank order
-template <class Comm>
+template <comm::collectives Comm>
 std::vector<std::uint64_t> settle(Comm& comm, const char* who, const rank_draft& mine,
                                   std::span<const std::byte> verdicts) {
   const auto ranks = static_cast<std::size_t>(comm.size());
@@ -219,7 +220,7 @@ std::vector<std::uint64_t> settle(Comm& comm, const char* who, const rank_draft&
 /// rank_verdict::size bytes per rank (`comm.all_gather(mine, all)`), then settle()s:
 /// every rank throws the same error, or none does.
 /// \returns every rank's own value, in rank order
-template <class Comm, class Attempt>
+template <comm::collectives Comm, class Attempt>
 std::vector<std::uint64_t> agree(Comm& comm, const char* who, std::span<const setting> settings, Attempt&& attempt) {
   const rank_draft mine = draft(who, settings, std::forward<Attempt>(attempt));
   std::byte verdict_bytes[rank_verdict::size];
@@ -261,7 +262,7 @@ class fingerprint {
 };
 
 /// agree() with the settings written in place: `agree(comm, who, {{"n", n}}, attempt)`.
-template <class Comm, class Attempt>
+template <comm::collectives Comm, class Attempt>
 std::vector<std::uint64_t> agree(Comm& comm, const char* who, std::initializer_list<setting> settings,
                                  Attempt&& attempt) {
   return agree(comm, who, std::span<const setting>(settings.begin(), settings.size()), std::forward<Attempt>(attempt));

@@ -9,6 +9,8 @@
 #include <gradcomp/config.hpp>
 #include <gradcomp/correct/none.hpp>
 #include <gradcomp/comm/agreement.hpp>
+#include <gradcomp/comm/exchange_memory.hpp>
+#include <gradcomp/comm/transport.hpp>
 #include <gradcomp/detail/core/density.hpp>
 #include <gradcomp/encode/index_value.hpp>
 #include <gradcomp/error.hpp>
@@ -19,45 +21,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 GRADCOMP_NAMESPACE_BEGIN
-namespace detail {
-
-/// How cyclic_topk reads messages and adds sums in the memory a transport moves: host
-/// memory here; comm::nccl and the torch binding's CUDA adapter specialise it for device
-/// memory. The spans are raw views of that memory. Not API.
-template <class Comm>
-class exchange_memory {
- public:
-  explicit exchange_memory(const Comm&) noexcept {}
-
-  /// The first out.size() indices of the message at `bytes`.
-  void indices_of(std::span<const std::byte> bytes, std::span<std::uint32_t> out) const {
-    std::size_t j = 0;
-    message_reader(bytes).visit([&](std::uint32_t i, float) {
-      if (j < out.size()) out[j++] = i;
-    });
-  }
-  /// The first out.size() values of the message at `bytes` (of a tensor of n
-  /// elements), as the receiver decodes them.
-  void values_of(std::span<const std::byte> bytes, std::size_t /*n*/, std::span<float> out) const {
-    std::size_t j = 0;
-    message_reader(bytes).visit([&](std::uint32_t, float v) {
-      if (j < out.size()) out[j++] = v;
-    });
-  }
-  /// `index` readable on the host.
-  std::span<const std::uint32_t> on_host(std::span<const std::uint32_t> index) const noexcept { return index; }
-  /// dense[index[j]] += scale * sums[j].
-  void add(std::span<const std::uint32_t> index, std::span<const float> sums, std::span<float> dense,
-           float scale) const noexcept {
-    for (std::size_t j = 0; j < index.size(); ++j) dense[index[j]] += scale * sums[j];
-  }
-};
-
-}  // namespace detail
-
 namespace comm {
 
 /// ScaleCom's cyclic local top-k. At step t the leader is rank t mod W: it selects
@@ -74,12 +41,14 @@ namespace comm {
 /// a NaN or infinity or a bad argument on any rank, or ranks configured differently,
 /// make every rank throw the same error and leave every rank's compressor as it was.
 ///
-/// `Comm` is the transport: comm::mpi (host memory: backend::host compressors) or
-/// comm::nccl (device memory: backend::cuda compressors). Each rank's `grad`, `dense`
-/// and the messages are in that memory, and their views say so (std::span,
-/// device_span).
-template <class LeaderSelector, class Compressor, class Comm>
+/// `Comm` is the transport (comm/transport.hpp) in the compressor's memory: comm::mpi
+/// (host memory: backend::host compressors), comm::nccl (device memory: backend::cuda
+/// compressors) or the PyTorch binding's adapter. Each rank's `grad`, `dense` and the
+/// messages are in that memory, and their views say so (std::span, device_span).
+template <class LeaderSelector, class Compressor, transport Comm>
 class cyclic_topk {
+  static_assert(std::is_same_v<typename Comm::memory, typename Compressor::backend_type::memory>,
+                "cyclic_topk: the transport moves another memory than the compressor's");
   using backend_type = typename Compressor::backend_type;
   using leader_type = compressor<backend_type, LeaderSelector, correct::none, encode::index_value>;
   template <class T>
@@ -99,7 +68,7 @@ class cyclic_topk {
         compressor_(compressor),
         leader_(compressor.backend(), compressor.size(), leader_selector, correct::none{},
                 encode::index_value{.index = index_coding::raw32, .value = value_coding::f32}),
-        memory_(comm),
+        memory_(compressor.backend()),
         leader_message_(allocate<std::byte>(leader_.max_message_bytes())),
         index_(allocate<std::uint32_t>(leader_selector.max_selected(compressor.size()))),
         sums_(allocate<float>(leader_selector.max_selected(compressor.size()))),
@@ -203,7 +172,7 @@ class cyclic_topk {
   Comm& comm_;
   Compressor& compressor_;
   leader_type leader_;
-  detail::exchange_memory<Comm> memory_;
+  detail::exchange_memory<typename Comm::memory> memory_;
   buffer<std::byte> leader_message_;
   buffer<std::uint32_t> index_;
   buffer<float> sums_;

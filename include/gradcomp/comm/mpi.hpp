@@ -4,8 +4,10 @@
 #pragma once
 
 #include <gradcomp/comm/cyclic_topk.hpp>
+#include <gradcomp/comm/frames.hpp>
 #include <gradcomp/comm/path.hpp>
 #include <gradcomp/comm/sparse_allreduce.hpp>
+#include <gradcomp/comm/transport.hpp>
 #include <gradcomp/config.hpp>
 #include <gradcomp/comm/agreement.hpp>
 #include <gradcomp/detail/core/wire.hpp>
@@ -26,6 +28,9 @@ namespace comm {
 /// largest exchange seen and are reused, so steady-state steps allocate nothing.
 class mpi {
  public:
+  /// The memory of the compressors it serves (comm::transport): the host's.
+  using memory = host_memory;
+
   /// \throws gradcomp::error if the communicator is MPI_COMM_NULL.
   explicit mpi(MPI_Comm comm = MPI_COMM_WORLD) : comm_(comm) {
     detail::require(comm != MPI_COMM_NULL, errc::invalid_argument, "comm::mpi: the communicator is MPI_COMM_NULL");
@@ -62,30 +67,43 @@ class mpi {
   /// Bucketed sparse all-gather for many tensors (a model's layers) in one exchange:
   /// `messages[t]` is this rank's message for tensor t and `dense[t]` its aggregate, for
   /// every t; then `dense[t] += scale * sum over ranks of decode(message of rank r for
-  /// tensor t)`, ranks in order. One size exchange and one MPI_Allgatherv carry all the
-  /// tensors, whatever their number. Every message of every rank is validated first.
+  /// tensor t)`, ranks in order. The tensors travel together in one bucket per rank
+  /// (u64 tensor count, u64 size of each message, the messages), exchanged as the DDP
+  /// hook exchanges its buckets (comm/frames.hpp): in the steady state one MPI_Allgather
+  /// whatever the number of tensors, each rank's frame carrying its verdict and its
+  /// bucket padded to the bound the last call set. Every message of every rank is
+  /// validated first.
   void allgather_accumulate(std::span<const std::span<const std::byte>> messages,
                             std::span<const std::span<float>> dense, float scale) {
     // The ranks agree on the layout (the number of tensors and their sizes) first.
     detail::fingerprint layout;
     for (const auto d : dense) layout.add(d.size());
-    sizes_ =
-        detail::agree(*this, who, {{"the number of tensors", dense.size()}, {"the tensor sizes", layout.value()}}, [&] {
-          detail::check_aggregation_args(messages.size(), dense.size(), scale);
-          // This rank's bucket: u64 tensor count, u64 size of each message, the messages.
-          bucket_.assign(8 * (1 + messages.size()), std::byte{0});
-          detail::store_le<std::uint64_t>(bucket_.data(), messages.size());
-          for (std::size_t t = 0; t < messages.size(); ++t) {
-            detail::store_le<std::uint64_t>(bucket_.data() + 8 * (1 + t), messages[t].size());
-            bucket_.insert(bucket_.end(), messages[t].begin(), messages[t].end());
-          }
-          return bucket_.size();
-        });
-    gather(bucket_, detail::total_size(sizes_));
+    const detail::setting settings[] = {{"the number of tensors", dense.size()}, {"the tensor sizes", layout.value()}};
+    const auto stage = [&] {
+      detail::check_aggregation_args(messages.size(), dense.size(), scale);
+      bucket_.assign(8 * (1 + messages.size()), std::byte{0});
+      detail::store_le<std::uint64_t>(bucket_.data(), messages.size());
+      for (std::size_t t = 0; t < messages.size(); ++t) {
+        detail::store_le<std::uint64_t>(bucket_.data() + 8 * (1 + t), messages[t].size());
+        bucket_.insert(bucket_.end(), messages[t].begin(), messages[t].end());
+      }
+      return std::span<const std::byte>(bucket_);
+    };
+    gathered_.clear();
+    bucket_at_.clear();
+    const auto keep = [&](std::span<const std::byte> bucket, std::size_t /*rank*/) {
+      bucket_at_.push_back(gathered_.size());
+      gathered_.insert(gathered_.end(), bucket.begin(), bucket.end());
+    };
+    const std::uint64_t longest = gather_frames(*this, who, settings, frame_bound_, max_bytes, stage, keep);
+    frame_bound_ = next_frame_bound(longest, max_bytes);
+    bucket_at_.push_back(gathered_.size());
     // Split every rank's bucket and check all of it before any accumulation.
     parts_.clear();
     for (int r = 0; r < size_; ++r) {
-      const auto b = received(r);
+      const auto b = std::span<const std::byte>(gathered_).subspan(
+          bucket_at_[static_cast<std::size_t>(r)],
+          bucket_at_[static_cast<std::size_t>(r) + 1] - bucket_at_[static_cast<std::size_t>(r)]);
       detail::require(b.size() >= 8 && detail::load_le<std::uint64_t>(b.data()) == messages.size() &&
                           b.size() >= 8 * (1 + messages.size()),
                       errc::corrupt_message, "allgather_accumulate: rank ", r, "'s bucket does not hold ",
@@ -158,6 +176,8 @@ class mpi {
 
  private:
   static constexpr const char* who = "allgather_accumulate";
+  // The most bytes one MPI call moves: the bound of a rank's bucket.
+  static constexpr std::uint64_t max_bytes = INT32_MAX;
 
   static int mpi_count(std::size_t count) {
     detail::require(count <= static_cast<std::size_t>(INT32_MAX), errc::invalid_argument, "comm::mpi: ", count,
@@ -226,9 +246,13 @@ class mpi {
   std::vector<std::uint64_t> sizes_;
   std::vector<int> counts_, displs_, send_counts_, send_displs_;
   std::vector<std::byte> gathered_, bucket_;
+  std::vector<std::size_t> bucket_at_;  // where each rank's bucket starts in gathered_ (bucketed path)
+  std::size_t frame_bound_ = 0;         // the bucket bytes the next bucketed exchange's frames hold
   std::vector<std::span<const std::byte>> parts_;
   std::vector<float> mine_;
 };
+
+static_assert(transport<mpi>);
 
 }  // namespace comm
 GRADCOMP_NAMESPACE_END

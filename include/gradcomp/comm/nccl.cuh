@@ -8,6 +8,7 @@
 #include <gradcomp/comm/cyclic_topk.hpp>
 #include <gradcomp/comm/path.hpp>
 #include <gradcomp/comm/sparse_allreduce.hpp>
+#include <gradcomp/comm/transport.hpp>
 #include <gradcomp/config.hpp>
 #include <gradcomp/comm/agreement.hpp>
 #include <gradcomp/detail/cuda/device_buffer.cuh>
@@ -56,6 +57,9 @@ namespace comm {
 /// synchronise with it before reading `dense` elsewhere.
 class nccl {
  public:
+  /// The memory of the compressors it serves (comm::transport): backend::cuda's device.
+  using memory = device_memory;
+
   /// \throws gradcomp::error (errc::device) if NCCL cannot describe the communicator.
   nccl(ncclComm_t comm, const backend::cuda& be) : comm_(comm), backend_(be), decoder_(be) {
     detail::require(comm != nullptr, errc::invalid_argument, "comm::nccl: the communicator is null");
@@ -303,16 +307,7 @@ class nccl {
   std::vector<detail::message_decoder<backend::cuda>::checked> checked_;
 };
 
+static_assert(transport<nccl>);
+
 }  // namespace comm
-
-namespace detail {
-
-/// cyclic_topk's memory work on device buffers (see the primary template). Not API.
-template <>
-class exchange_memory<comm::nccl> : public device_exchange_memory {
- public:
-  explicit exchange_memory(const comm::nccl& comm) : device_exchange_memory(comm.backend()) {}
-};
-
-}  // namespace detail
 GRADCOMP_NAMESPACE_END

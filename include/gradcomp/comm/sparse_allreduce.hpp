@@ -5,10 +5,11 @@
 /// number of ranks. Include it through comm/mpi.hpp or comm/nccl.cuh.
 #pragma once
 
-#include <gradcomp/comm/cyclic_topk.hpp>
+#include <gradcomp/comm/agreement.hpp>
+#include <gradcomp/comm/exchange_memory.hpp>
+#include <gradcomp/comm/transport.hpp>
 #include <gradcomp/compressor.hpp>
 #include <gradcomp/config.hpp>
-#include <gradcomp/comm/agreement.hpp>
 #include <gradcomp/detail/core/density.hpp>
 #include <gradcomp/detail/core/radix_select.hpp>
 #include <gradcomp/detail/step/state_io.hpp>
@@ -21,20 +22,11 @@
 #include <cstdint>
 #include <initializer_list>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace comm {
-
-/// What one rank moved in one collective step: payload bytes it handed to the
-/// transport (`sent`), bytes the transport delivered to it from the other ranks
-/// (`received`; an all-reduce's result counts whole), and the collectives it took part in.
-struct traffic {
-  std::uint64_t sent = 0;         ///< bytes this rank handed to the transport
-  std::uint64_t received = 0;     ///< bytes delivered to this rank from the others
-  std::uint32_t collectives = 0;  ///< collectives this rank took part in
-  std::uint64_t entries = 0;      ///< entries of this rank's own message (its compressor's selection)
-};
 
 /// One entry of a sparse sum on the wire: an index and its float32 value, in the
 /// native byte order of the ranks (one job runs on one kind of machine).
@@ -60,13 +52,15 @@ static_assert(sizeof(sparse_entry) == 8);
 ///    (compressor::accept_staged(kept)): what it sent and the selection dropped stays
 ///    in its memory, so no gradient mass is lost.
 ///
-/// `Comm` offers rank(), size(), and all_gather, all_gather_v, all_to_all, all_to_all_v
-/// and all_reduce_sum over host memory: the entries are few, so the local work (splitting,
-/// summing, selecting) runs on the host whatever the compressor's memory; `grad` and
-/// `dense` are in the compressor's memory (std::span, device_span), and only the
-/// message, the k sums and (reduce_scatter) the shard cross to and from a device.
-template <class Compressor, class Comm>
+/// `Comm` is the transport (comm/transport.hpp) in the compressor's memory. The entries
+/// are few, so the local work (splitting, summing, selecting) runs on the host whatever
+/// that memory, over the transport's collectives of host arrays; `grad` and `dense` are
+/// in the compressor's memory (std::span, device_span), and only the message, the k sums
+/// and (reduce_scatter) the shard cross to and from a device.
+template <class Compressor, transport Comm>
 class sparse_allreduce {
+  static_assert(std::is_same_v<typename Comm::memory, typename Compressor::backend_type::memory>,
+                "sparse_allreduce: the transport moves another memory than the compressor's");
   using backend_type = typename Compressor::backend_type;
   template <class T>
   using buffer = typename backend_type::template buffer<T>;
@@ -86,7 +80,7 @@ class sparse_allreduce {
       : comm_(comm),
         compressor_(compressor),
         k_(k),
-        memory_(comm),
+        memory_(compressor.backend()),
         message_(compressor.backend().template allocate<std::byte>(compressor.max_message_bytes())),
         policies_(detail::fingerprint()
                       .add(compressor.selector().name())
@@ -402,7 +396,7 @@ class sparse_allreduce {
   Comm& comm_;
   Compressor& compressor_;
   std::size_t k_;
-  detail::exchange_memory<Comm> memory_;
+  detail::exchange_memory<typename Comm::memory> memory_;
   buffer<std::byte> message_;            // this rank's message, in the compressor's memory
   buffer<std::uint32_t> index_;          // the selection, in the compressor's memory
   buffer<float> values_;                 // its sums

@@ -1,47 +1,25 @@
 /// \file encode/codings.hpp
-/// How indices and values are written in a message (see message.hpp for the layout).
+/// How indices and values are written in a message (see message.hpp for the layout):
+/// the codings' numbers (encode/coding_ids.hpp) and names.
 #pragma once
 
 #include <gradcomp/config.hpp>
-
-#include <cstdint>
+#include <gradcomp/detail/codec/value_codings.hpp>
+#include <gradcomp/encode/coding_ids.hpp>
 
 GRADCOMP_NAMESPACE_BEGIN
 
-/// How the index section is written. The numeric values are part of the wire format.
-enum class index_coding : std::uint8_t {
-  automatic = 0,      ///< encoder only: the smallest of the codings below for each message
-  raw32 = 1,          ///< one little-endian uint32 per entry
-  delta_bitpack = 2,  ///< gaps between indices in blocks of 128, each at its widest gap's bit width
-  bitmap = 3,         ///< one bit per element of the dense tensor
-};
+/// Lower-case name of a value coding, as used in messages and the CLI.
+constexpr const char* to_string(value_coding c) noexcept {
+  return detail::is_wire_value_coding(c)
+             ? detail::visit_value_coding(c, [](auto coding) { return decltype(coding)::name; })
+             : "unknown";
+}
 
-/// How the value section is written. The numeric values are part of the wire format;
-/// each coding is a struct of detail/codec/value_codings.hpp (its name, layout and
-/// arithmetic), which also holds to_string(value_coding) and for_each_value_coding, read
-/// from those structs (message.hpp and compressor.hpp include it).
-enum class value_coding : std::uint8_t {
-  f32 = 1,      ///< IEEE binary32, exact
-  f16 = 2,      ///< IEEE binary16, round to nearest even, saturating at +-65504
-  bf16 = 3,     ///< bfloat16, round to nearest even, saturating at the largest finite
-  int8 = 4,     ///< round(v / scale) in [-127, 127], scale = max|v| / 127
-  ternary = 5,  ///< one sign bit per entry, one scale = mean |v| (unsent entries are the zeros)
-  qsgd = 6,     ///< stochastic rounding of |v| / ||v||_2 to `levels`, a sign bit, one f32 norm
-};
-
-/// Lower-case name of an index coding, as used in messages and the CLI.
-constexpr const char* to_string(index_coding c) noexcept {
-  switch (c) {
-    case index_coding::automatic:
-      return "auto";
-    case index_coding::raw32:
-      return "raw32";
-    case index_coding::delta_bitpack:
-      return "delta_bitpack";
-    case index_coding::bitmap:
-      return "bitmap";
-  }
-  return "unknown";
+/// Every value coding, in the wire format's order (names for options and errors).
+template <class F>
+constexpr void for_each_value_coding(F&& f) {
+  [&]<class... Codings>(detail::value_coding_list<Codings...>) { (f(Codings::id), ...); }(detail::all_value_codings{});
 }
 
 GRADCOMP_NAMESPACE_END

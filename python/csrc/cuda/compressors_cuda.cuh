@@ -1,6 +1,6 @@
 // What compressor_of on CUDA adds to compressors.hpp: backend::cuda's context on a stream, its
-// copies, its own stream and waiting for it,
-// and cyclic_topk's device memory work over a torch.distributed transport.
+// copies, its own stream and waiting for it, and the exchanges' device memory work
+// (detail/cuda/exchange_memory.cuh).
 #pragma once
 
 #include "../compressors.hpp"
@@ -30,15 +30,3 @@ struct backend_ops<gc::backend::cuda> {
 };
 
 }  // namespace gradcomp_py
-
-GRADCOMP_NAMESPACE_BEGIN
-namespace detail {
-/// cyclic_topk over torch.distributed on CUDA tensors: device memory work.
-template <>
-class exchange_memory<gradcomp_py::transport_comm<backend::cuda>> : public device_exchange_memory {
- public:
-  explicit exchange_memory(const gradcomp_py::transport_comm<backend::cuda>& comm)
-      : device_exchange_memory(comm.backend()) {}
-};
-}  // namespace detail
-GRADCOMP_NAMESPACE_END

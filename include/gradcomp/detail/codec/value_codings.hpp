@@ -24,7 +24,7 @@
 #include <gradcomp/detail/core/fixed_order_sum.hpp>
 #include <gradcomp/detail/core/float_formats.hpp>
 #include <gradcomp/detail/core/random.hpp>
-#include <gradcomp/encode/codings.hpp>
+#include <gradcomp/encode/coding_ids.hpp>
 
 #include <cmath>
 #include <cstddef>
@@ -264,18 +264,5 @@ GRADCOMP_HOST_DEVICE constexpr std::uint64_t value_section_bytes(value_coding c,
 }
 
 }  // namespace detail
-
-/// Lower-case name of a value coding, as used in messages and the CLI.
-constexpr const char* to_string(value_coding c) noexcept {
-  return detail::is_wire_value_coding(c)
-             ? detail::visit_value_coding(c, [](auto coding) { return decltype(coding)::name; })
-             : "unknown";
-}
-
-/// Every value coding, in the wire format's order (names for options and errors).
-template <class F>
-constexpr void for_each_value_coding(F&& f) {
-  [&]<class... Codings>(detail::value_coding_list<Codings...>) { (f(Codings::id), ...); }(detail::all_value_codings{});
-}
 
 GRADCOMP_NAMESPACE_END

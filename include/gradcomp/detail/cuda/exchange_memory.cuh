@@ -1,9 +1,11 @@
 /// \file detail/cuda/exchange_memory.cuh
-/// How comm::cyclic_topk reads messages and adds sums when the transport moves device
-/// memory (comm::nccl, or torch.distributed on CUDA tensors). Not API.
+/// An exchange's memory work (comm/exchange_memory.hpp) in device memory: for
+/// backend::cuda compressors, over comm::nccl or torch.distributed on CUDA tensors. Not
+/// API.
 #pragma once
 
 #include <gradcomp/backend/cuda.cuh>
+#include <gradcomp/comm/exchange_memory.hpp>
 #include <gradcomp/config.hpp>
 #include <gradcomp/detail/cuda/device_buffer.cuh>
 #include <gradcomp/detail/cuda/launch.cuh>
@@ -19,10 +21,11 @@
 GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 
-/// cyclic_topk's memory work on device buffers, queued on the backend's stream.
-class device_exchange_memory {
+/// The memory work on device buffers, queued on the backend's stream.
+template <>
+class exchange_memory<device_memory> {
  public:
-  explicit device_exchange_memory(const backend::cuda& be) : backend_(be), decoder_(be) {}
+  explicit exchange_memory(const backend::cuda& be) : backend_(be), decoder_(be) {}
 
   /// The first out.size() indices of the leader's message at `bytes`, which is raw32
   /// coded: its index section is that array, stored little-endian as the GPU reads it.
