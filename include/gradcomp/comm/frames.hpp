@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 GRADCOMP_NAMESPACE_BEGIN
@@ -47,12 +48,13 @@ template <class Comm, class Stage, class Add>
                                          std::span<std::byte> all) { c.all_gather_v(mine, sizes, all); }
 std::uint64_t gather_frames(Comm& comm, const char* who, std::span<const detail::setting> settings, std::size_t bound,
                             std::uint64_t capacity, Stage&& stage, Add&& add) {
-  std::vector<std::byte> message;
+  // What stage() returned (a vector it made, or a view of bytes it keeps), taken as it is.
+  std::invoke_result_t<Stage&> staged{};
   const detail::rank_draft mine = detail::draft(who, settings, [&]() -> std::uint64_t {
-    const auto staged = stage();
-    message.assign(staged.begin(), staged.end());
-    return message.size();
+    staged = stage();
+    return std::span<const std::byte>(staged).size();
   });
+  const std::span<const std::byte> message(staged);
   const auto ranks = static_cast<std::size_t>(comm.size());
   const std::size_t frame = detail::rank_verdict::size + bound;
   std::vector<std::byte> own(frame, std::byte{0});
