@@ -6,6 +6,7 @@ build of torch and nvcc (CUDA_HOME), the extension also carries the CUDA backend
 (GRADCOMP_PY_CUDA); GRADCOMP_CUDA=0 builds it for the CPU only. gradcomp/_build.py records
 how it was built (the torch, and why there is no CUDA backend where there is none).
 """
+import importlib.util
 import os
 import re
 import subprocess
@@ -30,27 +31,17 @@ sources = [os.path.join(csrc, f) for f in ("module.cpp", "messages.cpp", "proces
                                            os.path.join("host", "factory.cpp"))]
 
 
-def selector_units(backend, extension, include):
-    """One translation unit per selector of names.hpp's list, instantiating the binding's
-    build<Backend, select::S> (generated under build/units: the list is the only place
-    that names them)."""
-    with open(os.path.join(root, csrc, "names.hpp")) as f:
-        text = f.read()
-    block = text[text.index("#define GRADCOMP_PY_SELECTORS(X)"):text.index("#define GRADCOMP_PY_PRESETS")]
-    units = []
-    for selector in re.findall(r"X\((\w+)\)", block):
-        path = os.path.join("build", "units", backend, f"{selector}{extension}")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        text = (f'#include "{include}"\n\nnamespace gradcomp_py {{\n'
-                f"GRADCOMP_PY_BUILD(template, gc::backend::{backend}, {selector})\n}}  // namespace gradcomp_py\n")
-        if not os.path.exists(path) or open(path).read() != text:  # unchanged units keep their objects
-            with open(path, "w") as f:
-                f.write(text)
-        units.append(path)
-    return units
+# One translation unit per selector of gradcomp/registry.hpp and backend (under build/units).
+units = importlib.util.spec_from_file_location("binding_units", os.path.join(root, "scripts", "binding_units.py"))
+binding_units = importlib.util.module_from_spec(units)
+units.loader.exec_module(binding_units)
 
 
-sources += selector_units("host", ".cpp", "compressors.hpp")
+def selector_units(backend):
+    return [os.path.relpath(u, root) for u in binding_units.write_units(backend, os.path.join(root, "build", "units", backend))]
+
+
+sources += selector_units("host")
 
 if os.environ.get("GRADCOMP_CUDA", "1") == "0":
     no_cuda = "it was built with GRADCOMP_CUDA=0"
@@ -70,7 +61,7 @@ cxx = ["-std=c++20", "-O3", "-g0", "-fopenmp", "-Wno-deprecated-declarations"]
 nvcc = ["-std=c++20", "-O3", "--expt-relaxed-constexpr", "--fmad=false", "-Xcompiler", "-fopenmp"]
 define_macros = []
 if with_cuda:
-    sources += [os.path.join(csrc, "cuda", "factory.cu")] + selector_units("cuda", ".cu", "cuda/compressors_cuda.cuh")
+    sources += [os.path.join(csrc, "cuda", "factory.cu")] + selector_units("cuda")
     define_macros.append(("GRADCOMP_PY_CUDA", "1"))
     extension = cpp_extension.CUDAExtension
 else:

@@ -7,6 +7,8 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <type_traits>
+#include <typeinfo>
 
 #include "support/engine_stages.hpp"
 #include "support/inputs.hpp"
@@ -415,4 +417,65 @@ TEST_CASE("given_indices with a density: set_density moves its capacity, and a s
   gc::compressor d{gc::backend::host{}, n, gc::select::given_indices{.density = 0.5}, gc::correct::error_feedback{}};
   d.load_state(saved);
   CHECK(d.selector().density == 0.002);
+}
+
+namespace {
+
+// Converts to any field's type: T{fill, fill, ...} compiles for as many fields as T has
+// (an aggregate), which counts them without settings().
+struct fill {
+  template <class U>
+  operator U() const;  // NOLINT: implicit on purpose
+};
+template <class T, class... Fills>
+constexpr std::size_t field_count() {
+  if constexpr (requires { T{Fills{}..., fill{}}; }) {
+    return field_count<T, Fills..., fill>();
+  } else {
+    return sizeof...(Fills);
+  }
+}
+
+// Every field of T is one of its settings, once, under a name of its own.
+template <class T>
+void check_settings_cover_every_field() {
+  std::set<std::string> names;
+  std::set<const void*> members;
+  T object{};
+  std::size_t count = 0;
+  gc::for_each_setting(object, [&](const char* name, auto& member) {
+    names.insert(name);
+    members.insert(&member);
+    ++count;
+  });
+  CAPTURE(typeid(T).name());
+  CHECK(count == field_count<T>());
+  CHECK(names.size() == count);
+  CHECK(members.size() == count);
+}
+
+}  // namespace
+
+TEST_CASE("every policy and preset names each of its fields as a setting, once") {
+  check_settings_cover_every_field<gc::select::exact_topk>();
+  check_settings_cover_every_field<gc::select::sampled_threshold>();
+  check_settings_cover_every_field<gc::select::chunk_local>();
+  check_settings_cover_every_field<gc::select::random_k>();
+  check_settings_cover_every_field<gc::select::threshold>();
+  check_settings_cover_every_field<gc::select::given_indices>();
+  check_settings_cover_every_field<gc::correct::error_feedback>();
+  check_settings_cover_every_field<gc::correct::momentum>();
+  check_settings_cover_every_field<gc::correct::low_pass>();
+  check_settings_cover_every_field<gc::correct::clip_norm>();
+#define CHECK_PRESET(M, S, DESCRIPTION) check_settings_cover_every_field<gc::presets::M##_options>();
+  GRADCOMP_PRESETS(CHECK_PRESET)
+#undef CHECK_PRESET
+  // Read through a setting, the member's value; written through it, the member changes.
+  gc::presets::dgc_options dgc{};
+  gc::for_each_setting(dgc, [](const char* name, auto& member) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(member)>, float>) {
+      if (std::string(name) == "momentum") member = 0.5f;
+    }
+  });
+  CHECK(dgc.momentum == 0.5f);
 }

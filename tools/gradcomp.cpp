@@ -202,7 +202,7 @@ int eval(const options& o) {
     if (!o.methods.empty() && std::find(o.methods.begin(), o.methods.end(), m.name) == o.methods.end()) continue;
     const auto [dense_sum, dense_norm] = dense_reference(m.momentum);
     auto r = m.make(s.n, o.density, s.step(0));
-    std::vector<std::byte> buf(r->max_message_bytes());
+    std::vector<std::byte> buf(r.max_message_bytes);
     std::vector<float> aggregate(s.n, 0.0f);
     std::size_t total_count = 0;
     std::size_t total_bytes = 0;
@@ -212,7 +212,7 @@ int eval(const options& o) {
     for (std::size_t t = 0; t < s.steps; ++t) {
       if (progress) std::fprintf(stderr, "\r%-13s step %zu/%zu ", m.name.c_str(), t + 1, s.steps);
       const auto start = std::chrono::steady_clock::now();
-      const gradcomp::message msg = r->compress(s.step(t), buf);
+      const gradcomp::message msg = r.compress(s.step(t), buf);
       seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       total_count += msg.count();
       total_bytes += msg.bytes().size();

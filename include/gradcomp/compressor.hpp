@@ -9,7 +9,6 @@
 #include <gradcomp/detail/core/non_finite.hpp>
 #include <gradcomp/detail/core/selector_work.hpp>
 #include <gradcomp/detail/core/step_input.hpp>
-#include <gradcomp/detail/engines.hpp>
 #include <gradcomp/detail/step/state_io.hpp>
 #include <gradcomp/detail/step/step_engines.hpp>
 #include <gradcomp/detail/step/widening.hpp>
@@ -17,6 +16,7 @@
 #include <gradcomp/error.hpp>
 #include <gradcomp/float16.hpp>
 #include <gradcomp/message.hpp>
+#include <gradcomp/registry.hpp>
 
 #include <algorithm>
 #include <cstddef>

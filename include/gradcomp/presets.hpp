@@ -7,19 +7,21 @@
 #include <gradcomp/correct/chain.hpp>
 #include <gradcomp/correct/clip_norm.hpp>
 #include <gradcomp/correct/error_feedback.hpp>
+#include <gradcomp/correct/low_pass.hpp>
 #include <gradcomp/correct/momentum.hpp>
 #include <gradcomp/encode/index_value.hpp>
 #include <gradcomp/select/chunk_local.hpp>
 #include <gradcomp/select/exact_topk.hpp>
 #include <gradcomp/select/given_indices.hpp>
-#include <gradcomp/correct/low_pass.hpp>
 #include <gradcomp/select/random_k.hpp>
 #include <gradcomp/select/sampled_threshold.hpp>
 #include <gradcomp/select/threshold.hpp>
+#include <gradcomp/settings.hpp>
 
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <tuple>
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace presets {
@@ -33,6 +35,17 @@ struct dgc_options {
   int workers = 1;                                          ///< workers sharing max_norm
   std::uint64_t seed = 0;                                   ///< sampling seed
   bool reuse_threshold = false;  ///< start from last step's threshold (one pass fewer when it holds)
+
+  /// Its settings by name (settings.hpp).
+  static constexpr auto settings() {
+    return std::tuple{setting{"density", &dgc_options::density},
+                      setting{"momentum", &dgc_options::momentum},
+                      setting{"nesterov", &dgc_options::nesterov},
+                      setting{"max_norm", &dgc_options::max_norm},
+                      setting{"workers", &dgc_options::workers},
+                      setting{"seed", &dgc_options::seed},
+                      setting{"reuse_threshold", &dgc_options::reuse_threshold}};
+  }
 };
 
 /// DGC with a chosen selector (e.g. select::exact_topk to remove sampling noise):
@@ -55,6 +68,9 @@ auto dgc(Backend backend, std::size_t n, const dgc_options& o = {}) {
 /// AdaComp (Chen et al., AAAI 2018): localized selection, residual, ternary values.
 struct adacomp_options {
   std::size_t bin = 50;  ///< 50 for fully-connected/recurrent layers, 500 for convolutions
+
+  /// Its settings by name (settings.hpp).
+  static constexpr auto settings() { return std::tuple{setting{"bin", &adacomp_options::bin}}; }
 };
 /// AdaComp on `backend` for a tensor of n elements.
 template <class Backend>
@@ -66,6 +82,9 @@ auto adacomp(Backend backend, std::size_t n, const adacomp_options& o = {}) {
 /// Top-k with residual memory, as in the GRACE framework.
 struct topk_ef_options {
   double density = 0.001;  ///< fraction sent, in (0, 1]
+
+  /// Its settings by name (settings.hpp).
+  static constexpr auto settings() { return std::tuple{setting{"density", &topk_ef_options::density}}; }
 };
 /// Top-k with error feedback on `backend` for a tensor of n elements.
 template <class Backend>
@@ -78,6 +97,11 @@ auto topk_ef(Backend backend, std::size_t n, const topk_ef_options& o = {}) {
 struct randomk_ef_options {
   double density = 0.001;  ///< fraction sent, in (0, 1]
   std::uint64_t seed = 0;  ///< shared by the workers that must pick the same indices
+
+  /// Its settings by name (settings.hpp).
+  static constexpr auto settings() {
+    return std::tuple{setting{"density", &randomk_ef_options::density}, setting{"seed", &randomk_ef_options::seed}};
+  }
 };
 /// Random-k with error feedback on `backend` for a tensor of n elements.
 template <class Backend>
@@ -89,6 +113,9 @@ auto randomk_ef(Backend backend, std::size_t n, const randomk_ef_options& o = {}
 /// A fixed magnitude threshold with residual memory.
 struct threshold_ef_options {
   float tau = 0.0f;  ///< magnitude threshold, finite and >= 0
+
+  /// Its settings by name (settings.hpp).
+  static constexpr auto settings() { return std::tuple{setting{"tau", &threshold_ef_options::tau}}; }
 };
 /// A fixed threshold with error feedback on `backend` for a tensor of n elements.
 template <class Backend>
@@ -103,6 +130,11 @@ auto threshold_ef(Backend backend, std::size_t n, const threshold_ef_options& o)
 struct scalecom_options {
   double density = 0.001;  ///< the leader's selection, k of n as exact_topk counts it
   float beta = 1.0f;       ///< low_pass filter weight (1: plain error feedback)
+
+  /// Its settings by name (settings.hpp).
+  static constexpr auto settings() {
+    return std::tuple{setting{"density", &scalecom_options::density}, setting{"beta", &scalecom_options::beta}};
+  }
 };
 /// \throws gradcomp::error if density is outside (0, 1] (or beta outside (0, 1]).
 template <class Backend>

@@ -19,6 +19,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -185,6 +186,13 @@ class sparse_exchange {
   /// Entries of this rank's message in the last step.
   [[nodiscard]] virtual std::uint64_t entries() const = 0;
 };
+
+/// The methods a compressor is built for: the presets of gradcomp/registry.hpp, then
+/// "compose".
+std::vector<std::string> method_names();
+/// Each preset's settings with their defaults (its options struct's settings()), by
+/// method, in the registry's order.
+std::vector<std::pair<std::string, std::vector<std::pair<std::string, options::value>>>> preset_settings();
 
 /// Builds a compressor of `n` elements for `method` (a preset's name, or "compose" for
 /// the selector, corrector and encoder named in the options).

@@ -17,7 +17,6 @@
 #include "compressor_handle.hpp"
 #include "ddp_steps.hpp"
 #include "messages.hpp"
-#include "names.hpp"
 #include "process_group.hpp"
 #include "torch_cuda.hpp"
 
@@ -126,7 +125,9 @@ PYBIND11_MODULE(_C, m) {
       .def("totals", [](const gradcomp_py::hook_steps& s) { return s.totals().to_dict(); })
       .def("last_step", [](const gradcomp_py::hook_steps& s) { return s.last_step().to_dict(); });
 
-  m.def("methods", &gradcomp_py::method_names, "The methods a Compressor takes (names.hpp)");
+  m.def("methods", &gradcomp_py::method_names, "The methods a Compressor takes (gradcomp/registry.hpp)");
+  m.def("preset_settings", &gradcomp_py::preset_settings,
+        "Each preset's options with their defaults, by method (the options structs' settings())");
   m.def("decode", &gradcomp_py::decode, py::arg("message"));
   m.def("accumulate", &gradcomp_py::accumulate, py::arg("message"), py::arg("dense"), py::arg("scale") = 1.0);
 

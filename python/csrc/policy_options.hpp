@@ -1,11 +1,13 @@
-// A selector's and the encoder's fields read from gradcomp.torch.Compressor's keyword
-// options, under their C++ names (a preset's own options are read in compressors.hpp's
-// build()).
+// A policy's or a preset's settings read from gradcomp.torch.Compressor's keyword
+// options, under their C++ names (settings.hpp), with the defaults its struct gives.
 #pragma once
 
 #include <gradcomp/gradcomp.hpp>
 
 #include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
 
 #include "api.hpp"
 
@@ -13,49 +15,43 @@ namespace gradcomp_py {
 
 namespace gc = gradcomp;
 
-/// A selector of default fields, its density (if it has one) from the options: what a
-/// selector added to names.hpp gets until it reads fields of its own here.
-template <class Selector>
-Selector read_selector(options& o, std::size_t /*n*/) {
-  Selector s{};
-  if constexpr (requires { s.density = 0.5; }) s.density = o.number("density", 0.001);
-  return s;
+/// The density a selector sized by one gets when the options name neither it nor a count:
+/// the presets' (topk_ef's) default.
+inline constexpr double default_density = gc::presets::topk_ef_options{}.density;
+
+/// `policy` with each setting the options name read as the setting's type (the struct's
+/// default where they do not); a setting named seed is `role`'s seed (options::seed).
+template <class Policy>
+Policy read_settings(options& o, Policy policy, const std::string& role) {
+  gc::for_each_setting(policy, [&](const char* name, auto& value) {
+    using T = std::remove_cvref_t<decltype(value)>;
+    if constexpr (std::is_same_v<T, bool>) {
+      value = o.flag(name, value);
+    } else if constexpr (std::is_floating_point_v<T>) {
+      value = static_cast<T>(o.number(name, value));
+    } else if constexpr (std::is_same_v<T, int>) {
+      value = static_cast<int>(o.integer(name, value));
+    } else if constexpr (std::is_same_v<T, std::uint64_t>) {  // a seed, or a count (std::size_t)
+      value = std::string_view(name) == "seed" ? o.seed(role, value) : o.size(name, value);
+    } else {
+      static_assert(std::is_same_v<T, void>, "read_settings: a setting of a type the options cannot hold");
+    }
+  });
+  return policy;
 }
 
-template <>
-inline gc::select::exact_topk read_selector(options& o, std::size_t) {
-  const bool by_count = o.has("count") && !o.has("density");
-  return {.density = by_count ? 0.0 : o.number("density", 0.001), .count = o.size("count", 0)};
-}
-template <>
-inline gc::select::sampled_threshold read_selector(options& o, std::size_t) {
-  const gc::select::sampled_threshold d{};
-  return {.density = o.number("density", 0.001),
-          .sample_ratio = o.number("sample_ratio", d.sample_ratio),
-          .lower = static_cast<float>(o.number("lower", d.lower)),
-          .upper = static_cast<float>(o.number("upper", d.upper)),
-          .max_iters = static_cast<int>(o.integer("max_iters", d.max_iters)),
-          .seed = o.seed("selector", 0),
-          .truncate = o.flag("truncate", false),
-          .reuse_threshold = o.flag("reuse_threshold", false)};
-}
-template <>
-inline gc::select::chunk_local read_selector(options& o, std::size_t) {
-  return {.bin = o.size("bin", 50)};
-}
-template <>
-inline gc::select::random_k read_selector(options& o, std::size_t) {
-  return {.density = o.number("density", 0.001), .seed = o.seed("selector", 0), .unbiased = o.flag("unbiased", false)};
-}
-template <>
-inline gc::select::threshold read_selector(options& o, std::size_t) {
-  return {.tau = static_cast<float>(o.number("tau", 0.0))};
-}
-template <>
-inline gc::select::given_indices read_selector(options& o, std::size_t) {
-  // max_count, or as many as exact_topk would choose at `density`.
-  if (o.has("max_count")) return {.max_count = o.size("max_count", 0)};
-  return {.density = o.number("density", 0.001)};
+/// A selector from the options: its settings, and default_density where it is sized by a
+/// density and the options set neither that nor a count.
+template <class Selector>
+Selector read_selector(options& o) {
+  Selector s = read_settings(o, Selector{}, "selector");
+  if constexpr (requires { s.density; }) {
+    bool sized = s.density != 0.0;
+    if constexpr (requires { s.count; }) sized = sized || s.count != 0;
+    if constexpr (requires { s.max_count; }) sized = sized || s.max_count != 0;
+    if (!sized) s.density = default_density;
+  }
+  return s;
 }
 
 inline gc::encode::index_value read_encoder(options& o) {

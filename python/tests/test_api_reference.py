@@ -47,3 +47,25 @@ def test_sphinx_builds_the_reference_without_warnings(tmp_path):
                           os.path.join(ROOT, "docs", "python"), out], capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
     assert os.path.exists(os.path.join(out, "index.html"))
+
+
+def test_the_methods_table_is_the_registry():
+    """docs/torch.md's table of methods lists the methods gradcomp.torch takes (the presets
+    of gradcomp/registry.hpp, then compose), each preset with every option of its options
+    struct under its C++ name, and the defaults it states are the struct's."""
+    import math
+    import re
+
+    from gradcomp import _C
+
+    with open(os.path.join(ROOT, "docs", "torch.md")) as f:
+        text = f.read()
+    rows = dict(re.findall(r"^\| `(\w+)` \|.* \| ([^|]*) \|$", text, re.M))
+    assert list(rows) == list(gradcomp.torch.METHODS)
+    for method, settings in _C.preset_settings():
+        stated = dict(re.findall(r"`(\w+)`(?: \(([^)]*)\))?", rows[method]))
+        assert set(stated) == {name for name, _ in settings}, method
+        for name, default in settings:
+            if stated[name]:
+                value = math.inf if stated[name] == "inf" else float(stated[name])
+                assert value == pytest.approx(default), f"{method}: {name} ({stated[name]}), the struct's {default}"

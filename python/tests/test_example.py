@@ -5,9 +5,14 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA = "/usr/share/datasets/fashion-mnist"
+# The experiments are run under torch 2.x, the first target; the test command's run of the
+# suite under torch 1.13 (the oldest supported) covers the package, not the experiments.
+pytestmark = pytest.mark.skipif(torch.__version__.startswith("1."),
+                                reason="the experiments run under torch 2.x (that run of the suite covers them)")
 
 
 def run_example(methods, tmp_path, timeout):

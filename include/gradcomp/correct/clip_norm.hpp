@@ -4,11 +4,13 @@
 
 #include <gradcomp/config.hpp>
 #include <gradcomp/error.hpp>
+#include <gradcomp/settings.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <string>
+#include <tuple>
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace correct {
@@ -19,6 +21,11 @@ namespace correct {
 struct clip_norm {
   float max_norm = 0.0f;  ///< global clipping threshold, > 0 (infinity disables)
   int workers = 1;        ///< workers sharing the threshold, >= 1
+
+  /// Its settings by name (settings.hpp).
+  static constexpr auto settings() {
+    return std::tuple{setting{"max_norm", &clip_norm::max_norm}, setting{"workers", &clip_norm::workers}};
+  }
 
   static constexpr std::size_t state_arrays = 0;  ///< no memory: a transform
   static constexpr int acc_state = -1;            ///< acc is kept in its own array

@@ -4,10 +4,12 @@
 
 #include <gradcomp/config.hpp>
 #include <gradcomp/error.hpp>
+#include <gradcomp/settings.hpp>
 
 #include <cmath>
 #include <cstddef>
 #include <string>
+#include <tuple>
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace correct {
@@ -18,6 +20,11 @@ namespace correct {
 struct error_feedback {
   float beta = 1.0f;   ///< decay of the residual, finite
   float gamma = 1.0f;  ///< weight of the new gradient, finite
+
+  /// Its settings by name (settings.hpp).
+  static constexpr auto settings() {
+    return std::tuple{setting{"beta", &error_feedback::beta}, setting{"gamma", &error_feedback::gamma}};
+  }
 
   static constexpr std::size_t state_arrays = 1;  ///< e
   static constexpr int acc_state = 0;             ///< acc is the updated e

@@ -4,9 +4,11 @@
 
 #include <gradcomp/config.hpp>
 #include <gradcomp/error.hpp>
+#include <gradcomp/settings.hpp>
 
 #include <cstddef>
 #include <string>
+#include <tuple>
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace correct {
@@ -16,6 +18,9 @@ namespace correct {
 /// memory, which keeps workers' residuals similar under shared-index selection.
 struct low_pass {
   float beta = 1.0f;  ///< filter weight, in (0, 1]
+
+  /// Its settings by name (settings.hpp).
+  static constexpr auto settings() { return std::tuple{setting{"beta", &low_pass::beta}}; }
 
   static constexpr std::size_t state_arrays = 1;  ///< m
   static constexpr int acc_state = -1;            ///< acc = m + g differs from m: own array

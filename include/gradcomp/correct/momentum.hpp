@@ -4,10 +4,12 @@
 
 #include <gradcomp/config.hpp>
 #include <gradcomp/error.hpp>
+#include <gradcomp/settings.hpp>
 
 #include <cmath>
 #include <cstddef>
 #include <string>
+#include <tuple>
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace correct {
@@ -22,6 +24,12 @@ struct momentum {
   float beta = 0.9f;      ///< momentum, finite
   bool nesterov = false;  ///< Nesterov momentum
   bool masking = true;    ///< zero the momentum of sent entries (momentum factor masking)
+
+  /// Its settings by name (settings.hpp).
+  static constexpr auto settings() {
+    return std::tuple{setting{"beta", &momentum::beta}, setting{"nesterov", &momentum::nesterov},
+                      setting{"masking", &momentum::masking}};
+  }
 
   static constexpr std::size_t state_arrays = 2;  ///< u, v
   static constexpr int acc_state = 1;             ///< acc is the updated v

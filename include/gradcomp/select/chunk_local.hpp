@@ -4,9 +4,11 @@
 
 #include <gradcomp/config.hpp>
 #include <gradcomp/error.hpp>
+#include <gradcomp/settings.hpp>
 
 #include <cstddef>
 #include <string>
+#include <tuple>
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace select {
@@ -18,6 +20,9 @@ namespace select {
 /// with the ternary value coding.
 struct chunk_local {
   std::size_t bin = 50;  ///< entries per bin, >= 1
+
+  /// Its settings by name (settings.hpp).
+  static constexpr auto settings() { return std::tuple{setting{"bin", &chunk_local::bin}}; }
 
   /// The policy's name, as checkpoints and messages of errors record it.
   [[nodiscard]] std::string name() const { return "chunk_local"; }

@@ -5,11 +5,13 @@
 #include <gradcomp/config.hpp>
 #include <gradcomp/detail/core/density.hpp>
 #include <gradcomp/error.hpp>
+#include <gradcomp/settings.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <string>
+#include <tuple>
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace select {
@@ -21,6 +23,11 @@ namespace select {
 struct exact_topk {
   double density = 0.0;   ///< fraction of entries to send, in (0, 1]
   std::size_t count = 0;  ///< number of entries to send, in [1, n]
+
+  /// Its settings by name (settings.hpp).
+  static constexpr auto settings() {
+    return std::tuple{setting{"density", &exact_topk::density}, setting{"count", &exact_topk::count}};
+  }
 
   /// The policy's name, as checkpoints and messages of errors record it.
   [[nodiscard]] std::string name() const { return "exact_topk"; }

@@ -5,9 +5,11 @@
 #include <gradcomp/config.hpp>
 #include <gradcomp/detail/core/density.hpp>
 #include <gradcomp/error.hpp>
+#include <gradcomp/settings.hpp>
 
 #include <cstddef>
 #include <string>
+#include <tuple>
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace select {
@@ -21,6 +23,11 @@ namespace select {
 struct given_indices {
   std::size_t max_count = 0;  ///< capacity, in [1, n]
   double density = 0.0;       ///< capacity as a fraction of n, in (0, 1]
+
+  /// Its settings by name (settings.hpp).
+  static constexpr auto settings() {
+    return std::tuple{setting{"max_count", &given_indices::max_count}, setting{"density", &given_indices::density}};
+  }
 
   /// The policy's name, as checkpoints and messages of errors record it.
   [[nodiscard]] std::string name() const { return "given_indices"; }

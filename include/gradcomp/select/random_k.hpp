@@ -5,12 +5,14 @@
 #include <gradcomp/config.hpp>
 #include <gradcomp/detail/core/density.hpp>
 #include <gradcomp/error.hpp>
+#include <gradcomp/settings.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <tuple>
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace select {
@@ -23,6 +25,12 @@ struct random_k {
   double density = 0.0;    ///< fraction of entries to send, in (0, 1]
   std::uint64_t seed = 0;  ///< shared by the workers that must agree
   bool unbiased = false;   ///< scale values by n / k
+
+  /// Its settings by name (settings.hpp).
+  static constexpr auto settings() {
+    return std::tuple{setting{"density", &random_k::density}, setting{"seed", &random_k::seed},
+                      setting{"unbiased", &random_k::unbiased}};
+  }
 
   /// The policy's name, as checkpoints and messages of errors record it.
   [[nodiscard]] std::string name() const { return unbiased ? "random_k(unbiased)" : "random_k"; }

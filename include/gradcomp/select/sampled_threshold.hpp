@@ -5,12 +5,14 @@
 #include <gradcomp/config.hpp>
 #include <gradcomp/detail/core/density.hpp>
 #include <gradcomp/error.hpp>
+#include <gradcomp/settings.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <tuple>
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace select {
@@ -37,6 +39,18 @@ struct sampled_threshold {
   std::uint64_t seed = 0;        ///< sampling offset seed (with the step)
   bool truncate = false;         ///< keep only the k largest of C
   bool reuse_threshold = false;  ///< start from the previous step's final threshold
+
+  /// Its settings by name (settings.hpp).
+  static constexpr auto settings() {
+    return std::tuple{setting{"density", &sampled_threshold::density},
+                      setting{"sample_ratio", &sampled_threshold::sample_ratio},
+                      setting{"lower", &sampled_threshold::lower},
+                      setting{"upper", &sampled_threshold::upper},
+                      setting{"max_iters", &sampled_threshold::max_iters},
+                      setting{"seed", &sampled_threshold::seed},
+                      setting{"truncate", &sampled_threshold::truncate},
+                      setting{"reuse_threshold", &sampled_threshold::reuse_threshold}};
+  }
 
   /// The policy's name, as checkpoints and messages of errors record it.
   [[nodiscard]] std::string name() const { return "sampled_threshold"; }

@@ -4,10 +4,12 @@
 
 #include <gradcomp/config.hpp>
 #include <gradcomp/error.hpp>
+#include <gradcomp/settings.hpp>
 
 #include <cmath>
 #include <cstddef>
 #include <string>
+#include <tuple>
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace select {
@@ -15,6 +17,9 @@ namespace select {
 /// Sends every i with |acc_i| >= tau (possibly none, possibly all).
 struct threshold {
   float tau = 0.0f;  ///< magnitude threshold, finite and >= 0
+
+  /// Its settings by name (settings.hpp).
+  static constexpr auto settings() { return std::tuple{setting{"tau", &threshold::tau}}; }
 
   /// The policy's name, as checkpoints and messages of errors record it.
   [[nodiscard]] std::string name() const { return "threshold"; }

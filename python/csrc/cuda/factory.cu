@@ -1,5 +1,5 @@
 // make_cuda and make_cuda_accumulator: the selector dispatch over build<backend::cuda, S>
-// (instantiated one selector per translation unit, generated from names.hpp), each compressor with a stream of its
+// (instantiated one selector per translation unit, scripts/binding_units.py), each compressor with a stream of its
 // own for the calls that take no stream (module.cpp runs compress, stage and preview on
 // torch's current stream).
 #include "compressors_cuda.cuh"
@@ -7,7 +7,7 @@
 namespace gradcomp_py {
 
 #define GRADCOMP_PY_EXTERN(S) GRADCOMP_PY_BUILD(extern template, gc::backend::cuda, S)
-GRADCOMP_PY_SELECTORS(GRADCOMP_PY_EXTERN)
+GRADCOMP_SELECTORS(GRADCOMP_PY_EXTERN)
 #undef GRADCOMP_PY_EXTERN
 
 namespace {
