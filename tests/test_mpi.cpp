@@ -2,6 +2,7 @@
 // simulation of the same ranks, and every rank ends with the same aggregate.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
+#include <gradcomp/comm/leader_exchange.hpp>
 #include <gradcomp/comm/mpi.hpp>
 #include <gradcomp/gradcomp.hpp>
 
@@ -716,4 +717,140 @@ TEST_CASE(
             " to be a multiple of the ranks, " + std::to_string(ranks) + " (rank 0 of " + std::to_string(ranks) + ")");
     CHECK(odd.step() == 0);
   }
+}
+
+// -- comm::leader_exchange: Leader SGD ---------------------------------------------------------
+
+namespace {
+
+// docs/algorithms.md ("Leader SGD") simulated for W workers in one process: each worker's
+// local step x -= lr g; every `period`-th step each group's worker of the lowest loss
+// (ties to the lower rank) leads it and every worker of the group moves local_pull of the
+// way toward the leader's parameters; every global_every-th round the lowest loss of all
+// then pulls every worker by global_pull.
+struct lsgd_simulation {
+  gc::comm::lsgd policy;
+  std::vector<std::vector<float>> x;
+  std::uint64_t t = 0;
+
+  static void pull(std::vector<float>& worker, const std::vector<float>& leader, float c) {
+    for (std::size_t i = 0; i < worker.size(); ++i) worker[i] = worker[i] - c * (worker[i] - leader[i]);
+  }
+  static std::size_t lowest(const std::vector<double>& loss, std::size_t begin, std::size_t end) {
+    std::size_t best = begin;
+    for (std::size_t r = begin; r < end; ++r) best = loss[r] < loss[best] ? r : best;
+    return best;
+  }
+  // One step of every worker; returns each worker's (group leader, global leader), -1 for none.
+  std::vector<std::pair<int, int>> step(const std::vector<std::vector<float>>& grads, const std::vector<double>& loss,
+                                        float lr) {
+    const std::size_t w = x.size();
+    for (std::size_t r = 0; r < w; ++r) {
+      for (std::size_t i = 0; i < x[r].size(); ++i) x[r][i] -= lr * grads[r][i];
+    }
+    std::vector<std::pair<int, int>> leaders(w, {-1, -1});
+    if (++t % policy.period != 0) return leaders;
+    const std::size_t g = policy.group_size == 0 ? w : policy.group_size;
+    for (std::size_t first = 0; first < w; first += g) {
+      const std::size_t leader = lowest(loss, first, first + g);
+      const std::vector<float> sent = x[leader];
+      for (std::size_t r = first; r < first + g; ++r) {
+        pull(x[r], sent, policy.local_pull);
+        leaders[r].first = static_cast<int>(leader);
+      }
+    }
+    if ((t / policy.period) % policy.global_every == 0) {
+      const std::size_t leader = lowest(loss, 0, w);
+      const std::vector<float> sent = x[leader];
+      for (std::size_t r = 0; r < w; ++r) {
+        pull(x[r], sent, policy.global_pull);
+        leaders[r].second = static_cast<int>(leader);
+      }
+    }
+    return leaders;
+  }
+};
+
+// Worker r's loss at step t: three values among five ranks, so that ties (to the lower
+// rank) happen.
+double loss_of(int rank, int step) { return static_cast<double>((rank * 7 + step * 3) % 5 / 2) * 0.25; }
+
+}  // namespace
+
+TEST_CASE("leader_exchange equals its simulation of W workers, groups included, bit for bit") {
+  gc::comm::mpi world;
+  const int ranks = world.size();
+  const auto w = static_cast<std::size_t>(ranks);
+  // Two groups where the ranks split evenly in groups of 2 or more, else one.
+  const std::size_t group_size = ranks >= 4 && ranks % 2 == 0 ? w / 2 : 0;
+  const gc::comm::lsgd policy{
+      .period = 2, .global_every = 2, .local_pull = 0.25f, .global_pull = 0.5f, .group_size = group_size};
+  const std::size_t g = policy.group_of(w);
+  MPI_Comm split = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, world.rank() / static_cast<int>(g), world.rank(), &split);
+  {
+    gc::comm::mpi group(split);
+    const std::size_t n = 1001;
+    const float lr = 0.05f;
+    lsgd_simulation sim{policy, {}, 0};
+    for (int r = 0; r < ranks; ++r)
+      sim.x.push_back(inputs::make(inputs::shape::normal, n, 77 + static_cast<std::uint64_t>(r)));
+    std::vector<float> x = sim.x[static_cast<std::size_t>(world.rank())];
+    gc::comm::leader_exchange exchange(world, group, gc::backend::host{}, n, policy);
+    int rounds = 0;
+    for (int t = 0; t < 12; ++t) {
+      std::vector<std::vector<float>> grads;
+      std::vector<double> loss;
+      for (int r = 0; r < ranks; ++r) {
+        grads.push_back(gradient_of(r, n, t));
+        loss.push_back(loss_of(r, t));
+      }
+      const auto leaders = sim.step(grads, loss, lr);
+      const auto& g_mine = grads[static_cast<std::size_t>(world.rank())];
+      for (std::size_t i = 0; i < n; ++i) x[i] -= lr * g_mine[i];
+      const gc::comm::leader_round round = exchange.step(x, loss_of(world.rank(), t));
+      CAPTURE(t);
+      CHECK(round.held == ((t + 1) % 2 == 0));
+      CHECK(round.group_leader == leaders[static_cast<std::size_t>(world.rank())].first);
+      CHECK(round.global_leader == leaders[static_cast<std::size_t>(world.rank())].second);
+      CHECK(x == sim.x[static_cast<std::size_t>(world.rank())]);
+      rounds += round.held ? 1 : 0;
+      if (round.held && ranks > 1) {  // the leader sends n floats, the others receive them
+        const bool led = round.group_leader == world.rank();
+        CHECK(exchange.last_traffic().received >= (led ? 0 : 4 * n));
+      }
+    }
+    CHECK(rounds == 6);
+    CHECK(exchange.steps() == 12);
+
+    // A NaN loss on the last rank at a round: every rank throws the same error, and no
+    // rank's parameters or step count change.
+    const std::vector<float> before = x;
+    exchange.step(x, 1.0);  // step 13: no round
+    const double bad = world.rank() == ranks - 1 ? std::nan("") : 1.0;
+    every_rank_throws(
+        world, [&] { exchange.step(x, bad); },
+        "gradcomp: leader_exchange: the loss must be finite, got nan (rank " + std::to_string(ranks - 1) + " of " +
+            std::to_string(ranks) + ")");
+    CHECK(x == before);
+    CHECK(exchange.steps() == 13);
+    // The group communicator of another split than the policy's: refused on every rank.
+    if (group_size != 0) {
+      gc::comm::leader_exchange wrong(world, world, gc::backend::host{}, n, policy);
+      wrong.set_steps(1);
+      every_rank_throws(
+          world, [&] { wrong.step(x, 1.0); },
+          "gradcomp: leader_exchange: the group communicator's rank 0 of " + std::to_string(ranks) +
+              " is not this rank's place in its group of " + std::to_string(g) + " (rank 0) (rank 0 of " +
+              std::to_string(ranks) + ")",
+          true);
+      CHECK(x == before);
+    }
+  }
+  MPI_Comm_free(&split);
+  CHECK_THROWS_WITH_AS(
+      gc::comm::leader_exchange(world, world, gc::backend::host{}, 10, {.group_size = w + 1}),
+      ("gradcomp: lsgd: group_size must divide the " + std::to_string(ranks) + " ranks, got " + std::to_string(w + 1))
+          .c_str(),
+      gc::error);
 }

@@ -7,6 +7,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "device.cuh"
 
+#include <gradcomp/comm/leader_exchange.hpp>
 #include <gradcomp/comm/nccl.cuh>
 #include <gradcomp/gradcomp.hpp>
 
@@ -238,3 +239,20 @@ TEST_CASE(
 }
 
 int main(int argc, char** argv) { return device::run_tests(argc, argv); }
+
+TEST_CASE("one-rank NCCL leader exchange: a round leads with this rank's own parameters, unchanged") {
+  one_rank world;
+  gc::comm::nccl comm(world.comm, gc::backend::cuda{});
+  const std::size_t n = 10'001;
+  const auto start = inputs::make(inputs::shape::normal, n, 11);
+  auto params = device::copy_of(start);
+  gc::comm::leader_exchange exchange(comm, comm, gc::backend::cuda{}, n, {.period = 2, .global_every = 1});
+  CHECK_FALSE(exchange.step(device::span_of(params), 1.0).held);
+  const auto round = exchange.step(device::span_of(params), 0.5);
+  CHECK(round.held);
+  CHECK(round.group_leader == 0);
+  CHECK(round.global_leader == 0);
+  CHECK(device::same_bits(device::host_copy(params), start));
+  CHECK_THROWS_WITH_AS(exchange.step(device::span_of(params).first(n - 1), 0.5),
+                       "gradcomp: leader_exchange: params.size() = 10000 does not match n = 10001", gc::error);
+}
