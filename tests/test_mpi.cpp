@@ -854,3 +854,83 @@ TEST_CASE("leader_exchange equals its simulation of W workers, groups included, 
           .c_str(),
       gc::error);
 }
+
+TEST_CASE("leader_exchange with compressed changes equals its simulation: every reference bit-identical") {
+  gc::comm::mpi world;
+  const int ranks = world.size();
+  const auto w = static_cast<std::size_t>(ranks);
+  const std::size_t group_size = ranks >= 4 && ranks % 2 == 0 ? w / 2 : 0;
+  const gc::comm::lsgd policy{
+      .period = 1, .global_every = 3, .local_pull = 0.25f, .global_pull = 0.5f, .group_size = group_size};
+  const std::size_t g = policy.group_of(w);
+  const auto me = static_cast<std::size_t>(world.rank());
+  MPI_Comm split = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, world.rank() / static_cast<int>(g), world.rank(), &split);
+  {
+    gc::comm::mpi group(split);
+    const std::size_t n = 2003;
+    const double density = 0.05;
+    const float lr = 0.05f;
+    auto topk = gc::compressor{gc::backend::host{}, n, gc::select::exact_topk{.density = density}, gc::correct::none{},
+                               gc::encode::index_value{}};
+    const std::size_t k = topk.selector().k(n);
+    std::vector<std::vector<float>> x;
+    for (std::size_t r = 0; r < w; ++r) x.push_back(inputs::make(inputs::shape::normal, n, 300 + r));
+    std::vector<float> mine = x[me];
+    gc::comm::leader_exchange exchange(world, group, gc::backend::host{}, n, policy,
+                                       gc::comm::compressed_changes{topk});
+    // The simulation: per group (and for the global pulls) a reference, set whole at its
+    // first round, then moved by the leader's top-k of its change (f32 values: exact).
+    std::vector<std::vector<float>> group_ref(w / g), global_ref(1);
+    const auto send = [&](std::vector<float>& ref, const std::vector<float>& leader) {
+      if (ref.empty()) {
+        ref = leader;
+        return;
+      }
+      std::vector<float> change(n);
+      for (std::size_t i = 0; i < n; ++i) change[i] = leader[i] - ref[i];
+      for (const std::uint32_t i : reference::top_k(change, k)) ref[i] = ref[i] + change[i];
+    };
+    const auto pull = [&](std::vector<float>& worker, const std::vector<float>& ref, float c) {
+      for (std::size_t i = 0; i < n; ++i) worker[i] = worker[i] - c * (worker[i] - ref[i]);
+    };
+    for (int t = 0; t < 9; ++t) {
+      std::vector<double> loss(w);
+      for (std::size_t r = 0; r < w; ++r) {
+        const auto grad = gradient_of(static_cast<int>(r), n, t);
+        for (std::size_t i = 0; i < n; ++i) x[r][i] -= lr * grad[i];
+        loss[r] = loss_of(static_cast<int>(r), t);
+      }
+      for (std::size_t first = 0; first < w; first += g) {
+        std::size_t leader = first;
+        for (std::size_t r = first; r < first + g; ++r) leader = loss[r] < loss[leader] ? r : leader;
+        send(group_ref[first / g], x[leader]);
+        for (std::size_t r = first; r < first + g; ++r) {
+          if (r != leader) pull(x[r], group_ref[first / g], policy.local_pull);
+        }
+      }
+      if ((t + 1) % 3 == 0) {
+        std::size_t leader = 0;
+        for (std::size_t r = 0; r < w; ++r) leader = loss[r] < loss[leader] ? r : leader;
+        send(global_ref[0], x[leader]);
+        for (std::size_t r = 0; r < w; ++r) {
+          if (r != leader) pull(x[r], global_ref[0], policy.global_pull);
+        }
+      }
+      const auto grad = gradient_of(world.rank(), n, t);
+      for (std::size_t i = 0; i < n; ++i) mine[i] -= lr * grad[i];
+      exchange.step(mine, loss[me]);
+      CAPTURE(t);
+      CHECK(mine == x[me]);
+      const auto ref = exchange.sender().reference(0);
+      CHECK(std::vector<float>(ref.begin(), ref.end()) == group_ref[me / g]);
+      if (t >= 2) {
+        const auto global = exchange.sender().reference(1);
+        CHECK(std::vector<float>(global.begin(), global.end()) == global_ref[0]);
+      }
+      // After the first round a leader sends a message of k entries, not n floats.
+      if (t >= 1 && ranks > 1) CHECK(exchange.last_traffic().received <= 24 * w + 2 * (8 * k + 64));
+    }
+  }
+  MPI_Comm_free(&split);
+}

@@ -4,6 +4,7 @@
 /// parameters in device memory, the PyTorch binding's adapter of a c10d process group.
 #pragma once
 
+#include <gradcomp/accumulate.hpp>
 #include <gradcomp/comm/agreement.hpp>
 #include <gradcomp/comm/lsgd.hpp>
 #include <gradcomp/comm/transport.hpp>
@@ -19,6 +20,7 @@
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 GRADCOMP_NAMESPACE_BEGIN
@@ -44,6 +46,109 @@ struct pull_toward {
 
 namespace comm {
 
+/// How a leader_exchange's leader sends its parameters: whole, n floats broadcast from
+/// the leader, toward which the other ranks are pulled (the paper's exchange).
+template <class Backend>
+class whole_parameters {
+ public:
+  whole_parameters(const Backend& backend, std::size_t n)
+      : backend_(backend), sent_(backend.template allocate<float>(n)) {}
+
+  /// `comm`'s rank `root` sends its `params`; every other rank moves `strength` of the way
+  /// toward them. `kind` (0: a group's pull, 1: the global pull) does not matter here.
+  template <class Comm>
+  void pull(Comm& comm, backend_span<Backend, float> params, int root, bool leading, float strength, int /*kind*/,
+            traffic& moved) {
+    const std::size_t n = params.size();
+    if (leading) backend_.for_each(n, detail::copy_floats{params.data(), sent_.data()});
+    comm.broadcast(span_in<typename Backend::memory, std::uint32_t>(reinterpret_cast<std::uint32_t*>(sent_.data()), n),
+                   root);
+    if (!leading) backend_.for_each(n, detail::pull_toward{params.data(), sent_.data(), strength});
+    moved.sent += leading && comm.size() > 1 ? 4 * n : 0;
+    moved.received += leading ? 0 : 4 * n;
+    ++moved.collectives;
+  }
+  /// The parameters the last pull sent.
+  [[nodiscard]] backend_span<Backend, const float> sent() const noexcept { return {sent_.data(), sent_.size()}; }
+
+ private:
+  Backend backend_;
+  typename Backend::template buffer<float> sent_;
+};
+
+/// How a leader_exchange's leader sends its parameters compressed (docs/algorithms.md,
+/// "Leader SGD"): the ranks of a group hold the same reference copy of their leaders'
+/// parameters (one for the group's pulls, one for the global pulls), sent whole at the
+/// first round of its kind; afterwards the leader sends the change of its parameters
+/// against the reference, compressed by `Compressor` (one without memory: what it does
+/// not send stays in the next change, so the reference is the error feedback), every
+/// rank adds the decoded change to its reference, and every rank but the leader is
+/// pulled toward the reference. Parameters and messages in host memory.
+template <class Compressor>
+class compressed_changes {
+  using backend_type = typename Compressor::backend_type;
+  static_assert(Compressor::corrector_type::state_arrays == 0,
+                "compressed_changes: the compressor must keep no memory (the reference holds what it did not send)");
+  static_assert(std::is_same_v<typename backend_type::memory, host_memory> &&
+                    std::is_same_v<typename backend_type::message_memory, host_memory>,
+                "compressed_changes: parameters and messages in host memory");
+
+ public:
+  /// \param compressor  of n elements, without memory: the leader compresses its change
+  ///                    with it (e.g. exact_topk, correct::none, any value coding).
+  explicit compressed_changes(Compressor& compressor)
+      : compressor_(compressor),
+        whole_(compressor.backend(), compressor.size()),
+        change_(compressor.size()),
+        words_((compressor.max_message_bytes() + 3) / 4) {}
+
+  /// The reference of `kind` (0: the group's leaders', 1: the global leaders'), the same
+  /// on every rank that pulled toward it.
+  [[nodiscard]] std::span<const float> reference(int kind) const noexcept { return reference_[kind]; }
+
+  template <class Comm>
+  void pull(Comm& comm, std::span<float> params, int root, bool leading, float strength, int kind, traffic& moved) {
+    const std::size_t n = params.size();
+    std::vector<float>& reference = reference_[kind];
+    if (reference.empty()) {  // the first round of its kind: the parameters whole
+      whole_.pull(comm, params, root, leading, strength, kind, moved);
+      reference.assign(whole_.sent().begin(), whole_.sent().end());
+      return;
+    }
+    // The leader's message size first (every rank reads the same, so a size that cannot
+    // be refuses alike), then the message, every rank adding it to its reference.
+    std::uint32_t size = 0;
+    if (leading) {
+      for (std::size_t i = 0; i < n; ++i) change_[i] = params[i] - reference[i];
+      try {
+        size = static_cast<std::uint32_t>(
+            compressor_.compress(change_, std::as_writable_bytes(std::span(words_))).bytes().size());
+      } catch (const error&) {
+        size = failed;  // told to every rank, which all throw alike below
+      }
+    }
+    comm.broadcast(std::span(&size, 1), root);
+    detail::require(size != failed, errc::non_finite, "leader_exchange: the leader (rank ", root,
+                    " of its communicator) could not compress the change of its parameters (not finite)");
+    detail::require(size <= 4 * words_.size(), errc::corrupt_message, "leader_exchange: the leader (rank ", root,
+                    ") announced a message of ", size, " bytes, more than its compressor's ", 4 * words_.size());
+    comm.broadcast(std::span(words_.data(), (size + 3) / 4), root);
+    accumulate(compressor_.backend(), std::as_bytes(std::span(words_)).first(size), std::span(reference), 1.0f);
+    if (!leading) compressor_.backend().for_each(n, detail::pull_toward{params.data(), reference.data(), strength});
+    moved.sent += leading && comm.size() > 1 ? 4 + size : 0;
+    moved.received += leading ? 0 : 4 + size;
+    moved.collectives += 2;
+  }
+
+ private:
+  static constexpr std::uint32_t failed = ~std::uint32_t{0};
+  Compressor& compressor_;
+  whole_parameters<backend_type> whole_;
+  std::vector<float> change_;
+  std::vector<std::uint32_t> words_;
+  std::vector<float> reference_[2];
+};
+
 /// What one step of a leader_exchange did.
 struct leader_round {
   bool held = false;       ///< whether the step held a round (every period-th step)
@@ -61,7 +166,7 @@ struct leader_round {
 /// toward them; every lsgd::global_every-th round the global leader's (after that pull)
 /// then pull every rank by lsgd::global_pull, broadcast over `world`. A leader's own
 /// parameters do not change in its pull.
-template <transport Comm, class Backend>
+template <transport Comm, class Backend, class Sender = whole_parameters<Backend>>
 class leader_exchange {
   static_assert(std::is_same_v<typename Comm::memory, typename Backend::memory>,
                 "leader_exchange: the transport moves another memory than the parameters'");
@@ -75,12 +180,12 @@ class leader_exchange {
   /// itself with one group. The ranks check that it is, at every round.
   /// \throws gradcomp::error if `policy` is invalid for world's size.
   leader_exchange(Comm& world, Comm& group, const Backend& backend, std::size_t n, lsgd policy)
-      : world_(world),
-        group_(group),
-        backend_(backend),
-        n_(n),
-        policy_(policy),
-        reference_(backend.template allocate<float>(n)) {
+      : leader_exchange(world, group, backend, n, policy, Sender(backend, n)) {}
+
+  /// The same, the leaders sending their parameters as `sender` sends them (e.g.
+  /// compressed_changes: their changes compressed) on `Backend` (the sender's own).
+  leader_exchange(Comm& world, Comm& group, const Backend& /*backend*/, std::size_t n, lsgd policy, Sender sender)
+      : world_(world), group_(group), n_(n), policy_(policy), sender_(std::move(sender)) {
     policy_.validate(static_cast<std::size_t>(world.size()));
     std::ostringstream text;
     for_each_setting(policy_, [&](const char* name, const auto& value) { text << name << '=' << value << ' '; });
@@ -121,11 +226,12 @@ class leader_exchange {
     leader_round round{.held = true};
     const std::size_t first = me / group_size * group_size;
     round.group_leader = static_cast<int>(lowest(losses, first, first + group_size));
-    pull(params, group_, round.group_leader - static_cast<int>(first), round.group_leader == world_.rank(),
-         policy_.local_pull);
+    sender_.pull(group_, params, round.group_leader - static_cast<int>(first), round.group_leader == world_.rank(),
+                 policy_.local_pull, 0, traffic_);
     if ((t / policy_.period) % policy_.global_every == 0) {
       round.global_leader = static_cast<int>(lowest(losses, 0, ranks));
-      pull(params, world_, round.global_leader, round.global_leader == world_.rank(), policy_.global_pull);
+      sender_.pull(world_, params, round.global_leader, round.global_leader == world_.rank(), policy_.global_pull, 1,
+                   traffic_);
     }
     steps_ = t;
     return round;
@@ -139,6 +245,8 @@ class leader_exchange {
   [[nodiscard]] const lsgd& policy() const noexcept { return policy_; }
   /// What this rank moved in its last round (also one that threw).
   [[nodiscard]] const traffic& last_traffic() const noexcept { return traffic_; }
+  /// How the leaders send their parameters.
+  [[nodiscard]] const Sender& sender() const noexcept { return sender_; }
 
  private:
   static constexpr const char* who = "leader_exchange";
@@ -157,16 +265,6 @@ class leader_exchange {
     return best;
   }
 
-  // The leader (`root` of `comm`) sends its parameters; every other rank pulls toward them.
-  void pull(params_view params, Comm& comm, int root, bool leading, float strength) {
-    if (leading) backend_.for_each(n_, detail::copy_floats{params.data(), reference_.data()});
-    comm.broadcast(
-        span_in<typename Backend::memory, std::uint32_t>(reinterpret_cast<std::uint32_t*>(reference_.data()), n_),
-        root);
-    if (!leading) backend_.for_each(n_, detail::pull_toward{params.data(), reference_.data(), strength});
-    if (comm.size() > 1) note(leading ? 4 * n_ : 0, leading ? 0 : 4 * n_);
-  }
-
   void note(std::uint64_t sent, std::uint64_t received) noexcept {
     traffic_.sent += sent;
     traffic_.received += received;
@@ -175,11 +273,10 @@ class leader_exchange {
 
   Comm& world_;
   Comm& group_;
-  Backend backend_;
   std::size_t n_;
   lsgd policy_;
   std::string policy_text_;
-  typename Backend::template buffer<float> reference_;
+  Sender sender_;
   std::uint64_t steps_ = 0;
   traffic traffic_;
 };
