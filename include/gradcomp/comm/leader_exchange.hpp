@@ -51,6 +51,7 @@ namespace comm {
 template <class Backend>
 class whole_parameters {
  public:
+  /// For parameters of n floats on `backend`.
   whole_parameters(const Backend& backend, std::size_t n)
       : backend_(backend), sent_(backend.template allocate<float>(n)) {}
 
@@ -106,6 +107,9 @@ class compressed_changes {
   /// on every rank that pulled toward it.
   [[nodiscard]] std::span<const float> reference(int kind) const noexcept { return reference_[kind]; }
 
+  /// `comm`'s rank `root` sends its change against the reference of `kind` (whole at the
+  /// first round of that kind); every rank adds it to that reference and every other
+  /// rank moves `strength` of the way toward it.
   template <class Comm>
   void pull(Comm& comm, std::span<float> params, int root, bool leading, float strength, int kind, traffic& moved) {
     const std::size_t n = params.size();
