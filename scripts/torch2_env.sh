@@ -22,8 +22,10 @@ if [ "${1:-}" = "--gradcomp" ]; then
   "$python" -m pip install --quiet --disable-pip-version-check "pytest==8.3.5" "pytest-timeout==2.3.1" \
     "pytest-xdist==3.6.1" "lightning==2.6.6" "accelerate==1.15.0" >&2
   mkdir -p build/torch2-src
-  rm -rf build/torch2-src/include build/torch2-src/python
+  rm -rf build/torch2-src/include build/torch2-src/python build/torch2-src/scripts
+  mkdir -p build/torch2-src/scripts
   cp -a setup.py pyproject.toml README.md LICENSE include python build/torch2-src/
+  cp -a scripts/binding_units.py build/torch2-src/scripts/  # setup.py writes the units with it
   echo "torch2_env: building gradcomp against torch $version (CPU)" >&2
   (cd build/torch2-src && GRADCOMP_CUDA=0 "$python" -m pip install --quiet --disable-pip-version-check \
     --no-build-isolation --no-deps . >&2)
