@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <sstream>
 
@@ -729,10 +730,15 @@ namespace {
 // local step x -= lr g; every `period`-th step each group's worker of the lowest loss
 // (ties to the lower rank) leads it and every worker of the group moves local_pull of the
 // way toward the leader's parameters; every global_every-th round the lowest loss of all
-// then pulls every worker by global_pull.
+// then pulls every worker by global_pull. `toward` gives what a pull's workers move
+// toward from its kind (0: a group's, 1: the global one), its group and the leader's
+// parameters: those themselves (the paper's exchange) unless set. A leader's own pull
+// moves nothing, x - c (x - x) being x.
 struct lsgd_simulation {
+  using target = std::function<std::vector<float>(int kind, std::size_t group, const std::vector<float>& leader)>;
   gc::comm::lsgd policy;
   std::vector<std::vector<float>> x;
+  target toward = [](int, std::size_t, const std::vector<float>& leader) { return leader; };
   std::uint64_t t = 0;
 
   static void pull(std::vector<float>& worker, const std::vector<float>& leader, float c) {
@@ -755,17 +761,17 @@ struct lsgd_simulation {
     const std::size_t g = policy.group_size == 0 ? w : policy.group_size;
     for (std::size_t first = 0; first < w; first += g) {
       const std::size_t leader = lowest(loss, first, first + g);
-      const std::vector<float> sent = x[leader];
+      const std::vector<float> sent = toward(0, first / g, x[leader]);
       for (std::size_t r = first; r < first + g; ++r) {
-        pull(x[r], sent, policy.local_pull);
+        if (r != leader) pull(x[r], sent, policy.local_pull);
         leaders[r].first = static_cast<int>(leader);
       }
     }
     if ((t / policy.period) % policy.global_every == 0) {
       const std::size_t leader = lowest(loss, 0, w);
-      const std::vector<float> sent = x[leader];
+      const std::vector<float> sent = toward(1, 0, x[leader]);
       for (std::size_t r = 0; r < w; ++r) {
-        pull(x[r], sent, policy.global_pull);
+        if (r != leader) pull(x[r], sent, policy.global_pull);
         leaders[r].second = static_cast<int>(leader);
       }
     }
@@ -794,7 +800,7 @@ TEST_CASE("leader_exchange equals its simulation of W workers, groups included, 
     gc::comm::mpi group(split);
     const std::size_t n = 1001;
     const float lr = 0.05f;
-    lsgd_simulation sim{policy, {}, 0};
+    lsgd_simulation sim{policy, {}};
     for (int r = 0; r < ranks; ++r)
       sim.x.push_back(inputs::make(inputs::shape::normal, n, 77 + static_cast<std::uint64_t>(r)));
     std::vector<float> x = sim.x[static_cast<std::size_t>(world.rank())];
@@ -876,49 +882,34 @@ TEST_CASE("leader_exchange with compressed changes equals its simulation: every 
     auto topk = gc::compressor{gc::backend::host{}, n, gc::select::exact_topk{.density = density}, gc::correct::none{},
                                gc::encode::index_value{}};
     const std::size_t k = topk.selector().k(n);
-    std::vector<std::vector<float>> x;
-    for (std::size_t r = 0; r < w; ++r) x.push_back(inputs::make(inputs::shape::normal, n, 300 + r));
-    std::vector<float> mine = x[me];
+    lsgd_simulation sim{policy, {}};
+    for (std::size_t r = 0; r < w; ++r) sim.x.push_back(inputs::make(inputs::shape::normal, n, 300 + r));
+    std::vector<float> mine = sim.x[me];
     gc::comm::leader_exchange exchange(world, group, gc::backend::host{}, n, policy,
                                        gc::comm::compressed_changes{topk});
     // The simulation: per group (and for the global pulls) a reference, set whole at its
     // first round, then moved by the leader's top-k of its change (f32 values: exact).
     std::vector<std::vector<float>> group_ref(w / g), global_ref(1);
-    const auto send = [&](std::vector<float>& ref, const std::vector<float>& leader) {
+    sim.toward = [&](int kind, std::size_t in_group, const std::vector<float>& leader) {
+      std::vector<float>& ref = kind == 0 ? group_ref[in_group] : global_ref[0];
       if (ref.empty()) {
         ref = leader;
-        return;
+        return ref;
       }
       std::vector<float> change(n);
       for (std::size_t i = 0; i < n; ++i) change[i] = leader[i] - ref[i];
       for (const std::uint32_t i : reference::top_k(change, k)) ref[i] = ref[i] + change[i];
+      return ref;
     };
-    const auto pull = [&](std::vector<float>& worker, const std::vector<float>& ref, float c) {
-      for (std::size_t i = 0; i < n; ++i) worker[i] = worker[i] - c * (worker[i] - ref[i]);
-    };
+    std::vector<std::vector<float>>& x = sim.x;
     for (int t = 0; t < 9; ++t) {
-      std::vector<double> loss(w);
+      std::vector<std::vector<float>> grads;
+      std::vector<double> loss;
       for (std::size_t r = 0; r < w; ++r) {
-        const auto grad = gradient_of(static_cast<int>(r), n, t);
-        for (std::size_t i = 0; i < n; ++i) x[r][i] -= lr * grad[i];
-        loss[r] = loss_of(static_cast<int>(r), t);
+        grads.push_back(gradient_of(static_cast<int>(r), n, t));
+        loss.push_back(loss_of(static_cast<int>(r), t));
       }
-      for (std::size_t first = 0; first < w; first += g) {
-        std::size_t leader = first;
-        for (std::size_t r = first; r < first + g; ++r) leader = loss[r] < loss[leader] ? r : leader;
-        send(group_ref[first / g], x[leader]);
-        for (std::size_t r = first; r < first + g; ++r) {
-          if (r != leader) pull(x[r], group_ref[first / g], policy.local_pull);
-        }
-      }
-      if ((t + 1) % 3 == 0) {
-        std::size_t leader = 0;
-        for (std::size_t r = 0; r < w; ++r) leader = loss[r] < loss[leader] ? r : leader;
-        send(global_ref[0], x[leader]);
-        for (std::size_t r = 0; r < w; ++r) {
-          if (r != leader) pull(x[r], global_ref[0], policy.global_pull);
-        }
-      }
+      sim.step(grads, loss, lr);
       const auto grad = gradient_of(world.rank(), n, t);
       for (std::size_t i = 0; i < n; ++i) mine[i] -= lr * grad[i];
       exchange.step(mine, loss[me]);
