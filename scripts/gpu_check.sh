@@ -6,13 +6,13 @@
 #      then `cmake --build build/release`: doctest and Google Benchmark need not be on the GPU
 #      machine), run from BIN;
 #   2. the torch extension built with its CUDA backend against the machine's torch, then
-#      pytest's CUDA tests (-m cuda) and experiments/torch_gpu.py.
+#      pytest's CUDA tests (-m cuda), experiments/torch_gpu.py and experiments/gpu_step_cost.py.
 # The extension compiles in the background while the binaries run.
 #
 #   bash scripts/gpu_check.sh BIN OUT
 # BIN holds test_cuda_*, example_cuda_thrust, bench_cuda and any shared library they need
 # that the machine lacks (Google Benchmark's); NCCL is taken from torch's nvidia-nccl.
-# Logs and JSON go to OUT (six files). TESTS names the binaries to run (all by default);
+# Logs and JSON go to OUT (seven files). TESTS names the binaries to run (all by default);
 # BENCH=0 leaves out bench_cuda. Exits non-zero when any step fails.
 set -u
 bin=$(cd "$1" && pwd)
@@ -71,6 +71,9 @@ if [ "$built" = 0 ]; then
   step pytest_cuda pytest_cuda.log 150 env ${preload:+LD_PRELOAD=$preload} "$python" -m pytest -q -s \
     -p no:cacheprovider -m cuda tests -o addopts="" --timeout=140 "${workers[@]}"
   step torch_gpu bench.log 90 "$python" ../experiments/torch_gpu.py --out "$out/torch_gpu.json"
+  # What each hook adds to a bf16 training step of a ResNet-50 and a GPT-2 small (#40, item 4)
+  step step_cost bench.log 200 env PYTHONPATH="$root:$PYTHONPATH" PYTHONUNBUFFERED=1 "$python" \
+    -m experiments.gpu_step_cost --out "$out/step_cost.json"
   [ -s "$out/pytest_cuda.log" ] && tail -5 "$out/pytest_cuda.log"
 else
   failed+=(extension_build)
