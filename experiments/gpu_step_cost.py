@@ -7,10 +7,15 @@ synthetic data, a ResNet-50 and a GPT-2-small-shaped transformer. Per hook, per 
 - the GPU time of the work the hook queues on torch's current stream (CUDA events
   around each hook call, summed over the step's buckets), and the host time spent in
   the hook's calls;
-- the host synchronizations in one profiled step: the CUDA runtime calls that wait for
-  the device (cudaStreamSynchronize, cudaEventSynchronize, cudaDeviceSynchronize,
-  blocking cudaMemcpy), counted from torch.profiler's trace of every thread, with the
-  step's own end-of-step synchronization subtracted.
+- in one step traced by torch.profiler: the host synchronizations, the CUDA runtime calls
+  that wait for the device (cudaStreamSynchronize, cudaEventSynchronize,
+  cudaDeviceSynchronize, blocking cudaMemcpy) on every thread, less the step's own
+  closing one; and the GPU time of all the step's kernels, whichever thread launched
+  them (against the no-hook step's: what the hook's kernels cost).
+
+The hook's own GPU time by CUDA events covers only what the hook queues on torch's
+current stream during its call: torch's hooks, not gradcomp's, which queue their work
+from a thread of their own.
 
     python3 -m experiments.gpu_step_cost [--models resnet50,gpt2] [--out step_cost.json]
 
@@ -175,30 +180,33 @@ def run(model_name, hook_name, args, device):
         buckets, host, gpu = times.take()
         hook_host.append(host)
         hook_gpu.append(gpu)
-    syncs = profiled_syncs(step, device)
+    syncs, kernels = profiled(step, device)
     del ddp, module, optimizer
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return {"model": model_name, "hook": hook_name, "step_ms": 1e3 * statistics.median(wall),
             "hook_host_ms": 1e3 * statistics.median(hook_host), "hook_gpu_ms": statistics.median(hook_gpu),
-            "buckets": buckets, "host_syncs": syncs, "parameters": parameters}
+            "buckets": buckets, "host_syncs": syncs, "kernel_ms": kernels, "parameters": parameters}
 
 
-def profiled_syncs(step, device):
-    """The CUDA runtime calls that wait for the device in one step, by name, less the
-    step's own closing torch.cuda.synchronize()."""
+def profiled(step, device):
+    """One step under torch.profiler: the CUDA runtime calls in it that wait for the
+    device, by name, less the step's own closing torch.cuda.synchronize(); and the GPU
+    time of every kernel the step ran, whichever thread or stream launched it (ms)."""
     if device.type != "cuda":
-        return {}
+        return {}, 0.0
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         step()
-    counts = {}
+    counts, kernels = {}, 0.0
     for event in prof.events():
         if event.name in SYNC_CALLS:
             counts[event.name] = counts.get(event.name, 0) + 1
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            kernels += getattr(event, "device_time", None) or getattr(event, "cuda_time", 0.0)  # microseconds
     if counts.get("cudaDeviceSynchronize"):
         counts["cudaDeviceSynchronize"] -= 1  # the step's own
-    return {k: v for k, v in counts.items() if v}
+    return {k: v for k, v in counts.items() if v}, kernels / 1e3
 
 
 def main():
@@ -231,7 +239,7 @@ def main():
                     added = "" if row["added"] is None else f" ({100 * row['added']:+.1f}% over no hook)"
                     print(f"{model_name} {hook_name}: step {row['step_ms']:.2f} ms{added}, hook GPU "
                           f"{row['hook_gpu_ms']:.3f} ms and host {row['hook_host_ms']:.2f} ms over "
-                          f"{row['buckets']} buckets, host syncs {row['host_syncs']}", flush=True)
+                          f"{row['buckets']} buckets, kernels {row['kernel_ms']:.2f} ms, host syncs {row['host_syncs']}", flush=True)
         finally:
             dist.destroy_process_group()
     info = {"torch": torch.__version__, "density": args.density, "steps": args.steps, "rows": rows}
