@@ -108,7 +108,8 @@ def registered(ddp, hook_name, density):
         ddp.register_comm_hook(state, hook)
         return None
     import gradcomp.torch.ddp as gddp
-    method, aggregation = ("topk_ef", "sparse_allreduce") if hook_name == "sparse_allreduce" else (hook_name, "allgather")
+    sparse = hook_name == "sparse_allreduce"
+    method, aggregation = ("topk_ef", "sparse_allreduce") if sparse else (hook_name, "allgather")
     state = gddp.State(method=method, density=density, start_iter=0, aggregation=aggregation)
     ddp.register_comm_hook(state, gddp.hook)
     return state
@@ -181,9 +182,6 @@ def run(model_name, hook_name, args, device):
         hook_host.append(host)
         hook_gpu.append(gpu)
     syncs, kernels = profiled(step, device)
-    del ddp, module, optimizer
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
     return {"model": model_name, "hook": hook_name, "step_ms": 1e3 * statistics.median(wall),
             "hook_host_ms": 1e3 * statistics.median(hook_host), "hook_gpu_ms": statistics.median(hook_gpu),
             "buckets": buckets, "host_syncs": syncs, "kernel_ms": kernels, "parameters": parameters}
@@ -233,13 +231,16 @@ def main():
                 base = None
                 for hook_name in args.hooks.split(","):
                     row = run(model_name, hook_name, args, device)
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()  # the run's model and DDP are gone
                     base = row["step_ms"] if hook_name == "none" else base
                     row["added"] = None if base is None else row["step_ms"] / base - 1
                     rows.append(row)
                     added = "" if row["added"] is None else f" ({100 * row['added']:+.1f}% over no hook)"
                     print(f"{model_name} {hook_name}: step {row['step_ms']:.2f} ms{added}, hook GPU "
                           f"{row['hook_gpu_ms']:.3f} ms and host {row['hook_host_ms']:.2f} ms over "
-                          f"{row['buckets']} buckets, kernels {row['kernel_ms']:.2f} ms, host syncs {row['host_syncs']}", flush=True)
+                          f"{row['buckets']} buckets, kernels {row['kernel_ms']:.2f} ms, host syncs "
+                          f"{row['host_syncs']}", flush=True)
         finally:
             dist.destroy_process_group()
     info = {"torch": torch.__version__, "density": args.density, "steps": args.steps, "rows": rows}
