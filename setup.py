@@ -27,7 +27,8 @@ if tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2]) < (1, 
 
 root = os.path.dirname(os.path.abspath(__file__))
 csrc = os.path.join("python", "csrc")
-sources = [os.path.join(csrc, f) for f in ("module.cpp", "messages.cpp", "process_group.cpp", "ddp_steps.cpp", "options.cpp",
+sources = [os.path.join(csrc, f) for f in ("module.cpp", "messages.cpp", "process_group.cpp", "ddp_steps.cpp", "leader.cpp",
+                                           "options.cpp",
                                            os.path.join("host", "factory.cpp"))]
 
 

@@ -2,11 +2,13 @@
 // byte for byte, for every policy, over the conformance inputs.
 #include <doctest/doctest.h>
 #include <gradcomp/backend/kokkos.hpp>
+#include <gradcomp/comm/leader_exchange.hpp>
 #include <gradcomp/gradcomp.hpp>
 
 #include <sstream>
 
 #include "support/inputs.hpp"
+#include "support/leader_broadcast.hpp"
 
 namespace gc = gradcomp;
 using space = Kokkos::DefaultExecutionSpace;
@@ -194,5 +196,26 @@ TEST_CASE("an execution-space instance per call: the same steps as the compresso
     const auto mb = with_context.compress(context, x, b).bytes();
     CAPTURE(t);
     REQUIRE(std::equal(ma.begin(), ma.end(), mb.begin(), mb.end()));
+  }
+}
+
+TEST_CASE("Leader SGD's pull on kokkos: a follower moves toward the leader's parameters as on the host") {
+  using memory = gc::backend::kokkos<space>::memory;
+  const auto copy = [](const float* from, std::uint32_t* to, std::size_t bytes) { std::memcpy(to, from, bytes); };
+  for (const std::size_t n : inputs::awkward_sizes) {
+    const auto x = inputs::make(inputs::shape::normal, n, 5);
+    support::leader_broadcast<memory, decltype(copy)> comm{inputs::make(inputs::shape::student_t3, n, 6), copy};
+    gc::comm::whole_parameters<gc::backend::kokkos<space>> sender(gc::backend::kokkos<space>{}, n);
+    Kokkos::View<float*> params("params", n);
+    auto mirror = Kokkos::create_mirror_view(params);
+    for (std::size_t i = 0; i < n; ++i) mirror(i) = x[i];
+    Kokkos::deep_copy(params, mirror);
+    gc::comm::traffic moved;
+    sender.pull(comm, gc::as_span(params), 0, false, 0.3f, 0, moved);
+    Kokkos::deep_copy(mirror, params);
+    CAPTURE(n);
+    CHECK(std::vector<float>(mirror.data(), mirror.data() + n) == support::pulled(x, comm.leader, 0.3f));
+    CHECK(moved.received == 4 * n);
+    CHECK(moved.sent == 0);
   }
 }

@@ -925,6 +925,41 @@ TEST_CASE("leader_exchange with compressed changes equals its simulation: every 
       // one) a leader sends a message of k entries, not n floats.
       if (t >= 1 && t != 2 && ranks > 1) CHECK(exchange.last_traffic().received <= 24 * w + 2 * (8 * k + 64));
     }
+    // A checkpoint: a second exchange given the first's step count and references goes on
+    // as the first does, bit for bit.
+    auto topk2 = gc::compressor{gc::backend::host{}, n, gc::select::exact_topk{.density = density},
+                                gc::correct::none{}, gc::encode::index_value{}};
+    gc::comm::leader_exchange resumed(world, group, gc::backend::host{}, n, policy,
+                                      gc::comm::compressed_changes{topk2});
+    CHECK_THROWS_WITH_AS(resumed.sender().set_reference(2, {}),
+                         "gradcomp: compressed_changes: the reference's kind must be 0 (the group's) or 1 (the "
+                         "global), got 2",
+                         gc::error);
+    CHECK_THROWS_WITH_AS(resumed.sender().set_reference(0, std::vector<float>(n - 1)),
+                         ("gradcomp: compressed_changes: a reference of " + std::to_string(n - 1) +
+                          " floats for parameters of " + std::to_string(n))
+                             .c_str(),
+                         gc::error);
+    CHECK(resumed.sender().reference(0).empty());
+    resumed.set_steps(exchange.steps());
+    for (const int kind : {0, 1}) resumed.sender().set_reference(kind, exchange.sender().reference(kind));
+    std::vector<float> again = mine;
+    for (int t = 9; t < 12; ++t) {
+      const auto grad = gradient_of(world.rank(), n, t);
+      for (std::size_t i = 0; i < n; ++i) {
+        mine[i] -= lr * grad[i];
+        again[i] -= lr * grad[i];
+      }
+      exchange.step(mine, loss_of(world.rank(), t));
+      resumed.step(again, loss_of(world.rank(), t));
+      CAPTURE(t);
+      CHECK(again == mine);
+      for (const int kind : {0, 1}) {
+        const auto a = exchange.sender().reference(kind);
+        const auto b = resumed.sender().reference(kind);
+        CHECK(std::vector<float>(a.begin(), a.end()) == std::vector<float>(b.begin(), b.end()));
+      }
+    }
   }
   MPI_Comm_free(&split);
 }

@@ -1,6 +1,6 @@
 // gradcomp._C, the Python module: what gradcomp.torch calls (the compressor and ScaleCom's
 // exchange: compressor_handle.hpp; decode and accumulate: messages.cpp; the DDP hook's
-// steps: ddp_steps.hpp), the schedules, and the translation of every
+// steps: ddp_steps.hpp; Leader SGD's exchange: leader.hpp), the schedules, and the translation of every
 // gradcomp::error into the Python exception of its code (gradcomp.errors), with the same
 // message.
 #include <torch/extension.h>
@@ -16,6 +16,7 @@
 
 #include "compressor_handle.hpp"
 #include "ddp_steps.hpp"
+#include "leader.hpp"
 #include "messages.hpp"
 #include "process_group.hpp"
 #include "torch_cuda.hpp"
@@ -124,6 +125,8 @@ PYBIND11_MODULE(_C, m) {
       .def_static("no_counts", [] { return gradcomp_py::hook_counts{}.to_dict(); })
       .def("totals", [](const gradcomp_py::hook_steps& s) { return s.totals().to_dict(); })
       .def("last_step", [](const gradcomp_py::hook_steps& s) { return s.last_step().to_dict(); });
+
+  gradcomp_py::bind_leader(m);
 
   m.def("methods", &gradcomp_py::method_names, "The methods a Compressor takes (gradcomp/registry.hpp)");
   m.def("preset_settings", &gradcomp_py::preset_settings,

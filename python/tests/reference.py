@@ -97,3 +97,60 @@ class GlobalTopk:
             kept = np.isin(chosen[r], selected)
             self.e[r][chosen[r][kept]] = (self.e[r][chosen[r][kept]] - sent[r][kept]).astype(np.float32)
         return selected, sums[selected]
+
+
+class LeaderSgd:
+    """Leader SGD of W workers in one process (docs/algorithms.md, "Leader SGD"), in
+    float32 element by element: ``step(losses)`` after every worker's local step, with
+    each worker's mean recent loss; with ``density`` the leaders send their changes
+    against a reference (one per group, one global) by top-k, the parameters whole at the
+    first round of each kind."""
+
+    def __init__(self, x, period, global_every, local_pull, global_pull, group_size=0, density=None):
+        self.x = [np.asarray(v, dtype=np.float32).copy() for v in x]
+        self.period, self.global_every = period, global_every
+        self.c1, self.c2 = np.float32(local_pull), np.float32(global_pull)
+        self.g = group_size or len(self.x)
+        self.density = density
+        self.t = 0
+        self.group_ref = [None] * (len(self.x) // self.g)
+        self.global_ref = [None]
+
+    def _toward(self, refs, which, leader):
+        """What the workers are pulled toward: the leader's parameters, or the reference
+        as the leader's compressed change moves it."""
+        if self.density is None:
+            return self.x[leader].copy()
+        if refs[which] is None:
+            refs[which] = self.x[leader].copy()
+        else:
+            change = (self.x[leader] - refs[which]).astype(np.float32)
+            idx = top_k(change, k_for(self.density, len(change)))
+            refs[which][idx] = (refs[which][idx] + change[idx]).astype(np.float32)
+        return refs[which]
+
+    def _pull(self, ranks, leader, target, c):
+        for r in ranks:
+            if r != leader:
+                self.x[r] = (self.x[r] - c * (self.x[r] - target)).astype(np.float32)
+
+    def step(self, losses):
+        """Returns (group leader of each worker, global leader) at a round, else None."""
+        self.t += 1
+        if self.t % self.period:
+            return None
+        w = len(self.x)
+        lowest = lambda ranks: min(ranks, key=lambda r: (losses[r], r))  # noqa: E731
+        leaders = [None] * w
+        for first in range(0, w, self.g):
+            ranks = range(first, first + self.g)
+            leader = lowest(ranks)
+            target = self._toward(self.group_ref, first // self.g, leader)
+            self._pull(ranks, leader, target, self.c1)
+            for r in ranks:
+                leaders[r] = leader
+        top = -1
+        if (self.t // self.period) % self.global_every == 0:
+            top = lowest(range(w))
+            self._pull(range(w), top, self._toward(self.global_ref, 0, top).copy(), self.c2)
+        return leaders, top

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../support/inputs.hpp"
+#include "../support/leader_broadcast.hpp"
 
 namespace gc = gradcomp;
 
@@ -255,4 +256,23 @@ TEST_CASE("one-rank NCCL leader exchange: a round leads with this rank's own par
   CHECK(device::same_bits(device::host_copy(params), start));
   CHECK_THROWS_WITH_AS(exchange.step(device::span_of(params).first(n - 1), 0.5),
                        "gradcomp: leader_exchange: params.size() = 10000 does not match n = 10001", gc::error);
+}
+
+TEST_CASE("Leader SGD's pull on backend::cuda: a follower moves toward the leader's parameters as on the host") {
+  // (NCCL takes one rank per GPU: the leader's broadcast is delivered by a stand-in.)
+  const auto copy = [](const float* from, std::uint32_t* to, std::size_t bytes) {
+    REQUIRE(cudaMemcpy(to, from, bytes, cudaMemcpyHostToDevice) == cudaSuccess);
+  };
+  for (const std::size_t n : inputs::awkward_sizes) {
+    const auto x = inputs::make(inputs::shape::normal, n, 5);
+    support::leader_broadcast<gc::device_memory, decltype(copy)> comm{inputs::make(inputs::shape::student_t3, n, 6),
+                                                                      copy};
+    gc::comm::whole_parameters<gc::backend::cuda> sender(gc::backend::cuda{}, n);
+    auto params = device::copy_of(x);
+    gc::comm::traffic moved;
+    sender.pull(comm, device::span_of(params), 0, false, 0.3f, 0, moved);
+    CAPTURE(n);
+    CHECK(device::same_bits(device::host_copy(params), support::pulled(x, comm.leader, 0.3f)));
+    CHECK(moved.received == 4 * n);
+  }
 }

@@ -107,6 +107,22 @@ class compressed_changes {
   /// on every rank that pulled toward it.
   [[nodiscard]] std::span<const float> reference(int kind) const noexcept { return reference_[kind]; }
 
+  /// Restores the reference of `kind` (a checkpoint's; empty: none yet, so that the next
+  /// round of that kind sends the parameters whole). Every rank of the communicator must
+  /// restore the same.
+  /// \throws gradcomp::error, changing nothing, unless `kind` is 0 or 1 and `reference` is
+  ///         empty or holds the parameters' n floats.
+  void set_reference(int kind, std::span<const float> reference) {
+    detail::require(kind == 0 || kind == 1, errc::invalid_argument,
+                    "compressed_changes: the reference's kind must be 0 (the group's) or 1 (the global), got ", kind);
+    detail::require(reference.empty() || reference.size() == change_.size(), errc::invalid_argument,
+                    "compressed_changes: a reference of ", reference.size(), " floats for parameters of ",
+                    change_.size());
+    reference_[kind].assign(reference.begin(), reference.end());
+  }
+  /// The compressor the leaders compress their changes with.
+  [[nodiscard]] const Compressor& compressor() const noexcept { return compressor_; }
+
   /// `comm`'s rank `root` sends its change against the reference of `kind` (whole at the
   /// first round of that kind); every rank adds it to that reference and every other
   /// rank moves `strength` of the way toward it.
@@ -251,6 +267,7 @@ class leader_exchange {
   [[nodiscard]] const traffic& last_traffic() const noexcept { return traffic_; }
   /// How the leaders send their parameters.
   [[nodiscard]] const Sender& sender() const noexcept { return sender_; }
+  [[nodiscard]] Sender& sender() noexcept { return sender_; }
 
  private:
   static constexpr const char* who = "leader_exchange";
