@@ -173,10 +173,10 @@ def main():
     dist.all_gather(libraries, torch.tensor([float(library)], dtype=torch.float64))
     if rank == 0:
         with open(args.out, "w") as f:
-            json.dump({"method": args.method, "label": args.label or args.method, "world": world, "steps": steps, "batch": args.batch, "lr": args.lr,
-                       "period": args.period, "global_every": args.global_every, "pull": args.pull,
-                       "leader_density": args.leader_density, "parameters": flat(model).numel(),
-                       "torch": torch.__version__, "curve": curve,
+            json.dump({"method": args.method, "label": args.label or args.method, "world": world, "steps": steps,
+                       "batch": args.batch, "lr": args.lr, "period": args.period, "global_every": args.global_every,
+                       "pull": args.pull, "leader_density": args.leader_density,
+                       "parameters": flat(model).numel(), "torch": torch.__version__, "curve": curve,
                        "library_bytes_sent": [int(v) for v in libraries]}, f, indent=1)
     dist.destroy_process_group()
 

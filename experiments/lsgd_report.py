@@ -55,7 +55,8 @@ def table(world, runs):
             else ("not reached", "-")
         lines.append(f"| {r['method']} | {100 * r['accuracy']:.2f}%{center} | {100 * r['best']:.2f}% | "
                      f"{r['seconds']:.1f} s | {r['sent_mb']:.2f} | {r['received_mb']:.2f} | "
-                     f"{'-' if r['library_mb'] is None else format(r['library_mb'], '.2f')} | {reached[0]} | {reached[1]} |")
+                     f"{'-' if r['library_mb'] is None else format(r['library_mb'], '.2f')} | {reached[0]} | "
+                     f"{reached[1]} |")
     return "\n".join(lines) + "\n"
 
 

@@ -927,8 +927,8 @@ TEST_CASE("leader_exchange with compressed changes equals its simulation: every 
     }
     // A checkpoint: a second exchange given the first's step count and references goes on
     // as the first does, bit for bit.
-    auto topk2 = gc::compressor{gc::backend::host{}, n, gc::select::exact_topk{.density = density},
-                                gc::correct::none{}, gc::encode::index_value{}};
+    auto topk2 = gc::compressor{gc::backend::host{}, n, gc::select::exact_topk{.density = density}, gc::correct::none{},
+                                gc::encode::index_value{}};
     gc::comm::leader_exchange resumed(world, group, gc::backend::host{}, n, policy,
                                       gc::comm::compressed_changes{topk2});
     CHECK_THROWS_WITH_AS(resumed.sender().set_reference(2, {}),
