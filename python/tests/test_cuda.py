@@ -179,7 +179,9 @@ def test_state_memory_comes_from_torchs_allocator():
     assert torch.cuda.memory_allocated() == before
 
 
-def test_ddp_hook_on_cuda_buckets(tmp_path):
+@pytest.mark.parametrize("world", [2, 4])
+def test_ddp_hook_on_cuda_buckets(world, tmp_path):
+    """2 and 4 gloo ranks sharing the one GPU (NCCL takes one rank per device)."""
     import test_ddp
 
-    test_ddp.spawn(2, ["cuda"], tmp_path)
+    test_ddp.spawn(world, ["cuda"], tmp_path)
