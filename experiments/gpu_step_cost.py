@@ -10,8 +10,9 @@ synthetic data, a ResNet-50 and a GPT-2-small-shaped transformer. Per hook, per 
 - in one step traced by torch.profiler: the host synchronizations, the CUDA runtime calls
   that wait for the device (cudaStreamSynchronize, cudaEventSynchronize,
   cudaDeviceSynchronize, blocking cudaMemcpy) on every thread, less the step's own
-  closing one; and the GPU time of all the step's kernels, whichever thread launched
-  them (against the no-hook step's: what the hook's kernels cost).
+  closing one; the GPU time of all the step's kernels, whichever thread launched them,
+  and of gradcomp's among them (the kernels whose names carry gradcomp's types: its own
+  and the CUB kernels it instantiates).
 
 The hook's own GPU time by CUDA events covers only what the hook queues on torch's
 current stream during its call: torch's hooks, not gradcomp's, which queue their work
@@ -181,30 +182,35 @@ def run(model_name, hook_name, args, device):
         buckets, host, gpu = times.take()
         hook_host.append(host)
         hook_gpu.append(gpu)
-    syncs, kernels = profiled(step, device)
+    syncs, kernels, ours = profiled(step, device)
     return {"model": model_name, "hook": hook_name, "step_ms": 1e3 * statistics.median(wall),
             "hook_host_ms": 1e3 * statistics.median(hook_host), "hook_gpu_ms": statistics.median(hook_gpu),
-            "buckets": buckets, "host_syncs": syncs, "kernel_ms": kernels, "parameters": parameters}
+            "buckets": buckets, "host_syncs": syncs, "kernel_ms": kernels, "gradcomp_kernel_ms": ours,
+            "parameters": parameters}
 
 
 def profiled(step, device):
     """One step under torch.profiler: the CUDA runtime calls in it that wait for the
-    device, by name, less the step's own closing torch.cuda.synchronize(); and the GPU
-    time of every kernel the step ran, whichever thread or stream launched it (ms)."""
+    device, by name, less the step's own closing torch.cuda.synchronize(); the GPU time
+    of every kernel the step ran, whichever thread or stream launched it, and of
+    gradcomp's (ms)."""
     if device.type != "cuda":
-        return {}, 0.0
+        return {}, 0.0, 0.0
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         step()
-    counts, kernels = {}, 0.0
+    counts, kernels, ours = {}, 0.0, 0.0
     for event in prof.events():
         if event.name in SYNC_CALLS:
             counts[event.name] = counts.get(event.name, 0) + 1
         if event.device_type == torch.autograd.DeviceType.CUDA:
-            kernels += getattr(event, "device_time", None) or getattr(event, "cuda_time", 0.0)  # microseconds
+            time_us = getattr(event, "device_time", None) or getattr(event, "cuda_time", 0.0)
+            kernels += time_us
+            # gradcomp's kernels, CUB's among them: their names carry gradcomp's types
+            ours += time_us if "gradcomp" in event.name else 0.0
     if counts.get("cudaDeviceSynchronize"):
         counts["cudaDeviceSynchronize"] -= 1  # the step's own
-    return {k: v for k, v in counts.items() if v}, kernels / 1e3
+    return {k: v for k, v in counts.items() if v}, kernels / 1e3, ours / 1e3
 
 
 def main():
@@ -239,7 +245,8 @@ def main():
                     added = "" if row["added"] is None else f" ({100 * row['added']:+.1f}% over no hook)"
                     print(f"{model_name} {hook_name}: step {row['step_ms']:.2f} ms{added}, hook GPU "
                           f"{row['hook_gpu_ms']:.3f} ms and host {row['hook_host_ms']:.2f} ms over "
-                          f"{row['buckets']} buckets, kernels {row['kernel_ms']:.2f} ms, host syncs "
+                          f"{row['buckets']} buckets, kernels {row['kernel_ms']:.2f} ms (gradcomp's "
+                          f"{row['gradcomp_kernel_ms']:.3f} ms), host syncs "
                           f"{row['host_syncs']}", flush=True)
         finally:
             dist.destroy_process_group()
