@@ -267,6 +267,8 @@ class leader_exchange {
   [[nodiscard]] const traffic& last_traffic() const noexcept { return traffic_; }
   /// How the leaders send their parameters.
   [[nodiscard]] const Sender& sender() const noexcept { return sender_; }
+  /// How the leaders send their parameters, to change (a checkpoint's references restore
+  /// through it: compressed_changes::set_reference).
   [[nodiscard]] Sender& sender() noexcept { return sender_; }
 
  private:
