@@ -52,57 +52,59 @@ using change_compressor = gc::compressor<gc::backend::host, gc::select::exact_to
 
 template <class Sender>
 class leader_of final : public any_leader {
+  static constexpr bool compressed = !std::is_same_v<Sender, gc::comm::whole_parameters<gc::backend::host>>;
+
  public:
-  /// `make_sender()` is called once the transports exist.
-  template <class MakeSender>
+  /// The leaders send their parameters whole, or (`compressor`, null otherwise) their
+  /// changes compressed by it.
   leader_of(transport world, std::optional<transport> group, std::size_t n, const gc::comm::lsgd& policy,
-            MakeSender&& make_sender)
-      : world_(std::move(world), gc::backend::host{}),
+            std::unique_ptr<change_compressor> compressor)
+      : compressor_(std::move(compressor)),
+        world_(std::move(world), gc::backend::host{}),
         group_(group ? host_comm(std::move(*group), gc::backend::host{}) : world_),
-        exchange_(world_, group ? group_ : world_, gc::backend::host{}, n, policy, make_sender()) {}
+        exchange_(world_, group ? group_ : world_, gc::backend::host{}, n, policy, sender(n)) {}
 
   gc::comm::leader_round step(std::span<float> params, double loss) override { return exchange_.step(params, loss); }
   std::uint64_t steps() const override { return exchange_.steps(); }
   void set_steps(std::uint64_t steps) override { exchange_.set_steps(steps); }
   const gc::comm::traffic& last_traffic() const override { return exchange_.last_traffic(); }
   std::span<const float> reference(int kind) const override {
-    if constexpr (std::is_same_v<Sender, gc::comm::whole_parameters<gc::backend::host>>) {
-      return {};
-    } else {
-      return exchange_.sender().reference(kind);
-    }
+    if constexpr (compressed) return exchange_.sender().reference(kind);
+    return {};
   }
   void set_reference(int kind, std::span<const float> reference) override {
-    if constexpr (std::is_same_v<Sender, gc::comm::whole_parameters<gc::backend::host>>) {
+    if constexpr (compressed) {
+      exchange_.sender().set_reference(kind, reference);
+    } else {
       gc::detail::require(reference.empty(), gc::errc::invalid_argument,
                           "LeaderExchange: a reference is for leaders that send compressed changes");
-    } else {
-      exchange_.sender().set_reference(kind, reference);
     }
   }
   std::string save_compressor() const override {
-    if constexpr (std::is_same_v<Sender, gc::comm::whole_parameters<gc::backend::host>>) {
-      return {};
-    } else {
-      std::ostringstream out;
-      exchange_.sender().compressor().save_state(out);
-      return out.str();
-    }
+    if (!compressed) return {};
+    std::ostringstream out;
+    compressor_->save_state(out);
+    return out.str();
   }
   void load_compressor(const std::string& record) override {
-    if constexpr (std::is_same_v<Sender, gc::comm::whole_parameters<gc::backend::host>>) {
-      gc::detail::require(record.empty(), gc::errc::invalid_argument,
-                          "LeaderExchange: a compressor's record is for leaders that send compressed changes");
-    } else {
+    gc::detail::require(compressed || record.empty(), gc::errc::invalid_argument,
+                        "LeaderExchange: a compressor's record is for leaders that send compressed changes");
+    if (compressed) {
       compressor_->load_state(
           std::span<const std::byte>(reinterpret_cast<const std::byte*>(record.data()), record.size()));
     }
   }
 
-  /// The compressor a compressed_changes sender uses (owned here, as the sender refers to it).
-  std::unique_ptr<change_compressor> compressor_;
-
  private:
+  Sender sender(std::size_t n) {
+    if constexpr (compressed) {
+      return Sender(*compressor_);
+    } else {
+      return Sender(gc::backend::host{}, n);
+    }
+  }
+
+  std::unique_ptr<change_compressor> compressor_;  // the one the sender refers to (compressed only)
   host_comm world_;
   host_comm group_;
   gc::comm::leader_exchange<host_comm, gc::backend::host, Sender> exchange_;
@@ -120,22 +122,21 @@ leader_handle::leader_handle(const py::object& world, const py::object& group, s
   transport w = transport_of(group_of(world), torch::kCPU, nullptr);
   std::optional<transport> g;
   if (!group.is_none()) g = transport_of(group_of(group), torch::kCPU, nullptr);
-  if (compressed.is_none()) {
-    py::gil_scoped_release unlocked;
-    impl_ = std::make_unique<leader_of<gc::comm::whole_parameters<gc::backend::host>>>(
-        std::move(w), std::move(g), n, policy_, [&] { return gc::comm::whole_parameters(gc::backend::host{}, n); });
-    return;
+  std::unique_ptr<change_compressor> compressor;
+  if (!compressed.is_none()) {
+    options c = options_of(compressed.cast<py::dict>());
+    compressor = std::make_unique<change_compressor>(gc::backend::host{}, n, read_selector<gc::select::exact_topk>(c),
+                                                     gc::correct::none{}, read_encoder(c));
+    c.finish("the compressed leader's exact_topk");
   }
-  options c = options_of(compressed.cast<py::dict>());
-  auto compressor = std::make_unique<change_compressor>(
-      gc::backend::host{}, n, read_selector<gc::select::exact_topk>(c), gc::correct::none{}, read_encoder(c));
-  c.finish("the compressed leader's exact_topk");
   py::gil_scoped_release unlocked;
-  using sender = gc::comm::compressed_changes<change_compressor>;
-  auto leader =
-      std::make_unique<leader_of<sender>>(std::move(w), std::move(g), n, policy_, [&] { return sender(*compressor); });
-  leader->compressor_ = std::move(compressor);  // the heap object the sender refers to, kept with it
-  impl_ = std::move(leader);
+  if (compressor) {
+    impl_ = std::make_unique<leader_of<gc::comm::compressed_changes<change_compressor>>>(
+        std::move(w), std::move(g), n, policy_, std::move(compressor));
+  } else {
+    impl_ = std::make_unique<leader_of<gc::comm::whole_parameters<gc::backend::host>>>(std::move(w), std::move(g), n,
+                                                                                       policy_, nullptr);
+  }
 }
 
 leader_handle::~leader_handle() = default;
