@@ -49,12 +49,12 @@ phase "the package under torch 1.13 built"
     --output-junit ctest.xml) > build/debug_tests.log 2>&1 &
 debug_tests=$!
 
-(cd build && venv/bin/python -m pytest -q -rs --timeout=900 --junitxml=pytest.xml ../python/tests)
+(cd build && venv/bin/python -m pytest -q -rs --durations=8 --timeout=900 --junitxml=pytest.xml ../python/tests)
 phase "pytest under torch 1.13"
 wait "$torch2_build" || { cat build/torch2_env.log >&2; exit 1; }
 torch2="$PWD/build/venv-torch2/bin/python"
 phase "the package under torch 2.15 built"
-(cd build && "$torch2" -m pytest -q -rs -p no:cacheprovider --timeout=900 --junitxml=pytest-torch2.xml \
+(cd build && "$torch2" -m pytest -q -rs -p no:cacheprovider --durations=8 --timeout=900 --junitxml=pytest-torch2.xml \
   ../python/tests)
 phase "pytest under torch 2.15"
 

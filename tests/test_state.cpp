@@ -512,4 +512,55 @@ TEST_CASE("accept_staged(kept) commits a subset: as if the selector had chosen o
   partial_accept_is_a_smaller_selection(
       gc::correct::chain{gc::correct::clip_norm{.max_norm = 5.0f}, gc::correct::momentum{.beta = 0.9f}});
   partial_accept_is_a_smaller_selection(gc::correct::none{});
+  partial_accept_is_a_smaller_selection(gc::correct::compact<gc::correct::error_feedback>{});
+  partial_accept_is_a_smaller_selection(
+      gc::correct::compact<gc::correct::chain<gc::correct::clip_norm, gc::correct::momentum>>{
+          .inner = {gc::correct::clip_norm{.max_norm = 5.0f}, gc::correct::momentum{.beta = 0.9f}},
+          .bits = 4,
+          .block = 16});
+}
+
+TEST_CASE("a compact state: checkpoints restore it bit for bit, a dropped step leaves it, bad settings are refused") {
+  const std::size_t n = 30011;
+  const auto make_compact = [&](std::uint32_t bits) {
+    return gc::compressor{
+        gc::backend::host{}, n, gc::select::exact_topk{.density = 0.005},
+        gc::correct::compact<gc::correct::momentum>{.inner = {.beta = 0.9f}, .bits = bits, .block = 32}};
+  };
+  for (const std::uint32_t bits : {8u, 4u}) {
+    CAPTURE(bits);
+    auto original = make_compact(bits);
+    for (std::uint64_t t = 0; t < 4; ++t) (void)run(original, t);
+    // A staged step that is dropped leaves the stored state as it was.
+    const std::string before = checkpoint_of(original);
+    std::vector<std::byte> buf(original.max_message_bytes());
+    (void)original.stage(inputs::make(inputs::shape::student_t3, n, 99), buf);
+    original.drop_staged();
+    CHECK(checkpoint_of(original) == before);
+    std::stringstream checkpoint(before);
+    auto restored = make_compact(bits);
+    restored.load_state(checkpoint);
+    CHECK(checkpoint_of(restored) == before);
+    for (std::size_t a = 0; a < 2; ++a) {
+      const auto x = original.corrector_state(a);
+      const auto y = restored.corrector_state(a);
+      CHECK(std::memcmp(x.data(), y.data(), 4 * n) == 0);
+    }
+    for (std::uint64_t t = 4; t < 9; ++t) CHECK(run(original, t) == run(restored, t));
+    // A compact state of other settings is another corrector: refused, nothing changed.
+    auto other = make_compact(bits == 8 ? 4 : 8);
+    const std::string other_before = checkpoint_of(other);
+    std::stringstream wrong(before);
+    CHECK_THROWS_AS(other.load_state(wrong), gc::error);
+    CHECK(checkpoint_of(other) == other_before);
+  }
+  using ef = gc::correct::compact<gc::correct::error_feedback>;
+  CHECK_THROWS_WITH_AS((gc::compressor{gc::backend::host{}, n, gc::select::exact_topk{.density = 0.01}, ef{.bits = 6}}),
+                       "gradcomp: compact: bits must be 8 or 4, got 6", gc::error);
+  CHECK_THROWS_WITH_AS(
+      (gc::compressor{gc::backend::host{}, n, gc::select::exact_topk{.density = 0.01}, ef{.block = 12}}),
+      "gradcomp: compact: block must be a multiple of 8 in [8, 4096], got 12", gc::error);
+  CHECK_THROWS_WITH_AS(
+      (gc::compressor{gc::backend::host{}, n, gc::select::exact_topk{.density = 0.01}, ef{.inner = {.beta = NAN}}}),
+      "gradcomp: error_feedback: beta must be finite, got nan", gc::error);
 }

@@ -9,6 +9,7 @@
 #include <gradcomp/config.hpp>
 #include <gradcomp/correct/chain.hpp>
 #include <gradcomp/correct/clip_norm.hpp>
+#include <gradcomp/correct/compact.hpp>
 #include <gradcomp/correct/error_feedback.hpp>
 #include <gradcomp/correct/low_pass.hpp>
 #include <gradcomp/correct/momentum.hpp>

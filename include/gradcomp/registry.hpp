@@ -12,6 +12,7 @@
 #pragma once
 
 #include <gradcomp/detail/codec/encode.hpp>
+#include <gradcomp/detail/correct/compact.hpp>
 #include <gradcomp/detail/correct/elementwise.hpp>
 #include <gradcomp/detail/correct/none.hpp>
 #include <gradcomp/detail/select/chunk_local.hpp>

@@ -175,12 +175,14 @@ class sparse_exchange {
   virtual ~sparse_exchange() = default;
   /// dense += scale * the global top-k of the ranks' sums; the compressor's step stays
   /// staged until accept() (or drop()).
-  virtual void stage(const float* grad, float* dense, std::size_t n, float scale) = 0;
+  virtual void stage(const void* grad, element type, float* dense, std::size_t n, float scale) = 0;
   virtual void accept() = 0;
   virtual void drop() noexcept = 0;
   /// FSDP's sparse reduce-scatter: `shard` (n / W floats) = scale * this rank's shard of
-  /// the ranks' summed messages; the compressor's whole step is committed.
-  virtual void reduce_scatter(const float* grad, std::size_t n, float* shard, std::size_t shard_n, float scale) = 0;
+  /// the ranks' summed messages of `grad` (n elements of `type`, read where they are);
+  /// the compressor's whole step is committed.
+  virtual void reduce_scatter(const void* grad, element type, std::size_t n, float* shard, std::size_t shard_n,
+                              float scale) = 0;
   /// The global selection's size.
   [[nodiscard]] virtual std::size_t k() const = 0;
   /// Entries of this rank's message in the last step.

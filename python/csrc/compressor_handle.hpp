@@ -353,13 +353,13 @@ class sparse_handle {
   /// staged until accept() (the DDP hook accepts a step's buckets together).
   void stage(const torch::Tensor& grad_in, torch::Tensor& dense, double scale) {
     // Sizes are the exchange's to check (every rank alike).
-    check_tensor("sparse_allreduce", "grad", grad_in, torch::kFloat, c_.device());
+    const element type = check_gradient("sparse_allreduce", "grad", grad_in, c_.device(), -1);
     check_tensor("sparse_allreduce", "dense", dense, torch::kFloat, c_.device());
     gradcomp_py::check_written("sparse_allreduce", "dense", dense);
     const torch::Tensor grad = values_of(grad_in);
     c_.exclusive([&] {
       c_.on_own_stream([&] {
-        x_->stage(grad.data_ptr<float>(), dense.data_ptr<float>(), static_cast<std::size_t>(dense.numel()),
+        x_->stage(grad.data_ptr(), type, dense.data_ptr<float>(), static_cast<std::size_t>(dense.numel()),
                   static_cast<float>(scale));
       });
     });
@@ -370,13 +370,13 @@ class sparse_handle {
   /// FSDP's sparse reduce-scatter: `shard` = scale * this rank's shard of the ranks'
   /// summed messages of `grad` (W equal shards); the compressor's step is committed.
   void reduce_scatter(const torch::Tensor& grad_in, torch::Tensor& shard, double scale) {
-    check_tensor("reduce_scatter", "input", grad_in, torch::kFloat, c_.device());
+    const element type = check_gradient("reduce_scatter", "input", grad_in, c_.device(), -1);
     check_tensor("reduce_scatter", "output", shard, torch::kFloat, c_.device());
     gradcomp_py::check_written("reduce_scatter", "output", shard);
     const torch::Tensor grad = values_of(grad_in);
     c_.exclusive([&] {
       c_.on_own_stream([&] {
-        x_->reduce_scatter(grad.data_ptr<float>(), static_cast<std::size_t>(grad.numel()), shard.data_ptr<float>(),
+        x_->reduce_scatter(grad.data_ptr(), type, static_cast<std::size_t>(grad.numel()), shard.data_ptr<float>(),
                            static_cast<std::size_t>(shard.numel()), static_cast<float>(scale));
       });
     });

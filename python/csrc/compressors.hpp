@@ -79,6 +79,24 @@ struct backend_ops<gc::backend::host> {
   static void wait(const gc::backend::host&) noexcept {}
 };
 
+/// Calls `f` with the `n` elements at `grad` as a view (of the compressor's memory) of
+/// their element type: what the compressor and its exchanges take.
+template <class Compressor, class F>
+decltype(auto) with_gradient(const void* grad, std::size_t n, element type, F&& f) {
+  using half_view = typename Compressor::template view<const gc::half>;
+  using bfloat16_view = typename Compressor::template view<const gc::bfloat16>;
+  using float_view = typename Compressor::template view<const float>;
+  switch (type) {
+    case element::f16:
+      return f(half_view(static_cast<const gc::half*>(grad), n));
+    case element::bf16:
+      return f(bfloat16_view(static_cast<const gc::bfloat16*>(grad), n));
+    case element::f32:
+      break;
+  }
+  return f(float_view(static_cast<const float*>(grad), n));
+}
+
 template <class Compressor>
 class compressor_of final : public any_compressor {
   using backend_type = typename Compressor::backend_type;
@@ -102,15 +120,15 @@ class compressor_of final : public any_compressor {
                    bool staged) override {
     const backend_type on = backend_ops<backend_type>::on(c_.backend(), stream);
     const typename Compressor::message_bytes o(out, out_size);
-    const auto m =
-        with_gradient(grad, type, [&](auto g) { return staged ? c_.stage(on, g, o) : c_.compress(on, g, o); });
+    const auto m = with_gradient<Compressor>(
+        grad, c_.size(), type, [&](auto g) { return staged ? c_.stage(on, g, o) : c_.compress(on, g, o); });
     return {m.bytes().size(), m.count()};
   }
   void accept_staged() override { c_.accept_staged(); }
   bool has_staged() const override { return c_.has_staged(); }
   void preview(void* stream, const void* grad, element type, float* out) override {
     const backend_type on = backend_ops<backend_type>::on(c_.backend(), stream);
-    const auto acc = with_gradient(grad, type, [&](auto g) { return c_.preview(on, g); });
+    const auto acc = with_gradient<Compressor>(grad, c_.size(), type, [&](auto g) { return c_.preview(on, g); });
     backend_ops<backend_type>::copy(on, acc.data(), out, acc.size() * sizeof(float));
   }
 
@@ -154,23 +172,6 @@ class compressor_of final : public any_compressor {
   std::unique_ptr<sparse_exchange> sparse(transport t, std::size_t k) override;
 
  private:
-  // Calls `f` with the gradient as a view (of the backend's memory) of its element type.
-  template <class F>
-  decltype(auto) with_gradient(const void* grad, element type, F&& f) {
-    using half_view = typename Compressor::template view<const gc::half>;
-    using bfloat16_view = typename Compressor::template view<const gc::bfloat16>;
-    using float_view = typename Compressor::template view<const float>;
-    switch (type) {
-      case element::f16:
-        return f(half_view(static_cast<const gc::half*>(grad), c_.size()));
-      case element::bf16:
-        return f(bfloat16_view(static_cast<const gc::bfloat16*>(grad), c_.size()));
-      case element::f32:
-        break;
-    }
-    return f(float_view(static_cast<const float*>(grad), c_.size()));
-  }
-
   Compressor c_;
 };
 
@@ -223,12 +224,14 @@ class sparse_exchange_of final : public sparse_exchange {
   sparse_exchange_of(Compressor& c, transport t, std::size_t k)
       : comm_(std::move(t), c.backend()), exchange_(comm_, c, k) {}
 
-  void stage(const float* grad, float* dense, std::size_t n, float scale) override {
-    (void)exchange_.stage(view<const float>(grad, n), view<float>(dense, n), scale);
+  void stage(const void* grad, element type, float* dense, std::size_t n, float scale) override {
+    with_gradient<Compressor>(grad, n, type, [&](auto g) { (void)exchange_.stage(g, view<float>(dense, n), scale); });
   }
   void accept() override { exchange_.accept_staged(); }
-  void reduce_scatter(const float* grad, std::size_t n, float* shard, std::size_t shard_n, float scale) override {
-    exchange_.reduce_scatter(view<const float>(grad, n), view<float>(shard, shard_n), scale);
+  void reduce_scatter(const void* grad, element type, std::size_t n, float* shard, std::size_t shard_n,
+                      float scale) override {
+    with_gradient<Compressor>(grad, n, type,
+                              [&](auto g) { exchange_.reduce_scatter(g, view<float>(shard, shard_n), scale); });
   }
   void drop() noexcept override { exchange_.drop_staged(); }
   [[nodiscard]] std::size_t k() const override { return exchange_.k(); }

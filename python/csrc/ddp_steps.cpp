@@ -270,6 +270,14 @@ std::shared_ptr<Handle> exchange_of(const py::object& exchange) {
   return exchange.is_none() ? nullptr : exchange.cast<std::shared_ptr<Handle>>();
 }
 
+/// The bucket as a compressor reads it: float32, float16 and bfloat16 as they are (a
+/// compressor widens them exactly itself); any other dtype through a float32 copy.
+torch::Tensor compressible(const torch::Tensor& b) {
+  const bool native =
+      b.scalar_type() == torch::kFloat || b.scalar_type() == torch::kHalf || b.scalar_type() == torch::kBFloat16;
+  return native ? b : b.to(torch::kFloat);
+}
+
 }  // namespace
 
 py::object hook_steps::compressed(std::int64_t index, std::shared_ptr<compressor_handle> c,
@@ -283,8 +291,8 @@ py::object hook_steps::compressed(std::int64_t index, std::shared_ptr<compressor
                       transport& t, const torch::Tensor& b, hook_counts& counts) {
                     agree_on(t, shared, error);  // a rank without its exchange has an error here
                     if (!sparse) invalid(who, ": no sparse_allreduce for this bucket");
-                    const torch::Tensor flat = b.to(torch::kFloat).contiguous();
-                    torch::Tensor mean = torch::zeros({flat.numel()}, flat.options());
+                    const torch::Tensor flat = compressible(b);
+                    torch::Tensor mean = torch::zeros({flat.numel()}, flat.options().dtype(torch::kFloat));
                     const exchange_traffic<sparse_handle> traffic(t, *sparse);
                     sparse->stage(flat, mean, 1.0 / t.size());
                     counts.entries = sparse->entries();
@@ -311,11 +319,7 @@ py::object hook_steps::compressed(std::int64_t index, std::shared_ptr<compressor
   if (c) shared.emplace_back("the policies", c->signature());
   return submit(bucket, last, true,
                 [state = shared_, index, shared, c, error](transport& t, const torch::Tensor& b, hook_counts& counts) {
-                  // float32, float16 and bfloat16 buckets are compressed as they are (widened
-                  // exactly inside); any other dtype through a float32 copy.
-                  const bool native = b.scalar_type() == torch::kFloat || b.scalar_type() == torch::kHalf ||
-                                      b.scalar_type() == torch::kBFloat16;
-                  const torch::Tensor flat = native ? b : b.to(torch::kFloat);
+                  const torch::Tensor flat = compressible(b);
                   torch::Tensor mean = torch::zeros({flat.numel()}, flat.options().dtype(torch::kFloat));
                   const std::uint64_t capacity = c ? c->capacity() : 0;
                   const auto scale = static_cast<float>(1.0 / t.size());

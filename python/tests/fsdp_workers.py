@@ -35,18 +35,24 @@ def check_reduce_scatter_against_reference(rank, world):
                 sums[i] = np.float32(sums[i] + e[r][i]) if seen[i] else e[r][i]
                 seen[i] = True
                 e[r][i] = 0.0
-        op = dist.ReduceOp.AVG if step % 2 == 0 else dist.ReduceOp.SUM
+        # AVG, SUM, and PREMUL_SUM (set_gradient_divide_factor), the last through async_op.
+        op, factor = [(dist.ReduceOp.AVG, 1.0 / world), (dist.ReduceOp.SUM, 1.0),
+                      (dist.ReduceOp.PREMUL_SUM(0.125), 0.125),
+                      (dist.ReduceOp.PREMUL_SUM(torch.tensor([0.375])), 0.375)][step]
         out = torch.full((shard_n,), 7.0)
-        assert rs(out, grad_of(rank, step, n), group, op) is None
+        work = rs(out, grad_of(rank, step, n), group, op, async_op=step == 3)
+        if step == 3:
+            assert work.is_completed() and work.wait()
+        else:
+            assert work is None
         mine = sums[rank * shard_n:(rank + 1) * shard_n]
-        want = np.float32(1.0 / world) * mine if op == dist.ReduceOp.AVG else mine
-        np.testing.assert_array_equal(out.numpy(), want)
+        np.testing.assert_array_equal(out.numpy(), np.float32(factor) * mine)
         np.testing.assert_array_equal(rs.compressor.corrector_state(0).numpy(), e[rank])
     assert rs.bytes_sent > 0 and rs.collectives >= 4 * 4
     stats = rs.stats()
     assert stats["calls"] == 4 and stats["elements"] == n and stats["entries_sent"] == k, stats
     assert stats["density"] == k / n and stats["bytes_received"] > 0 and stats["bytes_sent"] == rs.bytes_sent
-    memory = rs.state_dict()["state"].clone()
+    memory = rs.state_dict()["compressor"]["state"].clone()
     bad = grad_of(rank, 9, n)
     if rank == world - 1:
         bad[5] = float("nan")
@@ -61,7 +67,86 @@ def check_reduce_scatter_against_reference(rank, world):
     dist.all_gather_object(texts, text)
     assert all(t == text for t in texts), texts
     assert torch.equal(out, torch.full((shard_n,), 7.0))
-    assert torch.equal(rs.state_dict()["state"], memory)
+    assert torch.equal(rs.state_dict()["compressor"]["state"], memory)
+    # A reduce op FSDP does not use: the same error on every rank, nothing changed.
+    expect_error(lambda: rs(out, grad_of(rank, 9, n), group, dist.ReduceOp.MAX), gradcomp.InvalidArgumentError,
+                 "gradcomp: fsdp ReduceScatter: reduce op")
+    assert torch.equal(out, torch.full((shard_n,), 7.0))
+    assert torch.equal(rs.state_dict()["compressor"]["state"], memory)
+
+
+def expect_error(call, kind, start):
+    """Runs ``call``, which must raise ``kind`` with a text that starts with ``start`` and
+    is the same on every rank."""
+    try:
+        call()
+    except kind as error:
+        text = str(error)
+    else:
+        raise AssertionError(f"no {kind.__name__}")
+    assert text.startswith(start), text
+    texts = [None] * dist.get_world_size()
+    dist.all_gather_object(texts, text)
+    assert all(t == text for t in texts), texts
+    return text
+
+
+def check_16_bit_gradients(rank, world):
+    """bfloat16 and float16 gradients (FSDP's reduce_dtype) reach the compressor as they
+    are: the shards and residuals equal those of the same values in float32, bit for bit
+    (a compressor widens 16-bit values exactly), and a 16-bit output holds the float32
+    shard rounded once."""
+    shard_n = 777
+    n = shard_n * world
+    group = dist.group.WORLD
+    for dtype in (torch.bfloat16, torch.float16):
+        wide = fsdp.ReduceScatter(method="topk_ef", density=0.03)
+        narrow = fsdp.ReduceScatter(method="topk_ef", density=0.03)
+        for step in range(3):
+            g = grad_of(rank, step, n).to(dtype)
+            want = torch.empty(shard_n)
+            wide(want, g.float(), group, dist.ReduceOp.AVG)
+            got = torch.empty(shard_n, dtype=dtype)
+            narrow(got, g, group, dist.ReduceOp.AVG)
+            assert torch.equal(got, want.to(dtype)), dtype
+            assert torch.equal(narrow.compressor.corrector_state(0), wide.compressor.corrector_state(0)), dtype
+
+
+def check_one_instance_per_group(rank, world):
+    """An instance serves one parameter group: another size is refused on every rank with
+    nothing changed. Its state_dict is meaningful before the first call, and restoring
+    one mid-training (into a new instance, as a resumed job does) continues bit for bit;
+    another method's state is refused."""
+    shard_n = 300
+    n = shard_n * world
+    group = dist.group.WORLD
+    rs = fsdp.ReduceScatter(method="topk_ef", density=0.05)
+    fresh = rs.state_dict()
+    assert fresh["compressor"] is None and fresh["calls"] == 0 and fresh["method"] == "topk_ef", fresh
+    out = torch.empty(shard_n)
+    rs(out, grad_of(rank, 0, n), group, dist.ReduceOp.AVG)
+    memory = rs.compressor.corrector_state(0).clone()
+    other = torch.full((shard_n + 1,), 3.0)
+    expect_error(lambda: rs(other, grad_of(rank, 1, n + world), group, dist.ReduceOp.AVG),
+                 gradcomp.InvalidArgumentError,
+                 f"gradcomp: fsdp ReduceScatter: this instance compresses a parameter group of {n} elements and was "
+                 f"called with {n + world}")
+    assert torch.equal(other, torch.full((shard_n + 1,), 3.0))
+    assert torch.equal(rs.compressor.corrector_state(0), memory)
+
+    resumed = fsdp.ReduceScatter(method="topk_ef", density=0.05)
+    resumed.load_state_dict(fresh)  # before anyone's first call: nothing to restore yet
+    assert resumed.state_dict() == fresh
+    resumed.load_state_dict(rs.state_dict())  # restored at its first call
+    assert resumed.state_dict()["calls"] == 1
+    for step in range(1, 4):
+        a, b = torch.empty(shard_n), torch.empty(shard_n)
+        rs(a, grad_of(rank, step, n), group, dist.ReduceOp.AVG)
+        resumed(b, grad_of(rank, step, n), group, dist.ReduceOp.AVG)
+        assert torch.equal(a, b)
+    assert torch.equal(rs.compressor.corrector_state(0), resumed.compressor.corrector_state(0))
+    expect_error(lambda: fsdp.ReduceScatter(method="dgc", density=0.05).load_state_dict(rs.state_dict()),
+                 gradcomp.InvalidArgumentError, "gradcomp: fsdp ReduceScatter: load_state_dict: the state's method")
 
 
 class Net(torch.nn.Module):
@@ -83,21 +168,23 @@ def batch_of(rank, step):
     return x, (x[:, :4].sum(dim=1) > 0).long() + 2 * (x[:, 4:8].sum(dim=1) > 0).long()
 
 
-def sharded(make_reduce_scatter):
-    """The model under fully_shard (each layer, then the root), every FSDPModule's
-    reduce-scatter made by ``make_reduce_scatter()``."""
+def sharded(make_reduce_scatter, divide_factor=None, **shard_options):
+    """The model under fully_shard (each layer, then the root, with ``shard_options``),
+    every FSDPModule's reduce-scatter made by ``make_reduce_scatter()``."""
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
     torch.manual_seed(0)
     model = Net()
     for layer in model.layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, **shard_options)
+    fully_shard(model, **shard_options)
     scatters = []
     for module in model.modules():
         if isinstance(module, FSDPModule):
             scatters.append(make_reduce_scatter())
             module.set_custom_reduce_scatter(scatters[-1])
+            if divide_factor is not None:
+                module.set_gradient_divide_factor(divide_factor)
     return model, scatters
 
 
@@ -105,34 +192,35 @@ def full_parameters(model):
     return torch.cat([p.full_tensor().reshape(-1) for p in model.parameters()])
 
 
-def check_fully_shard_training(rank, world):
-    """FSDP2 training with gradcomp's reduce-scatter. At density 1 every entry is sent:
-    the parameters follow single-process SGD on the mean gradient (to float rounding).
-    At density 0.05 the loss falls and each rank sends a fraction of the dense bytes."""
-    model, scatters = sharded(lambda: fsdp.ReduceScatter(method="topk_ef", density=1.0))
+def follows_single_process_sgd(model, rank, world, steps, divisor, **tolerance):
+    """Trains ``model`` (sharded) ``steps`` SGD steps on each rank's batches and checks,
+    after each, that its parameters equal single-process SGD on the sum over ranks of the
+    loss gradients divided by ``divisor`` (the mean for ``divisor`` = W)."""
     torch.manual_seed(0)
     single = Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     single_opt = torch.optim.SGD(single.parameters(), lr=0.1)
-    for step in range(5):
+    for step in range(steps):
         x, y = batch_of(rank, step)
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
         opt.zero_grad()
         single_opt.zero_grad()
-        for r in range(world):  # the mean over ranks of each rank's loss gradient
+        for r in range(world):
             xr, yr = batch_of(r, step)
-            (torch.nn.functional.cross_entropy(single(xr), yr) / world).backward()
+            (torch.nn.functional.cross_entropy(single(xr), yr) / divisor).backward()
         single_opt.step()
         want = torch.cat([p.detach().reshape(-1) for p in single.parameters()])
-        torch.testing.assert_close(full_parameters(model).detach(), want, rtol=1e-5, atol=1e-6)
-    # Each layer's group went through its ReduceScatter (the root holds no parameter of its own).
-    assert sum(s.bytes_sent > 0 for s in scatters) == len(single.layers)
+        torch.testing.assert_close(full_parameters(model).detach(), want, **tolerance)
+    return len(single.layers)
 
-    model, scatters = sharded(lambda: fsdp.ReduceScatter(method="topk_ef", density=0.05))
+
+def loss_falls(model, rank, steps):
+    """``steps`` SGD steps over 8 batches in turn: the mean loss of the last 8 is under
+    0.85 of the first 8's."""
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     losses = []
-    for step in range(40):
+    for step in range(steps):
         x, y = batch_of(rank, step % 8)
         loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()
@@ -140,13 +228,86 @@ def check_fully_shard_training(rank, world):
         opt.zero_grad()
         losses.append(loss.item())
     assert np.mean(losses[-8:]) < 0.85 * np.mean(losses[:8]), losses
+
+
+def check_fully_shard_training(rank, world):
+    """FSDP2 training with gradcomp's reduce-scatter. At density 1 every entry is sent:
+    the parameters follow single-process SGD on the mean gradient (to float rounding).
+    At density 0.05 the loss falls and each rank sends a fraction of the dense bytes."""
+    model, scatters = sharded(lambda: fsdp.ReduceScatter(method="topk_ef", density=1.0))
+    layers = follows_single_process_sgd(model, rank, world, 5, world, rtol=1e-5, atol=1e-6)
+    # Each layer's group went through its ReduceScatter (the root holds no parameter of its own).
+    assert sum(s.bytes_sent > 0 for s in scatters) == layers
+
+    model, scatters = sharded(lambda: fsdp.ReduceScatter(method="topk_ef", density=0.05))
+    loss_falls(model, rank, 40)
     params = sum(p.numel() for p in model.parameters())
     per_step = sum(s.bytes_sent for s in scatters) / 40
     assert per_step < 0.25 * 4 * params, (per_step, params)  # dense reduce-scatter input: 4 bytes a parameter
 
 
+def check_divide_factor_and_bf16_reduce(rank, world):
+    """FSDP's set_gradient_divide_factor (a PREMUL_SUM reduce-scatter) and a bfloat16
+    reduce dtype, at density 1: the parameters follow single-process SGD on the sum of
+    the ranks' gradients divided by the factor (to bfloat16 rounding)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    factor = 2.0 * world
+    policy = MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)
+    model, scatters = sharded(lambda: fsdp.ReduceScatter(method="topk_ef", density=1.0), divide_factor=factor,
+                              mp_policy=policy)
+    layers = follows_single_process_sgd(model, rank, world, 4, factor, rtol=2e-2, atol=2e-3)
+    assert sum(s.stats()["calls"] for s in scatters) == 4 * layers
+
+
+def check_hsdp_replicas_compressed(rank, world):
+    """Hybrid sharding with the replicas' all-reduce compressed: 2 replicas of 2 shards,
+    each FSDPModule sharded over its replica's ranks with gradcomp's reduce-scatter and
+    an AllReduce hook over the replicate group. At density 1 the parameters follow
+    single-process SGD on the mean gradient of all ranks; at density 0.05 the loss
+    falls, the replicas stay identical, and a NaN on one rank is every rank's error."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule
+
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    replicas = mesh["replicate"].get_group()
+
+    def hybrid(density):
+        model, _ = sharded(lambda: fsdp.ReduceScatter(method="topk_ef", density=density), mesh=mesh["shard"])
+        hooks = []
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                hooks.append(fsdp.AllReduce(replicas, method="topk_ef", density=density))
+                module.set_all_reduce_hook(hooks[-1])
+        return model, hooks
+
+    model, hooks = hybrid(1.0)
+    layers = follows_single_process_sgd(model, rank, world, 4, world, rtol=1e-5, atol=1e-6)
+    assert sum(h.bytes_sent > 0 for h in hooks) == layers
+
+    model, hooks = hybrid(0.05)
+    loss_falls(model, rank, 30)
+    mine = full_parameters(model).detach()
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
+    assert all(torch.equal(p, every[0]) for p in every)
+
+    hook = hooks[1]  # the first layer's (the root holds no parameter)
+    shard = torch.ones(hook.compressor.numel)
+    if mesh["replicate"].get_local_rank() == 0:  # one rank of each replicate group
+        shard[3] = float("inf")
+    before = hook.compressor.corrector_state(0).clone()
+    expect_error(lambda: hook(shard), gradcomp.NonFiniteError,
+                 "gradcomp: compress: grad[3] = inf is not finite (rank 0 of 2)")
+    assert torch.equal(hook.compressor.corrector_state(0), before) and shard[0] == 1.0
+
+
 SCENARIOS = {
     "reduce-scatter": check_reduce_scatter_against_reference,
+    "16-bit": check_16_bit_gradients,
+    "one-instance": check_one_instance_per_group,
     "training": check_fully_shard_training,
+    "divide-factor": check_divide_factor_and_bf16_reduce,
+    "hsdp": check_hsdp_replicas_compressed,
 }
 

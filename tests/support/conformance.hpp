@@ -236,6 +236,26 @@ struct clipped_case {
   }
 };
 
+// The state of `Case`'s corrector stored in 8 or 4 bits (correct::compact), blocks of
+// 8 to 64 entries (variants alternate between them).
+template <class Case>
+struct compact_case {
+  static constexpr int variants = 2 * Case::variants;
+  static constexpr unsigned bits[] = {8, 4};
+  static constexpr unsigned blocks[] = {64, 8};
+  static std::string name(int v) {
+    return "compact{" + Case::name(v / 2) + ", .bits = " + std::to_string(bits[v % 2]) +
+           ", .block = " + std::to_string(blocks[v % 2]) + "}";
+  }
+  static auto make(int v) {
+    auto [inner, model] = Case::make(v / 2);
+    model.memory_bits = bits[v % 2];
+    model.memory_block = blocks[v % 2];
+    return std::pair{gc::correct::compact<decltype(inner)>{.inner = inner, .bits = bits[v % 2], .block = blocks[v % 2]},
+                     model};
+  }
+};
+
 // -- the runs: shapes x sizes x densities x value codings x index codings ---------------
 
 struct value_case {
@@ -485,6 +505,9 @@ void run_grid_for_every_corrector() {
   run_grid<Target, Selector, low_pass_case>();
   run_grid<Target, Selector, clipped_case<gc::correct::error_feedback, kind::error_feedback>>();
   run_grid<Target, Selector, clipped_case<gc::correct::momentum, kind::momentum>>();
+  run_grid<Target, Selector, compact_case<error_feedback_case>>();
+  run_grid<Target, Selector, compact_case<clipped_case<gc::correct::momentum, kind::momentum>>>();
+  run_grid<Target, Selector, compact_case<low_pass_case>>();
 }
 
 }  // namespace conformance

@@ -129,6 +129,8 @@ struct corrector {
   bool masking = true;
   float max_norm = std::numeric_limits<float>::infinity();  // clip_norm in front when finite
   int workers = 1;
+  unsigned memory_bits = 32;  // correct::compact around it: 8 or 4
+  unsigned memory_block = 64;
 
   std::vector<std::vector<float>> state{};
   std::vector<float> acc{};
@@ -196,25 +198,51 @@ struct corrector {
   void commit(const std::vector<std::uint32_t>& index, const std::vector<float>& sent) {
     switch (type) {
       case kind::none:
-        return;
+        break;
       case kind::error_feedback:
         for (std::size_t j = 0; j < index.size(); ++j) state[0][index[j]] -= sent[j];
-        return;
+        break;
       case kind::momentum:
         for (std::size_t j = 0; j < index.size(); ++j) {
           state[1][index[j]] -= sent[j];
           if (masking) state[0][index[j]] = 0.0f;
         }
-        return;
+        break;
       case kind::low_pass: {  // m <- (1 - beta) m + beta (acc - sent), sent = 0 where not sent
         std::vector<float> sent_at(acc.size(), 0.0f);
         for (std::size_t j = 0; j < index.size(); ++j) sent_at[index[j]] = sent[j];
         for (std::size_t i = 0; i < acc.size(); ++i) {
           state[0][i] = (1.0f - beta) * state[0][i] + beta * (acc[i] - sent_at[i]);
         }
-        return;
+        break;
       }
     }
+    if (memory_bits != 32) {
+      for (auto& x : state) x = stored_in_blocks(x, memory_bits, memory_block);
+    }
+  }
+
+  // docs/algorithms.md, "Compressed memory": the values a compact state keeps of x.
+  static std::vector<float> stored_in_blocks(const std::vector<float>& x, unsigned bits, unsigned block) {
+    const double largest = std::ldexp(1.0, static_cast<int>(bits) - 1) - 1.0;
+    std::vector<float> out(x.size());
+    for (std::size_t begin = 0; begin < x.size(); begin += block) {
+      const std::size_t end = std::min(x.size(), begin + block);
+      double m = 0.0;
+      for (std::size_t i = begin; i < end; ++i) m = std::max(m, std::fabs(static_cast<double>(x[i])));
+      int e = -127;
+      while (e < 127 && largest * std::ldexp(1.0, e) < m) ++e;
+      const float unit = std::ldexp(1.0f, e);
+      float carry = 0.0f;
+      for (std::size_t i = begin; i < end; ++i) {
+        const float y = x[i] + carry;
+        float q = std::clamp(std::nearbyint(y / unit), static_cast<float>(-largest), static_cast<float>(largest));
+        q = q == 0.0f ? 0.0f : q;  // an integer code: no negative zero
+        carry = y - q * unit;
+        out[i] = q * unit;
+      }
+    }
+    return out;
   }
 };
 

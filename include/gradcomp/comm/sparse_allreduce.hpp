@@ -14,6 +14,7 @@
 #include <gradcomp/detail/core/radix_select.hpp>
 #include <gradcomp/detail/step/state_io.hpp>
 #include <gradcomp/error.hpp>
+#include <gradcomp/memory.hpp>
 #include <gradcomp/message.hpp>
 
 #include <algorithm>
@@ -97,13 +98,16 @@ class sparse_allreduce {
 
   /// One step with this rank's gradient: `dense[i] += scale * s_i` for the k indices i
   /// of largest |s_i|, s being the sum over ranks of what their compressors sent.
+  /// `grad` is any gradient the compressor takes (gradient_view: float32, IEEE half or
+  /// bfloat16, read as compressor::compress reads it).
   /// \returns the global selection, ascending (every rank's is the same), valid until
   ///          the next step
   /// \throws gradcomp::error on every rank alike, changing no compressor and no `dense`,
   ///         if any rank's dense.size() != n, `scale` is not finite, its step is
   ///         rejected (a NaN or infinity) or what it received is corrupt, if a sum
   ///         overflows, or if the ranks disagree on n, k, the policies or the regions.
-  std::span<const std::uint32_t> step(view<const float> grad, view<float> dense, float scale) {
+  template <gradient_view<backend_type> Grad>
+  std::span<const std::uint32_t> step(const Grad& grad, view<float> dense, float scale) {
     const auto selected = stage(grad, dense, scale);
     accept_staged();
     return selected;
@@ -113,7 +117,8 @@ class sparse_allreduce {
   /// (or drop_staged()), so that a DDP hook can commit all of a step's buckets together,
   /// once every one of them has succeeded on every rank. `dense` is written.
   /// \throws gradcomp::error as step() does; nothing is staged then.
-  std::span<const std::uint32_t> stage(view<const float> grad, view<float> dense, float scale) {
+  template <gradient_view<backend_type> Grad>
+  std::span<const std::uint32_t> stage(const Grad& grad, view<float> dense, float scale) {
     try {
       return run(grad, dense, scale);
     } catch (...) {
@@ -136,7 +141,8 @@ class sparse_allreduce {
   ///         n is not a multiple of W or shard.size() != n / W on any rank, `scale` is not
   ///         finite, a step is rejected, what a rank received is corrupt, a sum overflows,
   ///         or the ranks disagree on n or the policies.
-  void reduce_scatter(view<const float> grad, view<float> shard, float scale) {
+  template <gradient_view<backend_type> Grad>
+  void reduce_scatter(const Grad& grad, view<float> shard, float scale) {
     const std::size_t n = compressor_.size();
     const auto ranks = static_cast<std::size_t>(comm_.size());
     const auto me = static_cast<std::size_t>(comm_.rank());
@@ -175,7 +181,8 @@ class sparse_allreduce {
  private:
   static constexpr const char* who = "sparse_allreduce";
 
-  std::span<const std::uint32_t> run(view<const float> grad, view<float> dense, float scale) {
+  template <class Grad>
+  std::span<const std::uint32_t> run(const Grad& grad, view<float> dense, float scale) {
     const std::size_t n = compressor_.size();
     const auto ranks = static_cast<std::size_t>(comm_.size());
     const auto me = static_cast<std::size_t>(comm_.rank());
@@ -251,8 +258,8 @@ class sparse_allreduce {
   // entries of region j = [bounds[j], bounds[j + 1]) to rank j, which sums them in rank
   // order into sums_; the ranks agree that what each received and summed is sound.
   // Returns the number of sums over all ranks.
-  template <class CheckArgs>
-  std::size_t reduce_in_regions(view<const float> grad, std::span<const std::uint32_t> bounds,
+  template <class Grad, class CheckArgs>
+  std::size_t reduce_in_regions(const Grad& grad, std::span<const std::uint32_t> bounds,
                                 std::initializer_list<detail::setting> settings, CheckArgs&& check_args) {
     const auto ranks = static_cast<std::size_t>(comm_.size());
     const auto me = static_cast<std::size_t>(comm_.rank());

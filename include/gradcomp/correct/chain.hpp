@@ -30,6 +30,8 @@ struct chain {
 
   std::tuple<Parts...> parts;  ///< the transforms, then the stateful corrector
 
+  /// Each part with its defaults (what a wrapper such as correct::compact starts from).
+  chain() : chain(Parts{}...) {}
   /// Chains `p` in order: every part but the last must be a gradient_transform.
   chain(Parts... p) : parts(p...) {  // NOLINT: implicit so that chain{a, b} deduces
     static_assert(all_but_last_are_transforms(std::index_sequence_for<Parts...>{}),

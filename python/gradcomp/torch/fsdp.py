@@ -1,5 +1,6 @@
-"""gradcomp as FSDP2's reduce-scatter: compressed gradients with error feedback for
-``fully_shard`` (torch 2.x).
+"""gradcomp in FSDP2 (``fully_shard``, torch 2.x): the reduce-scatter of each parameter
+group's gradient compressed, with error feedback, and HSDP's all-reduce across replicas
+compressed too.
 
 ::
 
@@ -17,18 +18,28 @@ equal chunks, chunk j destined for rank j. :class:`ReduceScatter` compresses the
 of it on every rank with its compressor (its selector and corrector: error feedback
 keeps what is not sent), sends each chunk's entries to the chunk's owner
 (``all_to_all_single``: counts, then the entries), and the owner writes the sum of what
-it received, divided as FSDP's reduce op asks (``AVG``: by W; ``SUM``: not), into the
-shard FSDP expects; entries nobody sent are 0. This is the C++
+it received, times the factor FSDP's reduce op names (``AVG``: 1/W; ``SUM``: 1;
+``PREMUL_SUM(f)``, which ``set_gradient_divide_factor`` makes: f), into the shard FSDP
+expects; entries nobody sent are 0. This is the C++
 ``comm::sparse_allreduce::reduce_scatter`` (docs/algorithms.md, "Global top-k", steps
-1-3), over the process group FSDP passes.
+1-3), over the process group FSDP passes. float32, float16 and bfloat16 gradients
+(``MixedPrecisionPolicy(reduce_dtype=...)``) are handed to the compressor as they are.
 
-Memory: one compressor per parameter group (one ReduceScatter per FSDPModule), whose
-residual is the size of the group's *unsharded* gradient, on every rank: with error
-feedback that is one float per parameter of the group, W times the shard FSDP keeps.
+Hybrid sharding: torch runs native HSDP's all-reduce across replicas itself, densely,
+before any hook sees the gradient. To compress it, shard over each replica's ranks only
+(``fully_shard(module, mesh=mesh["shard"])``) and give each FSDPModule an
+:class:`AllReduce` over the replicate group (``set_all_reduce_hook``): it replaces the
+dense all-reduce with Ok-Topk's sparse all-reduce of the shards, with error feedback.
+
+Memory: one compressor per parameter group (one instance per FSDPModule; an instance
+refuses a group of another size), whose residual is the size of the group's *unsharded*
+gradient, on every rank: with error feedback that is one float per parameter of the
+group, W times the shard FSDP keeps.
 
 A NaN or infinity on any rank, a bad shape, or ranks configured differently make every
 rank raise the same :class:`gradcomp.Error` (nothing changes, no rank waits). CPU
-tensors (gloo); torch 1.x has no FSDP2.
+tensors (gloo); FSDP2's custom reduce-scatter needs a torch that has
+``FSDPModule.set_custom_reduce_scatter`` (checked when an instance is made).
 """
 
 from typing import Any, Dict, Optional, Sequence, Union
@@ -40,32 +51,60 @@ from .. import _C
 from .. import _arguments as check
 from . import Compressor
 
-__all__ = ["ReduceScatter"]
+__all__ = ["ReduceScatter", "AllReduce"]
 
-try:  # torch 2.x
+try:  # torch 2.x with FSDP2's pluggable collectives
+    from torch.distributed.fsdp import FSDPModule as _FSDPModule
     from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _ReduceScatterBase
 except Exception:  # torch 1.x: no FSDP2 (1.13's FSDP raises ValueError on import under Python 3.11)
+    _FSDPModule = None
     _ReduceScatterBase = object
 
-_WHO = "fsdp ReduceScatter"
+_FORMAT = "gradcomp.torch.fsdp/1"
 
 
-class ReduceScatter(_ReduceScatterBase):
-    """A reduce-scatter for ``FSDPModule.set_custom_reduce_scatter`` that moves each
-    rank's compressed gradient instead of the dense one.
+def _require(who: str, hook: str) -> None:
+    """Refuses a torch whose FSDP2 lacks ``FSDPModule.<hook>``, naming the version."""
+    if _FSDPModule is None or not hasattr(_FSDPModule, hook):
+        check.fail(who, f"needs FSDP2 with FSDPModule.{hook} (torch 2.x); this is torch {torch.__version__}")
 
-    ``method``, ``density`` and ``**options`` are those of
-    :class:`gradcomp.torch.Compressor` (checked here). ``bytes_sent`` counts the bytes
-    this rank has put into the collectives, ``collectives`` the collectives.
-    ``state_dict()`` / ``load_state_dict()`` keep the compressor's memory.
-    """
 
-    def __init__(self, method: str = "topk_ef", density: Optional[float] = None,
-                 **options: Union[bool, int, float, str, dict]) -> None:
-        self.method = check.text(_WHO, "method", method)
+def _factor_of(who: str, op: Any, world: int) -> float:
+    """The factor on the sum that FSDP's reduce op asks for."""
+    if op == dist.ReduceOp.AVG:
+        return 1.0 / world
+    if op == dist.ReduceOp.SUM:
+        return 1.0
+    if op == dist.ReduceOp.PREMUL_SUM:  # set_gradient_divide_factor: the sum of factor * x
+        factor = getattr(op, "factor", None)
+        if isinstance(factor, torch.Tensor) and factor.numel() == 1:
+            factor = float(factor.item())
+        if isinstance(factor, float) and factor == factor and abs(factor) != float("inf"):
+            return factor
+        check.fail(who, f"PREMUL_SUM's factor must be a finite float or a one-element tensor, got {factor!r}")
+    check.fail(who, f"reduce op {op} is not supported (AVG, SUM or PREMUL_SUM)")
+
+
+def _completed_work() -> "dist.Work":
+    """A Work already done: what an ``async_op`` call returns once its result is written."""
+    from torch._C._distributed_c10d import _create_work_from_future
+
+    done = torch.futures.Future()
+    done.set_result(None)
+    return _create_work_from_future(done)
+
+
+class _GroupCompressor:
+    """What both collectives share: one compressor for one parameter group, made at the
+    first call (when the group's size is known), and its state_dict."""
+
+    _WHO = "fsdp"
+
+    def __init__(self, method: str, density: Optional[float], options: Dict[str, Any]) -> None:
+        self.method = check.text(self._WHO, "method", method)
         self.options = dict(options)
         if density is not None:
-            self.options["density"] = check.real(_WHO, "density", density)
+            self.options["density"] = check.real(self._WHO, "density", density)
         Compressor(1 << 10, self.method, **self.options)  # refuses bad options now
         self.compressor = None
         self._exchange = None
@@ -74,45 +113,17 @@ class ReduceScatter(_ReduceScatterBase):
         self._calls = 0
         self._elements = 0
 
-    def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """FSDP's buffers: plain tensors."""
-        return torch.empty(*size, dtype=dtype, device=device)
-
-    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup, op: Any,
-                 async_op: bool = False) -> None:
-        """``output_tensor`` (this rank's shard) = the reduce of the ranks' compressed
-        ``input_tensor`` chunks for this rank. Runs to completion: returns None."""
-        # FSDP hands every rank tensors of the same kinds, so a refusal here is every rank's.
-        check.tensor(_WHO, "output_tensor", output_tensor)
-        check.tensor(_WHO, "input_tensor", input_tensor)
-        if not isinstance(group, dist.ProcessGroup):
-            check.fail(_WHO, f"group must be a torch.distributed ProcessGroup, got {check.kind(group)}")
-        world = group.size()
-        if op == dist.ReduceOp.AVG:
-            scale = 1.0 / world
-        elif op == dist.ReduceOp.SUM:
-            scale = 1.0
-        else:
-            check.fail(_WHO, f"reduce op {op} is not supported (AVG or SUM)")
-        grad = input_tensor.reshape(-1)
-        if grad.dtype != torch.float32:
-            grad = grad.float()
-        exchange = self._exchange_for(grad.numel(), grad.device, group)
-        shard = torch.empty(output_tensor.numel(), dtype=torch.float32, device=output_tensor.device)
-        exchange.reduce_scatter(grad.contiguous(), shard, scale)
-        output_tensor.copy_(shard.view_as(output_tensor))
-        self._calls += 1
-        self._elements = grad.numel()
-        return None
-
-    def _exchange_for(self, numel, device, group):
-        if self.compressor is None or self.compressor.numel != numel:
-            c = Compressor(numel, self.method, device=device, **self.options)
+    def _exchange_for(self, grad: torch.Tensor, group: dist.ProcessGroup):
+        numel = grad.numel()
+        if self.compressor is not None and self.compressor.numel != numel:
+            check.fail(self._WHO, f"this instance compresses a parameter group of {self.compressor.numel} elements "
+                                  f"and was called with {numel}: give each FSDPModule an instance of its own")
+        if self.compressor is None:
+            c = Compressor(numel, self.method, device=grad.device, **self.options)
             if self._saved is not None:
                 c.load_state_dict(self._saved)
-                self._saved = None
+            self._saved = None
             self.compressor = c
-            self._exchange = None
         if self._exchange is None or self._group is not group:
             self._exchange = _C.SparseAllreduce(self.compressor._impl, group, 0)
             self._group = group
@@ -129,9 +140,9 @@ class ReduceScatter(_ReduceScatterBase):
         return 0 if self._exchange is None else self._exchange.collectives
 
     def stats(self) -> Dict[str, Any]:
-        """What this reduce-scatter moved on this rank: ``calls``, ``bytes_sent`` and
+        """What this instance moved on this rank: ``calls``, ``bytes_sent`` and
         ``bytes_received`` (every call's, summed), ``collectives``, and of the last call
-        ``elements`` (the unsharded gradient's), ``entries_sent`` (this rank's message) and
+        ``elements`` (the gradient's), ``entries_sent`` (this rank's message) and
         ``density`` (entries_sent / elements)."""
         x = self._exchange
         entries = 0 if x is None else x.entries
@@ -140,14 +151,117 @@ class ReduceScatter(_ReduceScatterBase):
                 "elements": self._elements, "entries_sent": entries,
                 "density": entries / self._elements if self._elements else 0.0}
 
-    def state_dict(self) -> Optional[Dict[str, Any]]:
-        """The compressor's memory (the residual of the unsharded gradient)."""
-        if self.compressor is not None:
-            return self.compressor.state_dict()
-        return self._saved
+    def state_dict(self) -> Dict[str, Any]:
+        """The method, options, calls made and the compressor's memory (``compressor``:
+        its state_dict, or None before the first call made it): what
+        :meth:`load_state_dict` restores, before or after a first call."""
+        memory = self.compressor.state_dict() if self.compressor is not None else self._saved
+        return {"format": _FORMAT, "method": self.method, "options": dict(self.options), "calls": self._calls,
+                "compressor": memory}
 
-    def load_state_dict(self, state_dict: Optional[Dict[str, Any]]) -> None:
-        """Restores the memory on the next call (when the gradient's size is known)."""
-        self._saved = state_dict
-        self.compressor = None
-        self._exchange = None
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Restores a :meth:`state_dict` of an instance of the same method and options: at
+        once if this instance has its compressor, else at the first call (where a
+        compressor of another size raises). Raises :class:`gradcomp.InvalidArgumentError`
+        (nothing changes) for anything else."""
+        if not isinstance(state_dict, dict) or state_dict.get("format") != _FORMAT:
+            check.fail(self._WHO,
+                       f"load_state_dict: not a state_dict of gradcomp.torch.fsdp, got {check.kind(state_dict)}")
+        for key, mine in (("method", self.method), ("options", self.options)):
+            if state_dict.get(key) != mine:
+                check.fail(self._WHO, f"load_state_dict: the state's {key} is {state_dict.get(key)!r}, "
+                                      f"this instance's {mine!r}")
+        memory = state_dict.get("compressor")
+        if self.compressor is not None:
+            if memory is None:
+                check.fail(self._WHO, "load_state_dict: the state holds no compressor (it was saved before the first "
+                                      "call) and this instance has one")
+            self.compressor.load_state_dict(memory)
+        else:
+            self._saved = memory
+        self._calls = check.integer(self._WHO, "calls", state_dict.get("calls", 0), 0)
+
+
+class ReduceScatter(_GroupCompressor, _ReduceScatterBase):
+    """A reduce-scatter for ``FSDPModule.set_custom_reduce_scatter`` that moves each
+    rank's compressed gradient instead of the dense one; one instance per FSDPModule.
+
+    ``method``, ``density`` and ``**options`` are those of
+    :class:`gradcomp.torch.Compressor` (checked here). ``bytes_sent`` counts the bytes
+    this rank has put into the collectives, ``collectives`` the collectives.
+    ``state_dict()`` / ``load_state_dict()`` keep the compressor's memory.
+
+    Raises :class:`gradcomp.InvalidArgumentError` where torch has no
+    ``FSDPModule.set_custom_reduce_scatter``.
+    """
+
+    _WHO = "fsdp ReduceScatter"
+
+    def __init__(self, method: str = "topk_ef", density: Optional[float] = None,
+                 **options: Union[bool, int, float, str, dict]) -> None:
+        _require(self._WHO, "set_custom_reduce_scatter")
+        super().__init__(method, density, options)
+
+    def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """FSDP's buffers: plain tensors."""
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup, op: Any,
+                 async_op: bool = False) -> Optional["dist.Work"]:
+        """``output_tensor`` (this rank's shard) = the reduce of the ranks' compressed
+        ``input_tensor`` chunks for this rank. Runs to completion on the calling thread;
+        with ``async_op`` returns a Work that is already complete, else None."""
+        # FSDP hands every rank tensors of the same kinds, so a refusal here is every rank's.
+        check.tensor(self._WHO, "output_tensor", output_tensor)
+        check.tensor(self._WHO, "input_tensor", input_tensor)
+        if not isinstance(group, dist.ProcessGroup):
+            check.fail(self._WHO, f"group must be a torch.distributed ProcessGroup, got {check.kind(group)}")
+        scale = _factor_of(self._WHO, op, group.size())
+        grad = input_tensor.reshape(-1)  # float32, float16 or bfloat16: the compressor reads it where it is
+        exchange = self._exchange_for(grad, group)
+        widened = output_tensor.dtype != torch.float32 or not output_tensor.is_contiguous()
+        shard = torch.empty(output_tensor.numel(), dtype=torch.float32, device=output_tensor.device) \
+            if widened else output_tensor.view(-1)
+        exchange.reduce_scatter(grad, shard, scale)  # writes the shard only once every rank's step passed
+        if widened:
+            output_tensor.copy_(shard.view_as(output_tensor))
+        self._calls += 1
+        self._elements = grad.numel()
+        return _completed_work() if async_op else None
+
+
+class AllReduce(_GroupCompressor):
+    """HSDP's all-reduce across replicas, compressed: a hook for
+    ``FSDPModule.set_all_reduce_hook`` on modules sharded over each replica's ranks
+    (``fully_shard(module, mesh=mesh["shard"])``), which replaces the reduce-scatter's
+    output on every rank of ``group`` (the replicate group) by the mean over the replicas
+    of the global top-k of their compressed sums (Ok-Topk: ``comm::sparse_allreduce``,
+    docs/algorithms.md, "Global top-k"), each replica keeping what it did not send in its
+    error feedback. One instance per FSDPModule; ``method``, ``density`` and
+    ``**options`` as for :class:`ReduceScatter`.
+
+    Raises :class:`gradcomp.InvalidArgumentError` where torch has no
+    ``FSDPModule.set_all_reduce_hook``.
+    """
+
+    _WHO = "fsdp AllReduce"
+
+    def __init__(self, group: dist.ProcessGroup, method: str = "topk_ef", density: Optional[float] = None,
+                 **options: Union[bool, int, float, str, dict]) -> None:
+        _require(self._WHO, "set_all_reduce_hook")
+        if not isinstance(group, dist.ProcessGroup):
+            check.fail(self._WHO, f"group must be a torch.distributed ProcessGroup, got {check.kind(group)}")
+        super().__init__(method, density, options)
+        self.group = group
+
+    def __call__(self, reduce_output: torch.Tensor) -> None:
+        """``reduce_output`` (this rank's shard) = the mean over the replicas of the
+        global top-k of their sums, the same on every replica."""
+        check.tensor(self._WHO, "reduce_output", reduce_output)
+        grad = reduce_output.reshape(-1)
+        exchange = self._exchange_for(grad, self.group)
+        mean = torch.zeros(grad.numel(), dtype=torch.float32, device=grad.device)
+        exchange.step(grad, mean, 1.0 / self.group.size())
+        reduce_output.copy_(mean.view_as(reduce_output))
+        self._calls += 1
+        self._elements = grad.numel()

@@ -53,6 +53,9 @@ namespace elementwise {
 template <std::size_t Arrays>
 struct arrays {
   float* at[Arrays + 1];
+  /// Entry i of array a: how the passes read the committed state (a compact state
+  /// reads its own way: detail/correct/compact.hpp).
+  GRADCOMP_HOST_DEVICE float value(std::size_t a, std::size_t i) const { return at[a][i]; }
 };
 
 /// The policy's gradient factor from the squared norm, by one thread: computed where
@@ -65,18 +68,19 @@ struct scale_from_norm {
   GRADCOMP_HOST_DEVICE void operator()(std::size_t) const { *scale = policy.gradient_scale(*sum_of_squares); }
 };
 
-/// The new state and acc at i from the committed state and g_i times the factor (none:
-/// 1); returns 1 if acc is a NaN or an infinity.
-template <class Policy, std::size_t Arrays, bool OwnAcc>
+/// The new state and acc at i from the committed state (read through `Old`) and g_i
+/// times the factor (none: 1); returns 1 if acc is a NaN or an infinity.
+template <class Policy, std::size_t Arrays, bool OwnAcc, class Old = arrays<Arrays>>
 struct update {
   Policy policy;
-  arrays<Arrays> old, next;
+  Old old;
+  arrays<Arrays> next;
   float* acc;
   const float* g;
   const float* scale;
   GRADCOMP_HOST_DEVICE std::uint32_t operator()(std::size_t i) const {
     float s[Arrays + 1];
-    for (std::size_t a = 0; a != Arrays; ++a) s[a] = old.at[a][i];
+    for (std::size_t a = 0; a != Arrays; ++a) s[a] = old.value(a, i);
     const float value = policy.update(s, scale != nullptr ? mul_rn(g[i], *scale) : g[i]);
     for (std::size_t a = 0; a != Arrays; ++a) next.at[a][i] = s[a];
     if constexpr (OwnAcc) acc[i] = value;
@@ -86,10 +90,11 @@ struct update {
 
 /// The policy's commit of the j-th sent entry. Entries past the status's count, and
 /// every entry of a step that met a NaN, are left alone.
-template <class Policy, std::size_t Arrays>
+template <class Policy, std::size_t Arrays, class Old = arrays<Arrays>>
 struct commit {
   Policy policy;
-  arrays<Arrays> old, next;
+  Old old;
+  arrays<Arrays> next;
   const float* acc;
   const std::uint32_t* index;
   const float* sent;
@@ -100,7 +105,7 @@ struct commit {
     float s[Arrays + 1], before[Arrays + 1];
     for (std::size_t a = 0; a != Arrays; ++a) {
       s[a] = next.at[a][i];
-      before[a] = old.at[a][i];
+      before[a] = old.value(a, i);
     }
     policy.commit(s, before, acc[i], sent[j]);
     for (std::size_t a = 0; a != Arrays; ++a) next.at[a][i] = s[a];
@@ -116,72 +121,27 @@ struct copy {
 
 }  // namespace elementwise
 
-/// An element-wise corrector on any backend: each stage queued with the step's status.
-template <elementwise_corrector Policy, class Backend>
-class elementwise_correction {
-  static constexpr std::size_t arrays = Policy::state_arrays;
-  static constexpr bool own_acc = Policy::acc_state < 0;
-  using pointers = elementwise::arrays<arrays>;
+/// The committed state as float32 arrays, double-buffered: a step writes the next copy
+/// and accept() swaps them, so a rejected step leaves the committed one as it was.
+template <class Backend, std::size_t Arrays>
+class float_state {
   using buffer = typename Backend::template buffer<float>;
+  using pointers = elementwise::arrays<Arrays>;
 
  public:
-  elementwise_correction(const Backend& be, const Policy&, std::size_t n)
-      : backend_(be),
-        n_(n),
-        acc_(be.template allocate<float>(own_acc ? n : 0)),
-        tile_sums_(be.template allocate<double>(scales_gradient<Policy>() ? tile_count(n) : 0)),
-        sum_of_squares_(be.template allocate<double>(scales_gradient<Policy>() ? 1 : 0)),
-        scale_(be.template allocate<float>(scales_gradient<Policy>() ? 1 : 0)),
-        staging_(Backend::host_accessible ? 0 : n) {
-    for (std::size_t a = 0; a != arrays; ++a) {
+  float_state(const Backend& be, std::size_t n) : backend_(be), n_(n), staging_(Backend::host_accessible ? 0 : n) {
+    for (std::size_t a = 0; a != Arrays; ++a) {
       committed_[a] = be.template allocate<float>(n);
       next_[a] = be.template allocate<float>(n);
     }
   }
 
-  /// Queues the new state and acc of every element; a NaN or infinity in acc raises
-  /// the status's flag. A clip's factor is computed on the backend (no read-back).
-  void update(const Backend& be, const Policy& policy, std::span<const float> g, step_status* status) {
-    const float* scale = nullptr;
-    if constexpr (scales_gradient<Policy>()) {
-      if (policy.needs_norm()) {
-        be.sum(n_, square_of{g.data()}, tile_sums_.data(), sum_of_squares_.data());
-        be.for_each(1, elementwise::scale_from_norm<Policy>{policy, sum_of_squares_.data(), scale_.data()});
-        scale = scale_.data();
-      }
-    }
-    be.reduce_or(n_,
-                 elementwise::update<Policy, arrays, own_acc>{policy, addresses(committed_), addresses(next_),
-                                                              acc_.data(), g.data(), scale},
-                 &status->non_finite);
-  }
-
-  /// acc of the step in progress.
-  std::span<const float> acc(std::span<const float>) const noexcept {
-    if constexpr (own_acc) {
-      return {acc_.data(), n_};
-    } else {
-      return {next_[static_cast<std::size_t>(Policy::acc_state)].data(), n_};
-    }
-  }
-
-  /// Queues into `out` the acc that update() would compute now, and its finiteness
-  /// into the status. The committed state is untouched (update() writes only the next
-  /// copy, which the next step rewrites whole).
-  void preview(const Backend& be, const Policy& policy, std::span<const float> g, std::span<float> out,
-               step_status* status) {
-    update(be, policy, g, status);
-    be.for_each(n_, elementwise::copy{acc({}).data(), out.data()});
-  }
-
-  /// Queues the commit of the sent entries: index and sent span the workspace and the
-  /// count is the status's; nothing is written if the step met a NaN.
-  void commit(const Backend& be, const Policy& policy, std::span<const std::uint32_t> index,
-              std::span<const float> sent, const step_status* status) {
-    be.for_each(index.size(), elementwise::commit<Policy, arrays>{policy, addresses(committed_), addresses(next_),
-                                                                  acc({}).data(), index.data(), sent.data(), status});
-  }
-
+  /// How the passes read the committed state.
+  [[nodiscard]] pointers reader() const { return addresses(committed_); }
+  /// Where the step's passes write its state.
+  [[nodiscard]] pointers next(const Backend&) { return addresses(next_); }
+  /// After the step's commit: the next copy already holds the state.
+  void store(const Backend&, const step_status*) {}
   /// Makes the step's state the committed one.
   void accept() noexcept { std::swap(committed_, next_); }
 
@@ -196,26 +156,118 @@ class elementwise_correction {
     }
   }
   /// Replaces committed array `a` by `values` (host memory, n of them).
-  void load_committed(std::size_t a, std::span<const float> values) {
+  void load(std::size_t a, std::span<const float> values) {
     backend_.to_device(values.data(), n_, committed_[a].data());
   }
 
  private:
-  static pointers addresses(const std::array<buffer, arrays + 1>& buffers) {
+  static pointers addresses(const std::array<buffer, Arrays + 1>& buffers) {
     pointers p{};
-    for (std::size_t a = 0; a != arrays; ++a) p.at[a] = const_cast<float*>(buffers[a].data());
+    for (std::size_t a = 0; a != Arrays; ++a) p.at[a] = const_cast<float*>(buffers[a].data());
     return p;
   }
 
   Backend backend_;
   std::size_t n_;
-  std::array<buffer, arrays + 1> committed_{};
-  std::array<buffer, arrays + 1> next_{};
+  std::array<buffer, Arrays + 1> committed_{};
+  std::array<buffer, Arrays + 1> next_{};
+  mutable std::vector<float> staging_;
+};
+
+/// The algorithm of an element-wise corrector on any backend, each stage queued with the
+/// step's status, over a committed `State` (float_state, or compact_state of
+/// detail/correct/compact.hpp) that says how the committed state is read and stored.
+template <elementwise_corrector Policy, class Backend, class State>
+class correction {
+  static constexpr std::size_t arrays = Policy::state_arrays;
+  static constexpr bool own_acc = Policy::acc_state < 0;
+  using buffer = typename Backend::template buffer<float>;
+
+ public:
+  correction(const Backend& be, std::size_t n, State state)
+      : n_(n),
+        state_(std::move(state)),
+        acc_(be.template allocate<float>(own_acc ? n : 0)),
+        tile_sums_(be.template allocate<double>(scales_gradient<Policy>() ? tile_count(n) : 0)),
+        sum_of_squares_(be.template allocate<double>(scales_gradient<Policy>() ? 1 : 0)),
+        scale_(be.template allocate<float>(scales_gradient<Policy>() ? 1 : 0)) {}
+
+  /// Queues the new state and acc of every element; a NaN or infinity in acc raises
+  /// the status's flag. A clip's factor is computed on the backend (no read-back).
+  void update(const Backend& be, const Policy& policy, std::span<const float> g, step_status* status) {
+    const float* scale = nullptr;
+    if constexpr (scales_gradient<Policy>()) {
+      if (policy.needs_norm()) {
+        be.sum(n_, square_of{g.data()}, tile_sums_.data(), sum_of_squares_.data());
+        be.for_each(1, elementwise::scale_from_norm<Policy>{policy, sum_of_squares_.data(), scale_.data()});
+        scale = scale_.data();
+      }
+    }
+    next_ = state_.next(be);
+    be.reduce_or(n_,
+                 elementwise::update<Policy, arrays, own_acc, decltype(state_.reader())>{policy, state_.reader(), next_,
+                                                                                         acc_.data(), g.data(), scale},
+                 &status->non_finite);
+  }
+
+  /// acc of the step in progress.
+  std::span<const float> acc(std::span<const float>) const noexcept {
+    if constexpr (own_acc) {
+      return {acc_.data(), n_};
+    } else {
+      return {next_.at[static_cast<std::size_t>(Policy::acc_state)], n_};
+    }
+  }
+
+  /// Queues into `out` the acc that update() would compute now, and its finiteness
+  /// into the status. The committed state is untouched (update() writes only the next
+  /// copy, which the next step rewrites whole).
+  void preview(const Backend& be, const Policy& policy, std::span<const float> g, std::span<float> out,
+               step_status* status) {
+    update(be, policy, g, status);
+    be.for_each(n_, elementwise::copy{acc({}).data(), out.data()});
+  }
+
+  /// Queues the commit of the sent entries: index and sent span the workspace and the
+  /// count is the status's; nothing is written if the step met a NaN. Then the state
+  /// stores the step's (a compact state encodes it, likewise predicated on the status).
+  void commit(const Backend& be, const Policy& policy, std::span<const std::uint32_t> index,
+              std::span<const float> sent, const step_status* status) {
+    be.for_each(index.size(), elementwise::commit<Policy, arrays, decltype(state_.reader())>{
+                                  policy, state_.reader(), next_, acc({}).data(), index.data(), sent.data(), status});
+    state_.store(be, status);
+  }
+
+  /// Makes the step's state the committed one.
+  void accept() noexcept {
+    state_.accept();
+    next_ = {};
+  }
+
+  /// Committed array `a`, readable on the host.
+  std::span<const float> committed(std::size_t a) const { return state_.committed(a); }
+  /// Replaces committed array `a` by `values` (host memory, n of them).
+  void load_committed(std::size_t a, std::span<const float> values) { state_.load(a, values); }
+
+ private:
+  std::size_t n_;
+  State state_;
+  elementwise::arrays<arrays> next_{};  // where the step in progress writes its state
   buffer acc_;
   typename Backend::template buffer<double> tile_sums_;
   typename Backend::template buffer<double> sum_of_squares_;
   buffer scale_;
-  mutable std::vector<float> staging_;
+};
+
+/// An element-wise corrector with its state in float32 (what every backend runs unless it
+/// has a fast path).
+template <elementwise_corrector Policy, class Backend>
+class elementwise_correction : public correction<Policy, Backend, float_state<Backend, Policy::state_arrays>> {
+  using base = correction<Policy, Backend, float_state<Backend, Policy::state_arrays>>;
+
+ public:
+  elementwise_correction(const Backend& be, const Policy&, std::size_t n)
+      : base(be, n, float_state<Backend, Policy::state_arrays>(be, n)) {}
 };
 
 /// Every backend runs the element-wise correctors with the algorithm above, unless it has

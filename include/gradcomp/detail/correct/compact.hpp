@@ -1,0 +1,307 @@
+/// \file detail/correct/compact.hpp
+/// correct::compact's algorithm over the backend primitives, on every backend: the inner
+/// corrector's passes (detail/correct/elementwise.hpp) reading the committed state from
+/// its blocks, and one pass per step that stores the new state back into them
+/// (docs/algorithms.md, "Compressed memory"). Not API.
+#pragma once
+
+#include <gradcomp/concepts.hpp>
+#include <gradcomp/config.hpp>
+#include <gradcomp/correct/compact.hpp>
+#include <gradcomp/detail/core/bits.hpp>
+#include <gradcomp/detail/core/fixed_order_sum.hpp>
+#include <gradcomp/detail/core/step_input.hpp>
+#include <gradcomp/detail/correct/elementwise.hpp>
+
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+GRADCOMP_NAMESPACE_BEGIN
+namespace detail {
+
+namespace compact_blocks {
+
+/// Exponents are int8 in [min_exponent, 127]: 2^-127 is the smallest power of two
+/// whose multiples by the codes (|q| <= 127) are all floats, and L * 2^127 exceeds the
+/// largest float for L >= 4.
+inline constexpr int min_exponent = -127;
+inline constexpr int max_exponent = 127;
+
+/// 2^e as a float, for e in [-127, 127] (2^-127 is a subnormal).
+GRADCOMP_HOST_DEVICE inline float power_of_two(int e) noexcept {
+  // A subnormal 2^e is 2^(e + 149) of the smallest subnormal.
+  return float_of(e >= -126 ? static_cast<std::uint32_t>(e + 127) << 23 : std::uint32_t{1} << (e + 149));
+}
+
+/// The largest code of `bits` bits: 127 or 7.
+GRADCOMP_HOST_DEVICE inline int largest_code(std::uint32_t bits) noexcept { return (1 << (bits - 1)) - 1; }
+
+/// floor(log2 m) for a finite m > 0.
+GRADCOMP_HOST_DEVICE inline int floor_log2(float m) noexcept {
+  const std::uint32_t bits = bits_of(m);
+  if ((bits >> 23) != 0) return static_cast<int>(bits >> 23) - 127;
+  int k = -150;  // a subnormal: the position of its highest set bit, from 2^-149
+  for (std::uint32_t mantissa = bits; mantissa != 0; mantissa >>= 1) ++k;
+  return k;
+}
+
+/// The smallest e in [-127, 127] with m <= L * 2^e (m = max |x| over a block, finite).
+/// L * 2^e is exact in double.
+GRADCOMP_HOST_DEVICE inline int exponent_for(float m, int largest) noexcept {
+  if (!(m > 0.0f)) return min_exponent;
+  // L < 2^7, so L * 2^(k - 7) < 2^k <= m: e > k - 7, and a few steps up find it.
+  int e = floor_log2(m) - 7;
+  const auto bound = [&](int x) {
+    return static_cast<double>(largest) * __builtin_bit_cast(double, static_cast<std::uint64_t>(x + 1023) << 52);
+  };
+  while (e < max_exponent && bound(e) < static_cast<double>(m)) ++e;
+  return e < min_exponent ? min_exponent : e;
+}
+
+/// Rounds to the nearest integer, ties to even.
+GRADCOMP_HOST_DEVICE inline float round_half_even(float v) noexcept {
+#if defined(__CUDA_ARCH__)
+  return rintf(v);
+#else
+  return std::rint(v);
+#endif
+}
+
+/// Code i of an array of `bits`-bit codes: a byte, or a nibble (the even index low).
+GRADCOMP_HOST_DEVICE inline int code_at(const std::uint8_t* codes, std::size_t i, std::uint32_t bits) noexcept {
+  if (bits == 8) return static_cast<std::int8_t>(codes[i]);
+  const unsigned nibble = (codes[i / 2] >> ((i % 2) * 4)) & 0xFu;
+  return nibble >= 8 ? static_cast<int>(nibble) - 16 : static_cast<int>(nibble);
+}
+
+/// Bytes of `n` codes of `bits` bits.
+GRADCOMP_HOST_DEVICE inline std::size_t code_bytes(std::size_t n, std::uint32_t bits) noexcept {
+  return bits == 8 ? n : (n + 1) / 2;
+}
+
+/// Read access to the stored arrays: entry i of array a is q_i * 2^E of its block.
+template <std::size_t Arrays>
+struct stored {
+  const std::uint8_t* codes[Arrays + 1];
+  const std::int8_t* exponents[Arrays + 1];
+  std::uint32_t bits;
+  std::uint32_t block;
+  GRADCOMP_HOST_DEVICE float value(std::size_t a, std::size_t i) const {
+    return mul_rn(static_cast<float>(code_at(codes[a], i, bits)), power_of_two(exponents[a][i / block]));
+  }
+};
+
+/// Stores block j of array a (work item a * blocks + j) of the float32 state `from`:
+/// its exponent, then its codes, rounding in index order with the error carried. Writes
+/// nothing if the step met a NaN.
+template <std::size_t Arrays>
+struct store {
+  elementwise::arrays<Arrays> from;
+  std::uint8_t* codes[Arrays + 1];
+  std::int8_t* exponents[Arrays + 1];
+  std::uint32_t bits;
+  std::uint32_t block;
+  std::size_t n;
+  std::size_t blocks;
+  const step_status* status;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t work) const {
+    if (status != nullptr && status->non_finite != 0) return;
+    const std::size_t a = work / blocks;
+    const std::size_t j = work % blocks;
+    const std::size_t begin = j * block;
+    const std::size_t end = begin + block < n ? begin + block : n;
+    const float* x = from.at[a];
+    float m = 0.0f;
+    for (std::size_t i = begin; i < end; ++i) m = larger(m, x[i] < 0.0f ? -x[i] : x[i]);
+    const int largest = largest_code(bits);
+    const int e = exponent_for(m, largest);
+    exponents[a][j] = static_cast<std::int8_t>(e);
+    const float step = power_of_two(e);
+    const float inverse = power_of_two(-e);
+    float carry = 0.0f;
+    std::uint8_t* out = codes[a];
+    for (std::size_t i = begin; i < end; ++i) {
+      const float y = x[i] + carry;
+      float q = round_half_even(mul_rn(y, inverse));
+      q = q > static_cast<float>(largest) ? static_cast<float>(largest)
+                                          : (q < -static_cast<float>(largest) ? -static_cast<float>(largest) : q);
+      carry = y - mul_rn(q, step);
+      const int code = static_cast<int>(q);
+      if (bits == 8) {
+        out[i] = static_cast<std::uint8_t>(static_cast<std::int8_t>(code));
+      } else {
+        const unsigned shift = (i % 2) * 4;
+        const auto nibble = static_cast<std::uint8_t>((static_cast<unsigned>(code) & 0xFu) << shift);
+        out[i / 2] = static_cast<std::uint8_t>((out[i / 2] & ~(0xFu << shift)) | nibble);
+      }
+    }
+  }
+  GRADCOMP_HOST_DEVICE static float larger(float a, float b) noexcept { return b > a ? b : a; }
+};
+
+/// to[i] = value of entry i of array a (dequantized).
+template <std::size_t Arrays>
+struct load {
+  stored<Arrays> from;
+  std::size_t a;
+  float* to;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t i) const { to[i] = from.value(a, i); }
+};
+
+}  // namespace compact_blocks
+
+/// The committed state stored in blocks (correct::compact): codes and exponents are
+/// what stays between steps; the float32 arrays a step writes are allocated by update()
+/// and given back once the step is accepted (after waiting for the step's work where the
+/// backend's memory is a device's).
+template <class Backend, std::size_t Arrays>
+class compact_state {
+  using pointers = elementwise::arrays<Arrays>;
+  template <class T>
+  using buffer = typename Backend::template buffer<T>;
+
+ public:
+  compact_state(const Backend& be, std::size_t n, std::uint32_t bits, std::uint32_t block)
+      : backend_(be), n_(n), bits_(bits), block_(block), blocks_((n + block - 1) / block) {
+    for (std::size_t a = 0; a != Arrays; ++a) {
+      codes_[a] = be.template allocate<std::uint8_t>(compact_blocks::code_bytes(n, bits));
+      exponents_[a] = be.template allocate<std::int8_t>(blocks_);
+      be.clear(codes_[a].data(), compact_blocks::code_bytes(n, bits));  // the state starts at 0
+      be.clear(exponents_[a].data(), blocks_);
+    }
+  }
+
+  /// How the passes read the committed state.
+  [[nodiscard]] compact_blocks::stored<Arrays> reader() const {
+    compact_blocks::stored<Arrays> r{};
+    for (std::size_t a = 0; a != Arrays; ++a) {
+      r.codes[a] = codes_[a].data();
+      r.exponents[a] = exponents_[a].data();
+    }
+    r.bits = bits_;
+    r.block = block_;
+    return r;
+  }
+  /// The float32 arrays the step writes, allocated for the step.
+  [[nodiscard]] pointers next(const Backend& be) {
+    pointers p{};
+    for (std::size_t a = 0; a != Arrays; ++a) {
+      if (static_cast<std::size_t>(next_[a].size()) != n_) next_[a] = be.template allocate<float>(n_);
+      p.at[a] = next_[a].data();
+    }
+    last_ = be;
+    return p;
+  }
+  /// After the step's commit: its state stored into the blocks, unless it met a NaN.
+  void store(const Backend& on, const step_status* status) {
+    compact_blocks::store<Arrays> pass{};
+    for (std::size_t a = 0; a != Arrays; ++a) {
+      pass.from.at[a] = next_[a].data();
+      pass.codes[a] = codes_[a].data();
+      pass.exponents[a] = exponents_[a].data();
+    }
+    pass.bits = bits_;
+    pass.block = block_;
+    pass.n = n_;
+    pass.blocks = blocks_;
+    pass.status = status;
+    on.for_each(Arrays * blocks_, pass);
+    last_ = on;
+  }
+  /// The blocks hold the step's state already: the float32 arrays go back.
+  void accept() noexcept {
+    if constexpr (!Backend::host_accessible) {
+      // The step's passes are queued on last_: its arrays go back once they are done
+      // (kept if waiting fails: they may still be read).
+      try {
+        (void)last_.read(exponents_[0].data());
+      } catch (...) {
+        return;
+      }
+    }
+    for (auto& b : next_) b = buffer<float>{};
+    decoded_ = buffer<float>{};
+    staging_ = std::vector<float>{};
+  }
+
+  /// Committed array `a` as float32 values, on the host (a copy, given back at the next
+  /// accepted step).
+  std::span<const float> committed(std::size_t a) const {
+    if (static_cast<std::size_t>(decoded_.size()) != n_) decoded_ = backend_.template allocate<float>(n_);
+    backend_.for_each(n_, compact_blocks::load<Arrays>{reader(), a, decoded_.data()});
+    if constexpr (Backend::host_accessible) {
+      return {decoded_.data(), n_};
+    } else {
+      staging_.resize(n_);
+      backend_.to_host(decoded_.data(), n_, staging_.data());
+      return staging_;
+    }
+  }
+  /// Replaces committed array `a` by `values` (host memory, n finite ones), stored in
+  /// blocks as a step stores its state.
+  void load(std::size_t a, std::span<const float> values) {
+    buffer<float> wide = backend_.template allocate<float>(n_);
+    backend_.to_device(values.data(), n_, wide.data());
+    compact_blocks::store<Arrays> pass{};
+    pass.from.at[0] = wide.data();
+    pass.codes[0] = codes_[a].data();
+    pass.exponents[0] = exponents_[a].data();
+    pass.bits = bits_;
+    pass.block = block_;
+    pass.n = n_;
+    pass.blocks = blocks_;
+    pass.status = nullptr;
+    backend_.for_each(blocks_, pass);
+    if constexpr (!Backend::host_accessible) (void)backend_.read(exponents_[a].data());  // before `wide` goes
+  }
+
+ private:
+  Backend backend_;
+  Backend last_ = backend_;  // where the step in progress is queued
+  std::size_t n_;
+  std::uint32_t bits_;
+  std::uint32_t block_;
+  std::size_t blocks_;
+  std::array<buffer<std::uint8_t>, Arrays + 1> codes_{};
+  std::array<buffer<std::int8_t>, Arrays + 1> exponents_{};
+  std::array<buffer<float>, Arrays + 1> next_{};
+  mutable buffer<float> decoded_{};
+  mutable std::vector<float> staging_;
+};
+
+/// correct::compact on any backend: the inner corrector's algorithm over a compact_state.
+template <class Inner, class Backend>
+class engine<correct::compact<Inner>, Backend> {
+  using policy_type = correct::compact<Inner>;
+  using state_type = compact_state<Backend, Inner::state_arrays>;
+
+ public:
+  engine(const Backend& be, const policy_type& policy, std::size_t n)
+      : run_(be, n, state_type(be, n, policy.bits, policy.block)) {}
+
+  void update(const Backend& be, const policy_type& policy, std::span<const float> g, step_status* status) {
+    run_.update(be, policy.inner, g, status);
+  }
+  std::span<const float> acc(std::span<const float> g) const noexcept { return run_.acc(g); }
+  void preview(const Backend& be, const policy_type& policy, std::span<const float> g, std::span<float> out,
+               step_status* status) {
+    run_.preview(be, policy.inner, g, out, status);
+  }
+  void commit(const Backend& be, const policy_type& policy, std::span<const std::uint32_t> index,
+              std::span<const float> sent, const step_status* status) {
+    run_.commit(be, policy.inner, index, sent, status);
+  }
+  void accept() noexcept { run_.accept(); }
+  std::span<const float> committed(std::size_t a) const { return run_.committed(a); }
+  void load_committed(std::size_t a, std::span<const float> values) { run_.load_committed(a, values); }
+
+ private:
+  correction<Inner, Backend, state_type> run_;
+};
+
+}  // namespace detail
+GRADCOMP_NAMESPACE_END
