@@ -5,6 +5,7 @@
 //   mpirun -n 4 train_fashion_mnist --method all            # every method, one table
 //   mpirun -n 4 train_fashion_mnist --method dagc --shards 1,2,3,4
 //   mpirun -n 8 train_fashion_mnist --method ok_topk        # Ok-Topk's global top-k
+//   mpirun -n 4 train_fashion_mnist --method topk_ef4       # its memory in 4 bits (also topk_ef8, dgc8, dgc4)
 //
 // Every rank holds the same model; each step it computes the gradient of its own batch
 // (its share of the global batch, proportional to its shard), compresses each layer
@@ -302,10 +303,28 @@ struct options {
 const std::vector<std::string> all_methods{"dense",    "topk",       "topk_ef", "dgc",    "adacomp",
                                            "scalecom", "randomk_ef", "dagc",    "ok_topk"};
 
+// `c` with its corrector's memory stored in `bits` bits (correct::compact).
+template <class Compressor>
+auto with_compact_memory(const Compressor& c, std::uint32_t bits) {
+  using namespace gradcomp;
+  return compressor{c.backend(), c.size(), c.selector(),
+                    correct::compact<typename Compressor::corrector_type>{.inner = c.corrector(), .bits = bits},
+                    c.encoder()};
+}
+
 std::unique_ptr<exchange> make_exchange(const std::string& method, gradcomp::comm::mpi& comm, const options& o,
                                         std::span<const double> shard_weights) {
   using namespace gradcomp;
   const double d = o.density;
+  // topk_ef8, topk_ef4, dgc8, dgc4: the method with its memory in 8 or 4 bits.
+  const bool compact = method.size() > 1 && (method.back() == '8' || method.back() == '4');
+  const std::uint32_t bits = method.back() == '8' ? 8 : 4;
+  if (compact && method.starts_with("topk_ef")) {
+    auto make = [d, bits](std::size_t n) {
+      return with_compact_memory(presets::topk_ef(backend::host{}, n, {.density = d}), bits);
+    };
+    return std::make_unique<sparse_allgather<decltype(make(1))>>(comm, make);
+  }
   if (method == "dense") return std::make_unique<dense_allreduce>(comm);
   if (method == "topk") {  // top-k, no memory: what is not sent is lost
     auto make = [d](std::size_t n) {
@@ -322,17 +341,24 @@ std::unique_ptr<exchange> make_exchange(const std::string& method, gradcomp::com
     auto make = [mine](std::size_t n) { return presets::topk_ef(backend::host{}, n, {.density = mine}); };
     return std::make_unique<sparse_allgather<decltype(make(1))>>(comm, make);
   }
-  if (method == "dgc") {  // clipping, momentum correction and masking, with DGC's warm-up
+  // DGC: clipping, momentum correction and masking, with DGC's warm-up.
+  if (method == "dgc" || (compact && method.starts_with("dgc"))) {
     const int workers = comm.size();
-    auto make = [d, o, workers](std::size_t n) {
+    auto dgc = [o, workers](std::size_t n) {
       return presets::dgc(
           backend::host{}, n,
           {.density = 0.25, .momentum = o.momentum, .max_norm = 5.0f, .workers = workers, .seed = o.seed});
     };
     const schedule::warmup warmup{.final_density = d};
-    return std::make_unique<sparse_allgather<decltype(make(1))>>(comm, make, true, [warmup](auto& c, int epoch) {
+    const auto by_epoch = [warmup](auto& c, int epoch) {
       c.set_density(warmup.by_epoch(static_cast<unsigned>(epoch)));
-    });
+    };
+    if (compact) {
+      auto make = [dgc, bits](std::size_t n) { return with_compact_memory(dgc(n), bits); };
+      return std::make_unique<sparse_allgather<decltype(make(1))>>(comm, make, true, by_epoch);
+    }
+    auto make = dgc;
+    return std::make_unique<sparse_allgather<decltype(make(1))>>(comm, make, true, by_epoch);
   }
   if (method == "adacomp") {
     auto make = [](std::size_t n) { return presets::adacomp(backend::host{}, n); };
