@@ -42,6 +42,7 @@ tensors (gloo); FSDP2's custom reduce-scatter needs a torch that has
 ``FSDPModule.set_custom_reduce_scatter`` (checked when an instance is made).
 """
 
+import math
 from typing import Any, Dict, Optional, Sequence, Union
 
 import torch
@@ -79,7 +80,7 @@ def _factor_of(who: str, op: Any, world: int) -> float:
         factor = getattr(op, "factor", None)
         if isinstance(factor, torch.Tensor) and factor.numel() == 1:
             factor = float(factor.item())
-        if isinstance(factor, float) and factor == factor and abs(factor) != float("inf"):
+        if isinstance(factor, float) and math.isfinite(factor):
             return factor
         check.fail(who, f"PREMUL_SUM's factor must be a finite float or a one-element tensor, got {factor!r}")
     check.fail(who, f"reduce op {op} is not supported (AVG, SUM or PREMUL_SUM)")
