@@ -1,10 +1,11 @@
-// GPU benchmarks of backend::cuda, timed with CUDA events (manual time): exact_topk,
-// threshold, sampled_threshold and chunk_local (behind error feedback) selection, the full DGC step (clip + momentum +
-// exact_topk + encode), the selection alone by the exact_topk and chunk_local fast paths and by their generic
-// algorithms, and in
-// the same run the bound (a device-to-device streaming read of the gradient) and a
-// baseline (top-k by a CUB radix sort of all |g| with their indices). N = 10^7, 10^8 and
-// 10^9 float32, density 0.001 and 0.01. Without a GPU the program exits 77 (skipped).
+// GPU benchmarks of backend::cuda, timed with CUDA events (manual time): the compressor's
+// step with exact_topk, threshold and sampled_threshold selection, chunk_local behind error
+// feedback, top-k with error feedback, the full DGC step (clip + momentum + exact_topk +
+// encode); the selection alone by the exact_topk and chunk_local fast paths and by their
+// generic algorithms; and in the same run the bound (a device-to-device streaming read of
+// the gradient) and a baseline (top-k by a CUB radix sort of all |g| with their indices).
+// N = 6.5 M (a 25 MB DDP bucket), 10^7, 10^8 and 10^9 float32, density 0.001 and 0.01.
+// Without a GPU the program exits 77 (skipped).
 #include <benchmark/benchmark.h>
 #include <gradcomp/backend/cuda.cuh>
 #include <gradcomp/gradcomp.hpp>
@@ -137,6 +138,11 @@ void sampled_threshold(benchmark::State& state) {
 // AdaComp's selection behind its error feedback (the selection rides on acc and g).
 void chunk_local(benchmark::State& state) { compress(state, gc::select::chunk_local{}, gc::correct::error_feedback{}); }
 
+// Top-k with error feedback: the step of the DDP hook's default method.
+void topk_ef_step(benchmark::State& state) {
+  compress(state, gc::select::exact_topk{.density = density_arg(state)}, gc::correct::error_feedback{});
+}
+
 void dgc_step(benchmark::State& state) {
   compress(state, gc::select::exact_topk{.density = density_arg(state)},
            gc::correct::chain{gc::correct::clip_norm{.max_norm = 1.0f}, gc::correct::momentum{.beta = 0.9f}});
@@ -207,7 +213,8 @@ void cub_sort_topk(benchmark::State& state) {
 }
 
 void sizes(benchmark::internal::Benchmark* b) {
-  for (const std::int64_t n : {10'000'000LL, 100'000'000LL, 1'000'000'000LL}) {
+  // 6.5 M floats: a DDP bucket of 25 MB.
+  for (const std::int64_t n : {6'500'000LL, 10'000'000LL, 100'000'000LL, 1'000'000'000LL}) {
     for (const std::int64_t inverse_density : {1000, 100}) b->Args({n, inverse_density});
   }
   b->UseManualTime()->Unit(benchmark::kMillisecond);
@@ -218,6 +225,7 @@ BENCHMARK(exact_topk)->Apply(sizes);
 BENCHMARK(threshold)->Apply(sizes);
 BENCHMARK(sampled_threshold)->Apply(sizes);
 BENCHMARK(chunk_local)->Apply(sizes);
+BENCHMARK(topk_ef_step)->Apply(sizes);
 BENCHMARK(dgc_step)->Apply(sizes);
 BENCHMARK(cub_sort_topk)->Apply(sizes);
 BENCHMARK(exact_topk_fast)->Apply(sizes);

@@ -303,15 +303,6 @@ struct options {
 const std::vector<std::string> all_methods{"dense",    "topk",       "topk_ef", "dgc",    "adacomp",
                                            "scalecom", "randomk_ef", "dagc",    "ok_topk"};
 
-// `c` with its corrector's memory stored in `bits` bits (correct::compact).
-template <class Compressor>
-auto with_compact_memory(const Compressor& c, std::uint32_t bits) {
-  using namespace gradcomp;
-  return compressor{c.backend(), c.size(), c.selector(),
-                    correct::compact<typename Compressor::corrector_type>{.inner = c.corrector(), .bits = bits},
-                    c.encoder()};
-}
-
 std::unique_ptr<exchange> make_exchange(const std::string& method, gradcomp::comm::mpi& comm, const options& o,
                                         std::span<const double> shard_weights) {
   using namespace gradcomp;
@@ -321,7 +312,7 @@ std::unique_ptr<exchange> make_exchange(const std::string& method, gradcomp::com
   const std::uint32_t bits = method.back() == '8' ? 8 : 4;
   if (compact && method.starts_with("topk_ef")) {
     auto make = [d, bits](std::size_t n) {
-      return with_compact_memory(presets::topk_ef(backend::host{}, n, {.density = d}), bits);
+      return presets::topk_ef(backend::host{}, n, {.density = d}, presets::compact_memory{.bits = bits});
     };
     return std::make_unique<sparse_allgather<decltype(make(1))>>(comm, make);
   }
@@ -344,20 +335,20 @@ std::unique_ptr<exchange> make_exchange(const std::string& method, gradcomp::com
   // DGC: clipping, momentum correction and masking, with DGC's warm-up.
   if (method == "dgc" || (compact && method.starts_with("dgc"))) {
     const int workers = comm.size();
-    auto dgc = [o, workers](std::size_t n) {
+    auto dgc = [o, workers](std::size_t n, auto memory) {
       return presets::dgc(
           backend::host{}, n,
-          {.density = 0.25, .momentum = o.momentum, .max_norm = 5.0f, .workers = workers, .seed = o.seed});
+          {.density = 0.25, .momentum = o.momentum, .max_norm = 5.0f, .workers = workers, .seed = o.seed}, memory);
     };
     const schedule::warmup warmup{.final_density = d};
     const auto by_epoch = [warmup](auto& c, int epoch) {
       c.set_density(warmup.by_epoch(static_cast<unsigned>(epoch)));
     };
     if (compact) {
-      auto make = [dgc, bits](std::size_t n) { return with_compact_memory(dgc(n), bits); };
+      auto make = [dgc, bits](std::size_t n) { return dgc(n, presets::compact_memory{.bits = bits}); };
       return std::make_unique<sparse_allgather<decltype(make(1))>>(comm, make, true, by_epoch);
     }
-    auto make = dgc;
+    auto make = [dgc](std::size_t n) { return dgc(n, presets::float_memory{}); };
     return std::make_unique<sparse_allgather<decltype(make(1))>>(comm, make, true, by_epoch);
   }
   if (method == "adacomp") {

@@ -12,8 +12,11 @@
 #   bash scripts/gpu_check.sh BIN OUT
 # BIN holds test_cuda_*, example_cuda_thrust, bench_cuda and any shared library they need
 # that the machine lacks (Google Benchmark's); NCCL is taken from torch's nvidia-nccl.
-# Logs and JSON go to OUT (seven files). TESTS names the binaries to run (all by default);
-# BENCH=0 leaves out bench_cuda. Exits non-zero when any step fails.
+# Logs and JSON go to OUT (eight files at most, what the device machine brings back).
+# TESTS names the binaries to run (all by default); BENCH=0 leaves out bench_cuda,
+# PROFILE=0 its per-kernel profile (ncu, summed by bench/kernel_profile.py), STEP_COST=0
+# experiments/gpu_step_cost.py. The benchmarks run first, alone on the GPU; the tests
+# then run side by side. Exits non-zero when any step fails.
 set -u
 bin=$(cd "$1" && pwd)
 out=$(mkdir -p "$2" && cd "$2" && pwd)
@@ -41,20 +44,67 @@ rcfile=$(mktemp)
   echo $? >"$rcfile") &
 build=$!
 
-# Each test case's time as it ends (line-buffered, so a test stopped at its limit shows
-# how far it got).
+# The benchmarks first, alone on the GPU (the extension compiles on the CPU meanwhile).
+if [ "${BENCH:-1}" = 1 ]; then
+  step bench_cuda bench.log 200 "$bin/bench_cuda" --benchmark_min_time=0.1 --benchmark_out="$out/bench_cuda.json" \
+    --benchmark_out_format=json
+fi
+# Where a step's time goes: every kernel of one step, timed alone by Nsight Compute, per
+# benchmark at a 25 MB bucket and at 10^8 (density 0.001). The kernels' sum against the
+# step's event time above is the share spent between kernels (launches, host reads).
+ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+if [ "${PROFILE:-1}" = 1 ] && [ -n "$ncu" ]; then
+  profile='for b in exact_topk threshold sampled_threshold chunk_local topk_ef_step dgc_step; do
+      for n in 6500000 100000000; do
+        echo "### $b/$n"
+        "$0" --clock-control none --metrics gpu__time_duration.sum --csv "$1/bench_cuda" \
+          --benchmark_filter="^$b/$n/1000/" --benchmark_min_time=0.000001 || exit 1
+      done
+    done'
+  step ncu_profile ncu_profile.csv 180 bash -c "$profile" "$ncu" "$bin"
+fi
+
+# The correctness tests, side by side (the GPU has room): test_cuda_compressor, the
+# longest, in shards of its test cases (doctest's --first/--last). Each test case's time
+# as it ends (line-buffered, so a test stopped at its limit shows how far it got).
+shards=()
 for t in ${TESTS:-test_cuda_exact_topk test_cuda_compressor test_cuda_conformance test_cuda_messages test_cuda_graph \
   test_cuda_nccl example_cuda_thrust}; do
   case $t in
-    test_*) step "$t" cuda_tests.log 300 stdbuf -oL "$bin/$t" --duration=true ;;
-    *) step "$t" cuda_tests.log 60 "$bin/$t" ;;
+    test_cuda_compressor) for r in 1:1 2:2 3:3 4:4 5:5 6:6 7:8 9:99; do
+      shards+=("$t ${r%:*} ${r#*:}"); done ;;
+    *) shards+=("$t 0 0") ;;
   esac
 done
-if [ "${BENCH:-1}" = 1 ]; then
-  step bench_cuda bench.log 150 "$bin/bench_cuda" --benchmark_min_time=0.1 --benchmark_out="$out/bench_cuda.json" \
-    --benchmark_out_format=json
-fi
-
+shard_name() { if [ "$2" = 0 ]; then echo "$1"; else echo "$1.$2-$3"; fi; }
+tests_start=$SECONDS
+for shard in "${shards[@]}"; do
+  read -r t first last <<<"$shard"
+  name=$(shard_name "$t" "$first" "$last")
+  (
+    case $t in
+      test_*) range=()
+        [ "$first" = 0 ] || range=(--first="$first" --last="$last")
+        timeout --kill-after=5 300 stdbuf -oL "$bin/$t" --duration=true "${range[@]}" ;;
+      *) timeout --kill-after=5 60 "$bin/$t" ;;
+    esac >"$out/shard.$name.log" 2>&1
+    echo $? >"$out/shard.$name.rc"
+  ) &
+done
+# Waits for the C++ test shards, then adds their logs in order to cuda_tests.log, one rc each.
+collect_shards() {
+  wait
+  local shard t first last name rc
+  for shard in "${shards[@]}"; do
+    read -r t first last <<<"$shard"
+    name=$(shard_name "$t" "$first" "$last")
+    { echo "=== $name"; cat "$out/shard.$name.log"; } >>"$out/cuda_tests.log"
+    rc=$(cat "$out/shard.$name.rc" 2>/dev/null || echo missing)
+    echo "$name: rc $rc (the tests took $((SECONDS - tests_start)) s side by side)"
+    [ "$rc" = 0 ] || failed+=("$name")
+    rm -f "$out/shard.$name.log" "$out/shard.$name.rc"
+  done
+}
 wait $build
 built=$(cat "$rcfile")
 echo "extension_build: rc $built"
@@ -69,13 +119,15 @@ if [ "$built" = 0 ]; then
   preload=$(mktemp -d)/crash_backtrace.so
   cc -shared -fPIC -o "$preload" "$root/scripts/crash_backtrace.c" || preload=
   step pytest_cuda pytest_cuda.log 150 env ${preload:+LD_PRELOAD=$preload} "$python" -m pytest -q -s \
-    -p no:cacheprovider -m cuda tests -o addopts="" --timeout=140 "${workers[@]}"
+    -p no:cacheprovider -m cuda tests -o addopts="" --timeout=140 "${workers[@]}"  # beside the C++ tests
+  collect_shards
   step torch_gpu bench.log 90 "$python" ../experiments/torch_gpu.py --out "$out/torch_gpu.json"
   # What each hook adds to a bf16 training step of a ResNet-50 and a GPT-2 small (#40, item 4)
-  step step_cost bench.log 200 env PYTHONPATH="$root:$PYTHONPATH" PYTHONUNBUFFERED=1 "$python" \
+  [ "${STEP_COST:-1}" = 1 ] && step step_cost bench.log 200 env PYTHONPATH="$root:$PYTHONPATH" PYTHONUNBUFFERED=1 "$python" \
     -m experiments.gpu_step_cost --out "$out/step_cost.json"
   [ -s "$out/pytest_cuda.log" ] && tail -5 "$out/pytest_cuda.log"
 else
+  collect_shards
   failed+=(extension_build)
   tail -30 "$out/extension_build.log"
 fi

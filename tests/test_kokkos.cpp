@@ -219,3 +219,23 @@ TEST_CASE("Leader SGD's pull on kokkos: a follower moves toward the leader's par
     CHECK(moved.sent == 0);
   }
 }
+
+TEST_CASE("memory_bytes on kokkos: the state by its definition, a compact step's float32 array only while staged") {
+  const std::size_t n = 70001;
+  const gc::select::exact_topk topk{.density = 0.01};
+  gc::compressor ef{gc::backend::kokkos<space>{}, n, topk, gc::correct::error_feedback{}};
+  gc::compressor compact{gc::backend::kokkos<space>{}, n, topk,
+                         gc::correct::compact<gc::correct::error_feedback>{.bits = 4, .block = 8}};
+  CHECK(ef.memory_bytes().state == 4 * n);
+  CHECK(compact.memory_bytes().state == (n + 1) / 2 + (n + 7) / 8);
+  std::vector<std::byte> buf(compact.max_message_bytes());
+  (void)compact.compress(inputs::make(inputs::shape::normal, n, 1), buf);
+  const gc::held_memory between = compact.memory_bytes();
+  (void)compact.stage(inputs::make(inputs::shape::normal, n, 2), buf);
+  CHECK(compact.memory_bytes().workspace == between.workspace + 4 * n);
+  compact.accept_staged();
+  CHECK(compact.memory_bytes().workspace == between.workspace);
+  const gc::held_memory before = ef.memory_bytes();
+  (void)ef.compress(inputs::make(inputs::shape::normal, n, 1), buf);
+  CHECK(ef.memory_bytes().workspace == before.workspace);  // steps allocate nothing
+}

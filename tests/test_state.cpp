@@ -564,3 +564,71 @@ TEST_CASE("a compact state: checkpoints restore it bit for bit, a dropped step l
       (gc::compressor{gc::backend::host{}, n, gc::select::exact_topk{.density = 0.01}, ef{.inner = {.beta = NAN}}}),
       "gradcomp: error_feedback: beta must be finite, got nan", gc::error);
 }
+
+TEST_CASE("memory_bytes: the state by its definition, the workspace as buffers come and go") {
+  const std::size_t n = 30011;
+  const auto ceil_div = [](std::size_t a, std::size_t b) { return (a + b - 1) / b; };
+  const auto step = [](auto& c, std::uint64_t seed, bool accept = true) {
+    std::vector<std::byte> buf(c.max_message_bytes());
+    (void)c.stage(inputs::make(inputs::shape::student_t3, c.size(), seed), buf);
+    if (accept) c.accept_staged();
+  };
+  const gc::select::exact_topk topk{.density = 0.01};
+
+  SUBCASE("float32 state: 4 bytes per element and array; steps allocate nothing") {
+    auto ef = gc::compressor{gc::backend::host{.threads = 2}, n, topk, gc::correct::error_feedback{}};
+    auto dgc = gc::compressor{gc::backend::host{.threads = 2}, n, topk,
+                              gc::correct::chain{gc::correct::clip_norm{.max_norm = 1.0f}, gc::correct::momentum{}}};
+    auto none = gc::compressor{gc::backend::host{.threads = 2}, n, topk};
+    CHECK(ef.memory_bytes().state == 4 * n);
+    CHECK(dgc.memory_bytes().state == 2 * 4 * n);  // velocity and accumulation
+    CHECK(none.memory_bytes().state == 0);
+    // The second float32 copy (double-buffering) and the selection's n-sized lists.
+    CHECK(ef.memory_bytes().workspace >= 4 * n);
+    const gc::held_memory before = ef.memory_bytes();
+    for (std::uint64_t t = 0; t < 3; ++t) step(ef, t);
+    CHECK(ef.memory_bytes().state == before.state);
+    CHECK(ef.memory_bytes().workspace == before.workspace);
+    CHECK(ef.memory_bytes().total() == before.state + before.workspace);
+    // preview's buffer and a 16-bit gradient's float32 copy: n floats each, once.
+    (void)ef.preview(inputs::make(inputs::shape::student_t3, n, 7));
+    CHECK(ef.memory_bytes().workspace == before.workspace + 4 * n);
+    std::vector<gc::bfloat16> narrow(n, gc::bfloat16{0x3F80});  // 1.0
+    std::vector<std::byte> buf(ef.max_message_bytes());
+    (void)ef.compress(narrow, buf);
+    (void)ef.compress(narrow, buf);
+    CHECK(ef.memory_bytes().workspace == before.workspace + 8 * n);
+  }
+
+  SUBCASE("compact state: bits / 8 per element and one exponent per block; float32 arrays only during a step") {
+    for (const auto& [bits, block] : {std::pair{8u, 64u}, std::pair{4u, 8u}, std::pair{4u, 64u}}) {
+      CAPTURE(bits);
+      CAPTURE(block);
+      const std::size_t stored = ceil_div(n * bits, 8) + ceil_div(n, block);
+      auto ef = gc::compressor{gc::backend::host{}, n, topk,
+                               gc::correct::compact<gc::correct::error_feedback>{.bits = bits, .block = block}};
+      auto momentum = gc::compressor{
+          gc::backend::host{}, n, topk,
+          gc::correct::compact<gc::correct::momentum>{.inner = {.beta = 0.9f}, .bits = bits, .block = block}};
+      CHECK(ef.memory_bytes().state == stored);
+      CHECK(momentum.memory_bytes().state == 2 * stored);
+      step(ef, 1);
+      const gc::held_memory between = ef.memory_bytes();
+      CHECK(between.state == stored);
+      step(ef, 2, /*accept=*/false);  // a staged step holds its float32 array until accepted
+      CHECK(ef.memory_bytes().workspace == between.workspace + 4 * n);
+      ef.accept_staged();
+      CHECK(ef.memory_bytes().workspace == between.workspace);
+      CHECK(ef.memory_bytes().state == stored);
+      // Two arrays; a dropped step's stay until the next accepted step gives them back.
+      step(momentum, 1);
+      const gc::held_memory momentum_between = momentum.memory_bytes();
+      step(momentum, 2, /*accept=*/false);
+      CHECK(momentum.memory_bytes().workspace == momentum_between.workspace + 2 * 4 * n);
+      momentum.drop_staged();
+      CHECK(momentum.memory_bytes().workspace == momentum_between.workspace + 2 * 4 * n);
+      step(momentum, 3);
+      CHECK(momentum.memory_bytes().workspace == momentum_between.workspace);
+    }
+  }
+}

@@ -15,6 +15,7 @@
 #include <gradcomp/encode/index_value.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/float16.hpp>
+#include <gradcomp/held_memory.hpp>
 #include <gradcomp/message.hpp>
 #include <gradcomp/registry.hpp>
 
@@ -71,6 +72,14 @@ class compressor {
   [[nodiscard]] std::uint64_t step() const noexcept { return step_; }
   /// Size of the largest message compress() can write with the current parameters.
   [[nodiscard]] std::size_t max_message_bytes() const { return encoder_.max_bytes(n_, selector_.max_selected(n_)); }
+  /// The bytes this compressor holds now: its state (the corrector's committed arrays, 4
+  /// bytes per element and array in float32, bits/8 + 1/block with correct::compact) and
+  /// the workspace its steps use (held_memory.hpp). Reads nothing of the backend's memory.
+  [[nodiscard]] held_memory memory_bytes() const {
+    held_memory use = engines_.held();
+    use.workspace += wide_.held_bytes();
+    return use;
+  }
 
   /// The corrector's committed memory array `a` (< Corrector::state_arrays), e.g. the
   /// error-feedback residual, readable on the host (a copy, for device memory).

@@ -195,7 +195,10 @@ concept encoder = std::copyable<E> && policy_has_name<E> && encoder_has_validate
 /// - memory and message_memory: host_memory or device_memory (memory.hpp), which say in
 ///   which views (std::span, device_span) the compressor takes gradients and messages.
 /// Results written to pointers stay in the backend's memory (nothing waits for them on
-/// a device) until read() or to_host() brings them back.
+/// a device) until read() or to_host() brings them back. A body of for_each or a bin_of
+/// may have live_items(): how many of its first items can do any work (the others do
+/// nothing), read from the backend's memory; a backend may skip the rest (backend::cuda
+/// does: a pass over a capacity then costs what the step's count costs).
 template <class B>
 concept backend_type =
     std::copyable<B> && backend_has_allocate<B> && backend_has_for_each<B> && backend_has_reductions<B> &&

@@ -1,11 +1,16 @@
 /// \file presets.hpp
-/// The published methods, as ready-made compressors.
+/// The published methods, as ready-made compressors. Each takes a last argument that says
+/// how its corrector's memory is stored: float_memory{} (the default) or
+/// compact_memory{.bits, .block}, e.g. `presets::topk_ef(backend, n, {.density = 0.001},
+/// presets::compact_memory{.bits = 8})` keeps the residual in about a byte per element.
 #pragma once
 
 #include <gradcomp/compressor.hpp>
+#include <gradcomp/concepts.hpp>
 #include <gradcomp/config.hpp>
 #include <gradcomp/correct/chain.hpp>
 #include <gradcomp/correct/clip_norm.hpp>
+#include <gradcomp/correct/compact.hpp>
 #include <gradcomp/correct/error_feedback.hpp>
 #include <gradcomp/correct/low_pass.hpp>
 #include <gradcomp/correct/momentum.hpp>
@@ -25,6 +30,32 @@
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace presets {
+
+/// How a preset stores its corrector's memory: in float32 (the default), 4 bytes per
+/// element and array.
+struct float_memory {
+  template <class Corrector>
+  constexpr Corrector operator()(const Corrector& c) const noexcept {
+    return c;
+  }
+};
+
+/// ... or in blocks of 8- or 4-bit codes with a power-of-two scale per block
+/// (correct::compact, docs/algorithms.md "Compressed memory"): bits / 8 + 1 / block bytes
+/// per element and array.
+struct compact_memory {
+  std::uint32_t bits = 8;    ///< 8 or 4
+  std::uint32_t block = 64;  ///< elements per scale: a multiple of 8 in [8, 4096]
+
+  /// Its settings by name (settings.hpp), as correct::compact names them.
+  static constexpr auto settings() {
+    return std::tuple{setting{"memory_bits", &compact_memory::bits}, setting{"memory_block", &compact_memory::block}};
+  }
+  template <class Corrector>
+  constexpr correct::compact<Corrector> operator()(const Corrector& c) const noexcept {
+    return {.inner = c, .bits = bits, .block = block};
+  }
+};
 
 /// Deep Gradient Compression (Lin et al., ICLR 2018).
 struct dgc_options {
@@ -50,19 +81,21 @@ struct dgc_options {
 
 /// DGC with a chosen selector (e.g. select::exact_topk to remove sampling noise):
 /// clipping, momentum correction with masking, f16 values, the smallest index coding.
-template <class Backend, class Selector>
-auto dgc(Backend backend, std::size_t n, const dgc_options& o, Selector selector) {
-  return compressor{backend, n, selector,
-                    correct::chain{correct::clip_norm{.max_norm = o.max_norm, .workers = o.workers},
-                                   correct::momentum{.beta = o.momentum, .nesterov = o.nesterov, .masking = true}},
-                    encode::index_value{.index = index_coding::automatic, .value = value_coding::f16}};
+template <class Backend, selector Selector, class Memory = float_memory>
+auto dgc(Backend backend, std::size_t n, const dgc_options& o, Selector selector, Memory memory = {}) {
+  return compressor{
+      backend, n, selector,
+      memory(correct::chain{correct::clip_norm{.max_norm = o.max_norm, .workers = o.workers},
+                            correct::momentum{.beta = o.momentum, .nesterov = o.nesterov, .masking = true}}),
+      encode::index_value{.index = index_coding::automatic, .value = value_coding::f16}};
 }
 
 /// DGC as published: hierarchical sampled-threshold selection.
-template <class Backend>
-auto dgc(Backend backend, std::size_t n, const dgc_options& o = {}) {
+template <class Backend, class Memory = float_memory>
+auto dgc(Backend backend, std::size_t n, const dgc_options& o = {}, Memory memory = {}) {
   return dgc(backend, n, o,
-             select::sampled_threshold{.density = o.density, .seed = o.seed, .reuse_threshold = o.reuse_threshold});
+             select::sampled_threshold{.density = o.density, .seed = o.seed, .reuse_threshold = o.reuse_threshold},
+             memory);
 }
 
 /// AdaComp (Chen et al., AAAI 2018): localized selection, residual, ternary values.
@@ -73,9 +106,9 @@ struct adacomp_options {
   static constexpr auto settings() { return std::tuple{setting{"bin", &adacomp_options::bin}}; }
 };
 /// AdaComp on `backend` for a tensor of n elements.
-template <class Backend>
-auto adacomp(Backend backend, std::size_t n, const adacomp_options& o = {}) {
-  return compressor{backend, n, select::chunk_local{.bin = o.bin}, correct::error_feedback{},
+template <class Backend, class Memory = float_memory>
+auto adacomp(Backend backend, std::size_t n, const adacomp_options& o = {}, Memory memory = {}) {
+  return compressor{backend, n, select::chunk_local{.bin = o.bin}, memory(correct::error_feedback{}),
                     encode::index_value{.index = index_coding::automatic, .value = value_coding::ternary}};
 }
 
@@ -87,9 +120,9 @@ struct topk_ef_options {
   static constexpr auto settings() { return std::tuple{setting{"density", &topk_ef_options::density}}; }
 };
 /// Top-k with error feedback on `backend` for a tensor of n elements.
-template <class Backend>
-auto topk_ef(Backend backend, std::size_t n, const topk_ef_options& o = {}) {
-  return compressor{backend, n, select::exact_topk{.density = o.density}, correct::error_feedback{},
+template <class Backend, class Memory = float_memory>
+auto topk_ef(Backend backend, std::size_t n, const topk_ef_options& o = {}, Memory memory = {}) {
+  return compressor{backend, n, select::exact_topk{.density = o.density}, memory(correct::error_feedback{}),
                     encode::index_value{.index = index_coding::automatic, .value = value_coding::f32}};
 }
 
@@ -104,9 +137,10 @@ struct randomk_ef_options {
   }
 };
 /// Random-k with error feedback on `backend` for a tensor of n elements.
-template <class Backend>
-auto randomk_ef(Backend backend, std::size_t n, const randomk_ef_options& o = {}) {
-  return compressor{backend, n, select::random_k{.density = o.density, .seed = o.seed}, correct::error_feedback{},
+template <class Backend, class Memory = float_memory>
+auto randomk_ef(Backend backend, std::size_t n, const randomk_ef_options& o = {}, Memory memory = {}) {
+  return compressor{backend, n, select::random_k{.density = o.density, .seed = o.seed},
+                    memory(correct::error_feedback{}),
                     encode::index_value{.index = index_coding::automatic, .value = value_coding::f32}};
 }
 
@@ -118,9 +152,9 @@ struct threshold_ef_options {
   static constexpr auto settings() { return std::tuple{setting{"tau", &threshold_ef_options::tau}}; }
 };
 /// A fixed threshold with error feedback on `backend` for a tensor of n elements.
-template <class Backend>
-auto threshold_ef(Backend backend, std::size_t n, const threshold_ef_options& o) {
-  return compressor{backend, n, select::threshold{.tau = o.tau}, correct::error_feedback{},
+template <class Backend, class Memory = float_memory>
+auto threshold_ef(Backend backend, std::size_t n, const threshold_ef_options& o, Memory memory = {}) {
+  return compressor{backend, n, select::threshold{.tau = o.tau}, memory(correct::error_feedback{}),
                     encode::index_value{.index = index_coding::automatic, .value = value_coding::f32}};
 }
 
@@ -137,11 +171,11 @@ struct scalecom_options {
   }
 };
 /// \throws gradcomp::error if density is outside (0, 1] (or beta outside (0, 1]).
-template <class Backend>
-auto scalecom(Backend backend, std::size_t n, const scalecom_options& o = {}) {
+template <class Backend, class Memory = float_memory>
+auto scalecom(Backend backend, std::size_t n, const scalecom_options& o = {}, Memory memory = {}) {
   detail::require(o.density > 0.0 && o.density <= 1.0, errc::invalid_argument,
                   "scalecom: density must be in (0, 1], got ", o.density);
-  return compressor{backend, n, select::given_indices{.density = o.density}, correct::low_pass{.beta = o.beta},
+  return compressor{backend, n, select::given_indices{.density = o.density}, memory(correct::low_pass{.beta = o.beta}),
                     encode::index_value{.index = index_coding::automatic, .value = value_coding::f32}};
 }
 

@@ -9,6 +9,7 @@
 
 #include <gradcomp/encode/codings.hpp>
 #include <gradcomp/error.hpp>
+#include <gradcomp/held_memory.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -120,6 +121,8 @@ class any_compressor {
   [[nodiscard]] virtual std::uint64_t step() const = 0;
   /// The policies' names, as checkpoints record them.
   [[nodiscard]] virtual std::string signature() const = 0;
+  /// The bytes it holds: state and workspace (gradcomp/held_memory.hpp).
+  [[nodiscard]] virtual gradcomp::held_memory memory_bytes() const = 0;
   /// The compressor's own cudaStream_t, on which the calls without a `stream` queue
   /// their work (nullptr on the host).
   [[nodiscard]] virtual void* stream() const { return nullptr; }
@@ -167,6 +170,8 @@ class cyclic_exchange {
   /// rank's message (written to `out`).
   virtual written step(const float* grad, float* dense, std::size_t n, float scale, std::byte* out,
                        std::size_t out_size) = 0;
+  /// The bytes the exchange holds beside its compressor's (all workspace).
+  [[nodiscard]] virtual std::size_t memory_bytes() const = 0;
 };
 
 /// comm::sparse_allreduce behind a virtual interface.
@@ -187,6 +192,8 @@ class sparse_exchange {
   [[nodiscard]] virtual std::size_t k() const = 0;
   /// Entries of this rank's message in the last step.
   [[nodiscard]] virtual std::uint64_t entries() const = 0;
+  /// The bytes the exchange holds beside its compressor's (all workspace).
+  [[nodiscard]] virtual std::size_t memory_bytes() const = 0;
 };
 
 /// The methods a compressor is built for: the presets of gradcomp/registry.hpp, then

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -103,6 +104,13 @@ class compressor_handle {
   }
   std::string signature() const { return c_->signature(); }
   torch::Device device() const { return device_; }
+  /// {"state": bytes, "workspace": bytes} the compressor holds (gradcomp/held_memory.hpp).
+  std::map<std::string, std::uint64_t> memory_bytes() {
+    return exclusive([&] {
+      const gradcomp::held_memory use = c_->memory_bytes();
+      return std::map<std::string, std::uint64_t>{{"state", use.state}, {"workspace", use.workspace}};
+    });
+  }
 
   torch::Tensor compress(const torch::Tensor& grad, bool staged) {
     return exclusive([&] {
@@ -287,6 +295,10 @@ class cyclic_handle {
   std::uint64_t bytes_sent() const { return *sent_; }
   /// Bytes the exchange's collectives delivered to this rank.
   std::uint64_t bytes_received() const { return *received_; }
+  /// Bytes the exchange holds beside its compressor's.
+  std::uint64_t memory_bytes() {
+    return c_.exclusive([&] { return static_cast<std::uint64_t>(x_->memory_bytes()); });
+  }
   /// Collectives the exchange has issued.
   std::uint64_t collectives() const { return *issued_; }
   /// Entries of this rank's message in the last step.
@@ -345,6 +357,10 @@ class sparse_handle {
     return c_.exclusive([&] { return x_->entries(); });
   }
   /// The global selection's size.
+  /// Bytes the exchange holds beside its compressor's.
+  std::uint64_t memory_bytes() {
+    return c_.exclusive([&] { return static_cast<std::uint64_t>(x_->memory_bytes()); });
+  }
   std::size_t k() {
     return c_.exclusive([&] { return x_->k(); });
   }

@@ -114,6 +114,7 @@ class compressor_of final : public any_compressor {
   std::string signature() const override {
     return gc::detail::signature_of(c_.selector(), c_.corrector(), c_.encoder());
   }
+  gc::held_memory memory_bytes() const override { return c_.memory_bytes(); }
   void* stream() const override { return backend_ops<backend_type>::stream(c_.backend()); }
 
   written compress(void* stream, const void* grad, element type, std::byte* out, std::size_t out_size,
@@ -186,6 +187,7 @@ class cyclic_exchange_of final : public cyclic_exchange {
 
   written step(const float* grad, float* dense, std::size_t n, float scale, std::byte* out,
                std::size_t out_size) override;
+  [[nodiscard]] std::size_t memory_bytes() const override { return exchange_.memory_bytes(); }
 
  private:
   transport_in<backend_type> comm_;
@@ -236,6 +238,7 @@ class sparse_exchange_of final : public sparse_exchange {
   void drop() noexcept override { exchange_.drop_staged(); }
   [[nodiscard]] std::size_t k() const override { return exchange_.k(); }
   [[nodiscard]] std::uint64_t entries() const override { return exchange_.last_traffic().entries; }
+  [[nodiscard]] std::size_t memory_bytes() const override { return exchange_.memory_bytes(); }
 
  private:
   transport_in<backend_type> comm_;
@@ -256,6 +259,15 @@ std::unique_ptr<any_compressor> erased(Make&& make) {
 
 // -- presets and compositions, one selector at a time -----------------------------------------
 
+/// A preset made by `make(memory)`: its corrector's memory in float32, or stored in blocks
+/// (presets::compact_memory) when the options set memory_bits or memory_block.
+template <class Make>
+std::unique_ptr<any_compressor> preset_with_memory(options& o, Make&& make) {
+  if (!o.has("memory_bits") && !o.has("memory_block")) return erased([&] { return make(gc::presets::float_memory{}); });
+  const auto memory = read_settings(o, gc::presets::compact_memory{}, "corrector");
+  return erased([&] { return make(memory); });
+}
+
 /// The preset `method` if it runs `Selector`, or a composition with `Selector`.
 template <class Backend, class Selector>
 std::unique_ptr<any_compressor> build(const Backend& be, std::size_t n, const std::string& method, options& o) {
@@ -264,15 +276,16 @@ std::unique_ptr<any_compressor> build(const Backend& be, std::size_t n, const st
   if constexpr (std::is_same_v<S, gc::select::exact_topk>) {  // dgc with selector="exact_topk"
     if (method == "dgc") {
       const auto p = read_settings(o, presets::dgc_options{}, "selector");
-      return erased([&] { return presets::dgc(be, n, p, S{.density = p.density}); });
+      return preset_with_memory(o,
+                                [&](auto memory) { return presets::dgc(be, n, p, S{.density = p.density}, memory); });
     }
   }
-#define GRADCOMP_PY_PRESET(M, SELECTOR, DESCRIPTION)                       \
-  if constexpr (std::is_same_v<S, gc::select::SELECTOR>) {                 \
-    if (method == #M) {                                                    \
-      const auto p = read_settings(o, presets::M##_options{}, "selector"); \
-      return erased([&] { return presets::M(be, n, p); });                 \
-    }                                                                      \
+#define GRADCOMP_PY_PRESET(M, SELECTOR, DESCRIPTION)                                           \
+  if constexpr (std::is_same_v<S, gc::select::SELECTOR>) {                                     \
+    if (method == #M) {                                                                        \
+      const auto p = read_settings(o, presets::M##_options{}, "selector");                     \
+      return preset_with_memory(o, [&](auto memory) { return presets::M(be, n, p, memory); }); \
+    }                                                                                          \
   }
   GRADCOMP_PRESETS(GRADCOMP_PY_PRESET)
 #undef GRADCOMP_PY_PRESET

@@ -84,6 +84,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("step", &compressor_handle::step)
       .def_property_readonly("signature", &compressor_handle::signature)
       .def_property_readonly("device", &compressor_handle::device)
+      .def("memory_bytes", &compressor_handle::memory_bytes)
       .def_property_readonly("density", &compressor_handle::density)
       .def_property_readonly("state_arrays", &compressor_handle::state_arrays)
       .def("compress", [](compressor_handle& c, const torch::Tensor& g) { return c.compress(g, false); })
@@ -101,6 +102,7 @@ PYBIND11_MODULE(_C, m) {
   py::class_<cyclic_handle, std::shared_ptr<cyclic_handle>>(m, "CyclicExchange")
       .def(py::init<compressor_handle&, const py::object&, double>(), py::keep_alive<1, 2>())
       .def("step", &cyclic_handle::step)
+      .def("memory_bytes", &cyclic_handle::memory_bytes)
       .def_property_readonly("bytes_sent", &cyclic_handle::bytes_sent)
       .def_property_readonly("bytes_received", &cyclic_handle::bytes_received);
 
@@ -111,6 +113,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("collectives", &sparse_handle::collectives)
       .def_property_readonly("k", &sparse_handle::k)
       .def_property_readonly("entries", &sparse_handle::entries)
+      .def("memory_bytes", &sparse_handle::memory_bytes)
       .def_property_readonly("bytes_sent", &sparse_handle::bytes_sent)
       .def_property_readonly("bytes_received", &sparse_handle::bytes_received);
 

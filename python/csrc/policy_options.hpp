@@ -33,6 +33,11 @@ Policy read_settings(options& o, Policy policy, const std::string& role) {
       value = static_cast<int>(o.integer(name, value));
     } else if constexpr (std::is_same_v<T, std::uint64_t>) {  // a seed, or a count (std::size_t)
       value = std::string_view(name) == "seed" ? o.seed(role, value) : o.size(name, value);
+    } else if constexpr (std::is_same_v<T, std::uint32_t>) {  // a width or a block (the policy checks its range)
+      const std::size_t v = o.size(name, value);
+      gc::detail::require(v <= 0xFFFFFFFFu, gc::errc::invalid_argument, role, ": ", name, " must be below 2^32, got ",
+                          v);
+      value = static_cast<std::uint32_t>(v);
     } else {
       static_assert(std::is_same_v<T, void>, "read_settings: a setting of a type the options cannot hold");
     }

@@ -344,6 +344,11 @@ def check_sparse_allreduce(rank, world):
         if step >= 1:
             assert state.collectives - before == collectives, (step, state.collectives - before, collectives)
             collectives = 0
+    # What this rank holds: each bucket's residual (4 bytes an element) as state; the
+    # compressors' and the exchanges' workspace beside it.
+    held = state.memory_bytes()
+    assert held["state"] == 4 * sum(sizes), held
+    assert held["workspace"] > sum(c.memory_bytes()["workspace"] for c in state.compressors.values()), held
     # scalecom has an exchange of its own
     raises_alike(lambda: ddp.State(method="scalecom", aggregation="sparse_allreduce"), gradcomp.InvalidArgumentError,
                  "gradcomp: State: aggregation 'sparse_allreduce' does not apply to method 'scalecom' (its cyclic "
@@ -373,6 +378,9 @@ def check_scalecom_buckets_in_flight(rank, world):
                 sent[idx] = acc[r][idx]
                 m[r][b] = ((1 - beta) * m[r][b] + beta * (acc[r] - sent)).astype(np.float32)
             np.testing.assert_allclose(futures[b].wait().numpy(), want, rtol=1e-5, atol=1e-7)
+    held = state.memory_bytes()  # the filtered memories, and beside them the leader's compressors' workspace
+    assert held["state"] == 4 * sum(sizes) and held["total"] == held["state"] + held["workspace"], held
+    assert held["workspace"] > sum(c.memory_bytes()["workspace"] for c in state.compressors.values()), held
 
 
 def check_cuda_buckets(rank, world):

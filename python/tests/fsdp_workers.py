@@ -244,6 +244,15 @@ def check_fully_shard_training(rank, world):
     params = sum(p.numel() for p in model.parameters())
     per_step = sum(s.bytes_sent for s in scatters) / 40
     assert per_step < 0.25 * 4 * params, (per_step, params)  # dense reduce-scatter input: 4 bytes a parameter
+    # Each rank keeps the residual of the whole (unsharded) group: 4 bytes a parameter...
+    assert sum(s.memory_bytes()["state"] for s in scatters) == 4 * params
+
+    # ... or, stored in 8 bits with a scale per block of 64, 1 + 1/64 (rounded up per group).
+    model, scatters = sharded(lambda: fsdp.ReduceScatter(method="topk_ef", density=0.05, memory_bits=8))
+    loss_falls(model, rank, 40)
+    state = sum(s.memory_bytes()["state"] for s in scatters)
+    assert params + params // 64 <= state <= params + params // 64 + len(scatters), (state, params)
+    assert all(s.memory_bytes()["total"] >= s.memory_bytes()["state"] for s in scatters)
 
 
 def check_divide_factor_and_bf16_reduce(rank, world):

@@ -22,17 +22,45 @@ def top_k(x, k):
     return np.sort(order[:k]).astype(np.int64)
 
 
-class TopkErrorFeedback:
-    """e <- e + g; send the top-k of e; e_i <- 0 where sent."""
+def stored_in_blocks(x, bits, block):
+    """x as a compact memory stores it (docs/algorithms.md, "Compressed memory"): per
+    block the smallest power of two 2^E (E in [-127, 127]) with max |x| <= L 2^E, L =
+    2^(bits-1) - 1; in index order, y = x_i + carry (float32), q = clamp(round half to
+    even(y / 2^E), -L, L), carry = y - q 2^E; the stored values q 2^E."""
+    x = np.asarray(x, dtype=np.float32)
+    limit = 2 ** (bits - 1) - 1
+    out = np.empty_like(x)
+    for begin in range(0, len(x), block):
+        part = x[begin:begin + block]
+        m = float(np.max(np.abs(part)))
+        e = -127
+        while e < 127 and m > limit * 2.0 ** e:
+            e += 1
+        scale = np.float32(2.0 ** e)
+        carry = np.float32(0.0)
+        for j, v in enumerate(part):
+            y = np.float32(v + carry)
+            q = min(max(np.round(np.float64(y) / np.float64(scale)), -limit), limit)  # np.round: half to even
+            out[begin + j] = np.float32(q) * scale
+            carry = np.float32(y - out[begin + j])
+    return out
 
-    def __init__(self, n):
+
+class TopkErrorFeedback:
+    """e <- e + g; send the top-k of e; e_i <- 0 where sent; with `stored` (bits,
+    block), e is then stored in blocks."""
+
+    def __init__(self, n, stored=None):
         self.e = np.zeros(n, dtype=np.float32)
+        self.stored = stored
 
     def step(self, g, k):
         self.e = (self.e + g).astype(np.float32)
         idx = top_k(self.e, k)
         values = self.e[idx].copy()
         self.e[idx] = 0.0
+        if self.stored is not None:
+            self.e = stored_in_blocks(self.e, *self.stored)
         return idx, values
 
 

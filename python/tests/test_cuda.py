@@ -18,6 +18,8 @@ CASES = [
     ("adacomp", {"bin": 50}),
     ("randomk_ef", {"density": 0.02, "seed": 3}),
     ("threshold_ef", {"tau": 2.0}),
+    ("topk_ef", {"density": 0.01, "memory_bits": 8}),
+    ("dgc", {"density": 0.01, "max_norm": 3.0, "memory_bits": 4, "memory_block": 16}),
     ("compose", {"selector": "exact_topk", "corrector": "low_pass", "beta": 0.5, "value": "qsgd", "levels": 5}),
     ("compose", {"selector": "sampled_threshold", "corrector": "momentum", "nesterov": True, "value": "int8",
                  "index": "delta_bitpack", "checksum": True}),

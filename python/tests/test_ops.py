@@ -31,6 +31,39 @@ def test_topk_ef_equals_reference(n, density):
     assert c.step == 6
 
 
+@pytest.mark.parametrize("bits,block", [(8, 64), (4, 8)])
+def test_topk_ef_with_its_memory_in_blocks_equals_reference(bits, block):
+    n, density = 3001, 0.01
+    options = {"density": density, "memory_bits": bits} | ({"memory_block": block} if block != 64 else {})
+    c = Compressor(n, "topk_ef", **options)
+    assert f"compact<{bits},{block}>(error_feedback" in c.signature
+    ref = reference.TopkErrorFeedback(n, stored=(bits, block))
+    k = reference.k_for(density, n)
+    for step in range(6):
+        g = gradient(n, step)
+        idx, values, _ = decode(c.compress(g))
+        want_idx, want_values = ref.step(g.numpy(), k)
+        np.testing.assert_array_equal(idx.numpy(), want_idx)
+        np.testing.assert_array_equal(values.numpy(), want_values)
+        np.testing.assert_array_equal(c.corrector_state(0).numpy(), ref.e)
+    # What it holds: bits / 8 + 1 / block bytes per element, against 4 for float32.
+    assert c.memory_bytes()["state"] == -(-n * bits // 8) + -(-n // block)
+    assert Compressor(n, "topk_ef", density=density).memory_bytes()["state"] == 4 * n
+    memory = c.memory_bytes()
+    assert memory["total"] == memory["state"] + memory["workspace"] and memory["workspace"] > 0
+
+
+def test_memory_bits_is_an_option_of_the_presets_checked_at_construction():
+    with pytest.raises(gradcomp.InvalidArgumentError, match="compact: bits must be 8 or 4, got 6"):
+        Compressor(1000, "topk_ef", memory_bits=6)
+    with pytest.raises(gradcomp.InvalidArgumentError, match="compact: block must be a multiple of 8"):
+        Compressor(1000, "dgc", memory_bits=4, memory_block=12)
+    with pytest.raises(gradcomp.InvalidArgumentError, match="memory_bits"):
+        Compressor(1000, "compose", selector="exact_topk", corrector="error_feedback", memory_bits=8)
+    for method in ("topk_ef", "dgc", "adacomp", "randomk_ef", "scalecom"):
+        assert "compact<4,64>" in Compressor(1000, method, memory_bits=4).signature
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("method,options", [("topk_ef", {"density": 0.01}), ("dgc", {"density": 0.01, "max_norm": 5.0}),
                                             ("adacomp", {"bin": 50})])

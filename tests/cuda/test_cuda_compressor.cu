@@ -472,4 +472,26 @@ TEST_CASE("cuda: a compressor records its device and refuses calls made with ano
   CHECK(c.step() == 1);
 }
 
+TEST_CASE(
+    "cuda: memory_bytes counts device state by its definition; a compact step's float32 array only while staged") {
+  const std::size_t n = 70001;
+  const gc::select::exact_topk topk{.density = 0.01};
+  gc::compressor ef{gc::backend::cuda{}, n, topk, gc::correct::error_feedback{}};
+  gc::compressor compact{gc::backend::cuda{}, n, topk,
+                         gc::correct::compact<gc::correct::error_feedback>{.bits = 8, .block = 64}};
+  CHECK(ef.memory_bytes().state == 4 * n);
+  CHECK(compact.memory_bytes().state == n + (n + 63) / 64);
+  auto g = device::copy_of(inputs::make(inputs::shape::normal, n, 1));
+  thrust::device_vector<std::byte> out(compact.max_message_bytes());
+  (void)compact.compress(device::span_of(g), device::span_of(out));
+  const gc::held_memory between = compact.memory_bytes();
+  (void)compact.stage(device::span_of(g), device::span_of(out));
+  CHECK(compact.memory_bytes().workspace == between.workspace + 4 * n);
+  compact.accept_staged();
+  CHECK(compact.memory_bytes().workspace == between.workspace);
+  const gc::held_memory before = ef.memory_bytes();
+  (void)ef.compress(device::span_of(g), device::span_of(out));
+  CHECK(ef.memory_bytes().workspace == before.workspace);  // steps allocate nothing
+}
+
 int main(int argc, char** argv) { return device::run_tests(argc, argv); }

@@ -15,6 +15,7 @@
 #include <gradcomp/encode/index_value.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/message.hpp>
+#include <gradcomp/held_memory.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -130,6 +131,13 @@ class cyclic_topk {
     comm_.reduce_broadcast(view<float>(sums.data(), sums.size()), leader);
     memory_.add(index, sums, detail::raw(dense), scale);
     return m;
+  }
+
+  /// Bytes the exchange holds beside its compressor's (the leader's compressor, the
+  /// messages, the selection and its sums): all workspace.
+  [[nodiscard]] std::size_t memory_bytes() const {
+    return leader_.memory_bytes().total() + memory_.held_bytes() +
+           detail::bytes_held(leader_message_, index_, sums_, message_);
   }
 
  private:

@@ -9,6 +9,7 @@
 #include <gradcomp/config.hpp>
 #include <gradcomp/memory.hpp>
 #include <gradcomp/message.hpp>
+#include <gradcomp/held_memory.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -52,6 +53,7 @@ class exchange_memory<host_memory> {
            float scale) const noexcept {
     for (std::size_t j = 0; j < index.size(); ++j) dense[index[j]] += scale * sums[j];
   }
+  [[nodiscard]] static std::size_t held_bytes() noexcept { return 0; }
 };
 
 }  // namespace detail

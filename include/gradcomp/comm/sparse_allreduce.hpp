@@ -16,6 +16,7 @@
 #include <gradcomp/error.hpp>
 #include <gradcomp/memory.hpp>
 #include <gradcomp/message.hpp>
+#include <gradcomp/held_memory.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -177,6 +178,14 @@ class sparse_allreduce {
   [[nodiscard]] std::span<const std::uint32_t> regions() const noexcept { return bounds_; }
   /// What this rank moved in its last step (also one that threw).
   [[nodiscard]] const comm::traffic& last_traffic() const noexcept { return traffic_; }
+  /// Bytes the exchange holds beside its compressor's (its message, the selection and
+  /// their sums, the lists of entries it exchanges): all workspace.
+  [[nodiscard]] std::size_t memory_bytes() const noexcept {
+    return memory_.held_bytes() + detail::bytes_held(message_, index_, values_, host_message_, global_value_, shard_,
+                                                     bounds_, shards_, mine_, received_, sums_, selected_, global_,
+                                                     send_counts_, recv_counts_, send_sizes_, recv_sizes_, pairs_,
+                                                     global_sizes_, verdicts_, global_index_);
+  }
 
  private:
   static constexpr const char* who = "sparse_allreduce";

@@ -120,6 +120,15 @@ class Compressor:
         """The policies' names, as recorded in checkpoints."""
         return self._impl.signature
 
+    def memory_bytes(self) -> dict[str, int]:
+        """The bytes this compressor holds on its device: ``state`` (the corrector's
+        memory: 4 bytes per element and array in float32; with ``memory_bits=8`` or ``4``,
+        ``memory_bits / 8 + 1 / memory_block``), ``workspace`` (what its steps use: the
+        selection's lists, the second float32 copy of the state, a 16-bit gradient's
+        float32 copy) and ``total``."""
+        use = self._impl.memory_bytes()
+        return {"state": use["state"], "workspace": use["workspace"], "total": use["state"] + use["workspace"]}
+
     def compress(self, grad: torch.Tensor) -> torch.Tensor:
         """One step: returns the message (1-D ``torch.uint8`` on grad's device).
 
@@ -198,6 +207,17 @@ class Compressor:
 
     def __repr__(self) -> str:
         return f"Compressor(numel={self.numel}, method={self.method!r}, device={str(self.device)!r}, step={self.step})"
+
+
+def _held_by(compressors: Iterable["Compressor"], exchanges: Iterable[Any]) -> dict[str, int]:
+    """What the hooks report as memory_bytes(): their compressors' and exchanges' bytes."""
+    state = workspace = 0
+    for c in compressors:
+        use = c.memory_bytes()
+        state += use["state"]
+        workspace += use["workspace"]
+    workspace += sum(x.memory_bytes() for x in exchanges)
+    return {"state": state, "workspace": workspace, "total": state + workspace}
 
 
 def _no_cuda():

@@ -41,7 +41,7 @@ import torch.distributed as dist
 from .. import _C
 from .. import _arguments as check
 from ..errors import Error
-from . import Compressor, _groups, _layout
+from . import Compressor, _groups, _held_by, _layout
 
 __all__ = ["State", "hook"]
 
@@ -191,6 +191,12 @@ class State:
                 x = _C.SparseAllreduce(c._impl, self._group_of_hook, 0)
             self._exchanges[unit] = x
         return x
+
+    def memory_bytes(self) -> Dict[str, int]:
+        """The bytes this rank's compressors and exchanges hold (each bucket's, made so
+        far): ``state`` (the compressors' memory), ``workspace`` (their steps' and the
+        exchanges') and ``total``; :meth:`Compressor.memory_bytes` says what each holds."""
+        return _held_by(self.compressors.values(), self._exchanges.values())
 
     def _aggregation_path(self):
         """How a compressed bucket is exchanged: "cyclic" (ScaleCom), "sparse_allreduce"

@@ -50,7 +50,7 @@ import torch.distributed as dist
 
 from .. import _C
 from .. import _arguments as check
-from . import Compressor
+from . import Compressor, _held_by
 
 __all__ = ["ReduceScatter", "AllReduce"]
 
@@ -151,6 +151,14 @@ class _GroupCompressor:
                 "bytes_received": 0 if x is None else x.bytes_received, "collectives": self.collectives,
                 "elements": self._elements, "entries_sent": entries,
                 "density": entries / self._elements if self._elements else 0.0}
+
+    def memory_bytes(self) -> Dict[str, int]:
+        """The bytes this instance holds on this rank (0 before the first call makes its
+        compressor): ``state`` (the error memory of the unsharded group: 4 bytes per
+        parameter in float32, about 1 with ``memory_bits=8``), ``workspace`` (the
+        compressor's steps and the exchange) and ``total``."""
+        return _held_by([self.compressor] if self.compressor is not None else [],
+                        [self._exchange] if self._exchange is not None else [])
 
     def state_dict(self) -> Dict[str, Any]:
         """The method, options, calls made and the compressor's memory (``compressor``:

@@ -31,6 +31,7 @@
 #include <gradcomp/detail/core/wire.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/message.hpp>
+#include <gradcomp/held_memory.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -389,6 +390,11 @@ class message_decoder {
   void values(const Backend& on, const checked& m, std::span<float> out) {
     const std::size_t count = std::min<std::size_t>(out.size(), m.header.count);
     decode_values(on, value_decoder(m.header, value_section(m.header, m.bytes)), count, out.data());
+  }
+
+  /// Bytes of its buffers.
+  [[nodiscard]] std::size_t held_bytes() const noexcept {
+    return bytes_held(faults_, index_, parts_, values_, sums_, scratch_, layout_, advance_);
   }
 
  private:

@@ -37,6 +37,7 @@
 #include <gradcomp/detail/core/wire.hpp>
 #include <gradcomp/encode/index_value.hpp>
 #include <gradcomp/message.hpp>
+#include <gradcomp/held_memory.hpp>
 
 #include <cmath>
 #include <cstddef>
@@ -62,9 +63,15 @@ struct message_plan {
 inline constexpr std::size_t delta_group = 64;  // delta blocks per group of the offsets' scan
 
 /// Entry j of the step: whether it exists (the selector chose it, and no stage met a NaN).
+/// A pass over the entries has live_items() = the live entries (concepts.hpp), a pass
+/// over blocks of them the blocks that hold one.
 struct step_entries {
   const step_status* status;
   GRADCOMP_HOST_DEVICE bool live(std::size_t j) const noexcept { return status->non_finite == 0 && j < status->count; }
+  GRADCOMP_HOST_DEVICE std::size_t live_entries() const noexcept { return status->non_finite == 0 ? status->count : 0; }
+  GRADCOMP_HOST_DEVICE std::size_t live_blocks() const noexcept {
+    return (live_entries() + delta_block - 1) / delta_block;
+  }
 };
 
 // -- 1, 2: the values and what their coding needs of all of them ----------------------
@@ -75,6 +82,7 @@ struct gather_selected : step_entries {
   const std::uint32_t* index;
   float scale;
   float* values;
+  GRADCOMP_HOST_DEVICE std::size_t live_items() const noexcept { return live_entries(); }
   GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
     if (live(j)) values[j] = scaled_value(acc[index[j]], scale);
   }
@@ -83,6 +91,7 @@ struct gather_selected : step_entries {
 /// For reduce_max: the magnitude key of value j (0 past the count).
 struct value_key : step_entries {
   const float* values;
+  GRADCOMP_HOST_DEVICE std::size_t live_items() const noexcept { return live_entries(); }
   GRADCOMP_HOST_DEVICE std::uint32_t operator()(std::size_t j) const { return live(j) ? magnitude_key(values[j]) : 0u; }
 };
 
@@ -100,7 +109,9 @@ struct value_moment : step_entries {
 
 // -- 3: delta_bitpack's blocks ----------------------------------------------------------
 
-/// widths[b] = the bit width of block b's gaps (0 for a block past the count).
+/// widths[b] = the bit width of block b's gaps (0 for a block past the count). Every
+/// block is written (no live_items): the plan adds the widths of all the bound's blocks,
+/// so those past the count must hold 0, not a previous step's widths.
 struct delta_block_width : step_entries {
   const std::uint32_t* index;
   std::uint32_t* widths;
@@ -214,6 +225,7 @@ struct planned_section : step_entries {
 struct write_raw32 : planned_section {
   const std::uint32_t* index;
   std::byte* section;
+  GRADCOMP_HOST_DEVICE std::size_t live_items() const noexcept { return live_entries(); }
   GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
     if (writes(index_coding::raw32) && live(j)) store_le<std::uint32_t>(section + 4 * j, index[j]);
   }
@@ -232,6 +244,7 @@ struct clear_bitmap : planned_section {
 struct write_bitmap : planned_section {
   const std::uint32_t* index;
   std::byte* section;
+  GRADCOMP_HOST_DEVICE std::size_t live_items() const noexcept { return live_entries(); }
   GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
     if (!writes(index_coding::bitmap) || !live(j)) return;
     const std::uint32_t byte = index[j] / 8;
@@ -249,6 +262,7 @@ struct write_delta_block : planned_section {
   const std::uint32_t* widths;
   const std::uint64_t* group_start;  // the plan's scan: the widths of the groups before
   std::byte* section;
+  GRADCOMP_HOST_DEVICE std::size_t live_items() const noexcept { return live_blocks(); }
   GRADCOMP_HOST_DEVICE void operator()(std::size_t b) const {
     const std::size_t first = b * delta_block;
     if (!writes(index_coding::delta_bitpack) || !live(first)) return;
@@ -293,6 +307,7 @@ struct write_entries : step_entries {
   const float* values;
   std::byte* out;
   float* sent;
+  GRADCOMP_HOST_DEVICE std::size_t live_items() const noexcept { return live_entries(); }
   GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
     if (!live(j)) return;
     value_args a = args;
@@ -446,6 +461,10 @@ class message_writer {
     }
   }
 
+  [[nodiscard]] std::size_t held_bytes() const noexcept {
+    return bytes_held(plan_, widths_, group_width_, tile_, parts_);
+  }
+
  private:
   std::size_t n_;
   typename Backend::template buffer<message_plan> plan_;
@@ -492,6 +511,8 @@ class engine<encode::index_value, Backend> {
       be.to_host(message_.data(), static_cast<std::size_t>(be.read(status).bytes), out.data());
     }
   }
+
+  void add_held(held_memory& use) const { use.workspace += writer_.held_bytes() + bytes_held(values_, message_); }
 
  private:
   message_writer<Backend> writer_;

@@ -12,6 +12,7 @@
 #include <gradcomp/detail/core/fixed_order_sum.hpp>
 #include <gradcomp/detail/core/step_input.hpp>
 #include <gradcomp/detail/correct/elementwise.hpp>
+#include <gradcomp/held_memory.hpp>
 
 #include <array>
 #include <cmath>
@@ -259,6 +260,16 @@ class compact_state {
     if constexpr (!Backend::host_accessible) (void)backend_.read(exponents_[a].data());  // before `wide` goes
   }
 
+  /// The codes and exponents are state; the float32 arrays of a step (or of a
+  /// checkpoint's read) that are still held, workspace.
+  void add_held(held_memory& use) const {
+    for (std::size_t a = 0; a != Arrays; ++a) {
+      use.state += bytes_held(codes_[a], exponents_[a]);
+      use.workspace += bytes_held(next_[a]);
+    }
+    use.workspace += bytes_held(decoded_, staging_);
+  }
+
  private:
   Backend backend_;
   Backend last_ = backend_;  // where the step in progress is queued
@@ -298,6 +309,7 @@ class engine<correct::compact<Inner>, Backend> {
   void accept() noexcept { run_.accept(); }
   std::span<const float> committed(std::size_t a) const { return run_.committed(a); }
   void load_committed(std::size_t a, std::span<const float> values) { run_.load_committed(a, values); }
+  void add_held(held_memory& use) const { run_.add_held(use); }
 
  private:
   correction<Inner, Backend, state_type> run_;

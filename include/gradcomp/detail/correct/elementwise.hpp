@@ -14,6 +14,7 @@
 #include <gradcomp/detail/core/fixed_order_sum.hpp>
 #include <gradcomp/detail/core/radix_select.hpp>
 #include <gradcomp/detail/core/step_input.hpp>
+#include <gradcomp/held_memory.hpp>
 
 #include <array>
 #include <concepts>
@@ -99,6 +100,7 @@ struct commit {
   const std::uint32_t* index;
   const float* sent;
   const step_status* status;
+  GRADCOMP_HOST_DEVICE std::size_t live_items() const noexcept { return status->non_finite != 0 ? 0 : status->count; }
   GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
     if (status->non_finite != 0 || j >= status->count) return;
     const std::uint32_t i = index[j];
@@ -129,7 +131,7 @@ class float_state {
   using pointers = elementwise::arrays<Arrays>;
 
  public:
-  float_state(const Backend& be, std::size_t n) : backend_(be), n_(n), staging_(Backend::host_accessible ? 0 : n) {
+  float_state(const Backend& be, std::size_t n) : backend_(be), n_(n) {
     for (std::size_t a = 0; a != Arrays; ++a) {
       committed_[a] = be.template allocate<float>(n);
       next_[a] = be.template allocate<float>(n);
@@ -151,6 +153,7 @@ class float_state {
     if constexpr (Backend::host_accessible) {
       return {committed_[a].data(), n_};
     } else {
+      staging_.resize(n_);  // host memory, only once a checkpoint asks
       backend_.to_host(committed_[a].data(), n_, staging_.data());
       return staging_;
     }
@@ -158,6 +161,15 @@ class float_state {
   /// Replaces committed array `a` by `values` (host memory, n of them).
   void load(std::size_t a, std::span<const float> values) {
     backend_.to_device(values.data(), n_, committed_[a].data());
+  }
+
+  /// The committed arrays are state; the step's arrays, workspace.
+  void add_held(held_memory& use) const {
+    for (std::size_t a = 0; a != Arrays; ++a) {
+      use.state += bytes_held(committed_[a]);
+      use.workspace += bytes_held(next_[a]);
+    }
+    use.workspace += bytes_held(staging_);
   }
 
  private:
@@ -246,6 +258,12 @@ class correction {
 
   /// Committed array `a`, readable on the host.
   std::span<const float> committed(std::size_t a) const { return state_.committed(a); }
+
+  /// What the state and the pass's buffers hold.
+  void add_held(held_memory& use) const {
+    state_.add_held(use);
+    use.workspace += bytes_held(acc_, tile_sums_, sum_of_squares_, scale_);
+  }
   /// Replaces committed array `a` by `values` (host memory, n of them).
   void load_committed(std::size_t a, std::span<const float> values) { state_.load(a, values); }
 

@@ -10,6 +10,7 @@
 #include <gradcomp/correct/none.hpp>
 #include <gradcomp/detail/core/radix_select.hpp>
 #include <gradcomp/detail/core/step_input.hpp>
+#include <gradcomp/held_memory.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -53,6 +54,7 @@ class no_correction {
   void accept() noexcept {}
   std::span<const float> committed(std::size_t) const noexcept { return {}; }
   void load_committed(std::size_t, std::span<const float>) noexcept {}
+  void add_held(held_memory&) const noexcept {}
 };
 
 /// Every backend without an engine of its own for correct::none runs the one above.

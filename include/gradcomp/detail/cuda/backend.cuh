@@ -60,7 +60,8 @@ struct cuda {
   }
 
   /// Queues `body(i)` for every i in [0, n) on the stream. `body` must be a
-  /// GRADCOMP_HOST_DEVICE functor holding device pointers.
+  /// GRADCOMP_HOST_DEVICE functor holding device pointers; where it has live_items(),
+  /// the items past it are skipped (concepts.hpp).
   template <class Body>
   void for_each(std::size_t n, const Body& body) const {
     if (n == 0) return;
@@ -106,11 +107,12 @@ struct cuda {
   void sum(std::size_t n, const Term& term, double* tile, double* total) const {
     if (n != 0) {
       detail::cuda_launch::
-          tile_sums<<<detail::cuda_launch::tile_sum_blocks(n), detail::cuda_launch::block_threads, 0, stream>>>(n, term,
-                                                                                                                tile);
+          tile_sums<<<static_cast<unsigned>(detail::tile_count(n)), detail::cuda_launch::block_threads, 0, stream>>>(
+              n, term, tile);
       detail::cuda_check(cudaGetLastError(), "sum (launch)");
     }
-    detail::cuda_launch::sum_of_tiles<<<1, 1, 0, stream>>>(tile, detail::tile_count(n), total);
+    detail::cuda_launch::sum_of_tiles<<<1, detail::cuda_launch::block_threads, 0, stream>>>(tile, detail::tile_count(n),
+                                                                                            total);
     detail::cuda_check(cudaGetLastError(), "sum (launch)");
   }
 

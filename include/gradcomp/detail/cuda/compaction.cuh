@@ -6,6 +6,7 @@
 
 #include <gradcomp/config.hpp>
 #include <gradcomp/detail/cuda/device_buffer.cuh>
+#include <gradcomp/held_memory.hpp>
 
 #include <cub/device/device_scan.cuh>
 #include <cub/device/device_select.cuh>
@@ -81,6 +82,7 @@ class index_compaction {
   void operator()(const Predicate& keep, std::uint32_t* out, std::uint32_t* count, cudaStream_t stream) {
     select_if(scratch_.data(), scratch_.size(), keep, n_, out, count, stream);
   }
+  [[nodiscard]] std::size_t held_bytes() const noexcept { return bytes_held(scratch_); }
 
  private:
   std::size_t n_;

@@ -11,6 +11,7 @@
 #include <gradcomp/detail/cuda/launch.cuh>
 #include <gradcomp/detail/codec/decode.hpp>
 #include <gradcomp/message.hpp>
+#include <gradcomp/held_memory.hpp>
 
 #include <cuda_runtime.h>
 
@@ -50,6 +51,7 @@ class exchange_memory<device_memory> {
            float scale) const {
     backend_.for_each(index.size(), scatter_add{index.data(), sums.data(), scale, dense.data()});
   }
+  [[nodiscard]] std::size_t held_bytes() const noexcept { return decoder_.held_bytes() + bytes_held(index_host_); }
 
  private:
   backend::cuda backend_;

@@ -43,10 +43,24 @@ __device__ void grid_stride(std::uint64_t n, Body&& body) {
   }
 }
 
-/// backend::cuda::for_each's kernel: `body(i)` for every i in [0, n).
+/// The items of a pass over n that can do work: n, or fewer where the body knows from
+/// device memory how many are live (`live_items()`: the step's count of a pass over the
+/// selection's capacity). Each thread reads it once, so a pass bounded by the capacity
+/// (n for threshold) costs what its live items cost, with no read-back to size it.
+template <class Body>
+__device__ std::uint64_t live_bound(std::uint64_t n, const Body& body) {
+  if constexpr (requires { body.live_items(); }) {
+    const auto live = static_cast<std::uint64_t>(body.live_items());
+    return live < n ? live : n;
+  } else {
+    return n;
+  }
+}
+
+/// backend::cuda::for_each's kernel: `body(i)` for every i in [0, n) (its live items).
 template <class Body>
 __global__ void for_each(std::uint64_t n, Body body) {
-  grid_stride(n, [&](std::uint64_t i) { body(static_cast<std::size_t>(i)); });
+  grid_stride(live_bound(n, body), [&](std::uint64_t i) { body(static_cast<std::size_t>(i)); });
 }
 
 /// backend::cuda::reduce_or's kernel: ORs body(i) over [0, n) into *bits, one atomic
@@ -54,7 +68,7 @@ __global__ void for_each(std::uint64_t n, Body body) {
 template <class Body>
 __global__ void reduce_or(std::uint64_t n, Body body, std::uint32_t* bits) {
   std::uint32_t seen = 0;
-  grid_stride(n, [&](std::uint64_t i) { seen |= body(static_cast<std::size_t>(i)); });
+  grid_stride(live_bound(n, body), [&](std::uint64_t i) { seen |= body(static_cast<std::size_t>(i)); });
   if (seen != 0) atomicOr(bits, seen);
 }
 
@@ -63,53 +77,78 @@ __global__ void reduce_or(std::uint64_t n, Body body, std::uint32_t* bits) {
 template <class Body>
 __global__ void reduce_max(std::uint64_t n, Body body, std::uint32_t* word) {
   std::uint32_t largest = 0;
-  grid_stride(n, [&](std::uint64_t i) { largest = max(largest, body(static_cast<std::size_t>(i))); });
+  grid_stride(live_bound(n, body), [&](std::uint64_t i) { largest = max(largest, body(static_cast<std::size_t>(i))); });
   if (largest != 0) atomicMax(word, largest);
 }
 
-/// backend::cuda::histogram's kernel: counts[bin_of(i)] += 1 for every i in [0, n).
+/// backend::cuda::histogram's kernel: counts[bin_of(i)] += 1 for every i in [0, n) (its
+/// live items).
 template <class BinOf>
 __global__ void histogram(std::uint64_t n, BinOf bin_of, std::uint32_t* counts) {
-  grid_stride(n, [&](std::uint64_t i) {
+  grid_stride(live_bound(n, bin_of), [&](std::uint64_t i) {
     const std::size_t bin = bin_of(static_cast<std::size_t>(i));
     if (bin != no_bin) atomicAdd(counts + bin, 1u);
   });
 }
 
-/// Threads of tile_sums for n terms: eight per tile.
-inline unsigned tile_sum_blocks(std::size_t n) {
-  return static_cast<unsigned>((tile_count(n) * 8 + block_threads - 1) / block_threads);
+/// Items per chunk that staged_lane_sums holds in shared memory (a multiple of 8, so an
+/// item's lane is the same in every chunk).
+inline constexpr unsigned sum_chunk = 2048;
+
+/// The fixed order's sequential sums on a block: lane l < Lanes (thread l) adds value(j)
+/// for j = l, l + Lanes, l + 2 Lanes, ... < len in turn, and gets its sum (the other
+/// threads get 0). The order is inherently sequential per lane; what the whole block does
+/// is load: it stages the values chunk by chunk in shared memory, the next chunk while the
+/// lanes add this one, so the additions never wait on a global load.
+template <unsigned Lanes, class Value>
+__device__ double staged_lane_sums(std::uint64_t len, const Value& value) {
+  static_assert(sum_chunk % Lanes == 0);
+  __shared__ double staged[2][sum_chunk];
+  const auto chunks = static_cast<unsigned>((len + sum_chunk - 1) / sum_chunk);
+  const auto stage = [&](unsigned chunk) {
+    const std::uint64_t at = std::uint64_t{chunk} * sum_chunk;
+    for (unsigned j = threadIdx.x; j < sum_chunk && at + j < len; j += blockDim.x) staged[chunk & 1][j] = value(at + j);
+  };
+  double part = 0.0;
+  if (chunks > 0) stage(0);
+  __syncthreads();
+  for (unsigned chunk = 0; chunk < chunks; ++chunk) {
+    if (chunk + 1 < chunks) stage(chunk + 1);  // the buffer the lanes finished before the last barrier
+    if (threadIdx.x < Lanes) {
+      const std::uint64_t at = std::uint64_t{chunk} * sum_chunk;
+      const auto count = static_cast<unsigned>(len - at < sum_chunk ? len - at : sum_chunk);
+      for (unsigned j = threadIdx.x; j < count; j += Lanes) part = add_rn(part, staged[chunk & 1][j]);
+    }
+    __syncthreads();
+  }
+  return part;
 }
 
-/// The tile sums of backend::cuda::sum in the order of fixed_order_sum.hpp: thread
-/// 8c + l adds lane l of tile c, and the tile's first thread combines the lanes.
+/// The tile sums of backend::cuda::sum in the order of fixed_order_sum.hpp: block c sums
+/// tile c, lane l (thread l) the terms at offsets l, l + 8, ..., and thread 0 combines
+/// the lanes.
 template <class Term>
-__global__ void tile_sums(std::uint64_t n, Term term, double* tile) {
-  const std::uint64_t tiles = tile_count(n);
-  const std::uint64_t thread = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const std::uint64_t c = thread / 8;
-  const unsigned lane = static_cast<unsigned>(thread % 8);
-  double part = 0.0;
-  if (c < tiles) {
-    const std::uint64_t begin = c * host_tile;
-    const std::uint64_t end = begin + host_tile < n ? begin + host_tile : n;
-    for (std::uint64_t i = begin + lane; i < end; i += 8) part = add_rn(part, term(static_cast<std::size_t>(i)));
+__global__ void __launch_bounds__(block_threads) tile_sums(std::uint64_t n, Term term, double* tile) {
+  const std::uint64_t begin = static_cast<std::uint64_t>(blockIdx.x) * host_tile;
+  const std::uint64_t end = begin + host_tile < n ? begin + host_tile : n;
+  const double part =
+      staged_lane_sums<8>(end - begin, [&](std::uint64_t j) { return term(static_cast<std::size_t>(begin + j)); });
+  if (threadIdx.x < 32) {  // lanes 0..7 sit in warp 0
+    double lanes[8];
+    for (unsigned l = 0; l < 8; ++l) lanes[l] = __shfl_sync(0xFFFFFFFFu, part, static_cast<int>(l));
+    if (threadIdx.x == 0) tile[blockIdx.x] = combine_lanes(lanes);
   }
-  // Lanes 8c..8c+7 sit in one warp (blocks are multiples of 32 threads).
-  const unsigned base = threadIdx.x & ~7u;
-  double lanes[8];
-  for (unsigned l = 0; l < 8; ++l) lanes[l] = __shfl_sync(0xFFFFFFFFu, part, static_cast<int>((base + l) % 32));
-  if (c < tiles && lane == 0) tile[c] = combine_lanes(lanes);
 }
 
 // Kernels that are not templates otherwise take an unused template parameter: a plain
 // __global__ function defined in a header would be defined again by every translation
 // unit that includes it, and nvcc ignores `inline` on kernels.
 
-/// The tile sums added in tile order, by one thread.
+/// The tile sums added in tile order (one lane, thread 0), staged by one block.
 template <class = void>
-__global__ void sum_of_tiles(const double* tile, std::uint64_t tiles, double* total) {
-  *total = detail::sum_of_tiles(tile, tiles);
+__global__ void __launch_bounds__(block_threads) sum_of_tiles(const double* tile, std::uint64_t tiles, double* total) {
+  const double sum = staged_lane_sums<1>(tiles, [&](std::uint64_t c) { return tile[c]; });
+  if (threadIdx.x == 0) *total = sum;
 }
 
 }  // namespace detail::cuda_launch

@@ -13,6 +13,7 @@
 #include <gradcomp/detail/core/radix_select.hpp>
 #include <gradcomp/detail/core/step_input.hpp>
 #include <gradcomp/select/chunk_local.hpp>
+#include <gradcomp/held_memory.hpp>
 
 #include <cub/device/device_reduce.cuh>
 #include <cuda/functional>
@@ -99,6 +100,9 @@ class fast_engine<select::chunk_local, backend::cuda> {
     return {};
   }
   void accept() noexcept {}
+  void add_held(held_memory& use) const {
+    use.workspace += bytes_held(bin_max_, runs_, reduce_scratch_) + compact_.held_bytes();
+  }
 
  private:
   std::size_t n_;

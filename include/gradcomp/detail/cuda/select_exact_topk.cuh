@@ -13,6 +13,7 @@
 #include <gradcomp/detail/core/radix_select.hpp>
 #include <gradcomp/detail/core/step_input.hpp>
 #include <gradcomp/select/exact_topk.hpp>
+#include <gradcomp/held_memory.hpp>
 
 #include <cub/device/device_radix_sort.cuh>
 #include <cuda_runtime.h>
@@ -95,6 +96,9 @@ class fast_engine<select::exact_topk, backend::cuda> {
   [[nodiscard]] std::size_t fixed_count(const select::exact_topk& policy) const noexcept { return policy.k(n_); }
 
   void accept() noexcept {}
+  void add_held(held_memory& use) const {
+    use.workspace += bytes_held(histogram_, states_, list_a_, list_b_, chosen_, sort_scratch_);
+  }
 
  private:
   // The three levels of a radix select begun on `state`, over the items of `first` by

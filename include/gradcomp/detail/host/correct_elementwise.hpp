@@ -138,6 +138,10 @@ class fast_engine<Policy, backend::host> {
     std::copy(values.begin(), values.end(), state_.committed(a).begin());
     if constexpr (in_place_capable) committed_max_[a] = max_magnitude(values.data(), values.size());
   }
+  void add_held(held_memory& use) const {
+    state_.add_held(use);
+    use.workspace += bytes_held(acc_, partial_, tile_max_);
+  }
 
  private:
   // update()'s passes; false if acc is not all finite.

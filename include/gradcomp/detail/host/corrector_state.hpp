@@ -11,6 +11,7 @@
 #include <gradcomp/detail/host/backend.hpp>
 #include <gradcomp/concepts.hpp>
 #include <gradcomp/detail/core/radix_select.hpp>
+#include <gradcomp/held_memory.hpp>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -77,6 +78,13 @@ class host_state {
   void begin_step(bool in_place) noexcept { in_place_ = in_place; }
   void accept() noexcept {
     if (!in_place_) std::swap(committed_, next_);
+  }
+  /// The committed copy is state; the next one, workspace.
+  void add_held(held_memory& use) const {
+    for (std::size_t a = 0; a != Arrays; ++a) {
+      use.state += bytes_held(committed_[a]);
+      use.workspace += bytes_held(next_[a]);
+    }
   }
 
  private:

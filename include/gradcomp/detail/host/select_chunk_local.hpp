@@ -11,6 +11,7 @@
 #include <gradcomp/detail/core/radix_select.hpp>
 #include <gradcomp/detail/core/step_input.hpp>
 #include <gradcomp/select/chunk_local.hpp>
+#include <gradcomp/held_memory.hpp>
 
 #include <algorithm>
 #include <utility>
@@ -50,6 +51,7 @@ class fast_engine<select::chunk_local, backend::host> {
     return record_selection(select_now(policy, in, out), status);
   }
   void accept() noexcept {}
+  void add_held(held_memory& use) const { use.workspace += slices_.held_bytes() + bytes_held(block_counts_); }
 
  private:
   selection select_now(const select::chunk_local& policy, const select_input& in, std::span<std::uint32_t> out) {

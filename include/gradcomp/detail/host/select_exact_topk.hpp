@@ -25,6 +25,7 @@
 #include <gradcomp/detail/core/radix_select.hpp>
 #include <gradcomp/detail/core/step_input.hpp>
 #include <gradcomp/select/exact_topk.hpp>
+#include <gradcomp/held_memory.hpp>
 
 #include <algorithm>
 #include <bit>
@@ -127,6 +128,10 @@ class host_topk {
     const auto [certain, candidates] = split(acc, lo, lo | ((1u << magnitude_digits[0].shift) - 1u), bad);
     finish(acc, k, certain, candidates, 1, lo, out);
     return true;
+  }
+
+  [[nodiscard]] std::size_t held_bytes() const noexcept {
+    return bytes_held(bins_, scratch_, tile_counts_, sample_, keys_);
   }
 
  private:
@@ -273,6 +278,7 @@ class fast_engine<select::exact_topk, backend::host> {
     return record_selection(select_now(policy, in, out), status);
   }
   void accept() noexcept {}
+  void add_held(held_memory& use) const { use.workspace += topk_.held_bytes(); }
 
  private:
   selection select_now(const select::exact_topk& policy, const select_input& in, std::span<std::uint32_t> out) {

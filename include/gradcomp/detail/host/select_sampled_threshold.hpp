@@ -15,6 +15,7 @@
 #include <gradcomp/detail/select/sampled_threshold_steps.hpp>
 #include <gradcomp/detail/core/step_input.hpp>
 #include <gradcomp/select/sampled_threshold.hpp>
+#include <gradcomp/held_memory.hpp>
 
 #include <algorithm>
 #include <bit>
@@ -98,6 +99,9 @@ class fast_engine<select::sampled_threshold, backend::host> : public carries_thr
     threads_ = be.concurrency();  // the call's context
     topk_.use_threads(threads_);
     return record_selection(select_now(policy, in, out), status);
+  }
+  void add_held(held_memory& use) const {
+    use.workspace += topk_.held_bytes() + slices_.held_bytes() + bytes_held(sample_);
   }
 
  private:

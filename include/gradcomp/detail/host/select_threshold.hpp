@@ -9,6 +9,7 @@
 #include <gradcomp/detail/core/radix_select.hpp>
 #include <gradcomp/detail/core/step_input.hpp>
 #include <gradcomp/select/threshold.hpp>
+#include <gradcomp/held_memory.hpp>
 
 #include <utility>
 
@@ -42,6 +43,7 @@ class fast_engine<select::threshold, backend::host> {
     return record_selection(select_now(policy, in, out), status);
   }
   void accept() noexcept {}
+  void add_held(held_memory& use) const { use.workspace += slices_.held_bytes(); }
 
  private:
   selection select_now(const select::threshold& policy, const select_input& in, std::span<std::uint32_t> out) {

@@ -6,6 +6,7 @@
 
 #include <gradcomp/detail/host/backend.hpp>
 #include <gradcomp/detail/core/simd.hpp>
+#include <gradcomp/held_memory.hpp>
 
 #include <cstdint>
 #include <cstring>
@@ -64,6 +65,7 @@ class host_slices {
     return at;
   }
   std::uint32_t* all_indices() noexcept { return indices_.data(); }
+  [[nodiscard]] std::size_t held_bytes() const noexcept { return bytes_held(indices_, counts_); }
 
  private:
   std::size_t n_;

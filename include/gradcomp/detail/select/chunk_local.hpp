@@ -14,6 +14,7 @@
 #include <gradcomp/detail/core/selector_work.hpp>
 #include <gradcomp/detail/core/step_input.hpp>
 #include <gradcomp/select/chunk_local.hpp>
+#include <gradcomp/held_memory.hpp>
 
 #include <cmath>
 #include <cstddef>
@@ -85,6 +86,7 @@ class chunk_local_selection {
     return {};
   }
   void accept() noexcept {}
+  void add_held(held_memory& use) const { use.workspace += bytes_held(workspace_); }
 
  private:
   std::size_t n_;

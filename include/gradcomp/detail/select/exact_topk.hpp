@@ -17,6 +17,7 @@
 #include <gradcomp/detail/core/radix_select.hpp>
 #include <gradcomp/detail/core/step_input.hpp>
 #include <gradcomp/select/exact_topk.hpp>
+#include <gradcomp/held_memory.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -103,6 +104,10 @@ class exact_topk_selection {
     return {};
   }
   void accept() noexcept {}
+  void add_held(held_memory& use) const {
+    use.workspace += bytes_held(candidates_, keys_, found_, bins_, sample_, workspace_, candidates_host_, keys_host_,
+                                bins_host_, sample_host_);
+  }
 
  private:
   // The entries with key >= lo, ascending, and their keys, readable on the host.

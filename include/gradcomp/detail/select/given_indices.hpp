@@ -10,6 +10,7 @@
 #include <gradcomp/detail/core/step_input.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/select/given_indices.hpp>
+#include <gradcomp/held_memory.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -64,6 +65,7 @@ class given_indices_selection {
     return {};
   }
   void accept() noexcept {}
+  void add_held(held_memory& use) const { use.workspace += bytes_held(given_); }
 
  private:
   Backend backend_;

@@ -12,6 +12,7 @@
 #include <gradcomp/detail/core/random.hpp>
 #include <gradcomp/detail/core/step_input.hpp>
 #include <gradcomp/select/random_k.hpp>
+#include <gradcomp/held_memory.hpp>
 
 #include <algorithm>
 #include <bit>
@@ -80,6 +81,7 @@ class random_k_selection {
     return {policy.value_scale(n_)};
   }
   void accept() noexcept {}
+  void add_held(held_memory& use) const { use.workspace += bytes_held(taken_, drawn_); }
 
  private:
   std::size_t n_;

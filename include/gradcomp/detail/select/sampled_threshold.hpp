@@ -40,6 +40,7 @@
 #include <gradcomp/detail/core/step_input.hpp>
 #include <gradcomp/select/exact_topk.hpp>
 #include <gradcomp/select/sampled_threshold.hpp>
+#include <gradcomp/held_memory.hpp>
 
 #include <algorithm>
 #include <array>
@@ -72,15 +73,18 @@ namespace sampled {
 /// Which items of a radix select take part, and while which phase.
 struct while_searching {  // the sample's items, until the threshold is settled
   GRADCOMP_HOST_DEVICE static bool on(const threshold_search& s) { return s.searching != 0; }
+  GRADCOMP_HOST_DEVICE static std::size_t live(const threshold_search& s) { return on(s) ? ~std::size_t{0} : 0; }
   GRADCOMP_HOST_DEVICE bool operator()(const threshold_search& s, std::size_t) const { return on(s); }
 };
 struct among_candidates {  // the candidates, while cutting
   GRADCOMP_HOST_DEVICE static bool on(const threshold_search& s) { return s.cutting != 0; }
+  GRADCOMP_HOST_DEVICE static std::size_t live(const threshold_search& s) { return on(s) ? s.count : 0; }
   GRADCOMP_HOST_DEVICE bool operator()(const threshold_search& s, std::size_t j) const { return on(s) && j < s.count; }
 };
 struct among_ties {  // the candidates whose key is the k-th largest, while cutting
   const std::uint32_t* keys;
   GRADCOMP_HOST_DEVICE static bool on(const threshold_search& s) { return s.cutting != 0; }
+  GRADCOMP_HOST_DEVICE static std::size_t live(const threshold_search& s) { return on(s) ? s.count : 0; }
   GRADCOMP_HOST_DEVICE bool operator()(const threshold_search& s, std::size_t j) const {
     return on(s) && j < s.count && keys[j] == s.kth;
   }
@@ -125,6 +129,7 @@ struct digit_bin {
   Taking taking;
   const threshold_search* s;
   radix_digit digit;
+  GRADCOMP_HOST_DEVICE std::size_t live_items() const { return Taking::live(*s); }
   GRADCOMP_HOST_DEVICE std::size_t operator()(std::size_t j) const {
     if (!taking(*s, j)) return no_bin;
     const std::uint32_t k = key(j);
@@ -297,6 +302,7 @@ struct candidate_keys {
   const std::uint32_t* list;
   std::uint32_t* keys;
   const threshold_search* s;
+  GRADCOMP_HOST_DEVICE std::size_t live_items() const { return among_candidates::live(*s); }
   GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
     if (among_candidates{}(*s, j)) keys[j] = magnitude_key(acc[list[j]]);
   }
@@ -346,6 +352,7 @@ struct copy_candidates {
   const std::uint32_t* list;
   std::uint32_t* out;
   const threshold_search* s;
+  GRADCOMP_HOST_DEVICE std::size_t live_items() const { return s->cutting ? 0 : s->count; }
   GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
     if (!s->cutting && j < s->count) out[j] = list[j];
   }
@@ -481,6 +488,10 @@ class sampled_threshold_selection {
     threshold_search s = backend_.read(static_cast<const threshold_search*>(search_.data()));
     s.carried[committed_] = saved.key;
     backend_.to_device(&s, 1, search_.data());
+  }
+  void add_held(held_memory& use) const {
+    topk_.add_held(use);
+    use.workspace += bytes_held(candidates_, keys_, found_, bins_, steps_, between_, search_, workspace_, sample_);
   }
 
  private:

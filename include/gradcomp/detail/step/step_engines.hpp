@@ -10,6 +10,7 @@
 #include <gradcomp/detail/core/step_input.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/message.hpp>
+#include <gradcomp/held_memory.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -144,6 +145,16 @@ class step_engines {
       capacity_ = capacity;
     }
     select_.reserve(next);
+  }
+
+  /// What the engines and the step's buffers hold.
+  [[nodiscard]] held_memory held() const {
+    held_memory use;
+    correct_.add_held(use);
+    select_.add_held(use);
+    encode_.add_held(use);
+    use.workspace += bytes_held(index_, sent_, status_, preview_);
+    return use;
   }
 
   /// Whether the corrector may update its state in place (not while a step is staged).

@@ -7,6 +7,7 @@
 #include <gradcomp/config.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/float16.hpp>
+#include <gradcomp/held_memory.hpp>
 
 #include <cstddef>
 #include <span>
@@ -34,6 +35,9 @@ class widening {
       return values(on, be, who, raw(backend_span<Backend, const T>(grad)), n);
     }
   }
+
+  /// Bytes of the float32 copy (0 until a 16-bit gradient arrives).
+  [[nodiscard]] std::size_t held_bytes() const noexcept { return bytes_held(wide_); }
 
  private:
   template <narrow_float T>
