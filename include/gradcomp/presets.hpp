@@ -23,6 +23,7 @@
 #include <gradcomp/select/threshold.hpp>
 #include <gradcomp/settings.hpp>
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -57,6 +58,10 @@ struct compact_memory {
   }
 };
 
+/// How a preset's memory is stored: float_memory or compact_memory.
+template <class M>
+concept memory_store = std::same_as<M, float_memory> || std::same_as<M, compact_memory>;
+
 /// Deep Gradient Compression (Lin et al., ICLR 2018).
 struct dgc_options {
   double density = 0.001;                                   ///< final density (see schedule::warmup)
@@ -81,7 +86,7 @@ struct dgc_options {
 
 /// DGC with a chosen selector (e.g. select::exact_topk to remove sampling noise):
 /// clipping, momentum correction with masking, f16 values, the smallest index coding.
-template <class Backend, selector Selector, class Memory = float_memory>
+template <class Backend, selector Selector, memory_store Memory = float_memory>
 auto dgc(Backend backend, std::size_t n, const dgc_options& o, Selector selector, Memory memory = {}) {
   return compressor{
       backend, n, selector,
@@ -91,7 +96,7 @@ auto dgc(Backend backend, std::size_t n, const dgc_options& o, Selector selector
 }
 
 /// DGC as published: hierarchical sampled-threshold selection.
-template <class Backend, class Memory = float_memory>
+template <class Backend, memory_store Memory = float_memory>
 auto dgc(Backend backend, std::size_t n, const dgc_options& o = {}, Memory memory = {}) {
   return dgc(backend, n, o,
              select::sampled_threshold{.density = o.density, .seed = o.seed, .reuse_threshold = o.reuse_threshold},
@@ -106,7 +111,7 @@ struct adacomp_options {
   static constexpr auto settings() { return std::tuple{setting{"bin", &adacomp_options::bin}}; }
 };
 /// AdaComp on `backend` for a tensor of n elements.
-template <class Backend, class Memory = float_memory>
+template <class Backend, memory_store Memory = float_memory>
 auto adacomp(Backend backend, std::size_t n, const adacomp_options& o = {}, Memory memory = {}) {
   return compressor{backend, n, select::chunk_local{.bin = o.bin}, memory(correct::error_feedback{}),
                     encode::index_value{.index = index_coding::automatic, .value = value_coding::ternary}};
@@ -120,7 +125,7 @@ struct topk_ef_options {
   static constexpr auto settings() { return std::tuple{setting{"density", &topk_ef_options::density}}; }
 };
 /// Top-k with error feedback on `backend` for a tensor of n elements.
-template <class Backend, class Memory = float_memory>
+template <class Backend, memory_store Memory = float_memory>
 auto topk_ef(Backend backend, std::size_t n, const topk_ef_options& o = {}, Memory memory = {}) {
   return compressor{backend, n, select::exact_topk{.density = o.density}, memory(correct::error_feedback{}),
                     encode::index_value{.index = index_coding::automatic, .value = value_coding::f32}};
@@ -137,7 +142,7 @@ struct randomk_ef_options {
   }
 };
 /// Random-k with error feedback on `backend` for a tensor of n elements.
-template <class Backend, class Memory = float_memory>
+template <class Backend, memory_store Memory = float_memory>
 auto randomk_ef(Backend backend, std::size_t n, const randomk_ef_options& o = {}, Memory memory = {}) {
   return compressor{backend, n, select::random_k{.density = o.density, .seed = o.seed},
                     memory(correct::error_feedback{}),
@@ -152,7 +157,7 @@ struct threshold_ef_options {
   static constexpr auto settings() { return std::tuple{setting{"tau", &threshold_ef_options::tau}}; }
 };
 /// A fixed threshold with error feedback on `backend` for a tensor of n elements.
-template <class Backend, class Memory = float_memory>
+template <class Backend, memory_store Memory = float_memory>
 auto threshold_ef(Backend backend, std::size_t n, const threshold_ef_options& o, Memory memory = {}) {
   return compressor{backend, n, select::threshold{.tau = o.tau}, memory(correct::error_feedback{}),
                     encode::index_value{.index = index_coding::automatic, .value = value_coding::f32}};
@@ -171,7 +176,7 @@ struct scalecom_options {
   }
 };
 /// \throws gradcomp::error if density is outside (0, 1] (or beta outside (0, 1]).
-template <class Backend, class Memory = float_memory>
+template <class Backend, memory_store Memory = float_memory>
 auto scalecom(Backend backend, std::size_t n, const scalecom_options& o = {}, Memory memory = {}) {
   detail::require(o.density > 0.0 && o.density <= 1.0, errc::invalid_argument,
                   "scalecom: density must be in (0, 1], got ", o.density);
