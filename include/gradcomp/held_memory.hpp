@@ -27,6 +27,7 @@ struct held_memory {
 
   /// state + workspace.
   [[nodiscard]] constexpr std::size_t total() const noexcept { return state + workspace; }
+  /// Adds what `other` holds.
   constexpr held_memory& operator+=(const held_memory& other) noexcept {
     state += other.state;
     workspace += other.workspace;

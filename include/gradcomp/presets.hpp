@@ -35,6 +35,7 @@ namespace presets {
 /// How a preset stores its corrector's memory: in float32 (the default), 4 bytes per
 /// element and array.
 struct float_memory {
+  /// The corrector as it is.
   template <class Corrector>
   constexpr Corrector operator()(const Corrector& c) const noexcept {
     return c;
@@ -52,6 +53,7 @@ struct compact_memory {
   static constexpr auto settings() {
     return std::tuple{setting{"memory_bits", &compact_memory::bits}, setting{"memory_block", &compact_memory::block}};
   }
+  /// The corrector with its state stored in these blocks.
   template <class Corrector>
   constexpr correct::compact<Corrector> operator()(const Corrector& c) const noexcept {
     return {.inner = c, .bits = bits, .block = block};
