@@ -265,11 +265,13 @@ class leader_exchange {
   [[nodiscard]] const lsgd& policy() const noexcept { return policy_; }
   /// What this rank moved in its last round (also one that threw).
   [[nodiscard]] const traffic& last_traffic() const noexcept { return traffic_; }
-  /// How the leaders send their parameters.
-  [[nodiscard]] const Sender& sender() const noexcept { return sender_; }
-  /// How the leaders send their parameters, to change (a checkpoint's references restore
-  /// through it: compressed_changes::set_reference).
-  [[nodiscard]] Sender& sender() noexcept { return sender_; }
+  /// \name How the leaders send their parameters
+  /// The mutable one restores a checkpoint's references (compressed_changes::set_reference).
+  /// @{
+  [[nodiscard]] const Sender& sender() const noexcept { return sender_; }  ///< the sender
+  [[nodiscard]] Sender& sender() noexcept { return sender_; }              ///< the sender, to change
+
+  /// @}
 
  private:
   static constexpr const char* who = "leader_exchange";
