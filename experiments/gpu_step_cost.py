@@ -123,29 +123,50 @@ class HookTimes:
     def __init__(self, device):
         self.cuda = device.type == "cuda"
         self.calls = []
+        self.marks = {}  # the step's phases: name -> event (or host time without a GPU)
+
+    def mark(self, name):
+        """Records when the stream reaches this point of the step."""
+        if self.cuda:
+            self.marks[name] = torch.cuda.Event(enable_timing=True)
+            self.marks[name].record()
+        else:
+            self.marks[name] = time.perf_counter()
+
+    def _ms(self, a, b):
+        return a.elapsed_time(b) if self.cuda else 1e3 * (b - a)
 
     def wrap(self, hook):
         def timed(state, bucket):
             if self.cuda:
                 begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 begin.record()
+            else:
+                begin, end = time.perf_counter(), None
             start = time.perf_counter()
             with torch.profiler.record_function("comm_hook"):
                 future = hook(state, bucket)
             host = time.perf_counter() - start
             if self.cuda:
                 end.record()
-            self.calls.append((host, (begin, end) if self.cuda else None))
+            self.calls.append((host, (begin, end)))
             return future
         return timed
 
     def take(self):
-        """(calls, host seconds, GPU milliseconds) since the last take; synchronizes."""
+        """(calls, host seconds, GPU milliseconds, the step's phases) since the last take;
+        synchronizes. The phases (ms): forward, backward, optimizer, and when each bucket
+        reached its hook, from the start of backward (what gradcomp.plan takes)."""
         if self.cuda:
             torch.cuda.synchronize()
         calls, self.calls = self.calls, []
         gpu = sum(b.elapsed_time(e) for _, (b, e) in calls) if self.cuda else 0.0
-        return len(calls), sum(h for h, _ in calls), gpu
+        m = self.marks
+        phases = {"forward_ms": self._ms(m["start"], m["backward"]),
+                  "backward_ms": self._ms(m["backward"], m["optimizer"]),
+                  "optimizer_ms": self._ms(m["optimizer"], m["end"]),
+                  "ready_ms": [self._ms(m["backward"], b) for _, (b, _) in calls]} if len(m) == 4 else {}
+        return len(calls), sum(h for h, _ in calls), gpu, phases
 
 
 def run(model_name, hook_name, args, device):
@@ -163,30 +184,38 @@ def run(model_name, hook_name, args, device):
     autocast = torch.autocast(device.type, dtype=torch.bfloat16)
 
     def step():
+        times.mark("start")
         optimizer.zero_grad(set_to_none=True)
         with autocast:
             out = ddp(x)
-        loss_of(out).backward()
+        loss = loss_of(out)
+        times.mark("backward")
+        loss.backward()
+        times.mark("optimizer")
         optimizer.step()
+        times.mark("end")
         if device.type == "cuda":
             torch.cuda.synchronize()
 
     for _ in range(args.warmup):
         step()
     times.take()
-    wall, hook_host, hook_gpu, buckets = [], [], [], 0
+    wall, hook_host, hook_gpu, buckets, phases = [], [], [], 0, []
     for _ in range(args.steps):
         start = time.perf_counter()
         step()
         wall.append(time.perf_counter() - start)
-        buckets, host, gpu = times.take()
+        buckets, host, gpu, phase = times.take()
         hook_host.append(host)
         hook_gpu.append(gpu)
+        phases.append(phase)
+    median = {k: statistics.median(p[k] for p in phases) for k in ("forward_ms", "backward_ms", "optimizer_ms")}
+    median["ready_ms"] = [statistics.median(p["ready_ms"][i] for p in phases) for i in range(buckets)]
     syncs, kernels, ours = profiled(step, device)
     return {"model": model_name, "hook": hook_name, "step_ms": 1e3 * statistics.median(wall),
             "hook_host_ms": 1e3 * statistics.median(hook_host), "hook_gpu_ms": statistics.median(hook_gpu),
             "buckets": buckets, "host_syncs": syncs, "kernel_ms": kernels, "gradcomp_kernel_ms": ours,
-            "parameters": parameters}
+            "parameters": parameters, **median}
 
 
 def profiled(step, device):

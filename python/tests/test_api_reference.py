@@ -10,12 +10,13 @@ import pytest
 
 import gradcomp
 import gradcomp.errors
+import gradcomp.plan
 import gradcomp.torch
 import gradcomp.torch.ddp
 import gradcomp.torch.fsdp
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
-MODULES = [gradcomp, gradcomp.errors, gradcomp.torch, gradcomp.torch.ddp, gradcomp.torch.fsdp]
+MODULES = [gradcomp, gradcomp.errors, gradcomp.plan, gradcomp.torch, gradcomp.torch.ddp, gradcomp.torch.fsdp]
 
 
 def public_entities():

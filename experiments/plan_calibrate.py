@@ -1,0 +1,271 @@
+"""One rank of the measurements the step-time model (gradcomp.plan) takes, on the emulated
+cluster (experiments/cluster.sh), for the MLP of experiments/ddp_cluster.py; every rank
+measures at once, so the ranks share the machine's cores as they do in training:
+
+- the step without communication: forward, optimizer, and when backward makes each DDP
+  bucket ready (a hook that communicates nothing records the time of each call), with
+  each bucket's floats and matrix shapes;
+- what each method computes per bucket, timed on random gradients of the buckets' sizes:
+  gradcomp's compression of a bucket and its decoding of W messages (per entry);
+  fp16's casts; torch's PowerSGD hook (ranks 1 and 4, one bucket), as what it adds to the
+  step of DDP over a group of this rank alone;
+- the computation in experiments/ddp_cluster.py's "communication alone" step;
+- single collectives over the rate-limited links, a few sizes each: all_reduce (float32
+  and float16), all_gather, broadcast, all_to_all_single (the seconds of the slowest
+  rank, median of the repeats), to which experiments/plan_report.py fits each
+  collective's latency and efficiency.
+
+    bash experiments/cluster.sh --ranks 4 --rate 1gbit -- \\
+        build/venv/bin/python -m experiments.plan_calibrate --out calibration-1gbit.json
+"""
+import argparse
+import json
+import math
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from experiments.ddp_cluster import mlp
+from gradcomp.plan import MESSAGE_HEADER_BYTES
+
+GRADCOMP_METHODS = ("topk_ef", "dgc", "scalecom")
+
+
+def median_seconds(action, repeats):
+    """Median seconds of action() over repeats calls, after one untimed call."""
+    action()
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        action()
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
+def timeline(args):
+    """Forward, backward, optimizer seconds and each bucket's readiness (median over steps)."""
+    torch.manual_seed(0)
+    net = torch.nn.parallel.DistributedDataParallel(mlp(), bucket_cap_mb=args.bucket_mb)
+    calls, buckets = [], {}
+
+    def no_communication(state, bucket):
+        calls.append(time.perf_counter())
+        buckets[bucket.index()] = [list(p.shape) for p in bucket.parameters()]
+        future = torch.futures.Future()
+        future.set_result(bucket.buffer())
+        return future
+
+    net.register_comm_hook(None, no_communication)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+    x, y = torch.randn(args.batch, 1, 28, 28), torch.randint(0, 10, (args.batch,))
+    rows = []
+    for step in range(args.steps):
+        calls.clear()
+        dist.barrier()
+        start = time.perf_counter()
+        loss = torch.nn.functional.cross_entropy(net(x), y)
+        optimizer.zero_grad()
+        backward_start = time.perf_counter()
+        loss.backward()
+        backward_end = time.perf_counter()
+        optimizer.step()
+        end = time.perf_counter()
+        if step >= 2:
+            rows.append((backward_start - start, backward_end - backward_start, end - backward_end,
+                         [t - backward_start for t in calls]))
+    column = lambda i: statistics.median(r[i] for r in rows)  # noqa: E731
+    ready = [statistics.median(r[3][i] for r in rows) for i in range(len(rows[0][3]))]
+    return {"forward": column(0), "backward": column(1), "optimizer": column(2), "ready": ready,
+            "buckets": [buckets[i] for i in sorted(buckets)]}
+
+
+def numel(shapes):
+    return sum(math.prod(s) for s in shapes)
+
+
+def bucket_costs(method, n, world, density, repeats):
+    """(compression seconds, decoding seconds per entry, bytes per entry) of one bucket."""
+    import gradcomp.torch as gt
+    grad = torch.randn(n, generator=torch.Generator().manual_seed(n))
+    c = gt.Compressor(n, method, density=density)
+    leader = gt.Compressor(n, "compose", selector="exact_topk", corrector="none", density=density)
+
+    def step():
+        if method == "scalecom":  # every rank previews, the leader selects, every rank sends its values there
+            c.set_indices(gt.decode(leader.compress(c.preview(grad)))[0])
+        return c.compress(grad)
+
+    compress = median_seconds(step, repeats)
+    message = step()
+    entries = gt.decode(message)[0].numel()
+    dense = torch.zeros(n)
+
+    def decode_all():
+        for _ in range(world):
+            gt.accumulate(message, dense, 1.0 / world)
+
+    return (compress, median_seconds(decode_all, repeats) / (world * entries),
+            (message.numel() - MESSAGE_HEADER_BYTES) / entries)
+
+
+def gradcomp_costs(method, bucket_shapes, world, density, repeats):
+    """Per bucket: compression seconds; decoding seconds per entry; bytes per entry."""
+    compress, per_entry, entry_bytes = zip(*(bucket_costs(method, numel(s), world, density, repeats)
+                                             for s in bucket_shapes))
+    return {"compress": list(compress), "decode_per_entry": statistics.median(per_entry),
+            "entry_bytes": statistics.median(entry_bytes)}
+
+
+def fp16_costs(bucket_shapes, world, repeats):
+    """Per bucket: torch's fp16 hook's casts, to float16 (divided by W) and back."""
+    def casts_of(n):
+        buffer = torch.randn(n)
+
+        def casts():
+            buffer.copy_(buffer.to(torch.float16).div_(world))
+
+        return median_seconds(casts, repeats)
+
+    return {"compress": [casts_of(numel(s)) for s in bucket_shapes]}
+
+
+def step_seconds(args, group, state, hook, steps):
+    """Median seconds of the MLP's training step under DDP over ``group`` with ``hook``."""
+    torch.manual_seed(0)
+    net = torch.nn.parallel.DistributedDataParallel(mlp(), process_group=group, bucket_cap_mb=args.bucket_mb)
+    net.register_comm_hook(state, hook)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+    x, y = torch.randn(args.batch, 1, 28, 28), torch.randint(0, 10, (args.batch,))
+    seconds = []
+    for step in range(steps):
+        dist.barrier()
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+        optimizer.step()
+        if step >= 4:
+            seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
+def powersgd_costs(args, own_group):
+    """What torch's PowerSGD hook adds to the step, in one bucket (how it runs on gloo),
+    measured on a group of this rank alone (its collectives cost nothing there)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+    one_bucket = args.bucket_mb
+    args.bucket_mb = 1024.0
+    dist._DEFAULT_FIRST_BUCKET_BYTES = int(args.bucket_mb * 2**20)
+    none = step_seconds(args, own_group, None, no_communication, args.hook_steps)
+    costs = {}
+    for r in (1, 4):
+        state = powerSGD_hook.PowerSGDState(process_group=own_group, matrix_approximation_rank=r,
+                                            start_powerSGD_iter=2, min_compression_rate=1.0,
+                                            use_error_feedback=True, warm_start=True)
+        added = step_seconds(args, own_group, state, powerSGD_hook.powerSGD_hook, args.hook_steps) - none
+        costs[f"powersgd{r}-onebucket"] = {"compress": [max(0.0, added)]}
+    args.bucket_mb = one_bucket
+    return costs
+
+
+def no_communication(state, bucket):
+    future = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
+
+
+def probe_seconds(args):
+    """experiments/ddp_cluster.py's "communication alone" step with a hook that
+    communicates nothing: the computation that measurement still holds."""
+    torch.manual_seed(0)
+    model = mlp()
+    net = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
+    net.register_comm_hook(None, no_communication)
+    fixed = [torch.randn(p.shape) for p in model.parameters()]
+    seconds = []
+    for step in range(args.steps):
+        dist.barrier()
+        start = time.perf_counter()
+        net(torch.zeros(1, 1, 28, 28))
+        sum((p * r).sum() for p, r in zip(net.parameters(), fixed)).backward()
+        net.zero_grad()
+        if step >= 3:
+            seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
+def collectives(repeats):
+    """Seconds of single collectives (the slowest rank's, median over repeats)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    rows = []
+
+    def measure(name, nbytes, action):
+        action()
+        seconds = []
+        for _ in range(repeats):
+            dist.barrier()
+            start = time.perf_counter()
+            action()
+            took = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+            dist.all_reduce(took, op=dist.ReduceOp.MAX)
+            seconds.append(took.item())
+        rows.append({"collective": name, "bytes": nbytes, "seconds": statistics.median(seconds)})
+
+    for nbytes in (4096, 262144, 4194304, 16777216):
+        t = torch.zeros(nbytes // 4)
+        measure("all_reduce", nbytes, lambda t=t: dist.all_reduce(t))
+        t = torch.zeros(nbytes // 2, dtype=torch.float16)  # gloo sums float16 on the CPU, slowly
+        measure("all_reduce_fp16", nbytes, lambda t=t: dist.all_reduce(t))
+    for nbytes in (1024, 65536, 1048576, 4194304):
+        part = torch.zeros(nbytes, dtype=torch.uint8)
+        parts = [torch.zeros(nbytes, dtype=torch.uint8) for _ in range(world)]
+        measure("all_gather", nbytes, lambda p=parts, m=part: dist.all_gather(p, m))
+        t = torch.zeros(nbytes, dtype=torch.uint8)
+        measure("broadcast", nbytes, lambda t=t: dist.broadcast(t, 0))
+        mine, theirs = torch.full((world * nbytes,), rank, dtype=torch.uint8), torch.zeros(world * nbytes,
+                                                                                        dtype=torch.uint8)
+        measure("all_to_all", nbytes, lambda m=mine, t=theirs: dist.all_to_all_single(t, m))
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=8, help="per rank, as in experiments/ddp_cluster.py")
+    parser.add_argument("--bucket-mb", type=float, default=4.0)
+    parser.add_argument("--density", type=float, default=0.01)
+    parser.add_argument("--steps", type=int, default=14)
+    parser.add_argument("--hook-steps", type=int, default=30, help="steps timing torch's PowerSGD hook")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    world = dist.get_world_size()
+    result = {"world": world, "torch": torch.__version__, "density": args.density, **timeline(args)}
+    shapes = result["buckets"]
+    costs = {name: gradcomp_costs(name, shapes, world, args.density, args.repeats) for name in GRADCOMP_METHODS}
+    costs["fp16"] = fp16_costs(shapes, world, args.repeats)
+    own_group = [dist.new_group([r]) for r in range(world)][dist.get_rank()]
+    costs.update(powersgd_costs(args, own_group))
+    result["probe"] = probe_seconds(args)
+    # Every rank's costs, the median over ranks: they shared the cores.
+    every = [None] * world
+    dist.all_gather_object(every, costs)
+    for name, mine in costs.items():
+        for key, value in mine.items():
+            if isinstance(value, list):
+                mine[key] = [statistics.median(e[name][key][i] for e in every) for i in range(len(value))]
+            else:
+                mine[key] = statistics.median(e[name][key] for e in every)
+    result["costs"] = costs
+    result["collectives"] = collectives(args.repeats)
+    if dist.get_rank() == 0:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
