@@ -48,6 +48,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from .errors import InvalidArgumentError
+
 __all__ = ["Link", "parse_rate", "collective_seconds", "count", "Bucket", "Costs", "Workload", "traffic", "Prediction",
            "predict", "load", "plan", "main"]
 
@@ -76,11 +78,11 @@ class Link:
 
     def __post_init__(self):
         if not (self.bits_per_second > 0 and math.isfinite(self.bits_per_second)):
-            raise ValueError(f"Link: bits_per_second must be positive, got {self.bits_per_second}")
+            raise InvalidArgumentError(f"Link: bits_per_second must be positive, got {self.bits_per_second}")
         if not (self.latency >= 0 and math.isfinite(self.latency)):
-            raise ValueError(f"Link: latency must be >= 0 seconds, got {self.latency}")
+            raise InvalidArgumentError(f"Link: latency must be >= 0 seconds, got {self.latency}")
         if not 0 < self.efficiency <= 1:
-            raise ValueError(f"Link: efficiency must be in (0, 1], got {self.efficiency}")
+            raise InvalidArgumentError(f"Link: efficiency must be in (0, 1], got {self.efficiency}")
 
     def seconds(self, nbytes: float) -> float:
         """One message of ``nbytes``."""
@@ -101,7 +103,7 @@ def parse_rate(text: str) -> float:
     """Bits per second of a rate written as tc writes it: ``10gbit``, ``400mbit``."""
     m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)(k|m|g|t)?bit", text.strip().lower())
     if not m:
-        raise ValueError(f"rate must be written like 10gbit or 400mbit, got {text!r}")
+        raise InvalidArgumentError(f"rate must be written like 10gbit or 400mbit, got {text!r}")
     return float(m[1]) * {None: 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[m[2]]
 
 
@@ -122,8 +124,8 @@ def collective_seconds(link: Link, world: int, collective: str, nbytes: float) -
         return (w - 1) * link.seconds(nbytes)
     if collective == "broadcast":
         return math.ceil(math.log2(w)) * link.seconds(nbytes)
-    raise ValueError(f"collective must be all_reduce, all_reduce_fp16, reduce_scatter, all_gather, all_to_all or "
-                     f"broadcast, got {collective!r}")
+    raise InvalidArgumentError(f"collective must be all_reduce, all_reduce_fp16, reduce_scatter, all_gather, "
+                               f"all_to_all or broadcast, got {collective!r}")
 
 
 def count(density: float, n: int) -> int:
@@ -206,8 +208,8 @@ def traffic(method: str, bucket: Bucket, world: int, density: float, entry_bytes
         sent += [("all_reduce", b) for b in RADIX_HISTOGRAM_BYTES]
         sent += [("all_gather", 16), ("all_gather", region)]
         return sent, 2 * k
-    raise ValueError(f"method must be dense, fp16, powersgd<rank>, scalecom, sparse_allreduce or one of "
-                     f"{', '.join(ALLGATHER_METHODS)}, got {method!r}")
+    raise InvalidArgumentError(f"method must be dense, fp16, powersgd<rank>, scalecom, sparse_allreduce or one of "
+                               f"{', '.join(ALLGATHER_METHODS)}, got {method!r}")
 
 
 @dataclass(frozen=True)
@@ -234,20 +236,22 @@ def predict(workload: Workload, method: str, world: int, link: Link, density: fl
     module's docstring's); ``density`` is the top-k methods', ``min_compression_rate``
     PowerSGD's."""
     if world < 1:
-        raise ValueError(f"predict: world must be >= 1, got {world}")
+        raise InvalidArgumentError(f"predict: world must be >= 1, got {world}")
     if not 0 < density <= 1:
-        raise ValueError(f"predict: density must be in (0, 1], got {density}")
+        raise InvalidArgumentError(f"predict: density must be in (0, 1], got {density}")
     buckets = workload.buckets
     costs = workload.costs.get(method)
     if costs is None:
         if method != "dense":
-            raise ValueError(f"predict: no measured costs for method {method!r} (have {sorted(workload.costs)})")
+            raise InvalidArgumentError(f"predict: no measured costs for method {method!r} "
+                                       f"(have {sorted(workload.costs)})")
         costs = Costs(compress=(0.0,) * len(buckets))
     if len(costs.compress) != len(buckets):
-        raise ValueError(f"predict: {method} has {len(costs.compress)} compression costs for {len(buckets)} buckets")
+        raise InvalidArgumentError(f"predict: {method} has {len(costs.compress)} compression costs for "
+                                   f"{len(buckets)} buckets")
     ready = [b.ready for b in buckets]
     if any(t < s for s, t in zip([0.0] + ready, ready + [workload.backward])):
-        raise ValueError("predict: buckets must be ready in order, within backward")
+        raise InvalidArgumentError("predict: buckets must be ready in order, within backward")
     exchanges = [traffic(method, b, world, density, costs.entry_bytes, min_compression_rate) for b in buckets]
     network, transport = [], []  # per bucket: the collectives' seconds, and the processor's among them
     for sent, _ in exchanges:
@@ -317,7 +321,7 @@ def load(path: str) -> Workload:
                              float(v.get("entry_bytes", 8.0))) for name, v in data.get("costs", {}).items()}
         return Workload(float(data["forward"]), float(data["backward"]), float(data["optimizer"]), buckets, costs)
     except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"load: {path} is not a workload (see gradcomp.plan.load): {e!r}") from None
+        raise InvalidArgumentError(f"load: {path} is not a workload (see gradcomp.plan.load): {e!r}") from None
 
 
 def plan(workload: Workload, world: int, link: Link, methods: Sequence[str] = (),

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+import gradcomp
 from gradcomp import plan
 
 
@@ -154,6 +155,9 @@ def test_plan_ranks_methods_and_the_command_line_prints_them(tmp_path, capsys):
 
 
 def test_bad_input_is_named():
+    # every refusal is a gradcomp.InvalidArgumentError (a ValueError too)
+    with pytest.raises(gradcomp.InvalidArgumentError, match="density must be in"):
+        plan.predict(plan.Workload(0.0, 0.1, 0.0, ()), "dense", 2, plan.Link(1e9), density=0.0)
     with pytest.raises(ValueError, match="efficiency must be in"):
         plan.Link(1e9, efficiency=0.0)
     with pytest.raises(ValueError, match="bits_per_second must be positive"):
