@@ -11,13 +11,13 @@ checked against what the emulated cluster measured, then asked about GPU cluster
    "communication alone", per hook.
 2. Prediction. The GPU step costs that experiments/gpu_step_cost.py measured on one GPU
    (world 1: each hook's added time, spread over its buckets by size), DDP's buckets of
-   ResNet-50 and of the GPT-2-small-shaped transformer (25 MB, the first 1 MB), a
-   backward of two thirds of the step making the buckets ready in proportion to their
-   floats (not measured: gpu_step_cost.py records no bucket times yet), and links of
-   10 µs per message at 90% of their rate.
+   ResNet-50 and of the GPT-2-small-shaped transformer (25 MB, the first 1 MB), the
+   step's phases and the buckets' ready times as gpu_step_cost.py measured them (where a
+   run recorded none: a backward of two thirds of the step making the buckets ready in
+   proportion to their floats), and links of 10 µs per message at 90% of their rate.
 
-    python3 -m experiments.plan_report --calibration 1gbit=c1.json --calibration 10gbit=c10.json \\
-        --cluster docs/data/cluster-2026-11-26 --step-cost docs/data/step_cost-h100-2026-11-27.json
+    python3 -m experiments.plan_report docs/data/plan-2026-11-27/* \\
+        --step-cost docs/data/step_cost-h100-2026-11-27-device-exchange.json
 """
 import argparse
 import json
@@ -168,8 +168,11 @@ def gpu_workload(rows, model, shapes, hbm_bytes_per_second=3.35e12):
     """The model's workload on the GPU: the step without a hook, and each hook's added
     time spread over the buckets by their floats. Where gpu_step_cost.py recorded the
     step's phases, forward, backward, optimizer and the buckets' readiness (under the
-    dense hook) are the measured ones; otherwise backward is two thirds of the step and
-    makes the buckets ready in proportion to their floats."""
+    dense hook) are the measured ones, and a hook's added time is what it adds to
+    backward and the optimizer (the forward phase, which no hook touches, moves by
+    milliseconds between processes); otherwise backward is two thirds of the step and
+    makes the buckets ready in proportion to their floats, and a hook adds what its step
+    takes over the step without one."""
     by_hook = {r["hook"]: r for r in rows if r["model"] == model}
     step = by_hook["none"]["step_ms"] / 1e3
     groups = ddp_buckets(shapes)
@@ -186,10 +189,13 @@ def gpu_workload(rows, model, shapes, hbm_bytes_per_second=3.35e12):
     buckets = tuple(plan.Bucket(n, t, tuple((s[0], plan.math.prod(s) // s[0]) for s in g if len(s) >= 2),
                                 sum(plan.math.prod(s) for s in g if len(s) < 2))
                     for g, n, t in zip(groups, sizes, ready))
+    def hooked(r):  # the part of the step a hook's work falls in (s)
+        return (r["backward_ms"] + r["optimizer_ms"]) / 1e3 if measured else r["step_ms"] / 1e3
+
     costs = {}
     for hook, r in by_hook.items():
         if hook != "none":
-            added = max(0.0, r["step_ms"] / 1e3 - step)
+            added = max(0.0, hooked(r) - hooked(by_hook["none"]))
             # Decoding W messages: their entries read and added at the memory's rate.
             costs[hook] = plan.Costs(tuple(added * n / total for n in sizes), 2 * 8 / hbm_bytes_per_second, 8.0)
     return plan.Workload(forward, backward, optimizer, buckets, costs), measured
@@ -224,7 +230,7 @@ def predict_gpu(step_cost):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="*", help="directories of experiments/plan_validate.sh (RATE-wW)")
-    parser.add_argument("--step-cost", default="docs/data/step_cost-h100-2026-11-27.json")
+    parser.add_argument("--step-cost", default="docs/data/step_cost-h100-2026-11-27-device-exchange.json")
     args = parser.parse_args()
     print(validate(args.runs))
     print()

@@ -4,6 +4,8 @@
 #include <gradcomp/detail/codec/decode.hpp>
 #include <gradcomp/gradcomp.hpp>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -80,9 +82,31 @@ outcome generic_outcome(gc::detail::message_decoder<Backend>& decoder, const std
   return o;
 }
 
+// The generic decoder's queue_checked_add (the DDP hook's device exchange: the header
+// read from a host copy, the faults left in a word, the add done only without one):
+// "fault" where a check found one (the tensor untouched), the header's error where
+// read_header refused the copy, else the sums.
+template <class Backend>
+outcome queued_outcome(gc::detail::message_decoder<Backend>& decoder, const std::vector<std::byte>& bytes,
+                       std::size_t n) {
+  outcome o{std::vector<float>(n, 3.25f), {}};
+  const Backend be{};
+  std::array<std::byte, gc::message_header::size> head{};  // zero-padded, as the hook copies it
+  std::copy_n(bytes.begin(), std::min(bytes.size(), head.size()), head.begin());
+  std::uint32_t fault = 0;
+  try {
+    decoder.queue_checked_add(be, head, bytes, o.dense, 0.5f, &fault);
+    if (fault != 0) o.error = "fault";
+  } catch (const gc::error& e) {
+    o.error = std::string(gc::to_string(e.code())) + ": " + e.what();
+  }
+  return o;
+}
+
 // The generic decoder on backend::host and on opaque_host (kept across calls, as the
 // device's are), and gc::accumulate, give exactly what the host's reader gives: the
-// same sums, or the same error with the tensor untouched.
+// same sums, or the same error with the tensor untouched. queue_checked_add finds a
+// fault (or the same header error) exactly where the reader raises, and then adds nothing.
 void require_generic_decoder_agrees(const std::vector<std::byte>& bytes, std::size_t n) {
   static gc::detail::message_decoder<gc::backend::host> on_host{gc::backend::host{}};
   static gc::detail::message_decoder<opaque_host> on_opaque{opaque_host{}};
@@ -96,6 +120,11 @@ void require_generic_decoder_agrees(const std::vector<std::byte>& bytes, std::si
   CHECK(got_host.dense == want.dense);
   CHECK(got_opaque.dense == want.dense);
   CHECK(got_accumulate.dense == want.dense);
+  for (const outcome& queued : {queued_outcome(on_host, bytes, n), queued_outcome(on_opaque, bytes, n)}) {
+    CHECK(queued.error.empty() == want.error.empty());
+    if (queued.error != "fault") CHECK(queued.error == want.error);
+    CHECK(queued.dense == want.dense);
+  }
 }
 
 // Runs decode and accumulate on `bytes`; both must throw corrupt_message and leave a

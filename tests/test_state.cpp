@@ -1,6 +1,7 @@
 // Checkpoints: a restored compressor continues with byte-identical messages; corrupt
 // records are rejected without changing anything. Thread count never changes results.
 #include <doctest/doctest.h>
+#include <gradcomp/comm/frames.hpp>
 #include <gradcomp/gradcomp.hpp>
 
 #include <algorithm>
@@ -150,6 +151,74 @@ TEST_CASE("stage, then accept or drop: a step two-phased for collectives") {
   staging_is_invisible_until_accepted([&] { return gc::presets::adacomp(gc::backend::host{}, n); });
   staging_is_invisible_until_accepted(
       [&] { return gc::presets::randomk_ef(gc::backend::host{}, n, {.density = 0.01, .seed = 3}); });
+}
+
+namespace {
+// stage_queued() reads nothing back, yet staged_message() returns what stage() does and
+// the frame it writes (comm::frame_byte) is the verdict gather_frames writes followed by
+// the message where it fits the bound; a NaN's step is announced in the frame and raised
+// by staged_message() as stage() raises it.
+template <class Make>
+void queued_stage_is_stage(Make make) {
+  auto queued = make();
+  auto twin = make();
+  CAPTURE(queued.corrector().name());
+  const std::size_t n = queued.size();
+  const gc::backend::host on{};
+  const std::uint64_t digest = 0x0123456789ABCDEFull;
+  std::vector<std::byte> a(queued.max_message_bytes()), b(twin.max_message_bytes());
+  const auto frame_of = [&](const gc::detail::step_status* status, std::size_t bound) {
+    std::vector<std::byte> frame(gc::detail::rank_verdict::size + bound, std::byte{0x5A});
+    on.for_each(frame.size(), gc::comm::frame_byte{status, 0, digest, a.data(), frame.data(), bound});
+    return frame;
+  };
+  for (std::uint64_t t = 0; t < 6; ++t) {
+    auto g = inputs::make(inputs::shape::student_t3, n, t);
+    for (auto& v : g) v *= 50.0f;
+    const auto* status = queued.stage_queued(on, std::span<const float>(g), a);
+    CHECK(queued.has_staged());
+    const auto want = twin.stage(g, b);
+    const std::vector<std::byte> message(want.bytes().begin(), want.bytes().end());
+    const auto got = queued.staged_message(on, std::span<const float>(g), a);
+    CHECK(std::vector<std::byte>(got.bytes().begin(), got.bytes().end()) == message);
+    CHECK(got.count() == want.count());
+    for (const std::size_t bound : {message.size(), message.size() + 9, message.size() - 1}) {
+      std::vector<std::byte> expected(gc::detail::rank_verdict::size + bound, std::byte{0});
+      gc::detail::rank_verdict{0, message.size(), digest}.write(expected.data());
+      if (message.size() <= bound) std::copy(message.begin(), message.end(), expected.begin() + 24);
+      CHECK(frame_of(status, bound) == expected);
+    }
+    queued.accept_staged();
+    twin.accept_staged();
+    CHECK(checkpoint_of(queued) == checkpoint_of(twin));
+  }
+  auto g = inputs::make(inputs::shape::normal, n, 99);
+  g[3] = NAN;
+  const std::string before = checkpoint_of(queued);
+  const auto* status = queued.stage_queued(on, std::span<const float>(g), a);
+  std::vector<std::byte> expected(gc::detail::rank_verdict::size + 64, std::byte{0});
+  gc::detail::rank_verdict{1 + static_cast<std::uint32_t>(gc::errc::non_finite), 0, digest}.write(expected.data());
+  CHECK(frame_of(status, 64) == expected);
+  std::string raised;
+  try {
+    (void)twin.stage(g, b);
+  } catch (const gc::error& e) {
+    raised = e.what();
+  }
+  CHECK_FALSE(raised.empty());
+  CHECK_THROWS_WITH_AS((void)queued.staged_message(on, std::span<const float>(g), a), raised.c_str(), gc::error);
+  CHECK_FALSE(queued.has_staged());
+  CHECK(checkpoint_of(queued) == before);
+}
+}  // namespace
+
+TEST_CASE("stage_queued: stage() with its status read later, and the frame written from it") {
+  const std::size_t n = 70001;
+  queued_stage_is_stage([&] { return gc::presets::topk_ef(gc::backend::host{}, n, {.density = 0.01}); });
+  queued_stage_is_stage([&] {
+    return gc::presets::dgc(gc::backend::host{}, n, {.density = 0.01, .max_norm = 1.0f, .reuse_threshold = true});
+  });
+  queued_stage_is_stage([&] { return gc::presets::adacomp(gc::backend::host{}, n); });
 }
 
 TEST_CASE("a bfloat16 gradient stages, previews and compresses as its float32 values do") {

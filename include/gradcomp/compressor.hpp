@@ -219,6 +219,45 @@ class compressor {
   view<const float> preview(const Backend& context, const Grad& grad) {
     return as_view(preview_on(context, grad));
   }
+  /// stage() on `context` with nothing read back: the step is queued and staged, and
+  /// its status (whether it met a NaN or infinity, its count, its message's size) stays
+  /// in the backend's memory at the pointer returned, valid until the next step. For a
+  /// caller that reads many steps' outcomes at once (the DDP hook's device exchange:
+  /// the message framed and sent on the device, one host read per training step).
+  /// staged_message() reads it later, as stage() would have returned it or thrown.
+  /// \throws gradcomp::error if grad.size() != n or `out` is too small; nothing is
+  ///         staged then.
+  template <gradient_view<Backend> Grad>
+  const detail::step_status* stage_queued(const Backend& context, const Grad& grad_at, message_bytes out_at) {
+    const Backend on = detail::context_for(backend_, "stage", context);
+    const std::span<const float> grad = wide_.float_values(on, backend_, "stage", grad_at, n_);
+    const std::span<std::byte> out = detail::raw(out_at);
+    staged_ = false;
+    check_step("stage", grad, out);
+    {
+      const in_place_off guard{*this};
+      engines_.queue(on, selector_, corrector_, encoder_, grad, out, step_, /*commit=*/false);
+    }
+    staged_ = true;
+    return engines_.status_record();
+  }
+  /// The message of the step stage_queued() staged from `grad` into `out`, read from its
+  /// status (on a device, this waits for the step).
+  /// \throws gradcomp::error (non_finite) as stage() would have, naming the first value
+  ///         that is not finite; the step is dropped then. (invalid_argument) if no step
+  ///         is staged.
+  template <gradient_view<Backend> Grad>
+  message_type staged_message(const Backend& context, const Grad& grad_at, message_bytes out_at) {
+    detail::require(staged_, errc::invalid_argument, "staged_message: no step is staged");
+    const Backend on = detail::context_for(backend_, "staged_message", context);
+    const detail::step_status status = engines_.status(on);
+    if (status.non_finite != 0) {
+      staged_ = false;
+      const std::span<const float> grad = wide_.float_values(on, backend_, "compress", grad_at, n_);
+      detail::report_non_finite(on, "compress", grad, engines_.acc(grad));
+    }
+    return written(detail::raw(out_at), static_cast<std::size_t>(status.bytes), status.count);
+  }
   /// compress_async() on `context`: the step is queued on its stream (capture that
   /// stream into a CUDA graph); last_step_finite() reads the status on it.
   message_type compress_async(const Backend& context, view<const float> grad_at, message_bytes out_at)
@@ -327,6 +366,15 @@ class compressor {
     staged_ = false;
   }
 
+  // A staged step is not computed in place (it could not be dropped) while one lives.
+  struct in_place_off {
+    compressor& c;
+    explicit in_place_off(compressor& c_) : c(c_) { c.engines_.allow_in_place(false); }
+    ~in_place_off() { c.engines_.allow_in_place(true); }
+    in_place_off(const in_place_off&) = delete;
+    in_place_off& operator=(const in_place_off&) = delete;
+  };
+
   // A gradient (and a message buffer) that `who` may use: n elements (at least
   // max_message_bytes()) in the backend's memory, on its device.
   void check_grad(const char* who, std::span<const float> grad) const {
@@ -362,11 +410,7 @@ class compressor {
       return m;
     }
     staged_ = false;
-    engines_.allow_in_place(false);
-    struct restore {
-      compressor& c;
-      ~restore() { c.engines_.allow_in_place(true); }
-    } guard{*this};
+    const in_place_off guard{*this};
     const message_type m = run_step(on, grad, out, /*commit=*/false);  // committed by accept_staged
     staged_ = true;
     return m;

@@ -54,6 +54,28 @@ class device_accumulator {
     (*this)(backend_, bytes, dense, scale);
   }
 
+  /// operator() with nothing read back, for a caller that reads many messages' outcomes
+  /// at once: `head` is a host copy of the message's first message_header::size bytes
+  /// (checked here), the message's checks OR their faults into `*fault` (device memory,
+  /// cleared by the caller), and `dense` is added to, on `context`'s stream, only where
+  /// none was found. A nonzero `*fault` afterwards means operator() raises for this
+  /// message, and that `dense` went unchanged: call it to learn the error.
+  /// \throws gradcomp::error (corrupt_message) for a bad header, (invalid_argument) as
+  ///         operator() does for its arguments; nothing is queued then.
+  void queue_checked_add(const backend::cuda& context, std::span<const std::byte, message_header::size> head,
+                         device_span<const std::byte> bytes, device_span<float> dense, float scale,
+                         device_span<std::uint32_t> fault) {
+    const backend::cuda on = backend_.context_for("accumulate", context);
+    backend_.require_current_device("accumulate");
+    detail::require(std::isfinite(scale), errc::invalid_argument, "accumulate: scale must be finite, got ", scale);
+    detail::require(!fault.empty(), errc::invalid_argument, "accumulate: the fault word is empty");
+    on.require_device_pointer("accumulate", "bytes", bytes.data());
+    on.require_device_pointer("accumulate", "dense", dense.data());
+    on.require_device_pointer("accumulate", "fault", fault.data());
+    detail::require_apart("accumulate", bytes.data(), bytes.size(), dense.data(), dense.size());
+    decoder_.queue_checked_add(on, head, detail::raw(bytes), detail::raw(dense), scale, fault.data());
+  }
+
  private:
   backend::cuda backend_;
   detail::message_decoder<backend::cuda> decoder_;

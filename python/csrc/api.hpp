@@ -131,8 +131,20 @@ class any_compressor {
   /// queued on `stream`.
   virtual written compress(void* stream, const void* grad, element type, std::byte* out, std::size_t out_size,
                            bool staged) = 0;
-  virtual void accept_staged() = 0;
+  /// The staged step made current, its commit queued on `stream`.
+  virtual void accept_staged(void* stream) = 0;
   [[nodiscard]] virtual bool has_staged() const = 0;
+  /// stage() of `grad` into `out` queued on `stream` with nothing read back, then its
+  /// frame for the all-gather (gradcomp/comm/frames.hpp: the verdict, from the step's
+  /// status and the settings' `digest`, and the message if it fits `bound`) queued into
+  /// `frame` (rank_verdict::size + bound bytes of the compressor's memory): the DDP
+  /// hook's device exchange.
+  virtual void stage_framed(void* stream, const void* grad, element type, std::byte* out, std::size_t out_size,
+                            std::byte* frame, std::size_t bound, std::uint64_t digest) = 0;
+  /// What stage_framed() wrote, read back (waits for it on a device), or the error
+  /// stage() would have raised (non_finite, naming the value; the step dropped).
+  virtual written staged_message(void* stream, const void* grad, element type, std::byte* out,
+                                 std::size_t out_size) = 0;
   /// preview() of `grad` into `out` (size() floats), queued on `stream`.
   virtual void preview(void* stream, const void* grad, element type, float* out) = 0;
 
@@ -220,6 +232,11 @@ class cuda_accumulator {
   /// memory), checked first, queued on `stream` (a cudaStream_t). Calls on different
   /// streams share the workspace: the caller orders them.
   virtual void add(void* stream, std::span<const std::byte> message, float* dense, std::size_t n, float scale) = 0;
+  /// add() with nothing read back (device_accumulator::queue_checked_add): `head` a host
+  /// copy of the message's header, the checks' faults ORed into `*fault` (device
+  /// memory), `dense` added to only where there were none.
+  virtual void queue_checked_add(void* stream, std::span<const std::byte> head, std::span<const std::byte> message,
+                                 float* dense, std::size_t n, float scale, std::uint32_t* fault) = 0;
 };
 /// A cuda_accumulator on CUDA device `device`.
 std::unique_ptr<cuda_accumulator> make_cuda_accumulator(int device);

@@ -121,8 +121,9 @@ class compressor_handle {
     });
   }
   void accept_staged() {
-    // The staged step's commit is queued now: on CUDA on the compressor's own stream.
-    exclusive([&] { on_own_stream([&] { c_->accept_staged(); }); });
+    // The staged step's commit is queued now: on CUDA on torch's current stream, as stage() is
+    // (no host wait for the compressor's own stream).
+    exclusive([&] { on_current_stream([&](void* stream) { c_->accept_staged(stream); }); });
   }
   bool has_staged() {
     return exclusive([&] { return c_->has_staged(); });
@@ -205,18 +206,38 @@ class compressor_handle {
     });
   }
 
-  /// Stages one step of `grad` (a DDP bucket of this compressor's size, checked, `who`
-  /// naming the call) and returns its message in host memory, its entries in `entries`;
-  /// accept_staged() makes the step current (the DDP hook's exchange: ddp_steps.hpp).
-  std::vector<std::byte> stage_to_host(const torch::Tensor& grad, const char* who, std::size_t& entries) {
+  /// The DDP hook's all-gather exchange (ddp_steps.hpp): stage() of `grad` (a bucket of
+  /// this compressor's size, checked, `who` naming the call) with nothing read back, and
+  /// its frame for the all-gather (verdict with `digest`, message if it fits `bound`)
+  /// queued into `frame` (rank_verdict::size + bound bytes in the compressor's memory),
+  /// on CUDA on torch's current stream. Returns the message buffer, which
+  /// staged_message() reads and accept_staged() commits.
+  torch::Tensor stage_framed(const torch::Tensor& grad, const char* who, torch::Tensor& frame, std::size_t bound,
+                             std::uint64_t digest) {
     return exclusive([&] {
       const auto type = check_gradient(who, "the bucket", grad, device_, numel());
       torch::Tensor out = message_buffer();
-      const written w = run(values_of(grad), type, out, true);
-      entries = w.count;
-      const torch::Tensor bytes = out.narrow(0, 0, static_cast<std::int64_t>(w.bytes)).to(torch::kCPU).contiguous();
-      const auto* first = reinterpret_cast<const std::byte*>(bytes.data_ptr<std::uint8_t>());
-      return std::vector<std::byte>(first, first + w.bytes);
+      const torch::Tensor values = values_of(grad);
+      on_current_stream([&](void* stream) {
+        c_->stage_framed(stream, values.data_ptr(), type, reinterpret_cast<std::byte*>(out.data_ptr<std::uint8_t>()),
+                         static_cast<std::size_t>(out.numel()),
+                         reinterpret_cast<std::byte*>(frame.data_ptr<std::uint8_t>()), bound, digest);
+      });
+      return out;
+    });
+  }
+  /// What stage_framed() wrote into `out`, read back, or its step's error (non_finite).
+  written staged_message(const torch::Tensor& grad, torch::Tensor& out) {
+    return exclusive([&] {
+      const auto type = check_gradient("staged_message", "the bucket", grad, device_, numel());
+      const torch::Tensor values = values_of(grad);
+      written w;
+      on_current_stream([&](void* stream) {
+        w = c_->staged_message(stream, values.data_ptr(), type,
+                               reinterpret_cast<std::byte*>(out.data_ptr<std::uint8_t>()),
+                               static_cast<std::size_t>(out.numel()));
+      });
+      return w;
     });
   }
   /// The largest message this compressor's policies can write at its density.

@@ -10,6 +10,7 @@
 #include "policy_options.hpp"
 
 #include <gradcomp/comm/cyclic_topk.hpp>
+#include <gradcomp/comm/frames.hpp>
 #include <gradcomp/comm/sparse_allreduce.hpp>
 #include <gradcomp/gradcomp.hpp>
 
@@ -125,7 +126,22 @@ class compressor_of final : public any_compressor {
         grad, c_.size(), type, [&](auto g) { return staged ? c_.stage(on, g, o) : c_.compress(on, g, o); });
     return {m.bytes().size(), m.count()};
   }
-  void accept_staged() override { c_.accept_staged(); }
+  void stage_framed(void* stream, const void* grad, element type, std::byte* out, std::size_t out_size,
+                    std::byte* frame, std::size_t bound, std::uint64_t digest) override {
+    const backend_type on = backend_ops<backend_type>::on(c_.backend(), stream);
+    const typename Compressor::message_bytes o(out, out_size);
+    const gc::detail::step_status* status =
+        with_gradient<Compressor>(grad, c_.size(), type, [&](auto g) { return c_.stage_queued(on, g, o); });
+    on.for_each(gc::detail::rank_verdict::size + bound, gc::comm::frame_byte{status, 0, digest, out, frame, bound});
+  }
+  written staged_message(void* stream, const void* grad, element type, std::byte* out, std::size_t out_size) override {
+    const backend_type on = backend_ops<backend_type>::on(c_.backend(), stream);
+    const typename Compressor::message_bytes o(out, out_size);
+    const auto m =
+        with_gradient<Compressor>(grad, c_.size(), type, [&](auto g) { return c_.staged_message(on, g, o); });
+    return {m.bytes().size(), m.count()};
+  }
+  void accept_staged(void* stream) override { c_.accept_staged(backend_ops<backend_type>::on(c_.backend(), stream)); }
   bool has_staged() const override { return c_.has_staged(); }
   void preview(void* stream, const void* grad, element type, float* out) override {
     const backend_type on = backend_ops<backend_type>::on(c_.backend(), stream);

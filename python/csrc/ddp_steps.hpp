@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include <gradcomp/comm/agreement.hpp>
+
 #include "compressor_handle.hpp"
 #include "ordered_worker.hpp"
 #include "process_group.hpp"
@@ -92,6 +94,9 @@ class hook_steps {
                               const pybind11::object& exchange, const torch::Tensor& bucket,
                               const std::vector<named_value>& settings, const reported_error& error, bool last);
 
+  /// A bucket of the all-gather exchange waiting for its step's last (ddp_steps.cpp).
+  struct deferred_bucket;
+
   /// Every step's counts, summed (read at any time).
   [[nodiscard]] hook_counts totals() const;
   /// The last completed step's counts.
@@ -101,8 +106,9 @@ class hook_steps {
   /// What the jobs keep between them (touched by the worker's thread; the counts also
   /// read by Python's, under `lock`).
   struct shared {
-    std::map<std::int64_t, std::size_t> bounds;  // each bucket's frame bound
-    std::vector<std::function<void()>> staged;   // this step's staged buckets' accepts
+    std::map<std::int64_t, std::size_t> bounds;              // each bucket's frame bound
+    std::vector<std::function<void()>> staged;               // this step's staged buckets' accepts
+    std::vector<std::shared_ptr<deferred_bucket>> deferred;  // this step's all-gather buckets so far
     bool step_failed = false;
     mutable std::mutex lock;
     hook_counts step, last, totals;
@@ -111,8 +117,20 @@ class hook_steps {
   /// compression's time to `counts`.
   using work = std::function<torch::Tensor(transport&, const torch::Tensor& bucket, hook_counts& counts)>;
 
+  /// Adds a bucket's `counts` to its step's, and at the step's end the step's to the totals.
+  static void add_counts(shared& state, const hook_counts& counts, bool last);
+  /// The step's end of its all-gather buckets (`state.deferred`), on the worker's thread.
+  static void finish_deferred(const group_ptr& group, const std::shared_ptr<shared>& state, bool skip_non_finite);
   /// Queues `job` for `bucket` and returns its Future.
   pybind11::object submit(const torch::Tensor& bucket, bool last, bool compressed, work job);
+  /// The all-gather aggregation of a bucket, in the bucket's memory (host or device):
+  /// the step is staged, framed and all-gathered (on a CUDA bucket's stream) with nothing
+  /// read back; the step's last bucket reads every bucket's verdicts and message headers
+  /// in one copy, adds the messages where they are, reads their checks' faults in one
+  /// more copy, and completes every bucket's Future (finish_deferred in ddp_steps.cpp).
+  pybind11::object deferred(std::int64_t index, std::shared_ptr<compressor_handle> c,
+                            std::vector<gradcomp::detail::setting> settings, const reported_error& error,
+                            const torch::Tensor& bucket, bool last);
 
   group_ptr group_;
   group_ptr ddp_group_;

@@ -3,6 +3,7 @@
 
 #include <gradcomp/accumulate.hpp>
 #include <gradcomp/backend/host.hpp>
+#include <gradcomp/detail/codec/decode.hpp>
 #include <gradcomp/message.hpp>
 
 #include <cmath>
@@ -60,25 +61,59 @@ pybind11::tuple decode(const torch::Tensor& message_in) {
   return py::make_tuple(indices.to(message_in.device()), values.to(message_in.device()), py::int_(s.n));
 }
 
-/// dense += scale * the entries of `message` (checked tensors on one device), with the
-/// GIL released by the caller.
-void add_message(const torch::Tensor& message, torch::Tensor& dense, float scale) {
-  if (message.is_cpu()) {
-    gc::accumulate(gc::backend::host{}, bytes_of(message),
-                   std::span<float>(dense.data_ptr<float>(), static_cast<std::size_t>(dense.numel())), scale);
-    return;
-  }
+namespace {
+
+/// `dense` (float32, in host memory) as a span.
+std::span<float> floats_of(torch::Tensor& dense) {
+  return {dense.data_ptr<float>(), static_cast<std::size_t>(dense.numel())};
+}
+
+/// Runs `work(accumulator, stream)` with the accumulator of `message`'s CUDA device, on
+/// torch's current stream, one call at a time.
+template <class Work>
+void with_device_accumulator(const torch::Tensor& message, Work&& work) {
 #if defined(GRADCOMP_PY_CUDA)
   const int device = message.device().index();
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   device_accumulate& on = accumulate_on(device);
   const std::lock_guard<std::mutex> lock(on.busy);
-  on_current_stream(on.order, [&](void* stream) {
-    on.add->add(stream, bytes_of(message), dense.data_ptr<float>(), static_cast<std::size_t>(dense.numel()), scale);
-  });
+  on_current_stream(on.order, [&](void* stream) { work(*on.add, stream); });
 #else
+  (void)message, (void)work;
   invalid("accumulate: this build of gradcomp has no CUDA support");
 #endif
+}
+
+}  // namespace
+
+/// dense += scale * the entries of `message` (checked tensors on one device), with the
+/// GIL released by the caller.
+void add_message(const torch::Tensor& message, torch::Tensor& dense, float scale) {
+  if (message.is_cpu()) {
+    gc::accumulate(gc::backend::host{}, bytes_of(message), floats_of(dense), scale);
+    return;
+  }
+  with_device_accumulator(message, [&](auto& add, void* stream) {
+    add.add(stream, bytes_of(message), dense.data_ptr<float>(), static_cast<std::size_t>(dense.numel()), scale);
+  });
+}
+
+void queue_checked_add(std::span<const std::byte> head, const torch::Tensor& message, torch::Tensor& dense, float scale,
+                       std::uint32_t* fault) {
+  if (head.size() != gc::message_header::size) {
+    invalid("accumulate: the header copy has ", head.size(), " bytes, not ", gc::message_header::size);
+  }
+  if (message.is_cpu()) {
+    // The decoder's workspace, per thread (each process group's hook jobs run on one).
+    thread_local gc::detail::message_decoder<gc::backend::host> decoder{gc::backend::host{}};
+    decoder.queue_checked_add(gc::backend::host{}, head.first<gc::message_header::size>(), bytes_of(message),
+                              floats_of(dense), scale, fault);
+    return;
+  }
+  with_device_accumulator(message, [&](auto& add, void* stream) {
+    add.queue_checked_add(stream, head, bytes_of(message), dense.data_ptr<float>(),
+                          static_cast<std::size_t>(dense.numel()), scale, fault);
+  });
 }
 
 void accumulate(const torch::Tensor& message, torch::Tensor& dense, double scale) {

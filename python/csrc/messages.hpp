@@ -26,4 +26,10 @@ void accumulate(const torch::Tensor& message, torch::Tensor& dense, double scale
 /// caller (the DDP hook's exchange adds every rank's message with it).
 void add_message(const torch::Tensor& message, torch::Tensor& dense, float scale);
 
+/// add_message() with nothing read back (the DDP hook's all-gather exchange): `head` is
+/// a host copy of the message's header; its checks' faults are ORed into `*fault` (in
+/// the message's memory) and `dense` is added to only where there were none.
+void queue_checked_add(std::span<const std::byte> head, const torch::Tensor& message, torch::Tensor& dense, float scale,
+                       std::uint32_t* fault);
+
 }  // namespace gradcomp_py

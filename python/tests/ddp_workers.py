@@ -52,6 +52,14 @@ def run_hook(state, rank, step, n, bucket=0, last=True):
     return ddp.hook(state, Bucket(grad_of(rank, step, n, bucket).clone(), bucket, last)).wait()
 
 
+def run_step(state, rank, step, sizes):
+    """One step of buckets of ``sizes``, as DDP runs it: every bucket's hook called, then
+    the Futures waited for (a step's all-gather buckets complete at its last)."""
+    last = len(sizes) - 1
+    futures = [ddp.hook(state, Bucket(grad_of(rank, step, n, b).clone(), b, b == last)) for b, n in enumerate(sizes)]
+    return [f.wait() for f in futures]
+
+
 def same_on_all_ranks(t, group=None):
     parts = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
     dist.all_gather(parts, t, group=group)
@@ -108,12 +116,12 @@ def check_16_bit_buckets(rank, world):
             torch.testing.assert_close(got.float(), want.to(dtype).float(), rtol=2e-2, atol=1e-2)
 
 
-def check_nan_on_one_rank(rank, world):
+def check_nan_on_one_rank(rank, world, device="cpu"):
     n = 2000
     state = ddp.State(method="dgc", density=0.01, start_iter=0, max_norm=10.0)
     twin = ddp.State(method="dgc", density=0.01, start_iter=0, max_norm=10.0)
     for step in range(4):
-        g = grad_of(rank, step, n)
+        g = grad_of(rank, step, n).to(device)
         if step == 2:
             before = {i: c.state_dict()["state"].clone() for i, c in state.compressors.items()}
             bad = g.clone()
@@ -158,18 +166,16 @@ def check_checkpoint_and_bucket_errors(rank, world):
     state = ddp.State(method="dgc", density=0.05, start_iter=1)
     uninterrupted = ddp.State(method="dgc", density=0.05, start_iter=1)
     for step in range(3):
-        for b in range(2):
-            run_hook(state, rank, step, n[b], b, last=b == 1)
-            run_hook(uninterrupted, rank, step, n[b], b, last=b == 1)
+        run_step(state, rank, step, n)
+        run_step(uninterrupted, rank, step, n)
     buffer = io.BytesIO()
     torch.save(state, buffer)
     buffer.seek(0)
     restored = torch.load(buffer)
     assert restored.process_group is None and restored.iter == 3
     for step in range(3, 6):
-        for b in range(2):
-            assert torch.equal(run_hook(restored, rank, step, n[b], b, last=b == 1),
-                               run_hook(uninterrupted, rank, step, n[b], b, last=b == 1))
+        for got, want in zip(run_step(restored, rank, step, n), run_step(uninterrupted, rank, step, n)):
+            assert torch.equal(got, want)
     # A bucket whose size changed, on one rank: every rank raises the same error.
     size = n[0] + (1 if rank == 0 else 0)
     try:
@@ -239,7 +245,7 @@ def outcomes_of(futures):
     return outcomes
 
 
-def check_buckets_in_flight(rank, world):
+def check_buckets_in_flight(rank, world, device="cpu"):
     """Four buckets in flight at once, as DDP has them: each hook returns before its
     bucket's exchange completes (one late rank holds every exchange back), every bucket
     equals the NumPy reference aggregation, the steady state costs one collective per
@@ -255,7 +261,7 @@ def check_buckets_in_flight(rank, world):
         late = step % world  # every rank is on time in some steps
         if rank == late:
             time.sleep(0.5)
-        futures = [ddp.hook(state, Bucket(grads[b].clone(), b, b == last)) for b in range(len(sizes))]
+        futures = [ddp.hook(state, Bucket(grads[b].to(device, copy=True), b, b == last)) for b in range(len(sizes))]
         if rank != late:
             assert not any(f.done() for f in futures), "a hook waited for its bucket's exchange"
         return futures
@@ -288,7 +294,7 @@ def check_buckets_in_flight(rank, world):
             now = memory_of(state)
             assert all(torch.equal(now[i], memory[i]) for i in memory), "a failed step changed a bucket's memory"
         before = state.collectives
-        got = [f.wait() for f in submit(step, grads)]
+        got = [f.wait().cpu() for f in submit(step, grads)]
         for b in range(len(sizes)):
             expected = want(step, b, density)
             if step < 1:
@@ -557,8 +563,7 @@ def check_stats(rank, world):
     state = ddp.State(method="topk_ef", density=density, start_iter=1)
     assert state.stats()["steps"] == 0 and state.stats()["density"] == 0.0
     for step in range(4):
-        for b, n in enumerate(sizes):
-            run_hook(state, rank, step, n, b, last=b == len(sizes) - 1)
+        run_step(state, rank, step, sizes)
         last = state.stats()
         assert last["steps"] == 1 and last["buckets"] == len(sizes) and last["elements"] == sum(sizes)
         assert last["dense_allreduce_bytes"] == sum(2 * (world - 1) * 4 * n // world for n in sizes)
@@ -592,6 +597,8 @@ SCENARIOS = {
     "methods": check_every_method,
     "schedules": check_schedules,
     "cuda": check_cuda_buckets,
+    "cuda-in-flight": lambda rank, world: check_buckets_in_flight(rank, world, "cuda"),
+    "cuda-nan": lambda rank, world: check_nan_on_one_rank(rank, world, "cuda"),
     "topk": lambda rank, world: check_topk_against_reference(rank, world, 0.01),
     "allreduce": lambda rank, world: check_topk_against_reference(rank, world, 1.0),
     "nan": check_nan_on_one_rank,

@@ -187,3 +187,15 @@ def test_ddp_hook_on_cuda_buckets(world, tmp_path):
     import test_ddp
 
     test_ddp.spawn(world, ["cuda"], tmp_path)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ddp_hook_device_exchange(world, tmp_path):
+    """The all-gather exchanged on the device (the step's outcomes read once at its last
+    bucket): four buckets in flight against the NumPy reference bit for bit, the
+    collectives per step, messages that outgrow the frames, and a NaN in one bucket on one
+    rank raising the same error on every rank with no memory changed; then a NaN in a
+    single-bucket step, the hook going on after."""
+    import test_ddp
+
+    test_ddp.spawn(world, ["cuda-in-flight", "cuda-nan"], tmp_path)

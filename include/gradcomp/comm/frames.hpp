@@ -13,6 +13,7 @@
 #include <gradcomp/comm/agreement.hpp>
 #include <gradcomp/comm/transport.hpp>
 #include <gradcomp/config.hpp>
+#include <gradcomp/detail/core/step_input.hpp>
 #include <gradcomp/error.hpp>
 
 #include <algorithm>
@@ -33,6 +34,43 @@ inline std::size_t next_frame_bound(std::uint64_t longest, std::uint64_t capacit
   const std::uint64_t padded = (longest + longest / 8 + 63) / 64 * 64;
   return static_cast<std::size_t>(std::min(padded, capacity));
 }
+
+/// Byte i of a frame written where the message was (a device's memory: nothing read
+/// back): the verdict (rank_verdict's layout) with code `code`, or where that is 0,
+/// non_finite's if the step's `status` says so; its own value the message's size from
+/// the status (0 after an error), the settings' `digest`; then the message's first
+/// bytes, those of a message that fits `bound` (the frame holds rank_verdict::size +
+/// bound bytes; a message that does not fit is announced by its size alone, as
+/// gather_frames does).
+struct frame_byte {
+  const detail::step_status* status;  ///< the step's status (the backend's memory)
+  std::uint32_t code;                 ///< this rank's error code met on the host (1 + errc), or 0
+  std::uint64_t digest;               ///< the digest of the settings the ranks share
+  const std::byte* message;           ///< where the step wrote its message
+  std::byte* frame;                   ///< rank_verdict::size + bound bytes, written here
+  std::size_t bound;                  ///< the message bytes a frame holds
+
+  /// Writes byte `i` of the frame.
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t i) const {
+    const std::uint32_t verdict =
+        code != 0 ? code : (status->non_finite != 0 ? 1 + static_cast<std::uint32_t>(errc::non_finite) : 0u);
+    const std::uint64_t size = verdict == 0 ? status->bytes : 0;
+    constexpr std::size_t head = detail::rank_verdict::size;
+    std::uint64_t byte = 0;
+    if (i < 4) {
+      byte = verdict >> (8 * i);
+    } else if (i >= 8 && i < 16) {
+      byte = size >> (8 * (i - 8));
+    } else if (i >= 16 && i < head) {
+      byte = digest >> (8 * (i - 16));
+    } else if (i >= head && size <= bound && i - head < size) {
+      frame[i] = message[i - head];
+      return;
+    }
+    frame[i] = static_cast<std::byte>(byte & 0xFF);
+  }
+};
+static_assert(detail::rank_verdict::size == 24, "frame_byte writes the verdict's layout");
 
 /// One exchange of every rank's message over `comm`: `stage()` (this rank's work,
 /// returning its message as bytes in host memory, or throwing gradcomp::error) runs

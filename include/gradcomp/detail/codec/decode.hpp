@@ -48,6 +48,24 @@ namespace decoding {
 /// Whether a pass met a fault: bit 0 of the fault word.
 inline constexpr std::uint32_t fault = 1u;
 
+/// A fault, whatever the item: a message the host found unfit before any pass.
+struct always_fault {
+  GRADCOMP_HOST_DEVICE std::uint32_t operator()(std::size_t) const { return fault; }
+};
+
+/// scatter_add (message.hpp) where the message's fault word stayed 0: every check of
+/// the message ran before on the same stream, so the word is final when this reads it.
+struct scatter_add_if_clean {
+  const std::uint32_t* faults;
+  const std::uint32_t* index;
+  const float* values;
+  float scale;
+  float* dense;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
+    if (*faults == 0) scatter_add{index, values, scale, dense}(j);
+  }
+};
+
 /// The bits set in a byte, and the lowest one's place, in host and device code alike.
 GRADCOMP_HOST_DEVICE constexpr unsigned bits_set(unsigned byte) noexcept {
   byte = byte - ((byte >> 1) & 0x55u);
@@ -343,33 +361,14 @@ class message_decoder {
     const message_header h = read_header(std::span<const std::byte>(head, sizeof head), bytes.size());
     std::uint32_t* faults = faults_.data();
     on.clear(faults, 1);
-    if ((h.flags & message_header::flag_checksum) != 0) {
-      const std::size_t parts = blocks_of(bytes.size() - 16, checksum_chunk);
-      grow(parts_, parts);
-      on.for_each(parts, checksum_parts{bytes.data(), bytes.size(), parts_.data()});
-      on.reduce_or(1, checksum_check{bytes.data(), bytes.size(), parts_.data(), h.checksum}, faults);
-    }
-    decode_indices(on, h, bytes, true);
-    const value_decoder values(h, value_section(h, bytes));
-    if (value_entry_bits(h.value, h.codec_param) % 8 != 0) {  // a packed coding: its padding
-      const std::uint64_t used = h.count * value_entry_bits(h.value, h.codec_param);
-      on.reduce_or(1, value_padding{value_section(h, bytes), used, h.value_bytes}, faults);
-    }
-    values.visit([&](const auto& typed) {
-      using values_t = std::decay_t<decltype(typed)>;
-      on.reduce_or(static_cast<std::size_t>(h.count), values_finite<values_t>{typed}, faults);
-      if (target.dense != nullptr) {
-        on.reduce_or(static_cast<std::size_t>(h.count),
-                     sum_finite<values_t>{index_.data(), typed, target.scale, target.dense, n}, faults);
-      }
-    });
+    queue_checks(on, h, bytes, n, target, faults);
     const std::uint32_t seen = on.read(static_cast<const std::uint32_t*>(faults));
     if ((seen & fault) != 0) explain(on, bytes, n, who);
     require_size(h, n, who);
     if (seen != 0) {  // the message is sound, a sum is not
       const auto count = static_cast<std::size_t>(h.count);
       grow(values_, count);
-      decode_values(on, values, count, values_.data());
+      decode_values(on, value_decoder(h, value_section(h, bytes)), count, values_.data());
       explain_overflow(on, who, index_.data(), values_.data(), count, target, n);
     }
     return {h, bytes};
@@ -379,10 +378,35 @@ class message_decoder {
   void add(const Backend& on, const checked& m, std::span<float> dense, float scale) {
     const auto count = static_cast<std::size_t>(m.header.count);
     if (count == 0) return;
-    decode_indices(on, m.header, m.bytes, false);
+    decode_indices(on, m.header, m.bytes, nullptr);
     grow(values_, count);
     decode_values(on, value_decoder(m.header, value_section(m.header, m.bytes)), count, values_.data());
     on.for_each(count, scatter_add{index_.data(), values_.data(), scale, dense.data()});
+  }
+
+  /// check() and add() queued together, with nothing read back, for a caller that
+  /// reads many messages' outcomes at once: `head` is the message's header as the caller
+  /// read it (a copy of its first message_header::size bytes: read_header() checked it on
+  /// the host, against bytes.size()), the checks (with `dense` as the target) OR their
+  /// faults into `*fault` (the backend's memory; the caller clears it), and `dense` is
+  /// added to only if none was found. A nonzero `*fault` means check() raises for this
+  /// message and `dense` went unchanged: call it to learn the error.
+  /// A message for a tensor of another n is a fault too (check() then names the error
+  /// that comes first, a corrupt message's or the size's, as the host's reader does).
+  /// \throws gradcomp::error (corrupt_message) for a bad header; nothing is queued then.
+  void queue_checked_add(const Backend& on, std::span<const std::byte, message_header::size> head,
+                         std::span<const std::byte> bytes, std::span<float> dense, float scale, std::uint32_t* fault) {
+    const message_header h = read_header(head, bytes.size());
+    if (h.n != dense.size()) {
+      on.reduce_or(1, decoding::always_fault{}, fault);
+      return;
+    }
+    queue_checks(on, h, bytes, dense.size(), {dense.data(), scale}, fault);
+    const auto count = static_cast<std::size_t>(h.count);
+    if (count == 0) return;
+    grow(values_, count);
+    decode_values(on, value_decoder(h, value_section(h, bytes)), count, values_.data());
+    on.for_each(count, decoding::scatter_add_if_clean{fault, index_.data(), values_.data(), scale, dense.data()});
   }
 
   /// Queues the first out.size() values of a checked message, in entry order, into
@@ -398,6 +422,33 @@ class message_decoder {
   }
 
  private:
+  // Every check of the message into `faults` (each pass after a fault does nothing),
+  // its indices decoded into index_ on the way.
+  void queue_checks(const Backend& on, const message_header& h, std::span<const std::byte> bytes, std::size_t n,
+                    sum_target target, std::uint32_t* faults) {
+    using namespace decoding;
+    if ((h.flags & message_header::flag_checksum) != 0) {
+      const std::size_t parts = blocks_of(bytes.size() - 16, checksum_chunk);
+      grow(parts_, parts);
+      on.for_each(parts, checksum_parts{bytes.data(), bytes.size(), parts_.data()});
+      on.reduce_or(1, checksum_check{bytes.data(), bytes.size(), parts_.data(), h.checksum}, faults);
+    }
+    decode_indices(on, h, bytes, faults);
+    const value_decoder values(h, value_section(h, bytes));
+    if (value_entry_bits(h.value, h.codec_param) % 8 != 0) {  // a packed coding: its padding
+      const std::uint64_t used = h.count * value_entry_bits(h.value, h.codec_param);
+      on.reduce_or(1, value_padding{value_section(h, bytes), used, h.value_bytes}, faults);
+    }
+    values.visit([&](const auto& typed) {
+      using values_t = std::decay_t<decltype(typed)>;
+      on.reduce_or(static_cast<std::size_t>(h.count), values_finite<values_t>{typed}, faults);
+      if (target.dense != nullptr) {
+        on.reduce_or(static_cast<std::size_t>(h.count),
+                     sum_finite<values_t>{index_.data(), typed, target.scale, target.dense, n}, faults);
+      }
+    });
+  }
+
   /// out[j] = entry j's value for j < count, dispatching on the coding once.
   static void decode_values(const Backend& on, const value_decoder& values, std::size_t count, float* out) {
     values.visit([&](const auto& typed) {
@@ -418,16 +469,18 @@ class message_decoder {
     if (static_cast<std::size_t>(b.size()) < count) b = backend_.template allocate<T>(count);
   }
 
-  // The index section into index_; with `checking`, its structural faults and the
-  // order and range of the indices into the fault word (every pass after a fault
-  // does nothing). Without, the message passed check() already: only what decoding
-  // needs runs (delta's layout walk, which also places the blocks).
-  void decode_indices(const Backend& on, const message_header& h, std::span<const std::byte> bytes, bool checking) {
+  // The index section into index_; with `check_into` (a fault word), its structural
+  // faults and the order and range of the indices into that word (every pass after a
+  // fault does nothing). Without, the message passed check() already: only what
+  // decoding needs runs (delta's layout walk, which also places the blocks).
+  void decode_indices(const Backend& on, const message_header& h, std::span<const std::byte> bytes,
+                      std::uint32_t* check_into) {
     using namespace decoding;
     const auto count = static_cast<std::size_t>(h.count);
     const std::byte* section = bytes.data() + message_header::size;
-    std::uint32_t* faults = checking ? faults_.data() : faults_.data() + 1;  // [1]: a clean word for add()
-    std::uint32_t* expanded = faults_.data() + 2;                            // the expansion's count
+    const bool checking = check_into != nullptr;
+    std::uint32_t* faults = checking ? check_into : faults_.data() + 1;  // [1]: a clean word for add()
+    std::uint32_t* expanded = faults_.data() + 2;                        // the expansion's count
     if (!checking) on.clear(faults, 1);
     grow(index_, std::max<std::size_t>(count, 1));
     switch (h.index) {
