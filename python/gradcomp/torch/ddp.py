@@ -450,11 +450,13 @@ def _reported(e):
 def hook(state: "State", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The communication hook: ``model.register_comm_hook(state, hook)``.
 
-    Returns at once a Future that completes when the bucket's exchange has: the bucket
-    goes to a job that runs, one after another in the order DDP calls the hook (the same
-    on every rank), on a thread of the process group's own, so that backward computes the
-    next buckets while this one's bytes travel and every rank issues its collectives in
-    the same order.
+    Returns at once a Future that completes when the bucket's exchange has (with the
+    all-gather aggregation, when the step's last bucket's has: the step reads its
+    buckets' outcomes together): the bucket goes to a job that runs, one after another in
+    the order DDP calls the hook (the same on every rank), on a thread of the process
+    group's own, so that backward computes the next buckets while this one's bytes travel
+    and every rank issues its collectives in the same order. Called by hand, call it for
+    every bucket of a step (the last with ``is_last()`` true) before waiting.
 
     Every step of every bucket carries the ranks' agreement: each rank's verdict on its
     own step (a NaN, a bucket of another size, a checkpoint that does not restore), and a
