@@ -140,17 +140,23 @@ void staging_is_invisible_until_accepted(Make make) {
   CHECK_THROWS_AS((void)staged.stage(g, a), gc::error);
   CHECK_FALSE(staged.has_staged());
 }
+
+// Calls `check(make)` with a maker of each preset the staging tests run: top-k with error
+// feedback, DGC (clipping and momentum), AdaComp and random-k with error feedback.
+template <class Check>
+void for_each_staged_preset(Check check) {
+  const std::size_t n = 70001;
+  check([&] { return gc::presets::topk_ef(gc::backend::host{}, n, {.density = 0.01}); });
+  check([&] {
+    return gc::presets::dgc(gc::backend::host{}, n, {.density = 0.01, .max_norm = 1.0f, .reuse_threshold = true});
+  });
+  check([&] { return gc::presets::adacomp(gc::backend::host{}, n); });
+  check([&] { return gc::presets::randomk_ef(gc::backend::host{}, n, {.density = 0.01, .seed = 3}); });
+}
 }  // namespace
 
 TEST_CASE("stage, then accept or drop: a step two-phased for collectives") {
-  const std::size_t n = 70001;
-  staging_is_invisible_until_accepted([&] { return gc::presets::topk_ef(gc::backend::host{}, n, {.density = 0.01}); });
-  staging_is_invisible_until_accepted([&] {
-    return gc::presets::dgc(gc::backend::host{}, n, {.density = 0.01, .max_norm = 1.0f, .reuse_threshold = true});
-  });
-  staging_is_invisible_until_accepted([&] { return gc::presets::adacomp(gc::backend::host{}, n); });
-  staging_is_invisible_until_accepted(
-      [&] { return gc::presets::randomk_ef(gc::backend::host{}, n, {.density = 0.01, .seed = 3}); });
+  for_each_staged_preset([](auto make) { staging_is_invisible_until_accepted(make); });
 }
 
 namespace {
@@ -213,12 +219,7 @@ void queued_stage_is_stage(Make make) {
 }  // namespace
 
 TEST_CASE("stage_queued: stage() with its status read later, and the frame written from it") {
-  const std::size_t n = 70001;
-  queued_stage_is_stage([&] { return gc::presets::topk_ef(gc::backend::host{}, n, {.density = 0.01}); });
-  queued_stage_is_stage([&] {
-    return gc::presets::dgc(gc::backend::host{}, n, {.density = 0.01, .max_norm = 1.0f, .reuse_threshold = true});
-  });
-  queued_stage_is_stage([&] { return gc::presets::adacomp(gc::backend::host{}, n); });
+  for_each_staged_preset([](auto make) { queued_stage_is_stage(make); });
 }
 
 TEST_CASE("a bfloat16 gradient stages, previews and compresses as its float32 values do") {

@@ -169,6 +169,39 @@ void complete(c10::intrusive_ptr<c10::ivalue::Future>& future, torch::Tensor& re
   future.reset();
 }
 
+/// Where a bucket's job works: on a device, the stream backward wrote the bucket on, and
+/// the devices of its Future; on the host neither.
+struct bucket_place {
+  std::optional<c10::Stream> stream;
+  std::vector<c10::Device> devices;
+
+  explicit bucket_place(const torch::Device& device) {
+    if (device.is_cpu()) return;
+    stream = c10::impl::VirtualGuardImpl(device.type()).getStream(device);
+    devices.push_back(device);
+  }
+};
+
+/// A job's OpenMP threads: the hook caller's (`threads`), not the worker thread's default.
+void use_threads(int threads) {
+#if defined(_OPENMP)
+  omp_set_num_threads(threads);
+#else
+  (void)threads;
+#endif
+}
+
+/// Runs `add()` (which adds rank `rank`'s message), its gradcomp::error naming the rank.
+template <class Add>
+void naming_rank(std::size_t rank, std::size_t ranks, Add&& add) {
+  try {
+    add();
+  } catch (const gc::error& e) {
+    gc::detail::fail(e.code(), std::string_view(e.what()).substr(std::strlen("gradcomp: ")), " (the message of rank ",
+                     rank, " of ", ranks, ")");
+  }
+}
+
 /// The counts of a bucket before its exchange: its size, and what a ring all-reduce of
 /// it would send per rank.
 hook_counts counts_of(const torch::Tensor& bucket, bool compressed, int ranks_in) {
@@ -199,23 +232,13 @@ py::object hook_steps::submit(const torch::Tensor& bucket_in, bool last, bool co
   // needs the GIL where its last reference goes, and the job drops this one off the
   // Python thread.
   torch::Tensor bucket = bucket_in.alias();
-  const torch::Device device = bucket.device();
-  std::optional<c10::Stream> stream;  // where backward wrote the bucket: the job works on it
-  std::vector<c10::Device> devices;
-  if (!device.is_cpu()) {
-    stream = c10::impl::VirtualGuardImpl(device.type()).getStream(device);
-    devices.push_back(device);
-  }
-  auto future = c10::make_intrusive<c10::ivalue::Future>(c10::PyObjectType::get(), devices);
-  const int threads = at::get_num_threads();  // the caller's, not the worker's default
+  const bucket_place place(bucket.device());
+  auto future = c10::make_intrusive<c10::ivalue::Future>(c10::PyObjectType::get(), place.devices);
+  const int threads = at::get_num_threads();
   const bool skip_non_finite = skip_non_finite_;
-  worker_->submit([group = group_, state = shared_, future, bucket, stream, threads, last, compressed, skip_non_finite,
-                   job = std::move(job)]() mutable {
-#if defined(_OPENMP)
-    omp_set_num_threads(threads);
-#else
-    (void)threads;
-#endif
+  worker_->submit([group = group_, state = shared_, future, bucket, stream = place.stream, threads, last, compressed,
+                   skip_non_finite, job = std::move(job)]() mutable {
+    use_threads(threads);
     torch::Tensor result;
     std::exception_ptr failure;
     hook_counts counts = counts_of(bucket, compressed, group->getSize());
@@ -406,12 +429,7 @@ void gather_again_on_host(transport& t, hook_steps::deferred_bucket& d, float sc
   for (std::size_t r = 0, at = 0; r < d.sizes.size(); at += static_cast<std::size_t>(d.sizes[r]), ++r) {
     const torch::Tensor bytes =
         torch::from_blob(all.data() + at, {static_cast<std::int64_t>(d.sizes[r])}, torch::kUInt8).to(d.mean.device());
-    try {
-      add_message(bytes, d.mean, scale);
-    } catch (const gc::error& e) {
-      gc::detail::fail(e.code(), std::string_view(e.what()).substr(std::strlen("gradcomp: ")), " (the message of rank ",
-                       r, " of ", d.sizes.size(), ")");
-    }
+    naming_rank(r, d.sizes.size(), [&] { add_message(bytes, d.mean, scale); });
   }
 }
 
@@ -420,12 +438,7 @@ void gather_again_on_host(transport& t, hook_steps::deferred_bucket& d, float sc
 [[noreturn]] void explain_fault(const hook_steps::deferred_bucket& d, const torch::Tensor& message, std::size_t rank,
                                 float scale) {
   torch::Tensor copy = d.mean.clone();
-  try {
-    add_message(message, copy, scale);
-  } catch (const gc::error& e) {
-    gc::detail::fail(e.code(), std::string_view(e.what()).substr(std::strlen("gradcomp: ")), " (the message of rank ",
-                     rank, " of ", d.sizes.size(), ")");
-  }
+  naming_rank(rank, d.sizes.size(), [&] { add_message(message, copy, scale); });
   gc::detail::fail(gc::errc::corrupt_message, who, ": the message of rank ", rank,
                    " failed a check on the device that the checked add passes (a gradcomp bug: please report it)");
 }
@@ -435,29 +448,19 @@ void gather_again_on_host(transport& t, hook_steps::deferred_bucket& d, float sc
 py::object hook_steps::deferred(std::int64_t index, std::shared_ptr<compressor_handle> c,
                                 std::vector<gc::detail::setting> settings, const reported_error& error,
                                 const torch::Tensor& bucket, bool last) {
-  const torch::Device device = bucket.device();
-  std::optional<c10::Stream> stream;
-  std::vector<c10::Device> devices;
-  if (!device.is_cpu()) {
-    stream = c10::impl::VirtualGuardImpl(device.type()).getStream(device);
-    devices.push_back(device);
-  }
-  auto d = std::make_shared<deferred_bucket>(stream);
+  const bucket_place place(bucket.device());
+  auto d = std::make_shared<deferred_bucket>(place.stream);
   d->index = index;
   d->c = std::move(c);
   d->settings = std::move(settings);
   d->error = error;
   d->bucket = bucket.alias();  // a tensor of our own (see submit)
   d->counts = counts_of(d->bucket, true, group_->getSize());
-  d->future = c10::make_intrusive<c10::ivalue::Future>(c10::PyObjectType::get(), devices);
+  d->future = c10::make_intrusive<c10::ivalue::Future>(c10::PyObjectType::get(), place.devices);
   py::object returned = py::cast(std::make_shared<torch::jit::PythonFutureWrapper>(d->future));
-  const int threads = at::get_num_threads();  // the caller's, not the worker's default
+  const int threads = at::get_num_threads();
   worker_->submit([group = group_, state = shared_, d, last, threads, skip_non_finite = skip_non_finite_]() mutable {
-#if defined(_OPENMP)
-    omp_set_num_threads(threads);
-#else
-    (void)threads;
-#endif
+    use_threads(threads);
     {
       const on_stream_of guard(d->stream);
       const auto start = clock::now();
@@ -550,13 +553,10 @@ void hook_steps::finish_deferred(const group_ptr& group, const std::shared_ptr<s
           const auto header = header_in(mine_heads, each, r);
           torch::Tensor message = d.gathered.narrow(0, static_cast<std::int64_t>(r) * frame + verdict_bytes,
                                                     static_cast<std::int64_t>(d.sizes[r]));
-          try {
+          naming_rank(r, ranks, [&] {
             queue_checked_add(header, message, d.mean, scale,
                               reinterpret_cast<std::uint32_t*>(faults.data_ptr<std::int32_t>()) + adds.size());
-          } catch (const gc::error& e) {
-            gc::detail::fail(e.code(), std::string_view(e.what()).substr(std::strlen("gradcomp: ")),
-                             " (the message of rank ", r, " of ", ranks, ")");
-          }
+          });
           adds.push_back({b, r, std::move(message)});
         }
       } else {
