@@ -38,6 +38,7 @@ case "$purpose" in
   test) packages=("${demo[@]}" "${cpp_tests[@]}" "${python_tests[@]}") ;;
   bench) packages=("${demo[@]}" "${cpp_tests[@]}" libtorch-dev python3-numpy python3-matplotlib) ;;
   results) packages=("${demo[@]}" libopenmpi-dev openmpi-bin libeigen3-dev zlib1g-dev dataset-fashion-mnist iproute2 python3-matplotlib
+                     dict-gcide   # the text experiments/fsdp_lm.py trains on
                      "${python_tests[@]}") ;;
   *) echo "setup.sh: unknown purpose '$purpose' (demo, test, bench or results)" >&2; exit 2 ;;
 esac

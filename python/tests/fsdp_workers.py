@@ -15,6 +15,20 @@ def grad_of(rank, step, n):
     return torch.randn(n, generator=g) * torch.exp(torch.randn(n, generator=g))
 
 
+def reference_step(e, step, n, k, world):
+    """One step of every rank's top-k with error feedback (residuals ``e``, updated):
+    the sums, in rank order, of what the ranks sent."""
+    sums = np.zeros(n, dtype=np.float32)
+    seen = np.zeros(n, dtype=bool)
+    for r in range(world):
+        e[r] = (e[r] + grad_of(r, step, n).numpy()).astype(np.float32)
+        for i in reference.top_k(e[r], k):
+            sums[i] = np.float32(sums[i] + e[r][i]) if seen[i] else e[r][i]
+            seen[i] = True
+            e[r][i] = 0.0
+    return sums
+
+
 def check_reduce_scatter_against_reference(rank, world):
     """ReduceScatter as FSDP calls it: each rank's shard equals the reference (the sum,
     in rank order, of the entries the ranks' top-k with error feedback sent into that
@@ -27,14 +41,7 @@ def check_reduce_scatter_against_reference(rank, world):
     e = [np.zeros(n, dtype=np.float32) for _ in range(world)]
     group = dist.group.WORLD
     for step in range(4):
-        sums = np.zeros(n, dtype=np.float32)
-        seen = np.zeros(n, dtype=bool)
-        for r in range(world):
-            e[r] = (e[r] + grad_of(r, step, n).numpy()).astype(np.float32)
-            for i in reference.top_k(e[r], k):
-                sums[i] = np.float32(sums[i] + e[r][i]) if seen[i] else e[r][i]
-                seen[i] = True
-                e[r][i] = 0.0
+        sums = reference_step(e, step, n, k, world)
         # AVG, SUM, and PREMUL_SUM (set_gradient_divide_factor), the last through async_op.
         op, factor = [(dist.ReduceOp.AVG, 1.0 / world), (dist.ReduceOp.SUM, 1.0),
                       (dist.ReduceOp.PREMUL_SUM(0.125), 0.125),
@@ -147,6 +154,50 @@ def check_one_instance_per_group(rank, world):
     assert torch.equal(rs.compressor.corrector_state(0), resumed.compressor.corrector_state(0))
     expect_error(lambda: fsdp.ReduceScatter(method="dgc", density=0.05).load_state_dict(rs.state_dict()),
                  gradcomp.InvalidArgumentError, "gradcomp: fsdp ReduceScatter: load_state_dict: the state's method")
+
+
+def check_set_density(rank, world):
+    """set_density (DGC's warm-up under FSDP): before the first call it is the density the
+    compressor is made with, after it the next call's; each step's shard and residual
+    equal the reference top-k at that step's density, bit for bit. A bad density raises
+    on the spot with nothing changed; a state saved mid-warm-up restores its density into
+    an instance made with another, and continues bit for bit."""
+    shard_n = 500
+    n = shard_n * world
+    group = dist.group.WORLD
+    rs = fsdp.ReduceScatter(method="topk_ef", density=0.05)
+    rs.set_density(0.02)
+    e = [np.zeros(n, dtype=np.float32) for _ in range(world)]
+    for step, density in enumerate((0.02, 0.1, 0.1)):
+        if step == 1:
+            rs.set_density(density)
+        sums = reference_step(e, step, n, reference.k_for(density, n), world)
+        out = torch.empty(shard_n)
+        rs(out, grad_of(rank, step, n), group, dist.ReduceOp.SUM)
+        np.testing.assert_array_equal(out.numpy(), sums[rank * shard_n:(rank + 1) * shard_n])
+        np.testing.assert_array_equal(rs.compressor.corrector_state(0).numpy(), e[rank])
+        assert rs.stats()["entries_sent"] == reference.k_for(density, n)
+    for bad in (0.0, 1.5, float("nan")):
+        try:
+            rs.set_density(bad)
+            raise AssertionError(f"density {bad} was accepted")
+        except gradcomp.InvalidArgumentError as error:
+            assert "density" in str(error), str(error)
+    assert rs.compressor.density == 0.1 and rs.options["density"] == 0.1
+    resumed = fsdp.ReduceScatter(method="topk_ef", density=0.05)
+    resumed.load_state_dict(rs.state_dict())
+    assert resumed.options["density"] == 0.1
+    for step in range(3, 5):
+        a, b = torch.empty(shard_n), torch.empty(shard_n)
+        rs(a, grad_of(rank, step, n), group, dist.ReduceOp.SUM)
+        resumed(b, grad_of(rank, step, n), group, dist.ReduceOp.SUM)
+        assert torch.equal(a, b) and resumed.compressor.density == 0.1
+    later = fsdp.ReduceScatter(method="topk_ef", density=0.05)
+    later.load_state_dict(rs.state_dict())
+    later.set_density(0.04)  # after loading: wins over the checkpoint's
+    out = torch.empty(shard_n)
+    later(out, grad_of(rank, 5, n), group, dist.ReduceOp.SUM)
+    assert later.stats()["entries_sent"] == reference.k_for(0.04, n)
 
 
 class Net(torch.nn.Module):
@@ -315,6 +366,7 @@ SCENARIOS = {
     "reduce-scatter": check_reduce_scatter_against_reference,
     "16-bit": check_16_bit_gradients,
     "one-instance": check_one_instance_per_group,
+    "set-density": check_set_density,
     "training": check_fully_shard_training,
     "divide-factor": check_divide_factor_and_bf16_reduce,
     "hsdp": check_hsdp_replicas_compressed,

@@ -166,6 +166,19 @@ struct given_indices_case {
   }
 };
 
+}  // namespace conformance
+
+// The grid's test cases named by their selector ("...<conformance::exact_topk_case>"),
+// so that ctest can run them side by side (tests/CMakeLists.txt).
+TYPE_TO_STRING(conformance::exact_topk_case);
+TYPE_TO_STRING(conformance::sampled_threshold_case);
+TYPE_TO_STRING(conformance::chunk_local_case);
+TYPE_TO_STRING(conformance::random_k_case);
+TYPE_TO_STRING(conformance::threshold_case);
+TYPE_TO_STRING(conformance::given_indices_case);
+
+namespace conformance {
+
 // -- corrector cases --------------------------------------------------------------------
 
 using kind = reference::corrector::kind;

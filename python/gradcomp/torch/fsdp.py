@@ -123,12 +123,26 @@ class _GroupCompressor:
             c = Compressor(numel, self.method, device=grad.device, **self.options)
             if self._saved is not None:
                 c.load_state_dict(self._saved)
+                if "density" in self.options:  # a set_density after loading wins over the checkpoint's
+                    c.set_density(self.options["density"])
             self._saved = None
             self.compressor = c
         if self._exchange is None or self._group is not group:
             self._exchange = _C.SparseAllreduce(self.compressor._impl, group, 0)
             self._group = group
         return self._exchange
+
+    def set_density(self, density: float) -> None:
+        """The density of this instance's compressor from its next call on (DGC's warm-up:
+        ``gradcomp.torch.Warmup(final_density=d).by_step(step, steps_per_epoch)``); before
+        the first call, the density the compressor is made with. Checked now: a density
+        outside (0, 1], or a method without one, raises
+        :class:`gradcomp.InvalidArgumentError` and changes nothing."""
+        density = check.real(f"{self._WHO} set_density", "density", density)
+        Compressor(1 << 10, self.method, **{**self.options, "density": density})  # refuses what the method does
+        if self.compressor is not None:
+            self.compressor.set_density(density)
+        self.options["density"] = density
 
     @property
     def bytes_sent(self) -> int:
@@ -169,26 +183,34 @@ class _GroupCompressor:
                 "compressor": memory}
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """Restores a :meth:`state_dict` of an instance of the same method and options: at
-        once if this instance has its compressor, else at the first call (where a
-        compressor of another size raises). Raises :class:`gradcomp.InvalidArgumentError`
-        (nothing changes) for anything else."""
+        """Restores a :meth:`state_dict` of an instance of the same method and options (the
+        density aside: the state's is restored, and a :meth:`set_density` after loading
+        wins): at once if this instance has its compressor, else at the first call (where
+        a compressor of another size raises). Raises
+        :class:`gradcomp.InvalidArgumentError` (nothing changes) for anything else."""
         if not isinstance(state_dict, dict) or state_dict.get("format") != _FORMAT:
             check.fail(self._WHO,
                        f"load_state_dict: not a state_dict of gradcomp.torch.fsdp, got {check.kind(state_dict)}")
-        for key, mine in (("method", self.method), ("options", self.options)):
-            if state_dict.get(key) != mine:
-                check.fail(self._WHO, f"load_state_dict: the state's {key} is {state_dict.get(key)!r}, "
-                                      f"this instance's {mine!r}")
+        saved = state_dict.get("options")
+        without_density = lambda options: {k: v for k, v in options.items() if k != "density"}  # noqa: E731
+        for key, theirs, mine in (("method", state_dict.get("method"), self.method),
+                                  ("options", without_density(saved) if isinstance(saved, dict) else saved,
+                                   without_density(self.options))):
+            if theirs != mine:
+                check.fail(self._WHO, f"load_state_dict: the state's {key} is {theirs!r}, this instance's {mine!r}")
         memory = state_dict.get("compressor")
         if self.compressor is not None:
             if memory is None:
                 check.fail(self._WHO, "load_state_dict: the state holds no compressor (it was saved before the first "
                                       "call) and this instance has one")
+        calls = check.integer(self._WHO, "calls", state_dict.get("calls", 0), 0)
+        if self.compressor is not None:
             self.compressor.load_state_dict(memory)
         else:
             self._saved = memory
-        self._calls = check.integer(self._WHO, "calls", state_dict.get("calls", 0), 0)
+        if "density" in saved:
+            self.options["density"] = saved["density"]
+        self._calls = calls
 
 
 class ReduceScatter(_GroupCompressor, _ReduceScatterBase):
