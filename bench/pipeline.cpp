@@ -99,6 +99,13 @@ void BM_topk_ef_step_unfused(benchmark::State& s) {
   run_unfused(s, step_n, c.selector(), c.corrector(), c.encoder());
 }
 
+// The same step with the residual stored in 8 and 4 bits (correct::compact): the float32
+// step plus reading the stored blocks and storing the new residual into them.
+void BM_topk_ef_step_compact(benchmark::State& s) {
+  run_fused(s, gc::presets::topk_ef(gc::backend::host{}, step_n, {.density = 0.001},
+                                    gc::presets::compact_memory{.bits = static_cast<std::uint32_t>(s.range(0))}));
+}
+
 // The same steps with the gradient in bfloat16 (a bf16 model's DDP bucket): widened to
 // float32 by the compressor first. Bytes processed count the 4-byte float32 input the
 // step then works on, as above, so the rates compare directly.
@@ -224,6 +231,14 @@ BENCHMARK(BM_topk_ef_step_unfused)
     ->UseRealTime()
     ->MinTime(0.5);
 BENCHMARK(BM_topk_ef_step)->Name("topk_ef_step/25000000")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_topk_ef_step_compact)
+    ->Name("topk_ef_step_compact/25000000")
+    ->ArgName("bits")
+    ->Arg(8)
+    ->Arg(4)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(0.5);
 BENCHMARK(BM_dgc_step_unfused)
     ->Name("dgc_step_unfused/25000000")
     ->Unit(benchmark::kMillisecond)

@@ -255,7 +255,7 @@ template <class Case>
 struct compact_case {
   static constexpr int variants = 2 * Case::variants;
   static constexpr unsigned bits[] = {8, 4};
-  static constexpr unsigned blocks[] = {64, 8};
+  static constexpr unsigned blocks[] = {64, 24};  // a power of two (a shift finds the block) and not
   static std::string name(int v) {
     return "compact{" + Case::name(v / 2) + ", .bits = " + std::to_string(bits[v % 2]) +
            ", .block = " + std::to_string(blocks[v % 2]) + "}";

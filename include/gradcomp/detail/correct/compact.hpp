@@ -15,6 +15,7 @@
 #include <gradcomp/held_memory.hpp>
 
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -79,9 +80,26 @@ GRADCOMP_HOST_DEVICE inline int code_at(const std::uint8_t* codes, std::size_t i
   return nibble >= 8 ? static_cast<int>(nibble) - 16 : static_cast<int>(nibble);
 }
 
+/// Writes code i, as code_at reads it.
+GRADCOMP_HOST_DEVICE inline void put_code(std::uint8_t* codes, std::size_t i, int code, std::uint32_t bits) noexcept {
+  if (bits == 8) {
+    codes[i] = static_cast<std::uint8_t>(static_cast<std::int8_t>(code));
+  } else {
+    const unsigned shift = (i % 2) * 4;
+    const auto nibble = static_cast<std::uint8_t>((static_cast<unsigned>(code) & 0xFu) << shift);
+    codes[i / 2] = static_cast<std::uint8_t>((codes[i / 2] & ~(0xFu << shift)) | nibble);
+  }
+}
+
 /// Bytes of `n` codes of `bits` bits.
 GRADCOMP_HOST_DEVICE inline std::size_t code_bytes(std::size_t n, std::uint32_t bits) noexcept {
   return bits == 8 ? n : (n + 1) / 2;
+}
+
+/// log2 of a block size that is a power of two, else -1: a shift finds an entry's block
+/// where a division would cost more than the rest of its read.
+inline int shift_of(std::uint32_t block) noexcept {
+  return (block & (block - 1)) == 0 ? static_cast<int>(std::countr_zero(block)) : -1;
 }
 
 /// Read access to the stored arrays: entry i of array a is q_i * 2^E of its block.
@@ -91,16 +109,35 @@ struct stored {
   const std::int8_t* exponents[Arrays + 1];
   std::uint32_t bits;
   std::uint32_t block;
+  int block_shift;  ///< shift_of(block)
   GRADCOMP_HOST_DEVICE float value(std::size_t a, std::size_t i) const {
-    return mul_rn(static_cast<float>(code_at(codes[a], i, bits)), power_of_two(exponents[a][i / block]));
+    const std::size_t j = block_shift >= 0 ? i >> block_shift : i / block;
+    return mul_rn(static_cast<float>(code_at(codes[a], i, bits)), power_of_two(exponents[a][j]));
   }
 };
 
-/// Stores block j of array a (work item a * blocks + j) of the float32 state `from`:
-/// its exponent, then its codes, rounding in index order with the error carried. Writes
-/// nothing if the step met a NaN.
+/// max |x_i| over `len` finite values (what a store reads: a step that met a NaN stores
+/// nothing, and a checkpoint's values are checked finite), as the largest magnitude bits:
+/// for finite floats those order as the magnitudes do, and an integer maximum is one the
+/// compiler makes vectors of.
+GRADCOMP_HOST_DEVICE inline float largest_magnitude(const float* x, std::size_t len) noexcept {
+  std::uint32_t top = 0;
+  for (std::size_t i = 0; i < len; ++i) {
+    const std::uint32_t key = bits_of(x[i]) & 0x7FFFFFFFu;
+    top = key > top ? key : top;
+  }
+  return float_of(top);
+}
+
+/// Stores `group` consecutive blocks of array a of the float32 state `from` (work item
+/// a * groups() + g: blocks g * group on): each block's exponent, then its codes,
+/// rounding in index order with the error carried. Each block's rounding is a chain
+/// (every entry waits for the previous one's carry), so the group's blocks are rounded
+/// side by side, entry t of each in turn, and a core overlaps their chains; a device
+/// runs one block per work item. Writes nothing if the step met a NaN.
 template <std::size_t Arrays>
 struct store {
+  static constexpr std::size_t max_group = 8;
   elementwise::arrays<Arrays> from;
   std::uint8_t* codes[Arrays + 1];
   std::int8_t* exponents[Arrays + 1];
@@ -108,40 +145,43 @@ struct store {
   std::uint32_t block;
   std::size_t n;
   std::size_t blocks;
+  std::size_t group;  ///< blocks per work item, in [1, max_group]
   const step_status* status;
+
+  /// Work items per array.
+  GRADCOMP_HOST_DEVICE std::size_t groups() const noexcept { return (blocks + group - 1) / group; }
+
   GRADCOMP_HOST_DEVICE void operator()(std::size_t work) const {
     if (status != nullptr && status->non_finite != 0) return;
-    const std::size_t a = work / blocks;
-    const std::size_t j = work % blocks;
-    const std::size_t begin = j * block;
-    const std::size_t end = begin + block < n ? begin + block : n;
+    const std::size_t a = work / groups();
+    const std::size_t first = (work % groups()) * group;
+    const std::size_t count = first + group < blocks ? group : blocks - first;
     const float* x = from.at[a];
-    float m = 0.0f;
-    for (std::size_t i = begin; i < end; ++i) m = larger(m, x[i] < 0.0f ? -x[i] : x[i]);
     const int largest = largest_code(bits);
-    const int e = exponent_for(m, largest);
-    exponents[a][j] = static_cast<std::int8_t>(e);
-    const float step = power_of_two(e);
-    const float inverse = power_of_two(-e);
-    float carry = 0.0f;
-    std::uint8_t* out = codes[a];
-    for (std::size_t i = begin; i < end; ++i) {
-      const float y = x[i] + carry;
-      float q = round_half_even(mul_rn(y, inverse));
-      q = q > static_cast<float>(largest) ? static_cast<float>(largest)
-                                          : (q < -static_cast<float>(largest) ? -static_cast<float>(largest) : q);
-      carry = y - mul_rn(q, step);
-      const int code = static_cast<int>(q);
-      if (bits == 8) {
-        out[i] = static_cast<std::uint8_t>(static_cast<std::int8_t>(code));
-      } else {
-        const unsigned shift = (i % 2) * 4;
-        const auto nibble = static_cast<std::uint8_t>((static_cast<unsigned>(code) & 0xFu) << shift);
-        out[i / 2] = static_cast<std::uint8_t>((out[i / 2] & ~(0xFu << shift)) | nibble);
+    const float limit = static_cast<float>(largest);
+    float carry[max_group], step[max_group], inverse[max_group];
+    std::size_t end[max_group];
+    for (std::size_t b = 0; b < count; ++b) {
+      const std::size_t begin = (first + b) * block;
+      end[b] = begin + block < n ? begin + block : n;
+      const int e = exponent_for(largest_magnitude(x + begin, end[b] - begin), largest);
+      exponents[a][first + b] = static_cast<std::int8_t>(e);
+      step[b] = power_of_two(e);
+      inverse[b] = power_of_two(-e);
+      carry[b] = 0.0f;
+    }
+    for (std::size_t t = 0; t < block; ++t) {
+      for (std::size_t b = 0; b < count; ++b) {
+        const std::size_t i = (first + b) * block + t;
+        if (i >= end[b]) continue;  // the array's last block may be shorter
+        const float y = x[i] + carry[b];
+        float q = round_half_even(mul_rn(y, inverse[b]));
+        q = q > limit ? limit : (q < -limit ? -limit : q);
+        carry[b] = y - mul_rn(q, step[b]);
+        put_code(codes[a], i, static_cast<int>(q), bits);
       }
     }
   }
-  GRADCOMP_HOST_DEVICE static float larger(float a, float b) noexcept { return b > a ? b : a; }
 };
 
 /// to[i] = value of entry i of array a (dequantized).
@@ -185,6 +225,7 @@ class compact_state {
     }
     r.bits = bits_;
     r.block = block_;
+    r.block_shift = compact_blocks::shift_of(block_);
     return r;
   }
   /// The float32 arrays the step writes, allocated for the step.
@@ -199,18 +240,13 @@ class compact_state {
   }
   /// After the step's commit: its state stored into the blocks, unless it met a NaN.
   void store(const Backend& on, const step_status* status) {
-    compact_blocks::store<Arrays> pass{};
+    compact_blocks::store<Arrays> pass = store_pass(status);
     for (std::size_t a = 0; a != Arrays; ++a) {
       pass.from.at[a] = next_[a].data();
       pass.codes[a] = codes_[a].data();
       pass.exponents[a] = exponents_[a].data();
     }
-    pass.bits = bits_;
-    pass.block = block_;
-    pass.n = n_;
-    pass.blocks = blocks_;
-    pass.status = status;
-    on.for_each(Arrays * blocks_, pass);
+    on.for_each(Arrays * pass.groups(), pass);
     last_ = on;
   }
   /// The blocks hold the step's state already: the float32 arrays go back.
@@ -247,16 +283,11 @@ class compact_state {
   void load(std::size_t a, std::span<const float> values) {
     buffer<float> wide = backend_.template allocate<float>(n_);
     backend_.to_device(values.data(), n_, wide.data());
-    compact_blocks::store<Arrays> pass{};
+    compact_blocks::store<Arrays> pass = store_pass(nullptr);
     pass.from.at[0] = wide.data();
     pass.codes[0] = codes_[a].data();
     pass.exponents[0] = exponents_[a].data();
-    pass.bits = bits_;
-    pass.block = block_;
-    pass.n = n_;
-    pass.blocks = blocks_;
-    pass.status = nullptr;
-    backend_.for_each(blocks_, pass);
+    backend_.for_each(pass.groups(), pass);
     if constexpr (!Backend::host_accessible) (void)backend_.read(exponents_[a].data());  // before `wide` goes
   }
 
@@ -271,6 +302,18 @@ class compact_state {
   }
 
  private:
+  // The store pass's sizes, its arrays to be set.
+  compact_blocks::store<Arrays> store_pass(const step_status* status) const {
+    compact_blocks::store<Arrays> pass{};
+    pass.bits = bits_;
+    pass.block = block_;
+    pass.n = n_;
+    pass.blocks = blocks_;
+    pass.group = Backend::host_accessible ? compact_blocks::store<Arrays>::max_group : 1;
+    pass.status = status;
+    return pass;
+  }
+
   Backend backend_;
   Backend last_ = backend_;  // where the step in progress is queued
   std::size_t n_;
