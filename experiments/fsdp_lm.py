@@ -10,7 +10,11 @@ of English (Debian's dict-gcide), with one reduce-scatter per run:
 - ``topk_ef``: gradcomp.torch.fsdp.ReduceScatter, top-k with error feedback, its memory
   in float32;
 - ``topk_ef_m8`` / ``topk_ef_m4``: the same with the error memory stored in 8 or 4 bits
-  (``memory_bits``, docs/algorithms.md "Compressed memory").
+  (``memory_bits``, docs/algorithms.md "Compressed memory");
+- ``int4``: the published baseline, ZeRO++'s quantized reduce-scatter (qgZ, one hop):
+  every entry of every chunk quantized in blocks of 128 with gradcomp's ``int4`` value
+  coding (a float32 scale per block, 4 bits an entry), no error feedback
+  (:class:`Int4ReduceScatter`).
 
 experiments/fsdp_lm_cluster.sh runs it on the ranks of experiments/cluster.sh (which sets
 RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and GLOO_SOCKET_IFNAME). The same
@@ -21,7 +25,7 @@ every --eval-every steps the validation loss (not counted in the training time);
 end the peak resident memory of each rank from the model's making on (VmHWM, reset
 after the corpus is read) and what it held before the model was made.
 
-    python3 -m experiments.fsdp_lm --method dense|topk_ef|topk_ef_m8|topk_ef_m4 --steps 200 --out r.json
+    python3 -m experiments.fsdp_lm --method dense|topk_ef|topk_ef_m8|topk_ef_m4|int4 --steps 200 --out r.json
 """
 import argparse
 import datetime
@@ -36,12 +40,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
 import gradcomp.torch.fsdp
 from experiments.fsdp_fashion_mnist import DenseReduceScatter
 
 CORPUS = "/usr/share/dictd/gcide.dict.dz"  # dict-gcide; dictzip is gzip with an index
-METHODS = {"dense": None, "topk_ef": {}, "topk_ef_m8": {"memory_bits": 8}, "topk_ef_m4": {"memory_bits": 4}}
+METHODS = {"dense": None, "topk_ef": {}, "topk_ef_m8": {"memory_bits": 8}, "topk_ef_m4": {"memory_bits": 4},
+           "int4": None}
 
 
 def corpus_bytes(limit):
@@ -51,6 +57,41 @@ def corpus_bytes(limit):
         text = f.read()
     text = re.sub(rb"\s+", b" ", text)[:limit]
     return torch.frombuffer(bytearray(text), dtype=torch.uint8)
+
+
+class Int4ReduceScatter(ReduceScatter):
+    """ZeRO++'s qgZ (Wang et al., 2023) in one hop, from its description: rank i quantizes
+    every chunk j of its gradient in blocks (gradcomp's ``int4`` value coding: each block
+    of 128 entries a float32 scale = its max|v| / 7 and 4-bit round(v / scale); no error
+    feedback, so the rounding is lost) and sends it to rank j (``all_to_all_single``: the
+    messages' sizes, then the messages), which adds the W decoded chunks in rank order.
+    The message's index section costs a byte per 128 entries (every index is sent)."""
+
+    def __init__(self):
+        self.compressor = None
+
+    def allocate(self, size, *, dtype, device):
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        world = group.size()
+        chunks = input_tensor.reshape(world, -1)
+        if self.compressor is None:
+            self.compressor = gradcomp.torch.Compressor(chunks.shape[1], "compose", selector="exact_topk",
+                                                        density=1.0, corrector="none", value="int4")
+        messages = [self.compressor.compress(chunk) for chunk in chunks]
+        sizes = [m.numel() for m in messages]
+        theirs = torch.empty(world, dtype=torch.int64)
+        dist.all_to_all_single(theirs, torch.tensor(sizes, dtype=torch.int64), group=group)
+        received = torch.empty(int(theirs.sum()), dtype=torch.uint8)
+        dist.all_to_all_single(received, torch.cat(messages), output_split_sizes=theirs.tolist(),
+                               input_split_sizes=sizes, group=group)
+        total = torch.zeros(chunks.shape[1], dtype=torch.float32)
+        factor = 1.0 / world if op == dist.ReduceOp.AVG else 1.0
+        for message in received.split(theirs.tolist()):
+            gradcomp.torch.accumulate(message, total, factor)
+        output_tensor.copy_(total.view_as(output_tensor))
+        return None
 
 
 class Block(torch.nn.Module):
@@ -153,8 +194,12 @@ def train(args, rank, world):
     scatters = []
     for module in net.modules():
         if isinstance(module, FSDPModule):
-            scatter = DenseReduceScatter() if options is None else gradcomp.torch.fsdp.ReduceScatter(
-                method="topk_ef", density=args.density, **options)
+            if args.method == "dense":
+                scatter = DenseReduceScatter()
+            elif args.method == "int4":
+                scatter = Int4ReduceScatter()
+            else:
+                scatter = gradcomp.torch.fsdp.ReduceScatter(method="topk_ef", density=args.density, **options)
             module.set_custom_reduce_scatter(scatter)
             scatters.append(scatter)
     optimizer = torch.optim.AdamW(net.parameters(), lr=args.lr, weight_decay=0.0)

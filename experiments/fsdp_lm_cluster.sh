@@ -5,14 +5,14 @@
 # from PyPI (scripts/torch2_env.sh builds gradcomp there), then the table and the plot
 # (experiments/fsdp_lm_report.py). Environment:
 #   RATES    link rates, as tc writes them (default "1gbit 10gbit")
-#   METHODS  reduce-scatters (default: dense topk_ef topk_ef_m8)
-#   STEPS    dense's training steps (default 240); gradcomp's run 1.5 times as many, so that
+#   METHODS  reduce-scatters (default: dense int4 topk_ef topk_ef_m8)
+#   STEPS    dense's training steps (default 240); the others run 1.5 times as many, so that
 #            a method slower to converge can still reach dense's final loss
 #   ARGS     more arguments for experiments/fsdp_lm.py
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rates=${RATES:-"1gbit 10gbit"}
-methods=${METHODS:-"dense topk_ef topk_ef_m8"}
+methods=${METHODS:-"dense int4 topk_ef topk_ef_m8"}
 steps=${STEPS:-240}
 bash scripts/setup.sh results
 python="$(bash scripts/torch2_env.sh --gradcomp)"

@@ -14,9 +14,10 @@ import json
 import os
 import statistics
 
-ORDER = ["dense", "topk_ef", "topk_ef_m8", "topk_ef_m4"]
+ORDER = ["dense", "int4", "topk_ef", "topk_ef_m8", "topk_ef_m4"]
 NAMES = {"dense": "FSDP dense reduce-scatter (float32)", "topk_ef": "gradcomp topk_ef, float32 memory",
-         "topk_ef_m8": "gradcomp topk_ef, 8-bit memory", "topk_ef_m4": "gradcomp topk_ef, 4-bit memory"}
+         "topk_ef_m8": "gradcomp topk_ef, 8-bit memory", "topk_ef_m4": "gradcomp topk_ef, 4-bit memory",
+         "int4": "ZeRO++-style int4 blocks (no error feedback)"}
 SKIP = 3  # the first steps (allocations, the compressors' first dense-sized exchange) are not typical
 
 

@@ -18,8 +18,9 @@ int main(int argc, char** argv) {
     std::vector<float> g(n);
     for (std::size_t i = 0; i < n; ++i) g[i] = static_cast<float>((i * 37) % 23) - 11.0f;
     for (const auto ic : {gc::index_coding::raw32, gc::index_coding::delta_bitpack, gc::index_coding::bitmap}) {
-      for (const auto vc : {gc::value_coding::f32, gc::value_coding::f16, gc::value_coding::bf16,
-                            gc::value_coding::int8, gc::value_coding::ternary, gc::value_coding::qsgd}) {
+      for (const auto vc :
+           {gc::value_coding::f32, gc::value_coding::f16, gc::value_coding::bf16, gc::value_coding::int8,
+            gc::value_coding::ternary, gc::value_coding::qsgd, gc::value_coding::int4}) {
         for (const bool checksum : {false, true}) {
           gc::compressor c{gc::backend::host{}, n, gc::select::exact_topk{.density = 0.1}, gc::correct::none{},
                            gc::encode::index_value{.index = ic, .value = vc, .levels = 7, .checksum = checksum}};

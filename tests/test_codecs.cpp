@@ -3,8 +3,10 @@
 #include <doctest/doctest.h>
 #include <gradcomp/gradcomp.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
+#include <numeric>
 #include <random>
 
 #include "support/engine_stages.hpp"
@@ -20,7 +22,8 @@ namespace {
 constexpr index_coding index_codings[] = {index_coding::raw32, index_coding::delta_bitpack, index_coding::bitmap,
                                           index_coding::automatic};
 constexpr value_coding value_codings[] = {value_coding::f32,  value_coding::f16,     value_coding::bf16,
-                                          value_coding::int8, value_coding::ternary, value_coding::qsgd};
+                                          value_coding::int8, value_coding::ternary, value_coding::qsgd,
+                                          value_coding::int4};
 
 // A message carrying exactly `indices` of `x`, through the public API (given_indices).
 std::vector<std::byte> message_of(const std::vector<float>& x, const std::vector<std::uint32_t>& indices,
@@ -358,6 +361,69 @@ TEST_CASE("hostile sections are rejected for every coding") {
   require_rejected(with<std::uint8_t>(qsgd, values_at, 0xFE), n);  // level 7 > 5 in the first 4-bit field
   const auto f32 = message_of(x, subset, {.index = index_coding::raw32});
   require_rejected(with<float>(f32, 48, 1.0f), n);  // f32 takes no scale
+  // int4: one block of 5 entries, its scale at values_at, the fields in the 3 bytes after.
+  const auto int4 = message_of(x, subset, {.index = index_coding::raw32, .value = value_coding::int4});
+  REQUIRE(int4.size() == values_at + 4 + 3);
+  require_rejected(with<std::uint8_t>(int4, values_at + 4, 0x08), n);  // -8 in the first field
+  require_rejected(with<float>(int4, values_at, -1.0f), n);            // negative scale
+  require_rejected(with<float>(int4, values_at, INFINITY), n);         // infinite scale
+  require_rejected(with<float>(int4, values_at, -0.0f), n);            // the encoder writes +0
+  require_rejected(with<std::uint8_t>(int4, values_at + 6, 0x17), n);  // padding nibble after entry 5
+  require_rejected(with<float>(int4, 48, 1.0f), n);                    // the header carries no scale
+}
+
+TEST_CASE("int4: blocks of 128, each its scale and its 4-bit fields, as the wire format says") {
+  // 130 entries: a full block (scale 7 / 7 = 1: the fields are the values) and a block of 2.
+  std::vector<float> x(130);
+  for (std::size_t i = 0; i < 128; ++i) x[i] = static_cast<float>(static_cast<int>(i % 15) - 7);  // -7 .. 7
+  x[5] = 2.4f;                                                                                    // rounds to 2
+  x[6] = -2.5f;                                                                                   // ties to even: -2
+  x[128] = 0.5f;
+  x[129] = -14.0f;  // the second block's scale is 2: 0.5 / 2 rounds to 0, -14 / 2 = -7
+  std::vector<std::uint32_t> all(x.size());
+  std::iota(all.begin(), all.end(), 0u);
+  const auto m = message_of(x, all, {.index = index_coding::raw32, .value = value_coding::int4});
+  const std::size_t at = gc::message_header::size + 4 * x.size();
+  REQUIRE(m.size() == at + (4 + 64) + (4 + 1));
+  float scale = 0.0f;
+  std::memcpy(&scale, m.data() + at, 4);
+  CHECK(scale == 1.0f);
+  const auto field = [&](std::size_t block_at, std::size_t e) {
+    const unsigned byte = std::to_integer<unsigned>(m[block_at + 4 + e / 2]);
+    const unsigned nibble = (e % 2 == 0 ? byte : byte >> 4) & 0xFu;
+    return static_cast<int>(nibble) - (nibble >= 8 ? 16 : 0);
+  };
+  for (std::size_t i = 0; i < 128; ++i) {
+    CAPTURE(i);
+    CHECK(field(at, i) == (i == 5 ? 2 : i == 6 ? -2 : static_cast<int>(i % 15) - 7));
+  }
+  std::memcpy(&scale, m.data() + at + 68, 4);
+  CHECK(scale == 2.0f);
+  CHECK(field(at + 68, 0) == 0);
+  CHECK(field(at + 68, 1) == -7);
+  const auto s = gc::decode(m);
+  CHECK(s.values[5] == 2.0f);
+  CHECK(s.values[6] == -2.0f);
+  CHECK(s.values[128] == 0.0f);
+  CHECK(s.values[129] == -14.0f);
+}
+
+TEST_CASE("int4 stays within half its block's scale") {
+  for (const auto shape : {inputs::shape::normal, inputs::shape::log_normal, inputs::shape::ties}) {
+    const auto x = inputs::make(shape, 5000, 9);
+    const auto subset = random_subset(x.size(), 0.2, 10);
+    const auto q = gc::decode(message_of(x, subset, {.value = value_coding::int4}));
+    CAPTURE(inputs::name(shape));
+    for (std::size_t first = 0; first < subset.size(); first += 128) {
+      float largest = 0.0f;
+      for (std::size_t j = first; j < std::min(subset.size(), first + 128); ++j) {
+        largest = std::max(largest, std::fabs(x[subset[j]]));
+      }
+      for (std::size_t j = first; j < std::min(subset.size(), first + 128); ++j) {
+        REQUIRE(std::fabs(q.values[j] - x[subset[j]]) <= 0.5f * largest / 7.0f * (1.0f + 1e-5f));
+      }
+    }
+  }
 }
 
 TEST_CASE("random corruption of every coding never escapes validation") {

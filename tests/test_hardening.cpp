@@ -23,8 +23,8 @@ namespace {
 constexpr float big = std::numeric_limits<float>::max();
 constexpr float tiny = std::numeric_limits<float>::denorm_min();
 
-const value_coding all_values[] = {value_coding::f32,  value_coding::f16,     value_coding::bf16,
-                                   value_coding::int8, value_coding::ternary, value_coding::qsgd};
+const value_coding all_values[] = {value_coding::f32,     value_coding::f16,  value_coding::bf16, value_coding::int8,
+                                   value_coding::ternary, value_coding::qsgd, value_coding::int4};
 const index_coding all_indices[] = {index_coding::automatic, index_coding::raw32, index_coding::delta_bitpack,
                                     index_coding::bitmap};
 

@@ -298,8 +298,9 @@ TEST_CASE("the generic decoder agrees with the host's reader on every coding and
   const std::size_t n = 300;
   const auto g = inputs::make(inputs::shape::student_t3, n, 4);
   for (const auto index : {gc::index_coding::raw32, gc::index_coding::delta_bitpack, gc::index_coding::bitmap}) {
-    for (const auto value : {gc::value_coding::f32, gc::value_coding::f16, gc::value_coding::bf16,
-                             gc::value_coding::int8, gc::value_coding::ternary, gc::value_coding::qsgd}) {
+    for (const auto value :
+         {gc::value_coding::f32, gc::value_coding::f16, gc::value_coding::bf16, gc::value_coding::int8,
+          gc::value_coding::ternary, gc::value_coding::qsgd, gc::value_coding::int4}) {
       for (const bool checksum : {false, true}) {
         for (const std::size_t k : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{200}}) {
           CAPTURE(gc::to_string(index));

@@ -23,6 +23,7 @@ CASES = [
     ("compose", {"selector": "exact_topk", "corrector": "low_pass", "beta": 0.5, "value": "qsgd", "levels": 5}),
     ("compose", {"selector": "sampled_threshold", "corrector": "momentum", "nesterov": True, "value": "int8",
                  "index": "delta_bitpack", "checksum": True}),
+    ("compose", {"selector": "exact_topk", "corrector": "error_feedback", "density": 0.05, "value": "int4"}),
 ]
 
 

@@ -161,7 +161,7 @@ def test_threshold_and_randomk_and_scalecom_send_acc():
     np.testing.assert_allclose(s.corrector_state(0).numpy(), 0.5 * (g.numpy() - sent) + 0.5 * m, rtol=1e-6)
 
 
-@pytest.mark.parametrize("value", ["f32", "f16", "bf16", "int8", "ternary", "qsgd"])
+@pytest.mark.parametrize("value", ["f32", "f16", "bf16", "int8", "ternary", "qsgd", "int4"])
 @pytest.mark.parametrize("index", ["auto", "raw32", "delta_bitpack", "bitmap"])
 def test_every_coding_round_trips_and_the_residual_keeps_the_error(index, value):
     n = 2000
@@ -180,6 +180,11 @@ def test_every_coding_round_trips_and_the_residual_keeps_the_error(index, value)
     if value == "int8":
         scale = np.max(np.abs(exact)) / 127
         assert np.all(np.abs(decoded.numpy() - exact) <= scale / 2 * (1 + 1e-6))
+    if value == "int4":  # a scale per block of 128 entries
+        for first in range(0, len(exact), 128):
+            block = exact[first:first + 128]
+            scale = np.max(np.abs(block)) / 7
+            assert np.all(np.abs(decoded.numpy()[first:first + 128] - block) <= scale / 2 * (1 + 1e-6))
     # whatever was not sent, exactly, stays in the residual
     residual = c.corrector_state(0).numpy()
     np.testing.assert_array_equal(residual[want], (exact - decoded.numpy()).astype(np.float32))

@@ -280,7 +280,7 @@ inline const value_case value_cases[] = {
     {gc::value_coding::f32, reference::values::f32, 16},         {gc::value_coding::f16, reference::values::f16, 16},
     {gc::value_coding::bf16, reference::values::bf16, 16},       {gc::value_coding::int8, reference::values::int8, 16},
     {gc::value_coding::ternary, reference::values::ternary, 16}, {gc::value_coding::qsgd, reference::values::qsgd, 3},
-    {gc::value_coding::qsgd, reference::values::qsgd, 65536}};
+    {gc::value_coding::qsgd, reference::values::qsgd, 65536},    {gc::value_coding::int4, reference::values::int4, 16}};
 inline const gc::index_coding index_cases[] = {gc::index_coding::automatic, gc::index_coding::raw32,
                                                gc::index_coding::delta_bitpack, gc::index_coding::bitmap};
 constexpr std::uint64_t qsgd_seed = 11;

@@ -391,7 +391,7 @@ inline std::uint16_t bfloat16_bits(float v) {
   return static_cast<std::uint16_t>(bits >> 16);
 }
 
-enum class values { f32, f16, bf16, int8, ternary, qsgd };
+enum class values { f32, f16, bf16, int8, ternary, qsgd, int4 };
 
 // CRC-32C (reflected polynomial 0x82F63B78, start and final xor ~0) of a message with its
 // checksum field (bytes 12 to 15) read as zero, bit by bit.
@@ -426,6 +426,20 @@ inline std::vector<float> sent_values(values coding, const std::vector<float>& v
         // q is an integer in [-127, 127] on the wire: there is no -0
         const int q = scale > 0.0f ? static_cast<int>(std::clamp(std::nearbyint(v[j] / scale), -127.0f, 127.0f)) : 0;
         out[j] = static_cast<float>(q) * scale;
+      }
+      return out;
+    }
+    case values::int4: {  // blocks of 128: scale = the block's max|v| / 7 (as int8's), q in [-7, 7]
+      for (std::size_t first = 0; first < v.size(); first += 128) {
+        const std::size_t last = std::min(v.size(), first + 128);
+        float largest = 0.0f;
+        for (std::size_t j = first; j < last; ++j) largest = std::max(largest, std::fabs(v[j]));
+        float scale = largest / 7.0f;
+        while (!std::isfinite(7.0f * scale)) scale = std::nextafter(scale, 0.0f);
+        for (std::size_t j = first; j < last; ++j) {
+          const int q = scale > 0.0f ? static_cast<int>(std::clamp(std::nearbyint(v[j] / scale), -7.0f, 7.0f)) : 0;
+          out[j] = static_cast<float>(q) * scale;
+        }
       }
       return out;
     }
@@ -507,6 +521,10 @@ inline std::size_t value_section_bytes(values coding, std::size_t count, std::ui
       return count;
     case values::ternary:
       return (count + 7) / 8;
+    case values::int4: {  // per block of 128 entries: a 4-byte scale and 4 bits an entry
+      const std::size_t rest = count % 128;
+      return count / 128 * (4 + 64) + (rest != 0 ? 4 + (rest + 1) / 2 : 0);
+    }
     case values::qsgd: {  // a sign bit and a level in [0, levels]
       unsigned level_bits = 0;
       while ((levels >> level_bits) != 0) ++level_bits;

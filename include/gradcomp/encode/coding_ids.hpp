@@ -27,6 +27,7 @@ enum class value_coding : std::uint8_t {
   int8 = 4,     ///< round(v / scale) in [-127, 127], scale = max|v| / 127
   ternary = 5,  ///< one sign bit per entry, one scale = mean |v| (unsent entries are the zeros)
   qsgd = 6,     ///< stochastic rounding of |v| / ||v||_2 to `levels`, a sign bit, one f32 norm
+  int4 = 7,     ///< blocks of 128 entries, each an f32 scale = its max|v| / 7 and 4-bit round(v / scale)
 };
 
 /// Lower-case name of an index coding, as used in messages and the CLI.

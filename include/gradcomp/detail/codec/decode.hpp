@@ -249,7 +249,7 @@ struct indices_in_order {
   }
 };
 
-/// The value section's padding (ternary, qsgd) is zero.
+/// The value section's padding (ternary, qsgd, int4) is zero.
 struct value_padding {
   const std::byte* section;
   std::uint64_t used_bits, bytes;
@@ -258,7 +258,8 @@ struct value_padding {
   }
 };
 
-/// Every value finite (-128 in int8 and a qsgd level above levels decode to NaN).
+/// Every value finite (-128 in int8, a qsgd level above levels, and -8 or a scale that
+/// is not finite and non-negative in int4 decode to NaN).
 template <class Values>
 struct values_finite {
   Values values;
@@ -436,7 +437,7 @@ class message_decoder {
     decode_indices(on, h, bytes, faults);
     const value_decoder values(h, value_section(h, bytes));
     if (value_entry_bits(h.value, h.codec_param) % 8 != 0) {  // a packed coding: its padding
-      const std::uint64_t used = h.count * value_entry_bits(h.value, h.codec_param);
+      const std::uint64_t used = value_used_bits(h.value, h.count, h.codec_param);
       on.reduce_or(1, value_padding{value_section(h, bytes), used, h.value_bytes}, faults);
     }
     values.visit([&](const auto& typed) {

@@ -19,7 +19,8 @@
 ///  5. the index section: raw32 by entry, bitmap by the entry that owns each byte (after
 ///     clearing the bitmap), delta_bitpack by block;
 ///  6. the value section: a byte-aligned coding (f32, f16, bf16, int8) by entry, a packed
-///     one (ternary, qsgd) by byte, each byte assembling the fields that overlap it;
+///     one (ternary, qsgd) by byte, each byte assembling the fields that overlap it, a
+///     block-scaled one (int4) by block, its scale from its own entries first;
 ///  7. the checksum: a CRC-32C register per kilobyte, then one item chains them.
 #pragma once
 
@@ -359,6 +360,45 @@ struct write_packed_byte : step_entries {
   }
 };
 
+/// A block-scaled coding's block b (int4): its scale, from the largest magnitude of its
+/// entries, then their fields, LSB-first, and sent[j] for each.
+template <class Coding>
+struct write_scaled_block : step_entries {
+  const message_plan* plan;
+  value_args args;  // but the param, which is the block's scale
+  const float* values;
+  std::byte* out;
+  float* sent;
+  GRADCOMP_HOST_DEVICE std::size_t live_items() const noexcept {
+    return (live_entries() + Coding::scale_block - 1) / Coding::scale_block;
+  }
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t b) const {
+    const std::size_t first = b * Coding::scale_block;
+    if (!live(first)) return;
+    const std::size_t last = first + Coding::scale_block < status->count ? first + Coding::scale_block : status->count;
+    std::uint32_t max_key = 0;
+    for (std::size_t j = first; j < last; ++j) {
+      const std::uint32_t key = magnitude_key(values[j]);
+      max_key = key > max_key ? key : max_key;
+    }
+    value_args a = args;
+    a.param = Coding::block_scale(max_key);
+    std::byte* block = value_section(out, plan) + b * scaled_block_bytes<Coding>();
+    store_le<float>(block, a.param);
+    constexpr unsigned bits = Coding::entry_bits(0);
+    static_assert(8 % bits == 0, "a byte holds whole fields");
+    for (std::size_t j = first; j < last; j += 8 / bits) {  // byte by byte
+      std::uint32_t byte = 0;
+      for (std::size_t e = j; e < last && e < j + 8 / bits; ++e) {
+        float decoded = 0.0f;
+        byte |= Coding::encode(values[e], a, e, decoded) << ((e - j) * bits);
+        sent[e] = decoded;
+      }
+      block[4 + (j - first) * bits / 8] = static_cast<std::byte>(byte);
+    }
+  }
+};
+
 // -- 7: the checksum --------------------------------------------------------------------
 
 /// parts[c] = the CRC-32C register that message bytes [16 + c * tile, ...) give from 0.
@@ -446,7 +486,9 @@ class message_writer {
     const value_args args{0.0f, policy.levels, policy.seed, step};
     visit_value_coding(policy.value, [&](auto coding) {
       using C = decltype(coding);
-      if constexpr (C::byte_aligned) {
+      if constexpr (C::scale_block != 0) {
+        be.for_each(blocks_of(bound, C::scale_block), write_scaled_block<C>{entries, plan, args, values, out, sent});
+      } else if constexpr (C::byte_aligned) {
         be.for_each(bound, write_entries<C>{entries, plan, args, values, out, sent});
       } else {
         const auto bytes = static_cast<std::size_t>(value_section_bytes(C::id, bound, policy.levels));

@@ -186,11 +186,12 @@ void validate_index_section(const Header& h, const std::byte* section, F&& f) {
 }
 
 /// Checks that the value section's bits after the last entry are zero, for the codings
-/// whose fields are not whole bytes (ternary, qsgd): the canonical form the encoder writes.
+/// whose fields are not whole bytes (ternary, qsgd, int4): the canonical form the encoder
+/// writes.
 template <class Header>
 void check_value_padding(const Header& h, const std::byte* section) {
   if (value_entry_bits(h.value, h.codec_param) % 8 == 0) return;
-  const std::uint64_t used = h.count * value_entry_bits(h.value, h.codec_param);
+  const std::uint64_t used = value_used_bits(h.value, h.count, h.codec_param);
   require(padding_is_zero(section, used, h.value_bytes), errc::corrupt_message, "message ", to_string(h.value),
           " value section has nonzero padding bits after its ", h.count, " entries");
 }
@@ -226,8 +227,14 @@ struct coded_values {
   std::uint32_t levels;
   unsigned bits;
   GRADCOMP_HOST_DEVICE float operator()(std::size_t j) const noexcept {
-    const unsigned width = Coding::byte_aligned ? Coding::entry_bits(levels) : bits;
-    return Coding::decode(value_field(section, j, width), param, levels);
+    if constexpr (Coding::scale_block != 0) {  // the entry's block: its scale, then its fields
+      const std::byte* block = section + j / Coding::scale_block * scaled_block_bytes<Coding>();
+      return Coding::decode(value_field(block + 4, j % Coding::scale_block, Coding::entry_bits(levels)),
+                            load_le<float>(block), levels);
+    } else {
+      const unsigned width = Coding::byte_aligned ? Coding::entry_bits(levels) : bits;
+      return Coding::decode(value_field(section, j, width), param, levels);
+    }
   }
 };
 

@@ -14,6 +14,10 @@
 /// - `entry_bits(levels)`: each entry's field in the section, LSB-first; `byte_aligned`
 ///   codings are written entry by entry, the others byte by byte (each byte assembling
 ///   the fields that overlap it) with zero padding after the last;
+/// - `scale_block`: 0, or the entries per block of a coding whose section is blocks, each
+///   a little-endian f32 scale then its entries' fields (int4): the scale is the
+///   block's own, `block_scale(max_key)` of its largest magnitude, and is the `param`
+///   its entries are encoded and decoded with;
 /// - `encode(v, args, j, decoded)`: entry j's field for value v, and `decoded`, what the
 ///   receiver reads from it; `decode(field, param, levels)`: that value, NaN for a field
 ///   outside the coding (which validation refuses).
@@ -72,6 +76,14 @@ GRADCOMP_HOST_DEVICE inline float qsgd_value(float norm, std::uint32_t level, st
   return negative ? -v : v;
 }
 
+/// The largest scale s <= max / q for which q s stays finite (q: a coding's largest
+/// integer), as the receiver computes with it.
+GRADCOMP_HOST_DEVICE inline float largest_scale(std::uint32_t max_key, float q) noexcept {
+  float scale = float_of(max_key) / q;
+  while ((bits_of(q * scale) & 0x7FFFFFFFu) >= 0x7F800000u) scale = float_of(bits_of(scale) - 1);
+  return scale;
+}
+
 /// A coding without parameters: no statistic, no levels, no seed.
 struct plain_coding {
   static constexpr value_statistic statistic = value_statistic::none;
@@ -79,6 +91,7 @@ struct plain_coding {
   static constexpr bool takes_levels = false;
   static constexpr bool takes_seed = false;
   static constexpr bool byte_aligned = true;
+  static constexpr std::uint32_t scale_block = 0;
   GRADCOMP_HOST_DEVICE static float param(const value_statistics&, std::uint64_t) noexcept { return 0.0f; }
 };
 
@@ -135,9 +148,7 @@ struct int8_coding : plain_coding {
   GRADCOMP_HOST_DEVICE static constexpr unsigned entry_bits(std::uint32_t) noexcept { return 8; }
   /// max|v| / 127, lowered until 127 times it stays finite, as the receiver computes it.
   GRADCOMP_HOST_DEVICE static float param(const value_statistics& s, std::uint64_t) noexcept {
-    float scale = float_of(s.max_key) / 127.0f;
-    while ((bits_of(127.0f * scale) & 0x7FFFFFFFu) >= 0x7F800000u) scale = float_of(bits_of(scale) - 1);
-    return scale;
+    return largest_scale(s.max_key, 127.0f);
   }
   /// Through the integer, as the receiver decodes it: a -0 rounding becomes +0.
   GRADCOMP_HOST_DEVICE static std::uint32_t encode(float v, const value_args& a, std::size_t, float& decoded) noexcept {
@@ -215,11 +226,38 @@ struct qsgd_coding : plain_coding {
   }
 };
 
+/// Blocks of 128 entries (the last may be shorter), each an f32 scale = the block's
+/// max|v| / 7 and, per entry, round(v / scale) to nearest (ties to even) in [-7, 7] as a
+/// 4-bit two's complement field, LSB-first: ZeRO++'s block quantization (qgZ).
+struct int4_coding : plain_coding {
+  static constexpr value_coding id = value_coding::int4;
+  static constexpr const char* name = "int4";
+  static constexpr bool byte_aligned = false;
+  static constexpr std::uint32_t scale_block = 128;
+  GRADCOMP_HOST_DEVICE static constexpr unsigned entry_bits(std::uint32_t) noexcept { return 4; }
+  GRADCOMP_HOST_DEVICE static float block_scale(std::uint32_t max_key) noexcept { return largest_scale(max_key, 7.0f); }
+  /// Through the integer, as the receiver decodes it: a -0 rounding becomes +0.
+  GRADCOMP_HOST_DEVICE static std::uint32_t encode(float v, const value_args& a, std::size_t, float& decoded) noexcept {
+    float q = a.param > 0.0f ? std::nearbyint(v / a.param) : 0.0f;
+    q = q < -7.0f ? -7.0f : (q > 7.0f ? 7.0f : q);
+    const auto code = static_cast<int>(q);
+    decoded = mul_rn(static_cast<float>(code), a.param);
+    return static_cast<std::uint32_t>(code) & 0xFu;
+  }
+  /// -8, and a scale that is not finite or has its sign bit set (the encoder writes
+  /// neither), are outside the coding: NaN, which validation refuses.
+  GRADCOMP_HOST_DEVICE static float decode(std::uint32_t field, float param, std::uint32_t) noexcept {
+    const int q = static_cast<int>(field & 0xFu) - ((field & 0x8u) != 0 ? 16 : 0);
+    return q == -8 || bits_of(param) >= 0x7F800000u ? std::numeric_limits<float>::quiet_NaN()
+                                                    : static_cast<float>(q) * param;
+  }
+};
+
 /// The list of value codings.
 template <class... Codings>
 struct value_coding_list {};
 using all_value_codings =
-    value_coding_list<f32_coding, f16_coding, bf16_coding, int8_coding, ternary_coding, qsgd_coding>;
+    value_coding_list<f32_coding, f16_coding, bf16_coding, int8_coding, ternary_coding, qsgd_coding, int4_coding>;
 
 /// f(C{}) for the struct C of coding `c` (which must be one of the list's: is_wire_value_coding).
 template <class F, class First, class... Rest>
@@ -257,10 +295,36 @@ GRADCOMP_HOST_DEVICE constexpr unsigned value_entry_bits(value_coding c, std::ui
   return visit_value_coding(c, [&](auto coding) { return decltype(coding)::entry_bits(levels); });
 }
 
+/// Bytes of one full block of a block-scaled coding: its scale and its fields.
+template <class Coding>
+GRADCOMP_HOST_DEVICE constexpr std::uint64_t scaled_block_bytes() noexcept {
+  static_assert(Coding::scale_block * Coding::entry_bits(0) % 8 == 0, "a full block's fields fill whole bytes");
+  return 4 + Coding::scale_block * Coding::entry_bits(0) / 8;
+}
+
 /// Exact value-section size for `count` entries (`levels` for the codings that take them).
 GRADCOMP_HOST_DEVICE constexpr std::uint64_t value_section_bytes(value_coding c, std::uint64_t count,
                                                                  std::uint32_t levels) noexcept {
-  return (count * value_entry_bits(c, levels) + 7) / 8;
+  return visit_value_coding(c, [&](auto coding) -> std::uint64_t {
+    using C = decltype(coding);
+    const std::uint64_t bits = C::entry_bits(levels);
+    if constexpr (C::scale_block != 0) {
+      const std::uint64_t rest = count % C::scale_block;
+      return count / C::scale_block * scaled_block_bytes<C>() + (rest != 0 ? 4 + (rest * bits + 7) / 8 : 0);
+    } else {
+      return (count * bits + 7) / 8;
+    }
+  });
+}
+
+/// The value section's bits up to the end of its last field: the rest, to the section's
+/// end, is padding, which must be zero. Every full byte before it is fields (and scales).
+GRADCOMP_HOST_DEVICE constexpr std::uint64_t value_used_bits(value_coding c, std::uint64_t count,
+                                                             std::uint32_t levels) noexcept {
+  const std::uint64_t bits = value_entry_bits(c, levels);
+  const std::uint32_t block = visit_value_coding(c, [](auto coding) { return decltype(coding)::scale_block; });
+  const std::uint64_t last_fields = block != 0 ? count % block * bits : count * bits;  // the last block's
+  return 8 * value_section_bytes(c, count, levels) - (8 - last_fields % 8) % 8;
 }
 
 }  // namespace detail
