@@ -70,7 +70,9 @@ def rows(runs):
             "peak_mib": max(r["peak_resident_mib"] for r in ranks),
             "training_mib": max(r["peak_resident_mib"] - r["before_model_resident_mib"] for r in ranks),
             "held_mib": max(r["gradcomp_held_bytes"] for r in ranks) / 2**20,
-            "final_loss": run["curve"][-1][2], "target": target, "reached_s": reached,
+            "final_loss": run["curve"][-1][2], "dense_steps": dense["curve"][-1][0],
+            "loss_at_dense_end": next((c[2] for c in run["curve"] if c[0] == dense["curve"][-1][0]), None),
+            "target": target, "reached_s": reached,
             "speedup": dense_time / reached if reached and dense_time else None})
     return out
 
@@ -80,14 +82,15 @@ def table(rate, rs, run):
     lines = [f"{rate}: {run['world']} ranks, {run['parameters']:,} parameters, batch {a['batch']} x {a['context']} "
              f"tokens per rank, density {a['density']}, target loss {rs[0]['target']:.4f} (dense's final + 1%)",
              "| reduce-scatter | steps | median step s | sent per rank per step (link) | peak RSS per rank | "
-             "RSS over the pre-model process | gradcomp holds | final loss | time to target | vs dense |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"RSS over the pre-model process | gradcomp holds | loss at step {rs[0]['dense_steps']} | final loss | "
+             "time to target | vs dense |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rs:
         reached = f"{r['reached_s']:.0f} s" if r["reached_s"] is not None else "not reached"
         speedup = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
         lines.append(f"| {NAMES[r['method']]} | {r['steps']} | {r['step_s']:.3f} | {r['sent_mb']:.2f} MB | "
                      f"{r['peak_mib']:.0f} MiB | {r['training_mib']:.0f} MiB | {r['held_mib']:.1f} MiB | "
-                     f"{r['final_loss']:.4f} | {reached} | {speedup} |")
+                     f"{r['loss_at_dense_end']:.4f} | {r['final_loss']:.4f} | {reached} | {speedup} |")
     return "\n".join(lines)
 
 
