@@ -73,6 +73,10 @@ class Int4ReduceScatter(ReduceScatter):
     def allocate(self, size, *, dtype, device):
         return torch.empty(*size, dtype=dtype, device=device)
 
+    def memory_bytes(self):
+        """What its compressor holds (workspace only: no error feedback, no state)."""
+        return self.compressor.memory_bytes() if self.compressor is not None else {"total": 0}
+
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
         world = group.size()
         chunks = input_tensor.reshape(world, -1)
