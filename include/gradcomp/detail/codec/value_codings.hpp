@@ -84,6 +84,17 @@ GRADCOMP_HOST_DEVICE inline float largest_scale(std::uint32_t max_key, float q) 
   return scale;
 }
 
+/// round(v / scale) to nearest even in [-limit, limit] (0 for a zero scale), and what the
+/// receiver decodes from it, `decoded`: int8's and int4's rounding, through the integer,
+/// so a -0 rounding becomes +0.
+GRADCOMP_HOST_DEVICE inline int symmetric_code(float v, float scale, float limit, float& decoded) noexcept {
+  float q = scale > 0.0f ? std::nearbyint(v / scale) : 0.0f;
+  q = q < -limit ? -limit : (q > limit ? limit : q);
+  const auto code = static_cast<int>(q);
+  decoded = mul_rn(static_cast<float>(code), scale);
+  return code;
+}
+
 /// A coding without parameters: no statistic, no levels, no seed.
 struct plain_coding {
   static constexpr value_statistic statistic = value_statistic::none;
@@ -150,13 +161,8 @@ struct int8_coding : plain_coding {
   GRADCOMP_HOST_DEVICE static float param(const value_statistics& s, std::uint64_t) noexcept {
     return largest_scale(s.max_key, 127.0f);
   }
-  /// Through the integer, as the receiver decodes it: a -0 rounding becomes +0.
   GRADCOMP_HOST_DEVICE static std::uint32_t encode(float v, const value_args& a, std::size_t, float& decoded) noexcept {
-    float q = a.param > 0.0f ? std::nearbyint(v / a.param) : 0.0f;
-    q = q < -127.0f ? -127.0f : (q > 127.0f ? 127.0f : q);
-    const auto code = static_cast<std::int8_t>(q);
-    decoded = mul_rn(static_cast<float>(code), a.param);
-    return static_cast<std::uint8_t>(code);
+    return static_cast<std::uint32_t>(symmetric_code(v, a.param, 127.0f, decoded)) & 0xFFu;
   }
   /// -128 is outside the coding: it decodes to NaN, which validation refuses.
   GRADCOMP_HOST_DEVICE static float decode(std::uint32_t field, float param, std::uint32_t) noexcept {
@@ -236,13 +242,8 @@ struct int4_coding : plain_coding {
   static constexpr std::uint32_t scale_block = 128;
   GRADCOMP_HOST_DEVICE static constexpr unsigned entry_bits(std::uint32_t) noexcept { return 4; }
   GRADCOMP_HOST_DEVICE static float block_scale(std::uint32_t max_key) noexcept { return largest_scale(max_key, 7.0f); }
-  /// Through the integer, as the receiver decodes it: a -0 rounding becomes +0.
   GRADCOMP_HOST_DEVICE static std::uint32_t encode(float v, const value_args& a, std::size_t, float& decoded) noexcept {
-    float q = a.param > 0.0f ? std::nearbyint(v / a.param) : 0.0f;
-    q = q < -7.0f ? -7.0f : (q > 7.0f ? 7.0f : q);
-    const auto code = static_cast<int>(q);
-    decoded = mul_rn(static_cast<float>(code), a.param);
-    return static_cast<std::uint32_t>(code) & 0xFu;
+    return static_cast<std::uint32_t>(symmetric_code(v, a.param, 7.0f, decoded)) & 0xFu;
   }
   /// -8, and a scale that is not finite or has its sign bit set (the encoder writes
   /// neither), are outside the coding: NaN, which validation refuses.
