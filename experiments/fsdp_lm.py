@@ -203,7 +203,8 @@ def train(args, rank, world):
             elif args.method == "int4":
                 scatter = Int4ReduceScatter()
             else:
-                scatter = gradcomp.torch.fsdp.ReduceScatter(method="topk_ef", density=args.density, **options)
+                scatter = gradcomp.torch.fsdp.ReduceScatter(method="topk_ef", density=args.density,
+                                                            keep_workspace=args.keep_workspace, **options)
             module.set_custom_reduce_scatter(scatter)
             scatters.append(scatter)
     optimizer = torch.optim.AdamW(net.parameters(), lr=args.lr, weight_decay=0.0)
@@ -254,6 +255,8 @@ def main():
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--warmup", type=int, default=20, help="steps of linear learning-rate warmup")
     parser.add_argument("--density", type=float, default=0.05)
+    parser.add_argument("--keep-workspace", action="store_true",
+                        help="gradcomp's reduce-scatters keep their workspace between calls (default: given back)")
     parser.add_argument("--eval-every", type=int, default=20)
     parser.add_argument("--val-windows", type=int, default=64)
     parser.add_argument("--corpus-bytes", type=int, default=32 << 20)

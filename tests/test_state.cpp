@@ -702,3 +702,82 @@ TEST_CASE("memory_bytes: the state by its definition, the workspace as buffers c
     }
   }
 }
+
+TEST_CASE("release_workspace: the workspace goes back and comes again, the steps and checkpoints as without it") {
+  const std::size_t n = 30011;
+  const auto grad = [&](std::uint64_t t) { return inputs::make(inputs::shape::student_t3, n, 100 + t); };
+  // Twin compressors, one giving its workspace back after every call: the same messages,
+  // state and checkpoints, through a density change, a staged step and a 16-bit gradient.
+  const auto twins = [&](auto make) {
+    auto kept = make();
+    auto released = make();
+    std::vector<std::byte> a(kept.max_message_bytes()), b(released.max_message_bytes());
+    const auto same_checkpoint = [&] {
+      std::ostringstream x, y;
+      kept.save_state(x);
+      released.save_state(y);
+      return x.str() == y.str();
+    };
+    for (std::uint64_t t = 0; t < 6; ++t) {
+      CAPTURE(t);
+      const auto g = grad(t);
+      if (t == 3) {
+        kept.set_density(0.03);
+        released.set_density(0.03);
+        a.resize(kept.max_message_bytes());
+        b.resize(released.max_message_bytes());
+      }
+      if (t == 4) {  // staged: refused while the step waits, nothing changed
+        const auto ma = kept.stage(g, a);
+        const auto mb = released.stage(g, b);
+        const gc::held_memory staged = released.memory_bytes();
+        CHECK_THROWS_WITH_AS(released.release_workspace(),
+                             "gradcomp: release_workspace: a step is staged; accept_staged() or drop_staged() it first",
+                             gc::error);
+        CHECK(released.has_staged());
+        CHECK(released.memory_bytes().workspace == staged.workspace);
+        CHECK(std::ranges::equal(ma.bytes(), mb.bytes()));
+        kept.accept_staged();
+        released.accept_staged();
+      } else if (t == 5) {
+        std::vector<gc::bfloat16> narrow(n);
+        for (std::size_t i = 0; i < n; ++i)
+          narrow[i] = gc::bfloat16{static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(g[i]) >> 16)};
+        const auto ma = kept.compress(narrow, a);
+        const auto mb = released.compress(narrow, b);
+        CHECK(std::ranges::equal(ma.bytes(), mb.bytes()));
+      } else {
+        const auto ma = kept.compress(g, a);
+        const auto mb = released.compress(g, b);
+        CHECK(std::ranges::equal(ma.bytes(), mb.bytes()));
+      }
+      const gc::held_memory before = released.memory_bytes();
+      released.release_workspace();
+      const gc::held_memory after = released.memory_bytes();
+      CHECK(after.state == before.state);
+      CHECK(after.workspace < before.workspace);
+      CHECK(after.workspace <= 65536);  // per-tile and per-thread bytes
+      CHECK(same_checkpoint());
+    }
+    CHECK(kept.step() == released.step());
+  };
+  SUBCASE("exact_topk, error feedback in float32") {
+    twins([&] {
+      return gc::compressor{gc::backend::host{.threads = 2}, n, gc::select::exact_topk{.density = 0.01},
+                            gc::correct::error_feedback{}};
+    });
+  }
+  SUBCASE("exact_topk, error feedback stored in 8 bits") {
+    twins([&] {
+      return gc::compressor{gc::backend::host{.threads = 2}, n, gc::select::exact_topk{.density = 0.01},
+                            gc::correct::compact<gc::correct::error_feedback>{.bits = 8, .block = 64}};
+    });
+  }
+  SUBCASE("sampled_threshold reusing its threshold (state carried across the release), DGC's momentum") {
+    twins([&] {
+      return gc::compressor{gc::backend::host{.threads = 2}, n,
+                            gc::select::sampled_threshold{.density = 0.01, .reuse_threshold = true},
+                            gc::correct::chain{gc::correct::clip_norm{.max_norm = 1.0f}, gc::correct::momentum{}}};
+    });
+  }
+}

@@ -81,6 +81,24 @@ class compressor {
     return use;
   }
 
+  /// Gives back the workspace (memory_bytes().workspace: the selection's lists, the
+  /// selector's scratch, the encoder's buffers, the second float32 copy of the state, a
+  /// 16-bit gradient's float32 copy, a preview's buffer) until the next step allocates
+  /// it again; the state, and what the selector carries from step to step, stay, so the
+  /// steps that follow write what they would have written. For compressors that take
+  /// turns, as FSDP's parameter groups do, so that together they hold their states and
+  /// one workspace at a time; the price is an allocation per buffer at each step. On
+  /// backend::cuda, waits for the last call's work first.
+  /// \throws gradcomp::error (invalid_argument) while a step is staged (its commit reads
+  ///         the workspace); nothing changes then.
+  void release_workspace() {
+    detail::require_current_device(backend_, "release_workspace");
+    detail::require(!staged_, errc::invalid_argument,
+                    "release_workspace: a step is staged; accept_staged() or drop_staged() it first");
+    engines_.release_workspace();
+    wide_.release();
+  }
+
   /// The corrector's committed memory array `a` (< Corrector::state_arrays), e.g. the
   /// error-feedback residual, readable on the host (a copy, for device memory).
   [[nodiscard]] std::span<const float> corrector_state(std::size_t a) const {
@@ -267,8 +285,8 @@ class compressor {
     const std::span<const float> grad = detail::raw(grad_at);
     const std::span<std::byte> out = detail::raw(out_at);
     check_step("compress_async", grad, out);
-    const std::size_t count = engines_.select().fixed_count(selector_);
-    const auto bytes = engines_.encode().fixed_bytes(encoder_, n_, count);
+    const std::size_t count = engines_.select(selector_).fixed_count(selector_);
+    const auto bytes = engines::encode_engine::fixed_bytes(encoder_, n_, count);
     detail::require(bytes.has_value(), errc::invalid_argument, "compress_async: the size of ", encoder_.name(),
                     " messages depends on the data; use compress (raw32 or bitmap indices give a fixed size)");
     // A graph replays the captured kernels with their arguments, the step number among
@@ -326,7 +344,7 @@ class compressor {
     requires requires(detail::engine_for<Selector, Backend>& e, const Selector& s) { e.set_indices(s, indices); }
   {
     detail::require_current_device(backend_, "set_indices");
-    engines_.select().set_indices(selector_, indices);
+    engines_.select(selector_).set_indices(selector_, indices);
   }
 
   /// Writes the step counter, the selector's density and the corrector's memory
@@ -334,8 +352,12 @@ class compressor {
   /// \throws gradcomp::error (io) if the stream fails.
   void save_state(std::ostream& out) const {
     detail::require_current_device(backend_, "save_state");
-    detail::write_state<Corrector::state_arrays>(out, signature(), n_, step_, density(), engines_.correct(),
-                                                 engines_.select());
+    if constexpr (detail::engine_saves_state<select_engine>) {
+      detail::write_state<Corrector::state_arrays>(out, signature(), n_, step_, density(), engines_.correct(),
+                                                   engines_.saved_selector_state());
+    } else {
+      detail::write_state<Corrector::state_arrays>(out, signature(), n_, step_, density(), engines_.correct(), nullptr);
+    }
   }
 
   /// Restores what save_state wrote, for a compressor of the same policies and n. The
@@ -360,7 +382,9 @@ class compressor {
     const Selector next = detail::restored_selector(r, selector_, n_);
     if constexpr (detail::selector_has_density<Selector>) engines_.reserve(next, encoder_);
     for (std::size_t a = 0; a != Corrector::state_arrays; ++a) engines_.correct().load_committed(a, r.array(a));
-    if constexpr (detail::engine_restores_state<select_engine>) engines_.select().restore_state(saved_selector);
+    if constexpr (detail::engine_restores_state<select_engine>) {
+      engines_.select(next).restore_state(saved_selector);
+    }
     selector_ = next;
     step_ = r.step();
     staged_ = false;

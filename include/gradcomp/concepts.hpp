@@ -351,6 +351,15 @@ template <class E>
 concept engine_restores_state =
     engine_saves_state<E> && requires(E& e, const E& ce) { e.restore_state(ce.saved_state()); };
 
+/// Capability: gives its workspace back between steps and keeps what it carries from
+/// step to step (compressor::release_workspace); its next step allocates the workspace
+/// again. A selector engine without it is made anew instead, with the state it saves
+/// into checkpoints (saved_state) restored, so one that carries anything else (given
+/// indices, a hint that saves work) has it; every corrector engine has it (its
+/// committed arrays stay).
+template <class E>
+concept engine_releases_workspace = requires(E& e) { e.release_workspace(); };
+
 /// Static assertions that name the first missing member of each policy. Called from
 /// compressor's class body so a misuse fails with these words, not a wall of templates.
 template <class Backend, class Selector, class Corrector, class Encoder>
@@ -420,6 +429,9 @@ consteval bool check_engines() {
     static_assert(engine_saves_state<select_engine> == engine_restores_state<select_engine>,
                   "gradcomp: the selector's engine must have both saved_state() -> a state_record and "
                   "restore_state(record), or neither: checkpoints would lose or refuse its state");
+    static_assert(engine_releases_workspace<correct_engine>,
+                  "gradcomp: the corrector's engine has no release_workspace() (giving back what only a step "
+                  "uses, keeping its committed arrays)");
   }
   return true;
 }

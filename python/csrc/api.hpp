@@ -123,6 +123,8 @@ class any_compressor {
   [[nodiscard]] virtual std::string signature() const = 0;
   /// The bytes it holds: state and workspace (gradcomp/held_memory.hpp).
   [[nodiscard]] virtual gradcomp::held_memory memory_bytes() const = 0;
+  /// Gives the workspace back until the next step (compressor::release_workspace).
+  virtual void release_workspace() = 0;
   /// The compressor's own cudaStream_t, on which the calls without a `stream` queue
   /// their work (nullptr on the host).
   [[nodiscard]] virtual void* stream() const { return nullptr; }
@@ -206,6 +208,9 @@ class sparse_exchange {
   [[nodiscard]] virtual std::uint64_t entries() const = 0;
   /// The bytes the exchange holds beside its compressor's (all workspace).
   [[nodiscard]] virtual std::size_t memory_bytes() const = 0;
+  /// Gives back the exchange's and the compressor's workspace until the next step
+  /// (comm::sparse_allreduce::release_workspace).
+  virtual void release_workspace() = 0;
 };
 
 /// The methods a compressor is built for: the presets of gradcomp/registry.hpp, then

@@ -112,6 +112,11 @@ class compressor_handle {
     });
   }
 
+  /// Gives the workspace back until the next step (compressor::release_workspace).
+  void release_workspace() {
+    exclusive([&] { c_->release_workspace(); });
+  }
+
   torch::Tensor compress(const torch::Tensor& grad, bool staged) {
     return exclusive([&] {
       const auto type = check_gradient(staged ? "stage" : "compress", "grad", grad, device_, numel());
@@ -384,6 +389,10 @@ class sparse_handle {
   }
   std::size_t k() {
     return c_.exclusive([&] { return x_->k(); });
+  }
+  /// Gives back the exchange's and the compressor's workspace until the next step.
+  void release_workspace() {
+    c_.exclusive([&] { x_->release_workspace(); });
   }
 
   /// dense += scale * the global top-k of the ranks' sums; the compressor's step stays

@@ -116,6 +116,7 @@ class compressor_of final : public any_compressor {
     return gc::detail::signature_of(c_.selector(), c_.corrector(), c_.encoder());
   }
   gc::held_memory memory_bytes() const override { return c_.memory_bytes(); }
+  void release_workspace() override { c_.release_workspace(); }
   void* stream() const override { return backend_ops<backend_type>::stream(c_.backend()); }
 
   written compress(void* stream, const void* grad, element type, std::byte* out, std::size_t out_size,
@@ -255,6 +256,7 @@ class sparse_exchange_of final : public sparse_exchange {
   [[nodiscard]] std::size_t k() const override { return exchange_.k(); }
   [[nodiscard]] std::uint64_t entries() const override { return exchange_.last_traffic().entries; }
   [[nodiscard]] std::size_t memory_bytes() const override { return exchange_.memory_bytes(); }
+  void release_workspace() override { exchange_.release_workspace(); }
 
  private:
   transport_in<backend_type> comm_;

@@ -85,6 +85,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("signature", &compressor_handle::signature)
       .def_property_readonly("device", &compressor_handle::device)
       .def("memory_bytes", &compressor_handle::memory_bytes)
+      .def("release_workspace", &compressor_handle::release_workspace)
       .def_property_readonly("density", &compressor_handle::density)
       .def_property_readonly("state_arrays", &compressor_handle::state_arrays)
       .def("compress", [](compressor_handle& c, const torch::Tensor& g) { return c.compress(g, false); })
@@ -114,6 +115,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("k", &sparse_handle::k)
       .def_property_readonly("entries", &sparse_handle::entries)
       .def("memory_bytes", &sparse_handle::memory_bytes)
+      .def("release_workspace", &sparse_handle::release_workspace)
       .def_property_readonly("bytes_sent", &sparse_handle::bytes_sent)
       .def_property_readonly("bytes_received", &sparse_handle::bytes_received);
 

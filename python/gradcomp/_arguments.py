@@ -50,6 +50,13 @@ def integer(who, name, value, low=INT64_MIN, high=INT64_MAX):
     return value
 
 
+def boolean(who, name, value):
+    """``value`` if it is a bool."""
+    if not isinstance(value, bool):
+        fail(who, f"{name} must be a bool, got {kind(value)}")
+    return value
+
+
 def text(who, name, value):
     """``value`` if it is a str."""
     if not isinstance(value, str):

@@ -362,7 +362,37 @@ def check_hsdp_replicas_compressed(rank, world):
     assert torch.equal(hook.compressor.corrector_state(0), before) and shard[0] == 1.0
 
 
+def check_workspace_given_back(rank, world):
+    """Each call gives its workspace back (the default): the shards and the residuals are
+    those of an instance that keeps it (``keep_workspace=True``, itself checked against the
+    reference above), bit for bit, over steps with a density change, in float32 and in
+    8-bit memory; between calls the instance holds its state and a few per-tile bytes,
+    the one that keeps its workspace several bytes per element."""
+    shard_n = 3001
+    n = shard_n * world
+    group = dist.group.WORLD
+    for options in ({}, {"memory_bits": 8}):
+        kept = fsdp.ReduceScatter(method="topk_ef", density=0.02, keep_workspace=True, **options)
+        given = fsdp.ReduceScatter(method="topk_ef", density=0.02, **options)
+        for step in range(5):
+            if step == 3:
+                kept.set_density(0.05)
+                given.set_density(0.05)
+            want, got = torch.empty(shard_n), torch.empty(shard_n)
+            kept(want, grad_of(rank, step, n), group, dist.ReduceOp.AVG)
+            given(got, grad_of(rank, step, n), group, dist.ReduceOp.AVG)
+            assert torch.equal(got, want), (options, step)
+            assert torch.equal(given.compressor.corrector_state(0), kept.compressor.corrector_state(0))
+            held, whole = given.memory_bytes(), kept.memory_bytes()
+            assert held["state"] == whole["state"], (held, whole)
+            assert held["workspace"] <= 65536, held
+            assert whole["workspace"] >= 4 * n, whole
+    expect_error(lambda: fsdp.ReduceScatter(keep_workspace=1), gradcomp.InvalidArgumentError,
+                 "gradcomp: fsdp ReduceScatter: keep_workspace must be a bool, got an int")
+
+
 SCENARIOS = {
+    "workspace": check_workspace_given_back,
     "reduce-scatter": check_reduce_scatter_against_reference,
     "16-bit": check_16_bit_gradients,
     "one-instance": check_one_instance_per_group,

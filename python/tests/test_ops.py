@@ -53,6 +53,29 @@ def test_topk_ef_with_its_memory_in_blocks_equals_reference(bits, block):
     assert memory["total"] == memory["state"] + memory["workspace"] and memory["workspace"] > 0
 
 
+@pytest.mark.parametrize("method,options", [("topk_ef", {"density": 0.01, "memory_bits": 8}),
+                                            ("dgc", {"density": 0.01, "reuse_threshold": True})])
+def test_release_workspace_keeps_the_steps_and_gives_back_the_workspace(method, options):
+    """A compressor that gives its workspace back after every step writes the messages
+    of one that keeps it (checked against the reference above and by the grid), and
+    holds its state and a few per-tile bytes between steps; refused while staged."""
+    n = 20011
+    kept, given = Compressor(n, method, **options), Compressor(n, method, **options)
+    for step in range(5):
+        g = gradient(n, step).to(torch.bfloat16 if step == 4 else torch.float32)
+        assert torch.equal(kept.compress(g), given.compress(g)), step
+        before = given.memory_bytes()
+        given.release_workspace()
+        after = given.memory_bytes()
+        assert after["state"] == before["state"] and after["workspace"] <= 65536 < before["workspace"], (before, after)
+    given.stage(gradient(n, 5))
+    with pytest.raises(gradcomp.InvalidArgumentError, match="release_workspace: a step is staged"):
+        given.release_workspace()
+    given.accept_staged()  # still staged after the refusal
+    kept.compress(gradient(n, 5))
+    assert torch.equal(kept.corrector_state(0), given.corrector_state(0))
+
+
 def test_memory_bits_is_an_option_of_the_presets_checked_at_construction():
     with pytest.raises(gradcomp.InvalidArgumentError, match="compact: bits must be 8 or 4, got 6"):
         Compressor(1000, "topk_ef", memory_bits=6)

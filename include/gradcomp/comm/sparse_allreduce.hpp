@@ -102,7 +102,7 @@ class sparse_allreduce {
   /// `grad` is any gradient the compressor takes (gradient_view: float32, IEEE half or
   /// bfloat16, read as compressor::compress reads it).
   /// \returns the global selection, ascending (every rank's is the same), valid until
-  ///          the next step
+  ///          the next step or release_workspace()
   /// \throws gradcomp::error on every rank alike, changing no compressor and no `dense`,
   ///         if any rank's dense.size() != n, `scale` is not finite, its step is
   ///         rejected (a NaN or infinity) or what it received is corrupt, if a sum
@@ -165,6 +165,23 @@ class sparse_allreduce {
     for (const sparse_entry& e : sums_) shard_[e.index - shards_[me]] = scale * e.value;
     compressor_.backend().to_device(shard_.data(), shard_.size(), detail::raw(shard).data());
     compressor_.accept_staged();
+  }
+
+  /// Gives back the exchange's workspace (memory_bytes(): the message, the lists of
+  /// entries it sent, received and summed, the selection) and the compressor's
+  /// (compressor::release_workspace), until the next step allocates them again; the
+  /// regions, which the next step takes from this one's selection, stay. For exchanges
+  /// that take turns (FSDP's parameter groups), so that they hold one workspace at a time.
+  /// The selection step() returned is given back too.
+  /// \throws gradcomp::error (invalid_argument) while the compressor's step is staged
+  ///         (accept_staged() reads the selection); nothing changes then.
+  void release_workspace() {
+    compressor_.release_workspace();
+    message_ = buffer<std::byte>{};
+    index_ = buffer<std::uint32_t>{};
+    values_ = buffer<float>{};
+    const auto give_back = [](auto&... v) { ((v = std::remove_reference_t<decltype(v)>{}), ...); };
+    give_back(host_message_, global_value_, shard_, mine_, received_, sums_, selected_, global_, global_index_);
   }
 
   /// The global selection's size this step takes.

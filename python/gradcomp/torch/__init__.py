@@ -129,6 +129,15 @@ class Compressor:
         use = self._impl.memory_bytes()
         return {"state": use["state"], "workspace": use["workspace"], "total": use["state"] + use["workspace"]}
 
+    def release_workspace(self) -> None:
+        """Gives the workspace back (``memory_bytes()["workspace"]``, all but a few
+        per-tile bytes) until the next step allocates it again; the state stays, so the
+        steps that follow are those that would have followed. For compressors that take
+        turns (FSDP's parameter groups): together they hold their states and one workspace.
+        On CUDA, waits for the compressor's last step first. Raises
+        :class:`gradcomp.InvalidArgumentError` while a step is staged (nothing changes)."""
+        self._impl.release_workspace()
+
     def compress(self, grad: torch.Tensor) -> torch.Tensor:
         """One step: returns the message (1-D ``torch.uint8`` on grad's device).
 

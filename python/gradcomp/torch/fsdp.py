@@ -34,7 +34,12 @@ dense all-reduce with Ok-Topk's sparse all-reduce of the shards, with error feed
 Memory: one compressor per parameter group (one instance per FSDPModule; an instance
 refuses a group of another size), whose residual is the size of the group's *unsharded*
 gradient, on every rank: with error feedback that is one float per parameter of the
-group, W times the shard FSDP keeps.
+group, W times the shard FSDP keeps; ``memory_bits=8`` stores it in about 1 byte per
+parameter, ``memory_bits=4`` in about half of one. The workspace of a call (the
+selection's lists, the messages, the step's float32 arrays) is given back when the call
+ends and allocated again by the next: FSDP reduces its groups one at a time, so a rank
+holds every group's residual and one group's workspace (``keep_workspace=True`` keeps
+each instance's between calls: no allocation per call, more memory).
 
 A NaN or infinity on any rank, a bad shape, or ranks configured differently make every
 rank raise the same :class:`gradcomp.Error` (nothing changes, no rank waits). CPU
@@ -101,8 +106,9 @@ class _GroupCompressor:
 
     _WHO = "fsdp"
 
-    def __init__(self, method: str, density: Optional[float], options: Dict[str, Any]) -> None:
+    def __init__(self, method: str, density: Optional[float], keep_workspace: bool, options: Dict[str, Any]) -> None:
         self.method = check.text(self._WHO, "method", method)
+        self.keep_workspace = check.boolean(self._WHO, "keep_workspace", keep_workspace)
         self.options = dict(options)
         if density is not None:
             self.options["density"] = check.real(self._WHO, "density", density)
@@ -167,10 +173,11 @@ class _GroupCompressor:
                 "density": entries / self._elements if self._elements else 0.0}
 
     def memory_bytes(self) -> Dict[str, int]:
-        """The bytes this instance holds on this rank (0 before the first call makes its
-        compressor): ``state`` (the error memory of the unsharded group: 4 bytes per
-        parameter in float32, about 1 with ``memory_bits=8``), ``workspace`` (the
-        compressor's steps and the exchange) and ``total``."""
+        """The bytes this instance holds on this rank between calls (0 before the first
+        call makes its compressor): ``state`` (the error memory of the unsharded group: 4
+        bytes per parameter in float32, about 1 with ``memory_bits=8``), ``workspace`` (the
+        compressor's steps and the exchange: a few per-tile bytes once a call gave it
+        back, the default) and ``total``."""
         return _held_by([self.compressor] if self.compressor is not None else [],
                         [self._exchange] if self._exchange is not None else [])
 
@@ -218,7 +225,9 @@ class ReduceScatter(_GroupCompressor, _ReduceScatterBase):
     rank's compressed gradient instead of the dense one; one instance per FSDPModule.
 
     ``method``, ``density`` and ``**options`` are those of
-    :class:`gradcomp.torch.Compressor` (checked here). ``bytes_sent`` counts the bytes
+    :class:`gradcomp.torch.Compressor` (checked here). Each call gives its workspace
+    back when it ends unless ``keep_workspace`` (module docstring, "Memory").
+    ``bytes_sent`` counts the bytes
     this rank has put into the collectives, ``collectives`` the collectives.
     ``state_dict()`` / ``load_state_dict()`` keep the compressor's memory.
 
@@ -228,10 +237,10 @@ class ReduceScatter(_GroupCompressor, _ReduceScatterBase):
 
     _WHO = "fsdp ReduceScatter"
 
-    def __init__(self, method: str = "topk_ef", density: Optional[float] = None,
+    def __init__(self, method: str = "topk_ef", density: Optional[float] = None, *, keep_workspace: bool = False,
                  **options: Union[bool, int, float, str, dict]) -> None:
         _require(self._WHO, "set_custom_reduce_scatter")
-        super().__init__(method, density, options)
+        super().__init__(method, density, keep_workspace, options)
 
     def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """FSDP's buffers: plain tensors."""
@@ -254,6 +263,8 @@ class ReduceScatter(_GroupCompressor, _ReduceScatterBase):
         shard = torch.empty(output_tensor.numel(), dtype=torch.float32, device=output_tensor.device) \
             if widened else output_tensor.view(-1)
         exchange.reduce_scatter(grad, shard, scale)  # writes the shard only once every rank's step passed
+        if not self.keep_workspace:
+            exchange.release_workspace()
         if widened:
             output_tensor.copy_(shard.view_as(output_tensor))
         self._calls += 1
@@ -268,8 +279,8 @@ class AllReduce(_GroupCompressor):
     output on every rank of ``group`` (the replicate group) by the mean over the replicas
     of the global top-k of their compressed sums (Ok-Topk: ``comm::sparse_allreduce``,
     docs/algorithms.md, "Global top-k"), each replica keeping what it did not send in its
-    error feedback. One instance per FSDPModule; ``method``, ``density`` and
-    ``**options`` as for :class:`ReduceScatter`.
+    error feedback. One instance per FSDPModule; ``method``, ``density``,
+    ``keep_workspace`` and ``**options`` as for :class:`ReduceScatter`.
 
     Raises :class:`gradcomp.InvalidArgumentError` where torch has no
     ``FSDPModule.set_all_reduce_hook``.
@@ -277,12 +288,12 @@ class AllReduce(_GroupCompressor):
 
     _WHO = "fsdp AllReduce"
 
-    def __init__(self, group: dist.ProcessGroup, method: str = "topk_ef", density: Optional[float] = None,
-                 **options: Union[bool, int, float, str, dict]) -> None:
+    def __init__(self, group: dist.ProcessGroup, method: str = "topk_ef", density: Optional[float] = None, *,
+                 keep_workspace: bool = False, **options: Union[bool, int, float, str, dict]) -> None:
         _require(self._WHO, "set_all_reduce_hook")
         if not isinstance(group, dist.ProcessGroup):
             check.fail(self._WHO, f"group must be a torch.distributed ProcessGroup, got {check.kind(group)}")
-        super().__init__(method, density, options)
+        super().__init__(method, density, keep_workspace, options)
         self.group = group
 
     def __call__(self, reduce_output: torch.Tensor) -> None:
@@ -293,6 +304,8 @@ class AllReduce(_GroupCompressor):
         exchange = self._exchange_for(grad, self.group)
         mean = torch.zeros(grad.numel(), dtype=torch.float32, device=grad.device)
         exchange.step(grad, mean, 1.0 / self.group.size())
+        if not self.keep_workspace:
+            exchange.release_workspace()
         reduce_output.copy_(mean.view_as(reduce_output))
         self._calls += 1
         self._elements = grad.numel()

@@ -265,6 +265,12 @@ class compact_state {
     staging_ = std::vector<float>{};
   }
 
+  /// Gives back a checkpoint's copy (accept() gave back the step's arrays already).
+  void release_workspace() noexcept {
+    decoded_ = buffer<float>{};
+    staging_ = std::vector<float>{};
+  }
+
   /// Committed array `a` as float32 values, on the host (a copy, given back at the next
   /// accepted step).
   std::span<const float> committed(std::size_t a) const {
@@ -350,6 +356,7 @@ class engine<correct::compact<Inner>, Backend> {
     run_.commit(be, policy.inner, index, sent, status);
   }
   void accept() noexcept { run_.accept(); }
+  void release_workspace() noexcept { run_.release_workspace(); }
   std::span<const float> committed(std::size_t a) const { return run_.committed(a); }
   void load_committed(std::size_t a, std::span<const float> values) { run_.load_committed(a, values); }
   void add_held(held_memory& use) const { run_.add_held(use); }

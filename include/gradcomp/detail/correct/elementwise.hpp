@@ -140,8 +140,18 @@ class float_state {
 
   /// How the passes read the committed state.
   [[nodiscard]] pointers reader() const { return addresses(committed_); }
-  /// Where the step's passes write its state.
-  [[nodiscard]] pointers next(const Backend&) { return addresses(next_); }
+  /// Where the step's passes write its state (allocated again after release_workspace).
+  [[nodiscard]] pointers next(const Backend& be) {
+    for (std::size_t a = 0; a != Arrays; ++a) {
+      if (static_cast<std::size_t>(next_[a].size()) != n_) next_[a] = be.template allocate<float>(n_);
+    }
+    return addresses(next_);
+  }
+  /// Gives the next copy back (between steps: the next step writes it whole).
+  void release_workspace() noexcept {
+    for (auto& b : next_) b = buffer{};
+    staging_ = std::vector<float>{};
+  }
   /// After the step's commit: the next copy already holds the state.
   void store(const Backend&, const step_status*) {}
   /// Makes the step's state the committed one.
@@ -215,6 +225,7 @@ class correction {
         scale = scale_.data();
       }
     }
+    if (own_acc && static_cast<std::size_t>(acc_.size()) != n_) acc_ = be.template allocate<float>(n_);
     next_ = state_.next(be);
     be.reduce_or(n_,
                  elementwise::update<Policy, arrays, own_acc, decltype(state_.reader())>{policy, state_.reader(), next_,
@@ -254,6 +265,13 @@ class correction {
   void accept() noexcept {
     state_.accept();
     next_ = {};
+  }
+
+  /// Gives back the arrays of n floats that only a step uses (the state's next copy,
+  /// acc); the committed state stays.
+  void release_workspace() noexcept {
+    state_.release_workspace();
+    acc_ = buffer{};
   }
 
   /// Committed array `a`, readable on the host.

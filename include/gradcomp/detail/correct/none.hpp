@@ -55,6 +55,7 @@ class no_correction {
   std::span<const float> committed(std::size_t) const noexcept { return {}; }
   void load_committed(std::size_t, std::span<const float>) noexcept {}
   void add_held(held_memory&) const noexcept {}
+  void release_workspace() noexcept {}  // nothing held
 };
 
 /// Every backend without an engine of its own for correct::none runs the one above.

@@ -142,11 +142,18 @@ class fast_engine<Policy, backend::host> {
     state_.add_held(use);
     use.workspace += bytes_held(acc_, partial_, tile_max_);
   }
+  /// Gives back the arrays of n floats that only a step uses (the next copy of the
+  /// state, acc); the per-tile sums are a few bytes and stay.
+  void release_workspace() noexcept {
+    state_.release_workspace();
+    acc_ = std::vector<float>{};
+  }
 
  private:
   // update()'s passes; false if acc is not all finite.
   template <class Visit, class BeforePass>
   bool updated(const Policy& policy, std::span<const float> g, Visit&& visit, BeforePass&& before_pass) {
+    if (own_acc && acc_.size() != g.size()) acc_.assign(g.size(), 0.0f);
     state_.begin_step(false);
     if constexpr (scales_gradient<Policy>()) {
       if (policy.needs_norm()) {

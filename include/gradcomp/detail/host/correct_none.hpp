@@ -58,6 +58,7 @@ class fast_engine<correct::none, backend::host> {
   std::span<const float> committed(std::size_t) const noexcept { return {}; }
   void load_committed(std::size_t, std::span<const float>) noexcept {}
   void add_held(held_memory&) const noexcept {}
+  void release_workspace() noexcept {}  // nothing held
 };
 
 }  // namespace detail

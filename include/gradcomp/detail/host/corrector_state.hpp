@@ -63,11 +63,12 @@ inline float max_magnitude(const float* x, std::size_t len) noexcept {
 }
 
 /// Committed and next copies of a corrector's `Arrays` state arrays of n floats; or,
-/// for a step begun in place, one copy that is both.
+/// for a step begun in place, one copy that is both. The next copy can be given back
+/// between steps (release_workspace); the next step not in place allocates it again.
 template <std::size_t Arrays>
 class host_state {
  public:
-  explicit host_state(std::size_t n) {
+  explicit host_state(std::size_t n) : n_(n) {
     for (auto& a : committed_) a.assign(n, 0.0f);
     for (auto& a : next_) a.assign(n, 0.0f);
   }
@@ -75,7 +76,17 @@ class host_state {
   std::span<const float> committed(std::size_t a) const noexcept { return committed_[a]; }
   std::span<float> next(std::size_t a) noexcept { return in_place_ ? committed_[a] : next_[a]; }
   /// Whether the step being computed writes over the committed state.
-  void begin_step(bool in_place) noexcept { in_place_ = in_place; }
+  void begin_step(bool in_place) {
+    in_place_ = in_place;
+    if (in_place) return;
+    for (auto& a : next_) {
+      if (a.size() != n_) a.assign(n_, 0.0f);
+    }
+  }
+  /// Gives the next copy back (between steps: it holds nothing the next step reads).
+  void release_workspace() noexcept {
+    for (auto& a : next_) a = std::vector<float>{};
+  }
   void accept() noexcept {
     if (!in_place_) std::swap(committed_, next_);
   }
@@ -88,6 +99,7 @@ class host_state {
   }
 
  private:
+  std::size_t n_;
   std::array<std::vector<float>, Arrays> committed_;
   std::array<std::vector<float>, Arrays> next_;
   bool in_place_ = false;

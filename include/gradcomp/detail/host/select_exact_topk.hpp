@@ -51,16 +51,24 @@ class host_topk {
       : threads_(be.concurrency()),
         n_(n),
         bins_(static_cast<std::size_t>(threads_) * top_digit_bins),
-        scratch_(n),
-        tile_counts_(2 * tile_count(n)),
-        sample_(n >= min_sampled_n ? n / sample_stride : 0),
-        keys_(n / 8 + 4096) {}
+        tile_counts_(2 * tile_count(n)) {
+    hold_workspace();
+  }
+
+  /// Gives back the lists of the size of n (between steps); the next step allocates
+  /// them again. The hint stays.
+  void release_workspace() noexcept {
+    scratch_ = std::vector<std::uint32_t>{};
+    sample_ = std::vector<float>{};
+    keys_ = std::vector<std::uint32_t>{};
+  }
 
   /// The threads of the call's context (at most the constructor's: bins_ holds theirs).
   void use_threads(int threads) noexcept { threads_ = threads; }
 
   /// Starts a pass in which observe() sees every tile of acc.
-  void begin_observe() noexcept {
+  void begin_observe() {
+    hold_workspace();
     observed_ = true;
     hinted_ = hint_key_ != 0;
     if (hinted_) {
@@ -83,6 +91,7 @@ class host_topk {
   /// Writes the ascending indices of the k entries of largest |acc| to out[0, k).
   /// Returns false, leaving `out` unspecified, if acc holds a NaN or infinity.
   bool select(std::span<const float> acc, std::size_t k, std::span<std::uint32_t> out) {
+    hold_workspace();
     const bool observed = std::exchange(observed_, false);
     const bool hinted = observed && std::exchange(hinted_, false);
     if (k == n_) {
@@ -135,6 +144,15 @@ class host_topk {
   }
 
  private:
+  // The lists of the size of n, allocated by the constructor and again after
+  // release_workspace().
+  void hold_workspace() {
+    if (scratch_.size() == n_) return;
+    scratch_.resize(n_);
+    sample_.resize(n_ >= min_sampled_n ? n_ / sample_stride : 0);
+    keys_.resize(n_ / 8 + 4096);
+  }
+
   // For tile c (values x, starting at tensor index begin): indices with key > hi to
   // the front of the tile's slice of scratch_, indices with lo <= key <= hi to its
   // back (reversed). Returns whether a NaN or infinity was met.
@@ -264,9 +282,7 @@ class fast_engine<select::exact_topk, backend::host> {
   fast_engine(const backend::host& be, const select::exact_topk&, std::size_t n) : topk_(be, n) {}
 
   void reserve(const select::exact_topk&) noexcept {}  // the workspace is sized by n, not k
-  void begin_observe(const backend::host&, const select::exact_topk&, std::uint64_t /*step*/) noexcept {
-    topk_.begin_observe();
-  }
+  void begin_observe(const backend::host&, const select::exact_topk&, std::uint64_t /*step*/) { topk_.begin_observe(); }
   void observe(int thread, std::size_t begin, std::span<const float> acc_tile, std::span<const float>) noexcept {
     topk_.observe(thread, begin, acc_tile);
   }
@@ -279,6 +295,9 @@ class fast_engine<select::exact_topk, backend::host> {
   }
   void accept() noexcept {}
   void add_held(held_memory& use) const { use.workspace += topk_.held_bytes(); }
+  /// Gives back the selection's lists; the last step's k-th key stays, as the next
+  /// step's first guess.
+  void release_workspace() noexcept { topk_.release_workspace(); }
 
  private:
   selection select_now(const select::exact_topk& policy, const select_input& in, std::span<std::uint32_t> out) {

@@ -65,7 +65,10 @@ class given_indices_selection {
     return {};
   }
   void accept() noexcept {}
-  void add_held(held_memory& use) const { use.workspace += bytes_held(given_); }
+  /// The index set is carried from step to step (set_indices): state, not workspace.
+  void add_held(held_memory& use) const { use.state += bytes_held(given_); }
+  /// The index set is all this engine holds, and it stays.
+  void release_workspace() noexcept {}
 
  private:
   Backend backend_;

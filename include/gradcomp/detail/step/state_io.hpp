@@ -258,15 +258,16 @@ double density_of(const Selector& s) {
 
 /// Writes the record of a compressor of `signature` (its policies' names) and n: its
 /// step, the selector's density (0 where it has none), the corrector's committed arrays
-/// (Arrays of them) and the selector engine's saved state, where it keeps one.
-template <std::size_t Arrays, class CorrectEngine, class SelectEngine>
+/// (Arrays of them) and the selector engine's saved state (`selector`: its record, or
+/// nullptr where it keeps none).
+template <std::size_t Arrays, class CorrectEngine, class SelectorRecord>
 void write_state(std::ostream& out, const std::string& signature, std::uint64_t n, std::uint64_t step, double density,
-                 const CorrectEngine& correct, const SelectEngine& select) {
+                 const CorrectEngine& correct, const SelectorRecord& selector) {
   state_writer w;
   w.header(signature, n, step, density);
   for (std::size_t a = 0; a != Arrays; ++a) w.array(correct.committed(a));
-  if constexpr (engine_saves_state<SelectEngine>) {
-    w.selector_record(select.saved_state());
+  if constexpr (!std::is_null_pointer_v<SelectorRecord>) {
+    w.selector_record(selector);
   } else {
     w.no_selector_record();
   }

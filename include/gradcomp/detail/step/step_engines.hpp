@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -38,22 +39,41 @@ Backend checked_backend(const Backend& backend, std::size_t n, const Selector& s
   return resolved(backend, "compressor");
 }
 
+/// What a selector engine carries from step to step as a checkpoint records it: its
+/// saved_state()'s record, or nothing.
+template <class E>
+struct carried_state {
+  struct type {};
+};
+template <class E>
+  requires engine_saves_state<E>
+struct carried_state<E> {
+  using type = decltype(std::declval<const E&>().saved_state());
+};
+
 /// The engines of Selector, Corrector and Encoder on Backend, with workspace for the
-/// selector's largest selection (grown by reserve) and the step's status.
+/// selector's largest selection (grown by reserve) and the step's status. The workspace
+/// can be given back between steps (release_workspace) and is then allocated again by
+/// the next step: the selector's engine is made anew (with the state a checkpoint keeps
+/// of it restored) unless it gives its workspace back itself, the encoder's (which
+/// carries nothing) is made anew, and the corrector's gives back all but its committed
+/// arrays.
 template <class Backend, class Selector, class Corrector, class Encoder>
 class step_engines {
  public:
   using select_engine = engine_for<Selector, Backend>;
   using correct_engine = engine_for<Corrector, Backend>;
   using encode_engine = engine_for<Encoder, Backend>;
+  template <class T>
+  using buffer = typename Backend::template buffer<T>;
 
   step_engines(const Backend& be, const Selector& s, const Corrector& c, const Encoder& e, std::size_t n)
       : backend_(be),
         n_(n),
         capacity_(s.max_selected(n)),
-        select_(be, s, n),
+        select_(std::in_place, be, s, n),
         correct_(be, c, n),
-        encode_(be, e, n, capacity_),
+        encode_(std::in_place, be, e, n, capacity_),
         index_(be.template allocate<std::uint32_t>(capacity_)),
         sent_(be.template allocate<float>(capacity_)),
         status_(be.template allocate<step_status>(2)) {}  // a step's, a preview's
@@ -66,6 +86,8 @@ class step_engines {
   /// leaves the commit to commit_staged(), once the caller knows what to keep.
   void queue(const Backend& on, const Selector& s, const Corrector& c, const Encoder& e, std::span<const float> grad,
              std::span<std::byte> out, std::uint64_t step, bool commit = true) {
+    hold_workspace(s, e);
+    last_ = on;
     step_status* status = status_.data();
     on.clear(status, 1);
     std::span<const float> acc = grad;
@@ -73,10 +95,10 @@ class step_engines {
       queue_update(on, s, c, grad, step, status);
       acc = correct_.acc(grad);
     }
-    const queued_selection chosen = select_.select(on, s, {acc, grad, step}, index_span(), status);
+    const queued_selection chosen = select_->select(on, s, {acc, grad, step}, index_span(), status);
     const std::span<const std::uint32_t> index = selected(on, status);
     const std::span<float> sent = std::span<float>(sent_.data(), index.size());
-    encode_.encode(on, e, {acc, index, step, chosen.value_scale}, out, sent, status);
+    encode_->encode(on, e, {acc, index, step, chosen.value_scale}, out, sent, status);
     if (commit) correct_.commit(on, c, index, sent, status);
   }
 
@@ -86,6 +108,7 @@ class step_engines {
   /// them). The selection is a few entries, filtered on the host (read back and written
   /// again where the backend's memory is a device's).
   void commit_staged(const Backend& on, const Corrector& c, const std::span<const std::uint32_t>* kept) {
+    last_ = on;
     step_status* status = status_.data();
     if (kept != nullptr) {
       step_status s = on.read(status);
@@ -118,6 +141,7 @@ class step_engines {
   /// n floats (allocated by the first call), and returns it with whether it is finite.
   std::pair<std::span<const float>, bool> preview(const Backend& on, const Corrector& c, std::span<const float> grad) {
     if (static_cast<std::size_t>(preview_.size()) != n_) preview_ = backend_.template allocate<float>(n_);
+    last_ = on;
     const std::span<float> acc(preview_.data(), n_);
     step_status* status = status_.data() + 1;  // [0] is the step's (last_step_finite)
     on.clear(status, 1);
@@ -128,31 +152,53 @@ class step_engines {
   /// Makes the queued step current.
   void accept() {
     correct_.accept();
-    select_.accept();
+    select_->accept();
+  }
+
+  /// Gives back the workspace (what held() counts as such, the step's status aside)
+  /// until the next step allocates it again; the corrector's committed arrays and what
+  /// the selector carries stay, so the steps that follow are those that would have
+  /// followed. Not while a step is staged (its commit reads the selection). On a
+  /// backend whose memory is a device's, waits for the last call's work first.
+  void release_workspace() {
+    if constexpr (!Backend::host_accessible) (void)last_.read(status_.data());
+    if constexpr (engine_releases_workspace<select_engine>) {
+      select_->release_workspace();
+    } else if (select_) {
+      if constexpr (engine_saves_state<select_engine>) carried_ = select_->saved_state();
+      select_.reset();
+    }
+    correct_.release_workspace();
+    encode_.reset();
+    // A new buffer, not `= {}`: on a std::vector that assigns an empty list and keeps
+    // the capacity.
+    index_ = buffer<std::uint32_t>{};
+    sent_ = buffer<float>{};
+    preview_ = buffer<float>{};
   }
 
   /// Grows the index and value workspace and the selector's to what `next` may select
   /// (strong guarantee: allocated first, then swapped).
   void reserve(const Selector& next, const Encoder& e) {
     const std::size_t capacity = next.max_selected(n_);
-    if (capacity > capacity_) {
+    if (capacity > capacity_ && held_workspace()) {
       auto encode = encode_engine(backend_, e, n_, capacity);
       auto index = backend_.template allocate<std::uint32_t>(capacity);
       auto sent = backend_.template allocate<float>(capacity);
-      encode_ = std::move(encode);
+      encode_.emplace(std::move(encode));
       index_ = std::move(index);
       sent_ = std::move(sent);
-      capacity_ = capacity;
     }
-    select_.reserve(next);
+    capacity_ = std::max(capacity_, capacity);  // a released workspace is allocated at this size
+    if (select_) select_->reserve(next);        // a selector made anew is made for `next`
   }
 
   /// What the engines and the step's buffers hold.
   [[nodiscard]] held_memory held() const {
     held_memory use;
     correct_.add_held(use);
-    select_.add_held(use);
-    encode_.add_held(use);
+    if (select_) select_->add_held(use);
+    if (encode_) encode_->add_held(use);
     use.workspace += bytes_held(index_, sent_, status_, preview_);
     return use;
   }
@@ -164,11 +210,23 @@ class step_engines {
 
   /// \name The engines (checkpoints, set_indices, compress_async)
   /// @{
-  select_engine& select() noexcept { return select_; }
-  const select_engine& select() const noexcept { return select_; }
+  /// The selector's engine, made for `s` if release_workspace() gave it back.
+  select_engine& select(const Selector& s) {
+    if (!select_) {
+      select_.emplace(backend_, s, n_);
+      if constexpr (engine_saves_state<select_engine>) select_->restore_state(carried_);
+    }
+    return *select_;
+  }
+  /// The checkpoint record of the selector's state (its engine's, or what it carried when
+  /// release_workspace() gave it back).
+  [[nodiscard]] auto saved_selector_state() const
+    requires engine_saves_state<select_engine>
+  {
+    return select_ ? select_->saved_state() : carried_;
+  }
   correct_engine& correct() noexcept { return correct_; }
   const correct_engine& correct() const noexcept { return correct_; }
-  const encode_engine& encode() const noexcept { return encode_; }
   /// @}
   /// The step's status record in the backend's memory (compress_async's last_step_finite).
   [[nodiscard]] const step_status* status_record() const noexcept { return status_.data(); }
@@ -192,11 +250,11 @@ class step_engines {
   void queue_update(const Backend& on, const Selector& s, const Corrector& c, std::span<const float> grad,
                     std::uint64_t step, step_status* status) {
     if constexpr (fused_pass) {
-      select_.begin_observe(on, s, step);
+      select_->begin_observe(on, s, step);
       const auto observe = [&](int thread, std::size_t begin, auto acc_tile) {
-        select_.observe(thread, begin, acc_tile, grad.subspan(begin, acc_tile.size()));
+        select_->observe(thread, begin, acc_tile, grad.subspan(begin, acc_tile.size()));
       };
-      const auto before_pass = [&](auto&& acc_at) { look_ahead(select_, s, acc_at); };
+      const auto before_pass = [&](auto&& acc_at) { look_ahead(*select_, s, acc_at); };
       correct_.update(on, c, grad, status, observe, before_pass);
     } else {
       correct_.update(on, c, grad, status);
@@ -217,16 +275,32 @@ class step_engines {
 
   std::span<std::uint32_t> index_span() noexcept { return {index_.data(), static_cast<std::size_t>(index_.size())}; }
 
+  // Whether the selection's workspace is held (not given back by release_workspace).
+  bool held_workspace() const noexcept { return encode_.has_value(); }
+
+  // The workspace a step needs, allocated again after release_workspace(): before the
+  // step changes anything, so that an allocation that fails leaves the state as it was.
+  void hold_workspace(const Selector& s, const Encoder& e) {
+    (void)select(s);
+    if (!held_workspace()) {
+      index_ = backend_.template allocate<std::uint32_t>(capacity_);
+      sent_ = backend_.template allocate<float>(capacity_);
+      encode_.emplace(backend_, e, n_, capacity_);
+    }
+  }
+
   Backend backend_;
+  Backend last_ = backend_;  // where the last call's work was queued
   std::size_t n_;
   std::size_t capacity_;
-  select_engine select_;
+  std::optional<select_engine> select_;                    // empty once given back by release_workspace
+  typename carried_state<select_engine>::type carried_{};  // what it carried then
   correct_engine correct_;
-  encode_engine encode_;
-  typename Backend::template buffer<std::uint32_t> index_;
-  typename Backend::template buffer<float> sent_;
-  typename Backend::template buffer<step_status> status_;  // [0] a step's, [1] a preview's
-  typename Backend::template buffer<float> preview_;
+  std::optional<encode_engine> encode_;  // likewise
+  buffer<std::uint32_t> index_;
+  buffer<float> sent_;
+  buffer<step_status> status_;  // [0] a step's, [1] a preview's
+  buffer<float> preview_;
 };
 
 }  // namespace detail

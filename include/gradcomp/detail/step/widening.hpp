@@ -38,6 +38,8 @@ class widening {
 
   /// Bytes of the float32 copy (0 until a 16-bit gradient arrives).
   [[nodiscard]] std::size_t held_bytes() const noexcept { return bytes_held(wide_); }
+  /// Gives the float32 copy back (the next 16-bit gradient allocates it again).
+  void release() noexcept { wide_ = typename Backend::template buffer<float>{}; }
 
  private:
   template <narrow_float T>
