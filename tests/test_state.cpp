@@ -697,6 +697,8 @@ TEST_CASE("memory_bytes: the state by its definition, the workspace as buffers c
       CHECK(momentum.memory_bytes().workspace == momentum_between.workspace + 2 * 4 * n);
       momentum.drop_staged();
       CHECK(momentum.memory_bytes().workspace == momentum_between.workspace + 2 * 4 * n);
+      momentum.release_workspace();  // gives back the dropped step's arrays too
+      CHECK(momentum.memory_bytes().workspace <= 65536);
       step(momentum, 3);
       CHECK(momentum.memory_bytes().workspace == momentum_between.workspace);
     }
@@ -758,6 +760,13 @@ TEST_CASE("release_workspace: the workspace goes back and comes again, the steps
       CHECK(after.workspace < before.workspace);
       CHECK(after.workspace <= 65536);  // per-tile and per-thread bytes
       CHECK(same_checkpoint());
+      if (t == 2) {  // a checkpoint loaded while the workspace is given back
+        std::ostringstream saved;
+        kept.save_state(saved);
+        std::istringstream in(saved.str());
+        released.load_state(in);
+        CHECK(same_checkpoint());
+      }
     }
     CHECK(kept.step() == released.step());
   };

@@ -34,7 +34,8 @@ GRADCOMP_NAMESPACE_BEGIN
 
 /// Compresses successive gradients of one tensor of n elements.
 ///
-/// All state and workspace is allocated here, once; compress() allocates nothing. Every
+/// All state and workspace is allocated here, once; compress() allocates nothing, unless
+/// release_workspace() gave the workspace back (the next step allocates it again). Every
 /// member that throws gradcomp::error leaves the compressor as it was.
 ///
 /// The parameters are checked against the concepts of concepts.hpp by static assertions
@@ -88,13 +89,19 @@ class compressor {
   /// steps that follow write what they would have written. For compressors that take
   /// turns, as FSDP's parameter groups do, so that together they hold their states and
   /// one workspace at a time; the price is an allocation per buffer at each step. On
-  /// backend::cuda, waits for the last call's work first.
+  /// backend::cuda, waits for the last call's work first. Views the compressor returned
+  /// into its workspace (preview(), corrector_state() of a device or compact state) are
+  /// given back with it.
   /// \throws gradcomp::error (invalid_argument) while a step is staged (its commit reads
-  ///         the workspace); nothing changes then.
+  ///         the workspace), or once compress_async() has run (a CUDA graph may hold the
+  ///         workspace's addresses); nothing changes then.
   void release_workspace() {
     detail::require_current_device(backend_, "release_workspace");
     detail::require(!staged_, errc::invalid_argument,
                     "release_workspace: a step is staged; accept_staged() or drop_staged() it first");
+    detail::require(!async_ran_, errc::invalid_argument,
+                    "release_workspace: compress_async() has run on this compressor, and a CUDA graph may hold its "
+                    "workspace's addresses");
     engines_.release_workspace();
     wide_.release();
   }
@@ -134,7 +141,8 @@ class compressor {
   /// \param grad the gradient: n elements of float32, IEEE half or bfloat16 in the
   ///             backend's memory (gradient_view). A 16-bit gradient is widened to
   ///             float32 exactly, into n floats of workspace that the first such call
-  ///             allocates; state and arithmetic stay float32.
+  ///             (and the first after release_workspace()) allocates; state and
+  ///             arithmetic stay float32.
   /// \param out  at least max_message_bytes() bytes: host memory on the host and Kokkos
   ///             backends, device memory on backend::cuda (where the step's work is
   ///             queued on the stream and one status record is read back)
@@ -197,7 +205,7 @@ class compressor {
   /// memory. Changes no state. ScaleCom's leader selects from it, and comm::cyclic_topk
   /// checks with it on every rank that the step will be accepted before any rank
   /// compresses. The first call allocates n floats; the view is valid until the next
-  /// call.
+  /// call or release_workspace().
   /// \throws gradcomp::error if grad.size() != n, or the value holds a NaN or infinity
   ///         (the error compress would raise).
   template <gradient_view<Backend> Grad>
@@ -285,6 +293,9 @@ class compressor {
     const std::span<const float> grad = detail::raw(grad_at);
     const std::span<std::byte> out = detail::raw(out_at);
     check_step("compress_async", grad, out);
+    detail::require(engines_.holds_workspace(), errc::invalid_argument,
+                    "compress_async: the workspace was given back (release_workspace); a compress() allocates it "
+                    "again, outside any graph capture");
     const std::size_t count = engines_.select(selector_).fixed_count(selector_);
     const auto bytes = engines::encode_engine::fixed_bytes(encoder_, n_, count);
     detail::require(bytes.has_value(), errc::invalid_argument, "compress_async: the size of ", encoder_.name(),
@@ -298,12 +309,14 @@ class compressor {
     engines_.queue(on, selector_, corrector_, encoder_, grad, out, step_);
     finish_step();
     last_async_ = on;
+    async_ran_ = true;
     return written(out, *bytes, count);
   }
   /// @}
 
   /// Queues one step on backend::cuda's stream and returns at once, reading nothing
-  /// back, so that the step can be captured in a CUDA graph and replayed. For
+  /// back, so that the step can be captured in a CUDA graph and replayed (its workspace
+  /// is then kept: release_workspace() refuses from the first call on). For
   /// configurations whose message size is known in advance: a selector with a fixed
   /// count (exact_topk), an index coding of fixed size (raw32 or bitmap; any value
   /// coding that does not round at random) and a corrector without state. Whether the step met a
@@ -381,10 +394,9 @@ class compressor {
     [[maybe_unused]] const auto saved_selector = detail::restored_selector_state<select_engine>(r, selector_.name());
     const Selector next = detail::restored_selector(r, selector_, n_);
     if constexpr (detail::selector_has_density<Selector>) engines_.reserve(next, encoder_);
+    auto& select = engines_.select(next);  // made again first if its workspace was given back
     for (std::size_t a = 0; a != Corrector::state_arrays; ++a) engines_.correct().load_committed(a, r.array(a));
-    if constexpr (detail::engine_restores_state<select_engine>) {
-      engines_.select(next).restore_state(saved_selector);
-    }
+    if constexpr (detail::engine_restores_state<select_engine>) select.restore_state(saved_selector);
     selector_ = next;
     step_ = r.step();
     staged_ = false;
@@ -487,6 +499,7 @@ class compressor {
   engines engines_;
   detail::widening<Backend> wide_;  // a 16-bit gradient widened to float32
   Backend last_async_ = backend_;   // the context of the last compress_async (last_step_finite)
+  bool async_ran_ = false;          // compress_async has run: a graph may hold the workspace
   std::uint64_t step_ = 0;
   bool staged_ = false;  // a stage()d step waits for accept_staged()
 };

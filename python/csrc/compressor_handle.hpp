@@ -114,7 +114,7 @@ class compressor_handle {
 
   /// Gives the workspace back until the next step (compressor::release_workspace).
   void release_workspace() {
-    exclusive([&] { c_->release_workspace(); });
+    exclusive([&] { on_own_stream([&] { c_->release_workspace(); }); });
   }
 
   torch::Tensor compress(const torch::Tensor& grad, bool staged) {
@@ -392,7 +392,7 @@ class sparse_handle {
   }
   /// Gives back the exchange's and the compressor's workspace until the next step.
   void release_workspace() {
-    c_.exclusive([&] { x_->release_workspace(); });
+    c_.exclusive([&] { c_.on_own_stream([&] { x_->release_workspace(); }); });
   }
 
   /// dense += scale * the global top-k of the ranks' sums; the compressor's step stays

@@ -60,6 +60,18 @@ void capture_and_replay(const gc::encode::index_value& encoder) {
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
+  // The graph held the workspace's addresses: it is not given back.
+  CHECK_THROWS_WITH_AS(gpu.release_workspace(), doctest::Contains("compress_async() has run"), gc::error);
+
+  // A compressor that gave its workspace back does not queue an asynchronous step (it
+  // would allocate, which a capture cannot); compress() allocates it again.
+  gc::compressor released{gc::backend::cuda{stream}, n, topk, gc::correct::none{}, encoder};
+  released.release_workspace();
+  CHECK_THROWS_WITH_AS((void)released.compress_async(device::span_of(g), device::span_of(out)),
+                       doctest::Contains("the workspace was given back"), gc::error);
+  (void)released.compress(device::span_of(g), device::span_of(out));
+  (void)released.compress_async(device::span_of(g), device::span_of(out));
+  gc::detail::cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
 
   // A configuration whose message size depends on the data is refused, and so is one
   // that rounds at random with the step number (a replay would repeat the captured draw).

@@ -35,11 +35,13 @@ Memory: one compressor per parameter group (one instance per FSDPModule; an inst
 refuses a group of another size), whose residual is the size of the group's *unsharded*
 gradient, on every rank: with error feedback that is one float per parameter of the
 group, W times the shard FSDP keeps; ``memory_bits=8`` stores it in about 1 byte per
-parameter, ``memory_bits=4`` in about half of one. The workspace of a call (the
-selection's lists, the messages, the step's float32 arrays) is given back when the call
-ends and allocated again by the next: FSDP reduces its groups one at a time, so a rank
-holds every group's residual and one group's workspace (``keep_workspace=True`` keeps
-each instance's between calls: no allocation per call, more memory).
+parameter, ``memory_bits=4`` in about half of one. On the CPU the workspace of a call
+(the selection's lists, the messages, the step's float32 arrays) is given back when the
+call ends and allocated again by the next: FSDP reduces its groups one at a time, so a
+rank holds every group's residual and one group's workspace. On CUDA each instance keeps
+its workspace between calls by default (a device allocation from torch's caching
+allocator waits for the current stream, and what that costs per call is not yet
+measured on a GPU). ``keep_workspace=True`` or ``False`` chooses either way.
 
 A NaN or infinity on any rank, a bad shape, or ranks configured differently make every
 rank raise the same :class:`gradcomp.Error` (nothing changes, no rank waits). CPU
@@ -106,9 +108,11 @@ class _GroupCompressor:
 
     _WHO = "fsdp"
 
-    def __init__(self, method: str, density: Optional[float], keep_workspace: bool, options: Dict[str, Any]) -> None:
+    def __init__(self, method: str, density: Optional[float], keep_workspace: Optional[bool],
+                 options: Dict[str, Any]) -> None:
         self.method = check.text(self._WHO, "method", method)
-        self.keep_workspace = check.boolean(self._WHO, "keep_workspace", keep_workspace)
+        self.keep_workspace = None if keep_workspace is None else check.boolean(self._WHO, "keep_workspace",
+                                                                                keep_workspace)
         self.options = dict(options)
         if density is not None:
             self.options["density"] = check.real(self._WHO, "density", density)
@@ -137,6 +141,13 @@ class _GroupCompressor:
             self._exchange = _C.SparseAllreduce(self.compressor._impl, group, 0)
             self._group = group
         return self._exchange
+
+    def _release(self, exchange, device: torch.device) -> None:
+        """Gives the call's workspace back unless this instance keeps it (by default on
+        CUDA)."""
+        keep = self.keep_workspace if self.keep_workspace is not None else device.type == "cuda"
+        if not keep:
+            exchange.release_workspace()
 
     def set_density(self, density: float) -> None:
         """The density of this instance's compressor from its next call on (DGC's warm-up:
@@ -225,8 +236,9 @@ class ReduceScatter(_GroupCompressor, _ReduceScatterBase):
     rank's compressed gradient instead of the dense one; one instance per FSDPModule.
 
     ``method``, ``density`` and ``**options`` are those of
-    :class:`gradcomp.torch.Compressor` (checked here). Each call gives its workspace
-    back when it ends unless ``keep_workspace`` (module docstring, "Memory").
+    :class:`gradcomp.torch.Compressor` (checked here). ``keep_workspace``: whether each
+    call keeps its workspace for the next (None: given back on the CPU, kept on CUDA;
+    module docstring, "Memory").
     ``bytes_sent`` counts the bytes
     this rank has put into the collectives, ``collectives`` the collectives.
     ``state_dict()`` / ``load_state_dict()`` keep the compressor's memory.
@@ -237,8 +249,8 @@ class ReduceScatter(_GroupCompressor, _ReduceScatterBase):
 
     _WHO = "fsdp ReduceScatter"
 
-    def __init__(self, method: str = "topk_ef", density: Optional[float] = None, *, keep_workspace: bool = False,
-                 **options: Union[bool, int, float, str, dict]) -> None:
+    def __init__(self, method: str = "topk_ef", density: Optional[float] = None, *,
+                 keep_workspace: Optional[bool] = None, **options: Union[bool, int, float, str, dict]) -> None:
         _require(self._WHO, "set_custom_reduce_scatter")
         super().__init__(method, density, keep_workspace, options)
 
@@ -263,8 +275,7 @@ class ReduceScatter(_GroupCompressor, _ReduceScatterBase):
         shard = torch.empty(output_tensor.numel(), dtype=torch.float32, device=output_tensor.device) \
             if widened else output_tensor.view(-1)
         exchange.reduce_scatter(grad, shard, scale)  # writes the shard only once every rank's step passed
-        if not self.keep_workspace:
-            exchange.release_workspace()
+        self._release(exchange, grad.device)
         if widened:
             output_tensor.copy_(shard.view_as(output_tensor))
         self._calls += 1
@@ -289,7 +300,7 @@ class AllReduce(_GroupCompressor):
     _WHO = "fsdp AllReduce"
 
     def __init__(self, group: dist.ProcessGroup, method: str = "topk_ef", density: Optional[float] = None, *,
-                 keep_workspace: bool = False, **options: Union[bool, int, float, str, dict]) -> None:
+                 keep_workspace: Optional[bool] = None, **options: Union[bool, int, float, str, dict]) -> None:
         _require(self._WHO, "set_all_reduce_hook")
         if not isinstance(group, dist.ProcessGroup):
             check.fail(self._WHO, f"group must be a torch.distributed ProcessGroup, got {check.kind(group)}")
@@ -304,8 +315,7 @@ class AllReduce(_GroupCompressor):
         exchange = self._exchange_for(grad, self.group)
         mean = torch.zeros(grad.numel(), dtype=torch.float32, device=grad.device)
         exchange.step(grad, mean, 1.0 / self.group.size())
-        if not self.keep_workspace:
-            exchange.release_workspace()
+        self._release(exchange, grad.device)
         reduce_output.copy_(mean.view_as(reduce_output))
         self._calls += 1
         self._elements = grad.numel()

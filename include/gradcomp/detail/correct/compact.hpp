@@ -265,8 +265,10 @@ class compact_state {
     staging_ = std::vector<float>{};
   }
 
-  /// Gives back a checkpoint's copy (accept() gave back the step's arrays already).
+  /// Gives back the step's arrays (still held after a preview, a rejected or a dropped
+  /// step) and a checkpoint's copy.
   void release_workspace() noexcept {
+    for (auto& b : next_) b = buffer<float>{};
     decoded_ = buffer<float>{};
     staging_ = std::vector<float>{};
   }

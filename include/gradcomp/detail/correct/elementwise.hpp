@@ -272,6 +272,7 @@ class correction {
   void release_workspace() noexcept {
     state_.release_workspace();
     acc_ = buffer{};
+    next_ = {};
   }
 
   /// Committed array `a`, readable on the host.

@@ -25,7 +25,8 @@ inline void cuda_check(cudaError_t status, const char* what) {
 }
 
 /// Owning array of `count` T in device memory, zero-filled; movable, not copyable. The
-/// compressor allocates these once, in its constructor (compress never allocates).
+/// compressor allocates these in its constructor (compress allocates only what
+/// release_workspace() gave back).
 template <class T>
 class device_buffer {
  public:

@@ -154,7 +154,6 @@ class fast_engine<Policy, backend::host> {
   template <class Visit, class BeforePass>
   bool updated(const Policy& policy, std::span<const float> g, Visit&& visit, BeforePass&& before_pass) {
     if (own_acc && acc_.size() != g.size()) acc_.assign(g.size(), 0.0f);
-    state_.begin_step(false);
     if constexpr (scales_gradient<Policy>()) {
       if (policy.needs_norm()) {
         if (last_clipped_) {
@@ -163,17 +162,21 @@ class fast_engine<Policy, backend::host> {
           });
           const float scale = policy.gradient_scale(total_of_partials());
           last_clipped_ = scale != 1.0f;
+          bool in_place = false;
           if constexpr (in_place_capable) {
-            state_.begin_step(allow_in_place_ && cannot_overflow(policy, scale, total_of_partials()));
+            in_place = allow_in_place_ && cannot_overflow(policy, scale, total_of_partials());
           }
+          state_.begin_step(in_place);
           return run(policy, g, scale, false, visit, before_pass);
         }
+        state_.begin_step(false);
         const bool finite = run(policy, g, 1.0f, true, visit, before_pass);
         const float scale = policy.gradient_scale(total_of_partials());
         last_clipped_ = scale != 1.0f;
         return scale == 1.0f ? finite : run(policy, g, scale, false, visit, before_pass);
       }
     }
+    state_.begin_step(false);
     return run(policy, g, 1.0f, false, visit, before_pass);
   }
 

@@ -48,19 +48,17 @@ class host_topk {
   static constexpr std::size_t min_sampled_n = topk_min_sampled_n;
 
   host_topk(const backend::host& be, std::size_t n)
-      : threads_(be.concurrency()),
-        n_(n),
-        bins_(static_cast<std::size_t>(threads_) * top_digit_bins),
-        tile_counts_(2 * tile_count(n)) {
+      : threads_(be.concurrency()), max_threads_(threads_), n_(n), tile_counts_(2 * tile_count(n)) {
     hold_workspace();
   }
 
-  /// Gives back the lists of the size of n (between steps); the next step allocates
-  /// them again. The hint stays.
+  /// Gives back the lists of the size of n and the per-thread histograms (between
+  /// steps); the next step allocates them again. The hint stays.
   void release_workspace() noexcept {
     scratch_ = std::vector<std::uint32_t>{};
     sample_ = std::vector<float>{};
     keys_ = std::vector<std::uint32_t>{};
+    bins_ = std::vector<std::uint32_t>{};
   }
 
   /// The threads of the call's context (at most the constructor's: bins_ holds theirs).
@@ -148,6 +146,7 @@ class host_topk {
   // release_workspace().
   void hold_workspace() {
     if (scratch_.size() == n_) return;
+    bins_.resize(static_cast<std::size_t>(max_threads_) * top_digit_bins);
     scratch_.resize(n_);
     sample_.resize(n_ >= min_sampled_n ? n_ / sample_stride : 0);
     keys_.resize(n_ / 8 + 4096);
@@ -257,6 +256,7 @@ class host_topk {
   }
 
   int threads_;
+  int max_threads_;  // the constructor's: what bins_ is sized for
   std::size_t n_;
   std::vector<std::uint32_t> bins_;         // per thread, top-digit histogram (fallback)
   std::vector<std::uint32_t> scratch_;      // n: per-tile lists, then candidates

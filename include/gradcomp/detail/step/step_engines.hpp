@@ -177,6 +177,9 @@ class step_engines {
     preview_ = buffer<float>{};
   }
 
+  /// Whether the workspace is held (not given back by release_workspace()).
+  [[nodiscard]] bool holds_workspace() const noexcept { return held_workspace(); }
+
   /// Grows the index and value workspace and the selector's to what `next` may select
   /// (strong guarantee: allocated first, then swapped).
   void reserve(const Selector& next, const Encoder& e) {
@@ -214,7 +217,14 @@ class step_engines {
   select_engine& select(const Selector& s) {
     if (!select_) {
       select_.emplace(backend_, s, n_);
-      if constexpr (engine_saves_state<select_engine>) select_->restore_state(carried_);
+      if constexpr (engine_saves_state<select_engine>) {
+        try {
+          select_->restore_state(carried_);
+        } catch (...) {
+          select_.reset();  // made again, with what it carried, by the next call
+          throw;
+        }
+      }
     }
     return *select_;
   }

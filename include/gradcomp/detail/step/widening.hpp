@@ -10,6 +10,7 @@
 #include <gradcomp/held_memory.hpp>
 
 #include <cstddef>
+#include <optional>
 #include <span>
 #include <type_traits>
 
@@ -38,8 +39,14 @@ class widening {
 
   /// Bytes of the float32 copy (0 until a 16-bit gradient arrives).
   [[nodiscard]] std::size_t held_bytes() const noexcept { return bytes_held(wide_); }
-  /// Gives the float32 copy back (the next 16-bit gradient allocates it again).
-  void release() noexcept { wide_ = typename Backend::template buffer<float>{}; }
+  /// Gives the float32 copy back (the next 16-bit gradient allocates it again), once
+  /// the widening last queued into it is done where the memory is a device's.
+  void release() {
+    if constexpr (!Backend::host_accessible) {
+      if (wide_.size() != 0) (void)last_->read(wide_.data());
+    }
+    wide_ = typename Backend::template buffer<float>{};
+  }
 
  private:
   template <narrow_float T>
@@ -51,10 +58,12 @@ class widening {
     require_device_pointer(be, who, "grad", grad.data());
     if (static_cast<std::size_t>(wide_.size()) != n) wide_ = be.template allocate<float>(n);
     on.for_each(n, widen_to_float<T>{grad.data(), wide_.data()});
+    last_ = on;
     return {wide_.data(), n};
   }
 
   typename Backend::template buffer<float> wide_;
+  std::optional<Backend> last_;  // where the last widening was queued
 };
 
 }  // namespace detail
