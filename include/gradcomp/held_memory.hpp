@@ -16,16 +16,16 @@ GRADCOMP_NAMESPACE_BEGIN
 struct held_memory {
   /// What the next step needs from the last: the corrector's committed arrays (error
   /// feedback's residual, momentum's velocity), in float32 or stored in blocks
-  /// (correct::compact), and given_indices' index set. A checkpoint holds the arrays (and
-  /// the few bytes a selector carries, sampled_threshold's threshold, counted as
-  /// workspace); compressor::release_workspace() keeps all of it.
+  /// (correct::compact). A checkpoint holds this (and the few bytes a selector carries,
+  /// sampled_threshold's threshold, counted as workspace); compressor::release_workspace()
+  /// keeps all of it.
   std::size_t state = 0;
   /// Every other byte held between calls: the corrector's arrays for the step in progress
   /// (float32 state is double-buffered), the selector's candidate lists and sort space,
   /// the selection's indices and values, the encoder's plan, the float32 copy of a 16-bit
-  /// gradient, a preview's buffer, host copies of a device's state. What
-  /// compressor::release_workspace() gives back, but for a few per-tile and per-thread
-  /// bytes.
+  /// gradient, a preview's buffer, host copies of a device's state, given_indices' index
+  /// set. What compressor::release_workspace() gives back, but for a few per-tile and
+  /// per-thread bytes and that index set (which the selector carries to its next step).
   std::size_t workspace = 0;
 
   /// state + workspace.

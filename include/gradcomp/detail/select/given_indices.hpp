@@ -65,9 +65,10 @@ class given_indices_selection {
     return {};
   }
   void accept() noexcept {}
-  /// The index set is carried from step to step (set_indices): state, not workspace.
-  void add_held(held_memory& use) const { use.state += bytes_held(given_); }
-  /// The index set is all this engine holds, and it stays.
+  /// The index set is workspace by held_memory's account (no checkpoint holds it: the
+  /// caller sets it, ScaleCom's leader at every step).
+  void add_held(held_memory& use) const { use.workspace += bytes_held(given_); }
+  /// The index set is all this engine holds, and it stays (set_indices set it).
   void release_workspace() noexcept {}
 
  private:
