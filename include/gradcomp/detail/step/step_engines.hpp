@@ -178,13 +178,13 @@ class step_engines {
   }
 
   /// Whether the workspace is held (not given back by release_workspace()).
-  [[nodiscard]] bool holds_workspace() const noexcept { return held_workspace(); }
+  [[nodiscard]] bool holds_workspace() const noexcept { return encode_.has_value(); }
 
   /// Grows the index and value workspace and the selector's to what `next` may select
   /// (strong guarantee: allocated first, then swapped).
   void reserve(const Selector& next, const Encoder& e) {
     const std::size_t capacity = next.max_selected(n_);
-    if (capacity > capacity_ && held_workspace()) {
+    if (capacity > capacity_ && holds_workspace()) {
       auto encode = encode_engine(backend_, e, n_, capacity);
       auto index = backend_.template allocate<std::uint32_t>(capacity);
       auto sent = backend_.template allocate<float>(capacity);
@@ -285,14 +285,11 @@ class step_engines {
 
   std::span<std::uint32_t> index_span() noexcept { return {index_.data(), static_cast<std::size_t>(index_.size())}; }
 
-  // Whether the selection's workspace is held (not given back by release_workspace).
-  bool held_workspace() const noexcept { return encode_.has_value(); }
-
   // The workspace a step needs, allocated again after release_workspace(): before the
   // step changes anything, so that an allocation that fails leaves the state as it was.
   void hold_workspace(const Selector& s, const Encoder& e) {
     (void)select(s);
-    if (!held_workspace()) {
+    if (!holds_workspace()) {
       index_ = backend_.template allocate<std::uint32_t>(capacity_);
       sent_ = backend_.template allocate<float>(capacity_);
       encode_.emplace(backend_, e, n_, capacity_);
