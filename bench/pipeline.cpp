@@ -106,9 +106,9 @@ void BM_topk_ef_step_compact(benchmark::State& s) {
                                     gc::presets::compact_memory{.bits = static_cast<std::uint32_t>(s.range(0))}));
 }
 
-// The same steps with the gradient in bfloat16 (a bf16 model's DDP bucket): widened to
-// float32 by the compressor first. Bytes processed count the 4-byte float32 input the
-// step then works on, as above, so the rates compare directly.
+// The same steps with the gradient in bfloat16 (a bf16 model's DDP bucket): read as it
+// is by the corrector's pass, each value widened there. Bytes processed count a 4-byte
+// float32 input, as above, so the rates compare directly.
 void BM_dgc_step_bf16(benchmark::State& s) {
   run_fused<gc::bfloat16>(s, gc::presets::dgc(gc::backend::host{}, step_n, dgc_opts));
 }

@@ -660,14 +660,24 @@ TEST_CASE("memory_bytes: the state by its definition, the workspace as buffers c
     CHECK(ef.memory_bytes().state == before.state);
     CHECK(ef.memory_bytes().workspace == before.workspace);
     CHECK(ef.memory_bytes().total() == before.state + before.workspace);
-    // preview's buffer and a 16-bit gradient's float32 copy: n floats each, once.
+    // preview's buffer: n floats, once.
     (void)ef.preview(inputs::make(inputs::shape::student_t3, n, 7));
     CHECK(ef.memory_bytes().workspace == before.workspace + 4 * n);
+    // A 16-bit gradient is read as it is by a corrector with state (no float32 copy of
+    // it, also with the clipping norm); a step without a corrector widens it into n
+    // floats of workspace, once.
     std::vector<gc::bfloat16> narrow(n, gc::bfloat16{0x3F80});  // 1.0
     std::vector<std::byte> buf(ef.max_message_bytes());
     (void)ef.compress(narrow, buf);
     (void)ef.compress(narrow, buf);
-    CHECK(ef.memory_bytes().workspace == before.workspace + 8 * n);
+    CHECK(ef.memory_bytes().workspace == before.workspace + 4 * n);
+    const gc::held_memory dgc_before = dgc.memory_bytes();
+    (void)dgc.compress(narrow, buf);
+    CHECK(dgc.memory_bytes().workspace == dgc_before.workspace);
+    const gc::held_memory none_before = none.memory_bytes();
+    (void)none.compress(narrow, buf);
+    (void)none.compress(narrow, buf);
+    CHECK(none.memory_bytes().workspace == none_before.workspace + 4 * n);
   }
 
   SUBCASE("compact state: bits / 8 per element and one exponent per block; float32 arrays only during a step") {

@@ -139,10 +139,13 @@ class compressor {
   /// Runs one step: updates the corrector's memory with `grad`, selects, encodes into
   /// `out` and commits what was sent.
   /// \param grad the gradient: n elements of float32, IEEE half or bfloat16 in the
-  ///             backend's memory (gradient_view). A 16-bit gradient is widened to
-  ///             float32 exactly, into n floats of workspace that the first such call
-  ///             (and the first after release_workspace()) allocates; state and
-  ///             arithmetic stay float32.
+  ///             backend's memory (gradient_view). Each 16-bit value is widened to
+  ///             float32 exactly as it is read; state and arithmetic stay float32. A
+  ///             corrector with state (error feedback, DGC's momentum, their compact
+  ///             memory) reads a 16-bit gradient as it is, with no copy of it; a step
+  ///             without one, or whose selector reads the gradient too (chunk_local),
+  ///             widens it first into n floats of workspace that the first such call
+  ///             (and the first after release_workspace()) allocates.
   /// \param out  at least max_message_bytes() bytes: host memory on the host and Kokkos
   ///             backends, device memory on backend::cuda (where the step's work is
   ///             queued on the stream and one status record is read back)
@@ -256,14 +259,13 @@ class compressor {
   template <gradient_view<Backend> Grad>
   const detail::step_status* stage_queued(const Backend& context, const Grad& grad_at, message_bytes out_at) {
     const Backend on = detail::context_for(backend_, "stage", context);
-    const std::span<const float> grad = wide_.float_values(on, backend_, "stage", grad_at, n_);
     const std::span<std::byte> out = detail::raw(out_at);
     staged_ = false;
-    check_step("stage", grad, out);
-    {
+    with_gradient(on, "stage", grad_at, [&](auto grad) {
+      check_step("stage", grad, out);
       const in_place_off guard{*this};
       engines_.queue(on, selector_, corrector_, encoder_, grad, out, step_, /*commit=*/false);
-    }
+    });
     staged_ = true;
     return engines_.status_record();
   }
@@ -279,8 +281,8 @@ class compressor {
     const detail::step_status status = engines_.status(on);
     if (status.non_finite != 0) {
       staged_ = false;
-      const std::span<const float> grad = wide_.float_values(on, backend_, "compress", grad_at, n_);
-      detail::report_non_finite(on, "compress", grad, engines_.acc(grad));
+      with_gradient(on, "compress", grad_at,
+                    [&](auto grad) { detail::report_non_finite(on, "compress", grad, engines_.acc(grad)); });
     }
     return written(detail::raw(out_at), static_cast<std::size_t>(status.bytes), status.count);
   }
@@ -413,13 +415,15 @@ class compressor {
 
   // A gradient (and a message buffer) that `who` may use: n elements (at least
   // max_message_bytes()) in the backend's memory, on its device.
-  void check_grad(const char* who, std::span<const float> grad) const {
+  template <detail::gradient_element G>
+  void check_grad(const char* who, std::span<const G> grad) const {
     detail::require_current_device(backend_, who);
     detail::require(grad.size() == n_, errc::invalid_argument, who, ": grad.size() = ", grad.size(),
                     " does not match the compressor's n = ", n_);
     detail::require_device_pointer(backend_, who, "grad", grad.data());
   }
-  void check_step(const char* who, std::span<const float> grad, std::span<std::byte> out) const {
+  template <detail::gradient_element G>
+  void check_step(const char* who, std::span<const G> grad, std::span<std::byte> out) const {
     check_grad(who, grad);
     const std::size_t need = max_message_bytes();
     detail::require(out.size() >= need, errc::buffer_too_small, who, ": out.size() = ", out.size(),
@@ -438,18 +442,32 @@ class compressor {
   template <class Grad>
   message_type step_on(const Backend& context, const Grad& grad_at, message_bytes out_at, bool commit) {
     const Backend on = detail::context_for(backend_, "compress", context);
-    const std::span<const float> grad = wide_.float_values(on, backend_, "compress", grad_at, n_);
     const std::span<std::byte> out = detail::raw(out_at);
-    if (commit) {
-      const message_type m = run_step(on, grad, out, /*commit=*/true);
-      finish_step();
+    return with_gradient(on, "compress", grad_at, [&](auto grad) {
+      if (commit) {
+        const message_type m = run_step(on, grad, out, /*commit=*/true);
+        finish_step();
+        return m;
+      }
+      staged_ = false;
+      const in_place_off guard{*this};
+      const message_type m = run_step(on, grad, out, /*commit=*/false);  // committed by accept_staged
+      staged_ = true;
       return m;
+    });
+  }
+
+  // Calls use(grad) with the gradient as the step reads it: its own elements, float32 or
+  // 16-bit where the step reads those as they are (step_engines::reads_as_stored: no copy
+  // of the gradient), else widened into the float32 workspace (wide_).
+  template <class Grad, class Use>
+  decltype(auto) with_gradient(const Backend& on, const char* who, const Grad& grad_at, Use&& use) {
+    using T = detail::gradient_element_of<Backend, Grad>;
+    if constexpr (engines::template reads_as_stored<T>) {
+      return use(detail::raw(backend_span<Backend, const T>(grad_at)));
+    } else {
+      return use(wide_.float_values(on, backend_, who, grad_at, n_));
     }
-    staged_ = false;
-    const in_place_off guard{*this};
-    const message_type m = run_step(on, grad, out, /*commit=*/false);  // committed by accept_staged
-    staged_ = true;
-    return m;
   }
 
   // preview() of a gradient on `context`.
@@ -465,7 +483,8 @@ class compressor {
 
   // One step up to (not including) making it current: check, then the step queued on
   // `on` (run, on the host) and its status read once. finish_step() makes it current.
-  message_type run_step(const Backend& on, std::span<const float> grad, std::span<std::byte> out, bool commit) {
+  template <detail::gradient_element G>
+  message_type run_step(const Backend& on, std::span<const G> grad, std::span<std::byte> out, bool commit) {
     staged_ = false;
     check_step("compress", grad, out);
     engines_.queue(on, selector_, corrector_, encoder_, grad, out, step_, commit);
@@ -497,7 +516,7 @@ class compressor {
   Corrector corrector_;
   Encoder encoder_;
   engines engines_;
-  detail::widening<Backend> wide_;  // a 16-bit gradient widened to float32
+  detail::widening<Backend> wide_;  // a 16-bit gradient widened to float32 where the step cannot read it as it is
   Backend last_async_ = backend_;   // the context of the last compress_async (last_step_finite)
   bool async_ran_ = false;          // compress_async has run: a graph may hold the workspace
   std::uint64_t step_ = 0;

@@ -312,6 +312,26 @@ concept corrector_engine_visits =
       e.update(b, c, g, status, ignore_tile{}, ignore_before_pass{});
     };
 
+/// Capability, a 16-bit gradient read as it is: the corrector engine's update takes a
+/// gradient of element type T (half, bfloat16), reading each value as its float, so that
+/// no float32 copy of the gradient is made. Without it the compressor widens the
+/// gradient into a float32 workspace first.
+template <class E, class C, class B, class T>
+concept corrector_engine_reads =
+    requires(E& e, const B& b, const C& c, std::span<const T> g, step_status* status) { e.update(b, c, g, status); };
+
+/// Whether a selector reads the step's gradient (select_input::grad) besides acc, as its
+/// `static constexpr bool reads_gradient` says (chunk_local does: AdaComp's bins); a
+/// selector that does not say is taken to read it.
+template <class S>
+constexpr bool selector_reads_gradient() {
+  if constexpr (requires { S::reads_gradient; }) {
+    return S::reads_gradient;
+  } else {
+    return true;
+  }
+}
+
 /// A selector whose density set_density() and checkpoints change.
 template <class S>
 concept selector_has_density = requires(S& s) { s.density = 1.0; };

@@ -2,7 +2,8 @@
 /// Gradients in 16 bits: IEEE binary16 (`half`) and bfloat16 as they are stored, so a
 /// half or bfloat16 tensor of a framework (c10::Half, c10::BFloat16, __half,
 /// __nv_bfloat16, _Float16: each 16 bits of the same layout) is passed without a copy.
-/// compressor::compress widens them to float32 exactly; state and arithmetic stay float32.
+/// A compressor reads them as they are, each value widened to float32 exactly as it is
+/// read; state and arithmetic stay float32.
 #pragma once
 
 #include <gradcomp/config.hpp>
@@ -31,12 +32,18 @@ static_assert(sizeof(bfloat16) == 2 && std::is_trivially_copyable_v<bfloat16>);
 GRADCOMP_HOST_DEVICE constexpr float to_float(half h) noexcept { return detail::half_to_float(h.bits); }
 /// The value of a bfloat16, exactly (infinities and NaNs included).
 GRADCOMP_HOST_DEVICE constexpr float to_float(bfloat16 b) noexcept { return detail::bfloat_to_float(b.bits); }
+/// A float32 as it is: so that code reading any gradient element type reads to_float(g[i]).
+GRADCOMP_HOST_DEVICE constexpr float to_float(float f) noexcept { return f; }
 
 namespace detail {
 
-/// The 16-bit gradient element types compress() widens.
+/// The 16-bit gradient element types.
 template <class T>
 concept narrow_float = std::is_same_v<T, half> || std::is_same_v<T, bfloat16>;
+
+/// The element types of a gradient a compressor takes.
+template <class T>
+concept gradient_element = std::is_same_v<T, float> || narrow_float<T>;
 
 /// to[i] = the float value of from[i]: the body of a backend's for_each.
 template <narrow_float T>

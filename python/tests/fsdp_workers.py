@@ -15,9 +15,10 @@ def grad_of(rank, step, n):
     return torch.randn(n, generator=g) * torch.exp(torch.randn(n, generator=g))
 
 
-def reference_step(e, step, n, k, world):
-    """One step of every rank's top-k with error feedback (residuals ``e``, updated):
-    the sums, in rank order, of what the ranks sent."""
+def reference_step(e, step, n, k, world, stored=None):
+    """One step of every rank's top-k with error feedback (residuals ``e``, updated;
+    with ``stored`` = (bits, block), each then stored in blocks as a compact memory
+    stores it): the sums, in rank order, of what the ranks sent."""
     sums = np.zeros(n, dtype=np.float32)
     seen = np.zeros(n, dtype=bool)
     for r in range(world):
@@ -26,6 +27,8 @@ def reference_step(e, step, n, k, world):
             sums[i] = np.float32(sums[i] + e[r][i]) if seen[i] else e[r][i]
             seen[i] = True
             e[r][i] = 0.0
+        if stored is not None:
+            e[r] = reference.stored_in_blocks(e[r], *stored)
     return sums
 
 
@@ -99,24 +102,30 @@ def expect_error(call, kind, start):
 
 
 def check_16_bit_gradients(rank, world):
-    """bfloat16 and float16 gradients (FSDP's reduce_dtype) reach the compressor as they
-    are: the shards and residuals equal those of the same values in float32, bit for bit
-    (a compressor widens 16-bit values exactly), and a 16-bit output holds the float32
-    shard rounded once."""
+    """bfloat16 and float16 gradients (FSDP's reduce_dtype) are read as they are: the
+    shards and residuals equal those of the same values in float32, bit for bit (each
+    16-bit value is widened exactly as it is read), a 16-bit output holds the float32
+    shard rounded once, and no float32 copy of the gradient is made: an instance that
+    keeps its workspace holds after 16-bit calls exactly what one fed float32 holds
+    (with float32 and with 8-bit memory, and DGC's momentum)."""
     shard_n = 777
     n = shard_n * world
     group = dist.group.WORLD
     for dtype in (torch.bfloat16, torch.float16):
-        wide = fsdp.ReduceScatter(method="topk_ef", density=0.03)
-        narrow = fsdp.ReduceScatter(method="topk_ef", density=0.03)
-        for step in range(3):
-            g = grad_of(rank, step, n).to(dtype)
-            want = torch.empty(shard_n)
-            wide(want, g.float(), group, dist.ReduceOp.AVG)
-            got = torch.empty(shard_n, dtype=dtype)
-            narrow(got, g, group, dist.ReduceOp.AVG)
-            assert torch.equal(got, want.to(dtype)), dtype
-            assert torch.equal(narrow.compressor.corrector_state(0), wide.compressor.corrector_state(0)), dtype
+        for method, options in (("topk_ef", {}), ("topk_ef", {"memory_bits": 8}), ("dgc", {})):
+            wide = fsdp.ReduceScatter(method=method, density=0.03, keep_workspace=True, **options)
+            narrow = fsdp.ReduceScatter(method=method, density=0.03, keep_workspace=True, **options)
+            for step in range(3):
+                g = grad_of(rank, step, n).to(dtype)
+                want = torch.empty(shard_n)
+                wide(want, g.float(), group, dist.ReduceOp.AVG)
+                got = torch.empty(shard_n, dtype=dtype)
+                narrow(got, g, group, dist.ReduceOp.AVG)
+                assert torch.equal(got, want.to(dtype)), (dtype, method, options)
+                for a in range(2 if method == "dgc" else 1):
+                    assert torch.equal(narrow.compressor.corrector_state(a), wide.compressor.corrector_state(a))
+                assert narrow.memory_bytes() == wide.memory_bytes(), (dtype, method, narrow.memory_bytes(),
+                                                                      wide.memory_bytes())
 
 
 def check_one_instance_per_group(rank, world):
@@ -391,7 +400,70 @@ def check_workspace_given_back(rank, world):
                  "gradcomp: fsdp ReduceScatter: keep_workspace must be a bool, got an int")
 
 
+def check_compressed_memory_against_reference(rank, world):
+    """ReduceScatter with its residual in 8 and in 4 bits (``memory_bits``, blocks of 64
+    and of 8): each rank's shard and its stored residual equal the reference (top-k with
+    error feedback whose residual is stored in blocks after every step, by
+    docs/algorithms.md's "Compressed memory"), bit for bit, over steps with each call
+    giving its workspace back; the memory is bits / 8 + 1 / block bytes per element."""
+    shard_n, density = 1001, 0.02
+    n = shard_n * world
+    k = reference.k_for(density, n)
+    group = dist.group.WORLD
+    for bits, block in ((8, 64), (4, 8)):
+        rs = fsdp.ReduceScatter(method="topk_ef", density=density, memory_bits=bits, memory_block=block)
+        e = [np.zeros(n, dtype=np.float32) for _ in range(world)]
+        for step in range(4):
+            sums = reference_step(e, step, n, k, world, stored=(bits, block))
+            out = torch.full((shard_n,), 7.0)
+            rs(out, grad_of(rank, step, n), group, dist.ReduceOp.AVG)
+            mine = sums[rank * shard_n:(rank + 1) * shard_n]
+            np.testing.assert_array_equal(out.numpy(), np.float32(1.0 / world) * mine)
+            np.testing.assert_array_equal(rs.compressor.corrector_state(0).numpy(), e[rank])
+        assert rs.memory_bytes()["state"] == -(-n * bits // 8) + -(-n // block), rs.memory_bytes()
+
+
+def check_disagreeing_ranks(rank, world):
+    """Ranks whose reduce-scatters are configured differently (another method, another
+    error memory) or that hold another group size raise the same error on every rank,
+    naming what differs, with every shard and residual unchanged; the instances go on
+    after. The density may differ by rank: each rank sends its own k entries, which the
+    sums take as they come (the C++ exchange's reduce_scatter, test_mpi.cpp)."""
+    shard_n = 400
+    n = shard_n * world
+    last = world - 1
+    group = dist.group.WORLD
+    cases = [({"method": "topk_ef"}, {"method": "dgc"}),
+             ({"method": "topk_ef"}, {"method": "topk_ef", "memory_bits": 8}),
+             ({"method": "topk_ef", "memory_bits": 8}, {"method": "topk_ef", "memory_bits": 4})]
+    for others, mine in cases:
+        rs = fsdp.ReduceScatter(density=0.05, **(mine if rank == last else others))
+        out = torch.full((shard_n,), 7.0)
+        expect_error(lambda rs=rs, out=out: rs(out, grad_of(rank, 0, n), group, dist.ReduceOp.AVG),
+                     gradcomp.InvalidArgumentError,
+                     "gradcomp: sparse_allreduce: ranks disagree on the policies: rank 0 has ")
+        assert torch.equal(out, torch.full((shard_n,), 7.0)) and rs.compressor.step == 0
+        assert not rs.compressor.corrector_state(0).any() and rs.stats()["calls"] == 0
+    # Another group size on one rank: refused on every rank, nothing changed; then all go on.
+    rs = fsdp.ReduceScatter(method="topk_ef", density=0.05)
+    twin = fsdp.ReduceScatter(method="topk_ef", density=0.05)
+    for instance in (rs, twin):
+        instance(torch.empty(shard_n), grad_of(rank, 0, n), group, dist.ReduceOp.AVG)
+    odd_n = n + (world if rank == last else 0)
+    odd = fsdp.ReduceScatter(method="topk_ef", density=0.05)
+    out = torch.full((odd_n // world,), 7.0)
+    expect_error(lambda: odd(out, grad_of(rank, 1, odd_n), group, dist.ReduceOp.AVG), gradcomp.InvalidArgumentError,
+                 f"gradcomp: sparse_allreduce: ranks disagree on n: rank 0 has {n}, rank {last} has {n + world}")
+    assert torch.equal(out, torch.full((odd_n // world,), 7.0)) and odd.compressor.step == 0
+    a, b = torch.empty(shard_n), torch.empty(shard_n)
+    rs(a, grad_of(rank, 1, n), group, dist.ReduceOp.AVG)
+    twin(b, grad_of(rank, 1, n), group, dist.ReduceOp.AVG)
+    assert torch.equal(a, b) and torch.equal(rs.compressor.corrector_state(0), twin.compressor.corrector_state(0))
+
+
 SCENARIOS = {
+    "compressed-memory": check_compressed_memory_against_reference,
+    "disagreement": check_disagreeing_ranks,
     "workspace": check_workspace_given_back,
     "reduce-scatter": check_reduce_scatter_against_reference,
     "16-bit": check_16_bit_gradients,

@@ -36,7 +36,8 @@ def test_a_torch_without_fsdp2_is_refused_when_made(monkeypatch):
 @needs_fsdp2
 @pytest.mark.parametrize("world", [2, 4])
 def test_reduce_scatter_against_reference(world, tmp_path):
-    spawn(world, ["reduce-scatter", "16-bit", "one-instance", "set-density", "workspace"], tmp_path)
+    spawn(world, ["reduce-scatter", "compressed-memory", "disagreement", "16-bit", "one-instance", "set-density",
+                  "workspace"], tmp_path)
 
 
 @needs_fsdp2

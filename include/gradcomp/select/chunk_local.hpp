@@ -21,6 +21,8 @@ namespace select {
 struct chunk_local {
   std::size_t bin = 50;  ///< entries per bin, >= 1
 
+  static constexpr bool reads_gradient = true;  ///< AdaComp's bins read |g| (concepts.hpp, selector_reads_gradient)
+
   /// Its settings by name (settings.hpp).
   static constexpr auto settings() { return std::tuple{setting{"bin", &chunk_local::bin}}; }
 

@@ -24,6 +24,8 @@ struct exact_topk {
   double density = 0.0;   ///< fraction of entries to send, in (0, 1]
   std::size_t count = 0;  ///< number of entries to send, in [1, n]
 
+  static constexpr bool reads_gradient = false;  ///< ranks acc alone (concepts.hpp, selector_reads_gradient)
+
   /// Its settings by name (settings.hpp).
   static constexpr auto settings() {
     return std::tuple{setting{"density", &exact_topk::density}, setting{"count", &exact_topk::count}};

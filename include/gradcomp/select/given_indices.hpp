@@ -24,6 +24,8 @@ struct given_indices {
   std::size_t max_count = 0;  ///< capacity, in [1, n]
   double density = 0.0;       ///< capacity as a fraction of n, in (0, 1]
 
+  static constexpr bool reads_gradient = false;  ///< ranks acc alone (concepts.hpp, selector_reads_gradient)
+
   /// Its settings by name (settings.hpp).
   static constexpr auto settings() {
     return std::tuple{setting{"max_count", &given_indices::max_count}, setting{"density", &given_indices::density}};

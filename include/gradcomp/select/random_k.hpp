@@ -26,6 +26,8 @@ struct random_k {
   std::uint64_t seed = 0;  ///< shared by the workers that must agree
   bool unbiased = false;   ///< scale values by n / k
 
+  static constexpr bool reads_gradient = false;  ///< ranks acc alone (concepts.hpp, selector_reads_gradient)
+
   /// Its settings by name (settings.hpp).
   static constexpr auto settings() {
     return std::tuple{setting{"density", &random_k::density}, setting{"seed", &random_k::seed},

@@ -40,6 +40,8 @@ struct sampled_threshold {
   bool truncate = false;         ///< keep only the k largest of C
   bool reuse_threshold = false;  ///< start from the previous step's final threshold
 
+  static constexpr bool reads_gradient = false;  ///< ranks acc alone (concepts.hpp, selector_reads_gradient)
+
   /// Its settings by name (settings.hpp).
   static constexpr auto settings() {
     return std::tuple{setting{"density", &sampled_threshold::density},

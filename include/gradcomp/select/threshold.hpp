@@ -18,6 +18,8 @@ namespace select {
 struct threshold {
   float tau = 0.0f;  ///< magnitude threshold, finite and >= 0
 
+  static constexpr bool reads_gradient = false;  ///< ranks acc alone (concepts.hpp, selector_reads_gradient)
+
   /// Its settings by name (settings.hpp).
   static constexpr auto settings() { return std::tuple{setting{"tau", &threshold::tau}}; }
 

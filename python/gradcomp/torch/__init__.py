@@ -142,7 +142,9 @@ class Compressor:
         """One step: returns the message (1-D ``torch.uint8`` on grad's device).
 
         ``grad``: 1-D contiguous float32, float16 or bfloat16 tensor of ``numel``
-        elements on ``device`` (16-bit values are widened exactly; state stays float32).
+        elements on ``device`` (16-bit values are widened exactly as they are read, with
+        no float32 copy where the method has error feedback or momentum; state stays
+        float32).
         Raises :class:`gradcomp.NonFiniteError` if grad (or the memory updated with it)
         holds a NaN or infinity, :class:`gradcomp.InvalidArgumentError` for a bad
         tensor; the state is unchanged then.

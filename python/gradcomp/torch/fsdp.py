@@ -43,9 +43,11 @@ its workspace between calls by default (a device allocation from torch's caching
 allocator waits for the current stream, and what that costs per call is not yet
 measured on a GPU). ``keep_workspace=True`` or ``False`` chooses either way.
 
-A NaN or infinity on any rank, a bad shape, or ranks configured differently make every
-rank raise the same :class:`gradcomp.Error` (nothing changes, no rank waits). CPU
-tensors (gloo); FSDP2's custom reduce-scatter needs a torch that has
+A NaN or infinity on any rank, a bad shape, or ranks configured differently (another
+method or error memory, another group size) make every rank raise the same
+:class:`gradcomp.Error` (nothing changes, no rank waits); the density may differ by rank
+(each rank sends its own k entries). Tested on CPU tensors over gloo; CUDA tensors take
+the same exchange on the device, not yet run on a GPU. FSDP2's custom reduce-scatter needs a torch that has
 ``FSDPModule.set_custom_reduce_scatter`` (checked when an instance is made).
 """
 

@@ -15,7 +15,8 @@ namespace detail {
 /// Everything a selector engine sees of the step it runs in.
 struct select_input {
   std::span<const float> acc;   ///< the values ranked (the corrector's output)
-  std::span<const float> grad;  ///< this step's gradient
+  std::span<const float> grad;  ///< this step's gradient, float32 (empty where the selector does not read it:
+                                ///< selector_reads_gradient)
   std::uint64_t step;           ///< steps completed before this one
 };
 

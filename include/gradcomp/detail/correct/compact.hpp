@@ -345,7 +345,8 @@ class engine<correct::compact<Inner>, Backend> {
   engine(const Backend& be, const policy_type& policy, std::size_t n)
       : run_(be, n, state_type(be, n, policy.bits, policy.block)) {}
 
-  void update(const Backend& be, const policy_type& policy, std::span<const float> g, step_status* status) {
+  template <gradient_element G>
+  void update(const Backend& be, const policy_type& policy, std::span<const G> g, step_status* status) {
     run_.update(be, policy.inner, g, status);
   }
   std::span<const float> acc(std::span<const float> g) const noexcept { return run_.acc(g); }

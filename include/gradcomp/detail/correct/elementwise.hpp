@@ -14,6 +14,7 @@
 #include <gradcomp/detail/core/fixed_order_sum.hpp>
 #include <gradcomp/detail/core/radix_select.hpp>
 #include <gradcomp/detail/core/step_input.hpp>
+#include <gradcomp/float16.hpp>
 #include <gradcomp/held_memory.hpp>
 
 #include <array>
@@ -70,19 +71,21 @@ struct scale_from_norm {
 };
 
 /// The new state and acc at i from the committed state (read through `Old`) and g_i
-/// times the factor (none: 1); returns 1 if acc is a NaN or an infinity.
-template <class Policy, std::size_t Arrays, bool OwnAcc, class Old = arrays<Arrays>>
+/// (float32, or 16-bit read as its float value) times the factor (none: 1); returns 1
+/// if acc is a NaN or an infinity.
+template <class Policy, std::size_t Arrays, bool OwnAcc, class Old = arrays<Arrays>, gradient_element G = float>
 struct update {
   Policy policy;
   Old old;
   arrays<Arrays> next;
   float* acc;
-  const float* g;
+  const G* g;
   const float* scale;
   GRADCOMP_HOST_DEVICE std::uint32_t operator()(std::size_t i) const {
     float s[Arrays + 1];
     for (std::size_t a = 0; a != Arrays; ++a) s[a] = old.value(a, i);
-    const float value = policy.update(s, scale != nullptr ? mul_rn(g[i], *scale) : g[i]);
+    const float g_i = to_float(g[i]);
+    const float value = policy.update(s, scale != nullptr ? mul_rn(g_i, *scale) : g_i);
     for (std::size_t a = 0; a != Arrays; ++a) next.at[a][i] = s[a];
     if constexpr (OwnAcc) acc[i] = value;
     return magnitude_key(value) >= non_finite_key ? 1u : 0u;
@@ -214,13 +217,15 @@ class correction {
         sum_of_squares_(be.template allocate<double>(scales_gradient<Policy>() ? 1 : 0)),
         scale_(be.template allocate<float>(scales_gradient<Policy>() ? 1 : 0)) {}
 
-  /// Queues the new state and acc of every element; a NaN or infinity in acc raises
-  /// the status's flag. A clip's factor is computed on the backend (no read-back).
-  void update(const Backend& be, const Policy& policy, std::span<const float> g, step_status* status) {
+  /// Queues the new state and acc of every element from g (float32, or 16-bit read as it
+  /// is: no float32 copy of it); a NaN or infinity in acc raises the status's flag. A
+  /// clip's factor is computed on the backend (no read-back).
+  template <gradient_element G>
+  void update(const Backend& be, const Policy& policy, std::span<const G> g, step_status* status) {
     const float* scale = nullptr;
     if constexpr (scales_gradient<Policy>()) {
       if (policy.needs_norm()) {
-        be.sum(n_, square_of{g.data()}, tile_sums_.data(), sum_of_squares_.data());
+        be.sum(n_, square_of<G>{g.data()}, tile_sums_.data(), sum_of_squares_.data());
         be.for_each(1, elementwise::scale_from_norm<Policy>{policy, sum_of_squares_.data(), scale_.data()});
         scale = scale_.data();
       }
@@ -228,8 +233,8 @@ class correction {
     if (own_acc && static_cast<std::size_t>(acc_.size()) != n_) acc_ = be.template allocate<float>(n_);
     next_ = state_.next(be);
     be.reduce_or(n_,
-                 elementwise::update<Policy, arrays, own_acc, decltype(state_.reader())>{policy, state_.reader(), next_,
-                                                                                         acc_.data(), g.data(), scale},
+                 elementwise::update<Policy, arrays, own_acc, decltype(state_.reader()), G>{
+                     policy, state_.reader(), next_, acc_.data(), g.data(), scale},
                  &status->non_finite);
   }
 

@@ -13,6 +13,7 @@
 #include <gradcomp/detail/core/fixed_order_sum.hpp>
 #include <gradcomp/detail/host/corrector_state.hpp>
 #include <gradcomp/detail/core/step_input.hpp>
+#include <gradcomp/float16.hpp>
 
 #include <algorithm>
 #include <array>
@@ -73,14 +74,18 @@ class fast_engine<Policy, backend::host> {
   /// |g_i|. If the policy's bound then shows that the update cannot overflow from the
   /// committed state (whose bound is tracked step by step), the step cannot be
   /// rejected, and the new state overwrites the committed one: no second copy to write.
-  template <class Visit, class BeforePass = ignore_before_pass>
-  void update(const backend::host& be, const Policy& policy, std::span<const float> g, step_status* status,
-              Visit&& visit, BeforePass&& before_pass = {}) {
+  ///
+  /// g is float32, or 16-bit read as it is (each value widened as it is read: no float32
+  /// copy of it).
+  template <gradient_element G, class Visit, class BeforePass = ignore_before_pass>
+  void update(const backend::host& be, const Policy& policy, std::span<const G> g, step_status* status, Visit&& visit,
+              BeforePass&& before_pass = {}) {
     threads_ = be.concurrency();  // the call's context
     if (!updated(policy, g, visit, before_pass)) status->non_finite = 1;
   }
   /// update() with no selector watching the pass.
-  void update(const backend::host& be, const Policy& policy, std::span<const float> g, step_status* status) {
+  template <gradient_element G>
+  void update(const backend::host& be, const Policy& policy, std::span<const G> g, step_status* status) {
     update(be, policy, g, status, ignore_tile{});
   }
 
@@ -151,8 +156,8 @@ class fast_engine<Policy, backend::host> {
 
  private:
   // update()'s passes; false if acc is not all finite.
-  template <class Visit, class BeforePass>
-  bool updated(const Policy& policy, std::span<const float> g, Visit&& visit, BeforePass&& before_pass) {
+  template <class G, class Visit, class BeforePass>
+  bool updated(const Policy& policy, std::span<const G> g, Visit&& visit, BeforePass&& before_pass) {
     if (own_acc && acc_.size() != g.size()) acc_.assign(g.size(), 0.0f);
     if constexpr (scales_gradient<Policy>()) {
       if (policy.needs_norm()) {
@@ -229,8 +234,8 @@ class fast_engine<Policy, backend::host> {
     return bound < static_cast<double>(std::numeric_limits<float>::max()) / 16;  // margin for rounding
   }
 
-  template <class Visit, class BeforePass>
-  bool run(const Policy& policy, std::span<const float> g, float scale, bool sum_squares, Visit&& visit,
+  template <class G, class Visit, class BeforePass>
+  bool run(const Policy& policy, std::span<const G> g, float scale, bool sum_squares, Visit&& visit,
            BeforePass&& before_pass) {
     shared_flag bad;
     std::array<const float*, arrays + 1> old{};
@@ -242,7 +247,7 @@ class fast_engine<Policy, backend::host> {
     float* acc = own_acc ? acc_.data() : next[static_cast<std::size_t>(Policy::acc_state)];
     const bool in_place = arrays > 0 && old[0] == next[0];
     // Nothing is written yet, so old holds the committed state even in place.
-    before_pass([&](std::size_t i) { return acc_from(policy, old, i, g[i] * scale); });
+    before_pass([&](std::size_t i) { return acc_from(policy, old, i, to_float(g[i]) * scale); });
     for_each_tile(threads_, g.size(), [&](int thread, std::size_t c, std::size_t begin, std::size_t end) {
       // The largest magnitude key of each state array and of acc, kept in the loop (an
       // integer maximum vectorises; a float one does not without -ffast-math): bounds
@@ -256,7 +261,7 @@ class fast_engine<Policy, backend::host> {
         for (std::size_t i = begin; i < end; ++i) {
           std::array<float, arrays + 1> s;
           for (std::size_t a = 0; a != arrays; ++a) s[a] = InPlace ? next[a][i] : old[a][i];
-          const float value = p.update(s.data(), g[i] * scale);
+          const float value = p.update(s.data(), to_float(g[i]) * scale);
           for (std::size_t a = 0; a != arrays; ++a) {
             next[a][i] = s[a];
             top[a] = std::max(top[a], static_cast<std::int32_t>(magnitude_key(s[a])));

@@ -67,6 +67,29 @@ class step_engines {
   template <class T>
   using buffer = typename Backend::template buffer<T>;
 
+ private:
+  // The selector watches the corrector's pass tile by tile where both engines can
+  // (backend::host's fast paths), so that acc is read while it is in cache.
+  static constexpr bool fused_pass = selector_engine_observes<select_engine, Selector, Backend> &&
+                                     corrector_engine_visits<correct_engine, Corrector, Backend>;
+  static constexpr bool skips_update = [] {
+    if constexpr (requires { select_engine::checks_finite; }) {
+      return std::is_same_v<Corrector, correct::none> && select_engine::checks_finite;
+    } else {
+      return false;
+    }
+  }();
+
+ public:
+  /// Whether a step reads a gradient of element type G as it is: float32 always; 16 bits
+  /// where the corrector's engine updates from it (corrector_engine_reads) and the
+  /// selector ranks acc alone (selector_reads_gradient). Otherwise the compressor widens
+  /// it into a float32 workspace first.
+  template <class G>
+  static constexpr bool reads_as_stored =
+      std::is_same_v<G, float> || (narrow_float<G> && !skips_update && !selector_reads_gradient<Selector>() &&
+                                   corrector_engine_reads<correct_engine, Corrector, Backend, G>);
+
   step_engines(const Backend& be, const Selector& s, const Corrector& c, const Encoder& e, std::size_t n)
       : backend_(be),
         n_(n),
@@ -83,19 +106,27 @@ class step_engines {
   /// rejected step changes neither `out` nor the committed state, and only accept() makes
   /// the new state current. Without a corrector (acc = g), a selector that reads every
   /// entry checks finiteness itself and g is read once. A staged step (`commit` false)
-  /// leaves the commit to commit_staged(), once the caller knows what to keep.
-  void queue(const Backend& on, const Selector& s, const Corrector& c, const Encoder& e, std::span<const float> grad,
+  /// leaves the commit to commit_staged(), once the caller knows what to keep. `grad` is
+  /// float32, or 16-bit where reads_as_stored says the step reads it as it is.
+  template <gradient_element G>
+  void queue(const Backend& on, const Selector& s, const Corrector& c, const Encoder& e, std::span<const G> grad,
              std::span<std::byte> out, std::uint64_t step, bool commit = true) {
+    static_assert(reads_as_stored<G>, "step_engines::queue: a gradient this step cannot read as it is");
     hold_workspace(s, e);
     last_ = on;
     step_status* status = status_.data();
     on.clear(status, 1);
-    std::span<const float> acc = grad;
+    std::span<const float> acc;
+    std::span<const float> read_grad;  // what the selector reads of the gradient: none of a 16-bit one
+    if constexpr (std::is_same_v<G, float>) {
+      read_grad = grad;
+      acc = grad;
+    }
     if constexpr (!skips_update) {
       queue_update(on, s, c, grad, step, status);
-      acc = correct_.acc(grad);
+      acc = correct_.acc(read_grad);  // a corrector's own acc; correct::none's is the gradient
     }
-    const queued_selection chosen = select_->select(on, s, {acc, grad, step}, index_span(), status);
+    const queued_selection chosen = select_->select(on, s, {acc, read_grad, step}, index_span(), status);
     const std::span<const std::uint32_t> index = selected(on, status);
     const std::span<float> sent = std::span<float>(sent_.data(), index.size());
     encode_->encode(on, e, {acc, index, step, chosen.value_scale}, out, sent, status);
@@ -135,7 +166,14 @@ class step_engines {
   /// The status of the last step queued, read on `on` (waits for it on a device).
   [[nodiscard]] step_status status(const Backend& on) const { return on.read(status_.data()); }
   /// The corrector's value of the step queued with `grad` (grad itself without one).
-  [[nodiscard]] std::span<const float> acc(std::span<const float> grad) { return correct_.acc(grad); }
+  template <gradient_element G>
+  [[nodiscard]] std::span<const float> acc(std::span<const G> grad) {
+    if constexpr (std::is_same_v<G, float>) {
+      return correct_.acc(grad);
+    } else {
+      return correct_.acc({});  // read as it is: the corrector has its own acc
+    }
+  }
 
   /// Queues the corrector's update of the committed state with `grad` into a buffer of
   /// n floats (allocated by the first call), and returns it with whether it is finite.
@@ -242,27 +280,20 @@ class step_engines {
   [[nodiscard]] const step_status* status_record() const noexcept { return status_.data(); }
 
  private:
-  // The selector watches the corrector's pass tile by tile where both engines can
-  // (backend::host's fast paths), so that acc is read while it is in cache.
-  static constexpr bool fused_pass = selector_engine_observes<select_engine, Selector, Backend> &&
-                                     corrector_engine_visits<correct_engine, Corrector, Backend>;
-  static constexpr bool skips_update = [] {
-    if constexpr (requires { select_engine::checks_finite; }) {
-      return std::is_same_v<Corrector, correct::none> && select_engine::checks_finite;
-    } else {
-      return false;
-    }
-  }();
-
   // The corrector's pass. In a fused pass the selector's first pass rides on it: each
   // tile of acc is handed over while it is still in cache, and the selector may look
   // ahead at acc before the pass (sampled_threshold samples it, then collects in it).
-  void queue_update(const Backend& on, const Selector& s, const Corrector& c, std::span<const float> grad,
+  template <class G>
+  void queue_update(const Backend& on, const Selector& s, const Corrector& c, std::span<const G> grad,
                     std::uint64_t step, step_status* status) {
     if constexpr (fused_pass) {
       select_->begin_observe(on, s, step);
       const auto observe = [&](int thread, std::size_t begin, auto acc_tile) {
-        select_->observe(thread, begin, acc_tile, grad.subspan(begin, acc_tile.size()));
+        if constexpr (std::is_same_v<G, float>) {
+          select_->observe(thread, begin, acc_tile, grad.subspan(begin, acc_tile.size()));
+        } else {
+          select_->observe(thread, begin, acc_tile, std::span<const float>{});  // it ranks acc alone
+        }
       };
       const auto before_pass = [&](auto&& acc_at) { look_ahead(*select_, s, acc_at); };
       correct_.update(on, c, grad, status, observe, before_pass);

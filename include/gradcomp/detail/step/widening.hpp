@@ -1,6 +1,8 @@
 /// \file detail/step/widening.hpp
 /// A 16-bit gradient (IEEE half, bfloat16) widened to float32 exactly, in the backend's
-/// memory, for a compressor whose state and arithmetic are float32. Not API.
+/// memory, for a compressor whose step cannot read it as it is (a selector that reads the
+/// gradient, a corrector engine without the capability: step_engines::reads_as_stored).
+/// Not API.
 #pragma once
 
 #include <gradcomp/concepts.hpp>
@@ -17,6 +19,12 @@
 GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 
+/// The element type of a gradient_view on Backend: float, half or bfloat16.
+template <class Backend, class Grad>
+using gradient_element_of = std::conditional_t<
+    std::is_convertible_v<const Grad&, backend_span<Backend, const float>>, float,
+    std::conditional_t<std::is_convertible_v<const Grad&, backend_span<Backend, const half>>, half, bfloat16>>;
+
 /// The float32 workspace of one compressor's 16-bit gradients: n floats, allocated by
 /// the first widening (if that throws, nothing has changed).
 template <class Backend>
@@ -28,11 +36,10 @@ class widening {
   template <class Grad>
   std::span<const float> float_values(const Backend& on, const Backend& be, const char* who, const Grad& grad,
                                       std::size_t n) {
-    if constexpr (std::is_convertible_v<const Grad&, backend_span<Backend, const float>>) {
+    using T = gradient_element_of<Backend, Grad>;
+    if constexpr (std::is_same_v<T, float>) {
       return raw(backend_span<Backend, const float>(grad));
     } else {
-      using T =
-          std::conditional_t<std::is_convertible_v<const Grad&, backend_span<Backend, const half>>, half, bfloat16>;
       return values(on, be, who, raw(backend_span<Backend, const T>(grad)), n);
     }
   }
