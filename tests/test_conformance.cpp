@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 #include <gradcomp/gradcomp.hpp>
 
+#include <bit>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <span>
@@ -153,8 +155,12 @@ void fast_path_matches_generic() {
         const auto policy = Case::make(variant).first;
         using policy_type = std::remove_const_t<decltype(policy)>;
         const gc::backend::host be{.threads = threads};
-        gc::detail::fast_engine<policy_type, gc::backend::host> fast(be, policy, n);
+        using fast_type = gc::detail::fast_engine<policy_type, gc::backend::host>;
+        fast_type fast(be, policy, n);
         generic_engine<policy_type> generic(be, policy, n);
+        // Engines that read a 16-bit gradient as it is get a bfloat16 one every fourth step.
+        constexpr bool reads_16_bit =
+            gc::detail::corrector_engine_reads<fast_type, policy_type, gc::backend::host, gc::bfloat16>;
         for (std::uint64_t t = 0; t < 8; ++t) {
           const auto shape = inputs::all_shapes[t % std::size(inputs::all_shapes)];
           auto g = inputs::make(shape, n, 7000 + t);
@@ -163,20 +169,38 @@ void fast_path_matches_generic() {
             for (float& x : g) x *= 1e4f;
           }
           if (t == 5) g[n / 2] = std::numeric_limits<float>::quiet_NaN();  // a rejected step
-          const bool in_place = t % 2 == 0;                                // compressor::stage forbids in-place updates
+          const bool narrow = reads_16_bit && t % 4 == 3;
+          std::vector<gc::bfloat16> g16(narrow ? n : 0);
+          for (std::size_t i = 0; i < g16.size(); ++i) {  // each value's bfloat16, and g its value
+            g16[i] = gc::bfloat16{static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(g[i]) >> 16)};
+            g[i] = gc::to_float(g16[i]);
+          }
+          // The stage on g, or on its bfloat16 where the step is narrow.
+          const auto on_gradient = [&](auto&& stage) {
+            if constexpr (reads_16_bit) {
+              if (narrow) return stage(std::span<const gc::bfloat16>(g16));
+            }
+            return stage(std::span<const float>(g));
+          };
+          const bool in_place = t % 2 == 0;  // compressor::stage forbids in-place updates
           if constexpr (requires { fast.allow_in_place(in_place); }) fast.allow_in_place(in_place);
           CAPTURE(Case::name(variant));
           CAPTURE(threads);
           CAPTURE(n);
           CAPTURE(t);
 
+          CAPTURE(narrow);
+
           std::vector<float> preview_fast(n), preview_generic(n);
-          const bool preview_ok = support::preview_now(fast, be, policy, g, preview_fast);
-          REQUIRE(support::preview_now(generic, be, policy, g, preview_generic) == preview_ok);
+          const bool preview_ok =
+              on_gradient([&](auto grad) { return support::preview_now(fast, be, policy, grad, preview_fast); });
+          REQUIRE(on_gradient([&](auto grad) {
+                    return support::preview_now(generic, be, policy, grad, preview_generic);
+                  }) == preview_ok);
           if (preview_ok) REQUIRE(std::memcmp(preview_fast.data(), preview_generic.data(), 4 * n) == 0);
 
-          const bool ok = support::update_now(fast, be, policy, g);
-          REQUIRE(support::update_now(generic, be, policy, g) == ok);
+          const bool ok = on_gradient([&](auto grad) { return support::update_now(fast, be, policy, grad); });
+          REQUIRE(on_gradient([&](auto grad) { return support::update_now(generic, be, policy, grad); }) == ok);
           REQUIRE(ok == (t != 5));
           if (!ok) continue;  // rejected: nothing committed, nothing accepted
           const auto acc_fast = fast.acc(g);

@@ -140,12 +140,13 @@ class compressor {
   /// `out` and commits what was sent.
   /// \param grad the gradient: n elements of float32, IEEE half or bfloat16 in the
   ///             backend's memory (gradient_view). Each 16-bit value is widened to
-  ///             float32 exactly as it is read; state and arithmetic stay float32. A
-  ///             corrector with state (error feedback, DGC's momentum, their compact
-  ///             memory) reads a 16-bit gradient as it is, with no copy of it; a step
-  ///             without one, or whose selector reads the gradient too (chunk_local),
-  ///             widens it first into n floats of workspace that the first such call
-  ///             (and the first after release_workspace()) allocates.
+  ///             float32 exactly as it is read; state and arithmetic stay float32. The
+  ///             corrector's pass reads a 16-bit gradient as it is, with no copy of it,
+  ///             except where the corrector is correct::none (its acc is the gradient
+  ///             itself), its engine lacks corrector_engine_reads (a user's), or the
+  ///             selector reads the gradient too (chunk_local): there it is widened
+  ///             first into n floats of workspace that the first such call (and the
+  ///             first after release_workspace()) allocates.
   /// \param out  at least max_message_bytes() bytes: host memory on the host and Kokkos
   ///             backends, device memory on backend::cuda (where the step's work is
   ///             queued on the stream and one status record is read back)
@@ -474,11 +475,12 @@ class compressor {
   template <class Grad>
   std::span<const float> preview_on(const Backend& context, const Grad& grad_at) {
     const Backend on = detail::context_for(backend_, "preview", context);
-    const std::span<const float> grad = wide_.float_values(on, backend_, "preview", grad_at, n_);
-    check_grad("preview", grad);
-    const auto [acc, finite] = engines_.preview(on, corrector_, grad);
-    if (!finite) detail::report_non_finite(on, "preview", grad, acc);
-    return acc;
+    return with_gradient(on, "preview", grad_at, [&](auto grad) {
+      check_grad("preview", grad);
+      const auto [acc, finite] = engines_.preview(on, corrector_, grad);
+      if (!finite) detail::report_non_finite(on, "preview", grad, acc);
+      return acc;
+    });
   }
 
   // One step up to (not including) making it current: check, then the step queued on

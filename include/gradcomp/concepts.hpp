@@ -312,13 +312,16 @@ concept corrector_engine_visits =
       e.update(b, c, g, status, ignore_tile{}, ignore_before_pass{});
     };
 
-/// Capability, a 16-bit gradient read as it is: the corrector engine's update takes a
-/// gradient of element type T (half, bfloat16), reading each value as its float, so that
-/// no float32 copy of the gradient is made. Without it the compressor widens the
+/// Capability, a 16-bit gradient read as it is: the corrector engine's update and preview
+/// take a gradient of element type T (half, bfloat16), reading each value as its float,
+/// so that no float32 copy of the gradient is made. Without it the compressor widens the
 /// gradient into a float32 workspace first.
 template <class E, class C, class B, class T>
 concept corrector_engine_reads =
-    requires(E& e, const B& b, const C& c, std::span<const T> g, step_status* status) { e.update(b, c, g, status); };
+    requires(E& e, const B& b, const C& c, std::span<const T> g, std::span<float> out, step_status* status) {
+      e.update(b, c, g, status);
+      e.preview(b, c, g, out, status);
+    };
 
 /// Whether a selector reads the step's gradient (select_input::grad) besides acc, as its
 /// `static constexpr bool reads_gradient` says (chunk_local does: AdaComp's bins); a

@@ -31,18 +31,19 @@ selection select_now(Engine& engine, const Backend& be, const Policy& policy, co
   return {status.count, chosen.value_scale, status.non_finite == 0};
 }
 
-/// The corrector's update at once: whether acc is all finite.
-template <class Engine, class Backend, class Policy>
-bool update_now(Engine& engine, const Backend& be, const Policy& policy, std::span<const float> g) {
+/// The corrector's update at once, from a float32 or 16-bit gradient: whether acc is all
+/// finite.
+template <class Engine, class Backend, class Policy, class G>
+bool update_now(Engine& engine, const Backend& be, const Policy& policy, std::span<const G> g) {
   step_status status;
   engine.update(be, policy, g, &status);
   return status.non_finite == 0;
 }
 
-/// The corrector's preview into `out` at once: whether it is all finite.
-template <class Engine, class Backend, class Policy>
-bool preview_now(Engine& engine, const Backend& be, const Policy& policy, std::span<const float> g,
-                 std::span<float> out) {
+/// The corrector's preview into `out` at once, from a float32 or 16-bit gradient: whether
+/// it is all finite.
+template <class Engine, class Backend, class Policy, class G>
+bool preview_now(Engine& engine, const Backend& be, const Policy& policy, std::span<const G> g, std::span<float> out) {
   step_status status;
   engine.preview(be, policy, g, out, &status);
   return status.non_finite == 0;

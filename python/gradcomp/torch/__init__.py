@@ -125,7 +125,8 @@ class Compressor:
         memory: 4 bytes per element and array in float32; with ``memory_bits=8`` or ``4``,
         ``memory_bits / 8 + 1 / memory_block``), ``workspace`` (what its steps use: the
         selection's lists, the second float32 copy of the state, a 16-bit gradient's
-        float32 copy) and ``total``."""
+        float32 copy where the method widens it: ``adacomp``, a corrector ``none``) and
+        ``total``."""
         use = self._impl.memory_bytes()
         return {"state": use["state"], "workspace": use["workspace"], "total": use["state"] + use["workspace"]}
 
@@ -143,8 +144,8 @@ class Compressor:
 
         ``grad``: 1-D contiguous float32, float16 or bfloat16 tensor of ``numel``
         elements on ``device`` (16-bit values are widened exactly as they are read, with
-        no float32 copy where the method has error feedback or momentum; state stays
-        float32).
+        no float32 copy unless the corrector is none or the selector chunk_local; state
+        stays float32).
         Raises :class:`gradcomp.NonFiniteError` if grad (or the memory updated with it)
         holds a NaN or infinity, :class:`gradcomp.InvalidArgumentError` for a bad
         tensor; the state is unchanged then.

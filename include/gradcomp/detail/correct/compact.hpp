@@ -350,7 +350,8 @@ class engine<correct::compact<Inner>, Backend> {
     run_.update(be, policy.inner, g, status);
   }
   std::span<const float> acc(std::span<const float> g) const noexcept { return run_.acc(g); }
-  void preview(const Backend& be, const policy_type& policy, std::span<const float> g, std::span<float> out,
+  template <gradient_element G>
+  void preview(const Backend& be, const policy_type& policy, std::span<const G> g, std::span<float> out,
                step_status* status) {
     run_.preview(be, policy.inner, g, out, status);
   }

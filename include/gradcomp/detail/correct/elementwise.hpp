@@ -250,7 +250,8 @@ class correction {
   /// Queues into `out` the acc that update() would compute now, and its finiteness
   /// into the status. The committed state is untouched (update() writes only the next
   /// copy, which the next step rewrites whole).
-  void preview(const Backend& be, const Policy& policy, std::span<const float> g, std::span<float> out,
+  template <gradient_element G>
+  void preview(const Backend& be, const Policy& policy, std::span<const G> g, std::span<float> out,
                step_status* status) {
     update(be, policy, g, status);
     be.for_each(n_, elementwise::copy{acc({}).data(), out.data()});

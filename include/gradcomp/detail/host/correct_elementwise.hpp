@@ -125,7 +125,8 @@ class fast_engine<Policy, backend::host> {
 
   /// Writes to `out` the acc that update() would compute now from the committed state
   /// (clipping included) and changes nothing else; the status gets the NaN verdict.
-  void preview(const backend::host& be, const Policy& policy, std::span<const float> g, std::span<float> out,
+  template <gradient_element G>
+  void preview(const backend::host& be, const Policy& policy, std::span<const G> g, std::span<float> out,
                step_status* status) {
     threads_ = be.concurrency();  // the call's context
     if (!previewed(policy, g, out)) status->non_finite = 1;
@@ -186,7 +187,8 @@ class fast_engine<Policy, backend::host> {
   }
 
   // preview()'s passes; false if the value is not all finite.
-  bool previewed(const Policy& policy, std::span<const float> g, std::span<float> out) {
+  template <class G>
+  bool previewed(const Policy& policy, std::span<const G> g, std::span<float> out) {
     float scale = 1.0f;
     if constexpr (scales_gradient<Policy>()) {
       if (policy.needs_norm()) {
@@ -202,7 +204,7 @@ class fast_engine<Policy, backend::host> {
     for_each_tile(threads_, g.size(), [&](int, std::size_t, std::size_t begin, std::size_t end) {
       std::uint32_t top = 0;
       for (std::size_t i = begin; i < end; ++i) {
-        out[i] = acc_from(policy, old, i, g[i] * scale);
+        out[i] = acc_from(policy, old, i, to_float(g[i]) * scale);
         top = std::max(top, magnitude_key(out[i]));
       }
       if (top >= non_finite_key) bad.raise();

@@ -175,9 +175,12 @@ class step_engines {
     }
   }
 
-  /// Queues the corrector's update of the committed state with `grad` into a buffer of
-  /// n floats (allocated by the first call), and returns it with whether it is finite.
-  std::pair<std::span<const float>, bool> preview(const Backend& on, const Corrector& c, std::span<const float> grad) {
+  /// Queues the corrector's update of the committed state with `grad` (as queue() reads
+  /// it) into a buffer of n floats (allocated by the first call), and returns it with
+  /// whether it is finite.
+  template <gradient_element G>
+  std::pair<std::span<const float>, bool> preview(const Backend& on, const Corrector& c, std::span<const G> grad) {
+    static_assert(reads_as_stored<G>, "step_engines::preview: a gradient this step cannot read as it is");
     if (static_cast<std::size_t>(preview_.size()) != n_) preview_ = backend_.template allocate<float>(n_);
     last_ = on;
     const std::span<float> acc(preview_.data(), n_);
