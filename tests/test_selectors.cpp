@@ -149,7 +149,7 @@ std::vector<std::vector<std::uint32_t>> unfused_steps(std::size_t n, Selector s,
   std::vector<std::vector<std::uint32_t>> out;
   for (std::uint64_t step = 0; step < grads.size(); ++step) {
     const auto& g = grads[step];
-    REQUIRE(support::update_now(correct, host, c, std::span<const float>(g)));
+    REQUIRE(support::update_now(correct, host, c, g));
     const auto acc = correct.acc(g);
     const auto chosen = support::select_now(select, host, s, {acc, g, step}, index);
     REQUIRE(chosen.finite);

@@ -31,21 +31,21 @@ selection select_now(Engine& engine, const Backend& be, const Policy& policy, co
   return {status.count, chosen.value_scale, status.non_finite == 0};
 }
 
-/// The corrector's update at once, from a float32 or 16-bit gradient: whether acc is all
-/// finite.
-template <class Engine, class Backend, class Policy, class G>
-bool update_now(Engine& engine, const Backend& be, const Policy& policy, std::span<const G> g) {
+/// The corrector's update at once, from a float32 or 16-bit gradient (a vector or a span
+/// of its elements): whether acc is all finite.
+template <class Engine, class Backend, class Policy, class Grad>
+bool update_now(Engine& engine, const Backend& be, const Policy& policy, const Grad& g) {
   step_status status;
-  engine.update(be, policy, g, &status);
+  engine.update(be, policy, std::span<const typename Grad::value_type>(g), &status);
   return status.non_finite == 0;
 }
 
-/// The corrector's preview into `out` at once, from a float32 or 16-bit gradient: whether
-/// it is all finite.
-template <class Engine, class Backend, class Policy, class G>
-bool preview_now(Engine& engine, const Backend& be, const Policy& policy, std::span<const G> g, std::span<float> out) {
+/// The corrector's preview into `out` at once, from a float32 or 16-bit gradient (a
+/// vector or a span of its elements): whether it is all finite.
+template <class Engine, class Backend, class Policy, class Grad>
+bool preview_now(Engine& engine, const Backend& be, const Policy& policy, const Grad& g, std::span<float> out) {
   step_status status;
-  engine.preview(be, policy, g, out, &status);
+  engine.preview(be, policy, std::span<const typename Grad::value_type>(g), out, &status);
   return status.non_finite == 0;
 }
 
