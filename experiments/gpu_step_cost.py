@@ -10,9 +10,10 @@ synthetic data, a ResNet-50 and a GPT-2-small-shaped transformer. Per hook, per 
 - in one step traced by torch.profiler: the host synchronizations, the CUDA runtime calls
   that wait for the device (cudaStreamSynchronize, cudaEventSynchronize,
   cudaDeviceSynchronize, blocking cudaMemcpy) on every thread, less the step's own
-  closing one; the GPU time of all the step's kernels, whichever thread launched them,
-  and of gradcomp's among them (the kernels whose names carry gradcomp's types: its own
-  and the CUB kernels it instantiates).
+  closing one, and where each ran (its thread and the ops around it); the GPU time of
+  all the step's kernels, whichever thread launched them, and of gradcomp's among them
+  (the kernels whose names carry gradcomp's types: its own and the CUB kernels it
+  instantiates).
 
 The hook's own GPU time by CUDA events covers only what the hook queues on torch's
 current stream during its call: torch's hooks, not gradcomp's, which queue their work
@@ -211,25 +212,26 @@ def run(model_name, hook_name, args, device):
         phases.append(phase)
     median = {k: statistics.median(p[k] for p in phases) for k in ("forward_ms", "backward_ms", "optimizer_ms")}
     median["ready_ms"] = [statistics.median(p["ready_ms"][i] for p in phases) for i in range(buckets)]
-    syncs, kernels, ours = profiled(step, device)
+    syncs, sites, kernels, ours = profiled(step, device)
     return {"model": model_name, "hook": hook_name, "step_ms": 1e3 * statistics.median(wall),
             "hook_host_ms": 1e3 * statistics.median(hook_host), "hook_gpu_ms": statistics.median(hook_gpu),
-            "buckets": buckets, "host_syncs": syncs, "kernel_ms": kernels, "gradcomp_kernel_ms": ours,
-            "parameters": parameters, **median}
+            "buckets": buckets, "host_syncs": syncs, "sync_sites": sites, "kernel_ms": kernels,
+            "gradcomp_kernel_ms": ours, "parameters": parameters, **median}
 
 
 def profiled(step, device):
     """One step under torch.profiler: the CUDA runtime calls in it that wait for the
-    device, by name, less the step's own closing torch.cuda.synchronize(); the GPU time
-    of every kernel the step ran, whichever thread or stream launched it, and of
-    gradcomp's (ms)."""
+    device, by name, less the step's own closing torch.cuda.synchronize(), and by where
+    they ran (sync_sites); the GPU time of every kernel the step ran, whichever thread or
+    stream launched it, and of gradcomp's (ms)."""
     if device.type != "cuda":
-        return {}, 0.0, 0.0
+        return {}, {}, 0.0, 0.0
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         step()
     counts, kernels, ours = {}, 0.0, 0.0
-    for event in prof.events():
+    events = prof.events()
+    for event in events:
         if event.name in SYNC_CALLS:
             counts[event.name] = counts.get(event.name, 0) + 1
         if event.device_type == torch.autograd.DeviceType.CUDA:
@@ -239,7 +241,31 @@ def profiled(step, device):
             ours += time_us if "gradcomp" in event.name else 0.0
     if counts.get("cudaDeviceSynchronize"):
         counts["cudaDeviceSynchronize"] -= 1  # the step's own
-    return {k: v for k, v in counts.items() if v}, kernels / 1e3, ours / 1e3
+    sites = sync_sites([(e.name, e.thread, e.time_range.start, e.time_range.end) for e in events
+                        if e.device_type == torch.autograd.DeviceType.CPU or e.name in SYNC_CALLS], SYNC_CALLS)
+    return {k: v for k, v in counts.items() if v}, sites, kernels / 1e3, ours / 1e3
+
+
+def sync_sites(events, targets):
+    """Where the calls named in ``targets`` ran: for each, its thread and the chain of ops
+    that enclose it on that thread (outermost first), counted by "thread N: op > op > call".
+    ``events``: (name, thread, start, end) of the profiled host events. A call on a thread
+    with no enclosing op is named by its thread alone (a gradcomp hook's worker thread
+    records none: torch's profiler follows only the threads it was started on and
+    autograd's)."""
+    by_thread = {}
+    for name, thread, start, end in events:
+        by_thread.setdefault(thread, []).append((start, -end, name))
+    sites = {}
+    for thread, spans in by_thread.items():
+        spans.sort()
+        for start, negative_end, name in spans:
+            if name not in targets:
+                continue
+            chain = [n for s, e, n in spans if s <= start and -e >= -negative_end and n not in targets]
+            site = f"thread {thread}: " + " > ".join(chain + [name])
+            sites[site] = sites.get(site, 0) + 1
+    return sites
 
 
 def main():
@@ -277,6 +303,8 @@ def main():
                           f"{row['buckets']} buckets, kernels {row['kernel_ms']:.2f} ms (gradcomp's "
                           f"{row['gradcomp_kernel_ms']:.3f} ms), host syncs "
                           f"{row['host_syncs']}", flush=True)
+                    for site, count in sorted(row["sync_sites"].items()):
+                        print(f"    {count} x {site}", flush=True)
         finally:
             dist.destroy_process_group()
     info = {"torch": torch.__version__, "density": args.density, "steps": args.steps, "rows": rows}

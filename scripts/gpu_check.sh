@@ -6,7 +6,8 @@
 #      then `cmake --build build/release`: doctest and Google Benchmark need not be on the GPU
 #      machine), run from BIN;
 #   2. the torch extension built with its CUDA backend against the machine's torch, then
-#      pytest's CUDA tests (-m cuda), experiments/torch_gpu.py and experiments/gpu_step_cost.py.
+#      pytest's CUDA tests (-m cuda), experiments/torch_gpu.py, experiments/gpu_step_cost.py and
+#      experiments/fsdp_gpu_cost.py.
 # The extension compiles in the background while the binaries run.
 #
 #   bash scripts/gpu_check.sh BIN OUT
@@ -15,8 +16,9 @@
 # Logs and JSON go to OUT (eight files at most, what the device machine brings back).
 # TESTS names the binaries to run (all by default); BENCH=0 leaves out bench_cuda,
 # PROFILE=0 its per-kernel profile (ncu, summed by bench/kernel_profile.py), STEP_COST=0
-# experiments/gpu_step_cost.py. The benchmarks run first, alone on the GPU; the tests
-# then run side by side. Exits non-zero when any step fails.
+# experiments/gpu_step_cost.py, FSDP_COST=0 experiments/fsdp_gpu_cost.py. The benchmarks
+# run first, alone on the GPU; the tests then run side by side. Exits non-zero when any
+# step fails.
 set -u
 bin=$(cd "$1" && pwd)
 out=$(mkdir -p "$2" && cd "$2" && pwd)
@@ -109,6 +111,7 @@ wait $build
 built=$(cat "$rcfile")
 echo "extension_build: rc $built"
 if [ "$built" = 0 ]; then
+  rm -f "$out/extension_build.log"  # kept where the build failed: OUT brings back eight files at most
   cd "$root/python"  # the in-place build put gradcomp/_C there
   export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
   # -s: a C++ abort's message reaches the log (pytest's capture would swallow it)
@@ -125,6 +128,9 @@ if [ "$built" = 0 ]; then
   # What each hook adds to a bf16 training step of a ResNet-50 and a GPT-2 small (#40, item 4)
   [ "${STEP_COST:-1}" = 1 ] && step step_cost bench.log 200 env PYTHONPATH="$root:$PYTHONPATH" PYTHONUNBUFFERED=1 "$python" \
     -m experiments.gpu_step_cost --out "$out/step_cost.json"
+  # What FSDP2's compressed reduce-scatter costs per step, the workspace kept or given back (#40, items 2 and 4)
+  [ "${FSDP_COST:-1}" = 1 ] && step fsdp_cost bench.log 120 env PYTHONPATH="$root:$PYTHONPATH" PYTHONUNBUFFERED=1 \
+    "$python" -m experiments.fsdp_gpu_cost --out "$out/fsdp_cost.json"
   [ -s "$out/pytest_cuda.log" ] && tail -5 "$out/pytest_cuda.log"
 else
   collect_shards

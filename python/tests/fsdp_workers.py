@@ -461,6 +461,64 @@ def check_disagreeing_ranks(rank, world):
     assert torch.equal(a, b) and torch.equal(rs.compressor.corrector_state(0), twin.compressor.corrector_state(0))
 
 
+def check_on_device(device):
+    """The scenario "cuda" (test_cuda.py; ranks sharing the one GPU over gloo): ReduceScatter
+    and AllReduce on ``device`` tensors give what they give on CPU tensors, bit for bit
+    (the shards, the residuals), over steps: float32 and 8-bit error memory, DGC, bfloat16
+    gradients, the workspace kept (the default on CUDA) and given back; a checkpoint of the
+    device instance resumes on the CPU bit for bit; a NaN on one rank raises the same error
+    on every rank with the shard and the residual unchanged."""
+    def check(rank, world):
+        shard_n = 1001
+        n = shard_n * world
+        group = dist.group.WORLD
+        cases = [("topk_ef", {}, torch.float32, None), ("topk_ef", {"memory_bits": 8}, torch.float32, False),
+                 ("dgc", {}, torch.float32, None), ("topk_ef", {}, torch.bfloat16, None),
+                 ("topk_ef", {"memory_bits": 4}, torch.bfloat16, False)]
+        for method, options, dtype, keep in cases:
+            on_device = fsdp.ReduceScatter(method=method, density=0.02, keep_workspace=keep, **options)
+            on_cpu = fsdp.ReduceScatter(method=method, density=0.02, keep_workspace=keep, **options)
+            for step in range(3):
+                g = grad_of(rank, step, n).to(dtype)
+                got, want = torch.full((shard_n,), 7.0, device=device), torch.full((shard_n,), 7.0)
+                on_device(got, g.to(device), group, dist.ReduceOp.AVG)
+                on_cpu(want, g, group, dist.ReduceOp.AVG)
+                assert got.device.type == torch.device(device).type
+                assert torch.equal(got.cpu(), want), (method, options, dtype, step)
+                for a in range(2 if method == "dgc" else 1):
+                    assert torch.equal(on_device.compressor.corrector_state(a).cpu(),
+                                       on_cpu.compressor.corrector_state(a)), (method, options, dtype, step, a)
+            resumed = fsdp.ReduceScatter(method=method, density=0.02, keep_workspace=keep, **options)
+            resumed.load_state_dict(on_device.state_dict())  # made on the CPU at its first call
+            got, want = torch.empty(shard_n), torch.empty(shard_n)
+            resumed(got, grad_of(rank, 3, n).to(dtype), group, dist.ReduceOp.AVG)
+            on_cpu(want, grad_of(rank, 3, n).to(dtype), group, dist.ReduceOp.AVG)
+            assert torch.equal(got, want), (method, options, dtype, "resumed")
+
+        rs = fsdp.ReduceScatter(method="topk_ef", density=0.02)
+        rs(torch.empty(shard_n, device=device), grad_of(rank, 0, n).to(device), group, dist.ReduceOp.AVG)
+        memory = rs.compressor.corrector_state(0).clone()
+        bad = grad_of(rank, 1, n)
+        if rank == world - 1:
+            bad[5] = float("nan")
+        out = torch.full((shard_n,), 7.0, device=device)
+        expect_error(lambda: rs(out, bad.to(device), group, dist.ReduceOp.AVG), gradcomp.NonFiniteError,
+                     f"gradcomp: compress: grad[5] = nan is not finite (rank {world - 1} of {world})")
+        assert torch.equal(out.cpu(), torch.full((shard_n,), 7.0))
+        assert torch.equal(rs.compressor.corrector_state(0), memory)
+
+        # HSDP's compressed all-reduce across replicas (here: all ranks one replicate group).
+        on_device = fsdp.AllReduce(group, method="topk_ef", density=0.05)
+        on_cpu = fsdp.AllReduce(group, method="topk_ef", density=0.05)
+        for step in range(3):
+            got, want = grad_of(rank, step, shard_n).to(device), grad_of(rank, step, shard_n)
+            on_device(got)
+            on_cpu(want)
+            assert torch.equal(got.cpu(), want), ("AllReduce", step)
+            assert torch.equal(on_device.compressor.corrector_state(0).cpu(), on_cpu.compressor.corrector_state(0))
+    return check
+
+
 SCENARIOS = {
     "compressed-memory": check_compressed_memory_against_reference,
     "disagreement": check_disagreeing_ranks,
@@ -472,5 +530,6 @@ SCENARIOS = {
     "training": check_fully_shard_training,
     "divide-factor": check_divide_factor_and_bf16_reduce,
     "hsdp": check_hsdp_replicas_compressed,
+    "cuda": check_on_device("cuda"),
 }
 

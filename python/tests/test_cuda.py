@@ -200,3 +200,17 @@ def test_ddp_hook_device_exchange(world, tmp_path):
     import test_ddp
 
     test_ddp.spawn(world, ["cuda-in-flight", "cuda-nan"], tmp_path)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_fsdp_on_cuda_tensors(world, tmp_path):
+    """FSDP2's compressed reduce-scatter and HSDP's all-reduce on CUDA tensors, 2 and 4 gloo
+    ranks sharing the one GPU: the CPU tensors' shards and residuals bit for bit (float32,
+    8- and 4-bit memory, DGC, bfloat16, the workspace kept and given back), a device
+    checkpoint resumed on the CPU, and a NaN on one rank every rank's error with nothing
+    changed (fsdp_workers.check_on_device)."""
+    import test_fsdp
+
+    if test_fsdp.no_fsdp2 is not None:
+        pytest.skip(test_fsdp.no_fsdp2)
+    test_fsdp.spawn(world, ["cuda"], tmp_path)
