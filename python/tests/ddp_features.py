@@ -1,7 +1,8 @@
 """What each rank runs in test_ddp_features.py: the hook under DistributedDataParallel's
 own features (find_unused_parameters, static_graph, no_sync, gradient_as_bucket_view, a
 frozen layer with BatchNorm, join, subgroups, 16-bit parameters and autocast, resume from
-a checkpoint), each step checked against a reference written here."""
+a checkpoint) and under torch.compile, each step checked against a reference written
+here."""
 import math
 import os
 
@@ -185,7 +186,13 @@ def train_checked(rank, world, feature, aggregation="allgather", steps=5, start_
               "gradient_as_bucket_view": feature == "gradient_as_bucket_view"}
     if feature == "static_graph" and not _has_static_graph():
         return None
-    net = DDP(model, bucket_cap_mb=BUCKET_CAP_MB, process_group=group, **kwargs)
+    # torch.compile's DDPOptimizer wants the first bucket no larger than the others
+    # (DDP's first holds up to 1 MB): the compiled model's buckets are 1 MB.
+    cap = 1.0 if feature == "compile" else BUCKET_CAP_MB
+    net = DDP(model, bucket_cap_mb=cap, process_group=group, **kwargs)
+    # aot_eager: Dynamo's graph split at the buckets and AOTAutograd's backward, without
+    # generating code (what the hook meets under torch.compile, in seconds here).
+    forward = torch.compile(net, backend="aot_eager") if feature == "compile" else net
     state = ddp.State(group, method="topk_ef", density=density, start_iter=start_iter, aggregation=aggregation)
     recorder = Recorder()
     net.register_comm_hook(state, recorder.hook)
@@ -203,7 +210,7 @@ def train_checked(rank, world, feature, aggregation="allgather", steps=5, start_
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 loss = loss_of(net, me, step)
         else:
-            loss = loss_of(net, me, step, dtype or torch.float32)
+            loss = loss_of(forward, me, step, dtype or torch.float32)
         loss.backward()
         check_step(state, recorder, ref, compressed, group)
         opt.step()
@@ -231,6 +238,15 @@ def check_features(rank, world):
                                     ("autocast", 1)):
             state = train_checked(rank, world, feature, aggregation, start_iter=start_iter)
             assert state is None or len(state.units) >= 2, (feature, state.units)
+
+
+def check_compiled(rank, world):
+    """The hook under a model compiled by torch.compile (torch 2.x), both aggregations,
+    each step against the reference."""
+    if not _torch2():
+        return
+    for aggregation in ("allgather", "sparse_allreduce"):
+        train_checked(rank, world, "compile", aggregation, steps=4, start_iter=1)
 
 
 def check_16_bit(rank, world):
@@ -456,6 +472,7 @@ def run_resumed(rank, world):
 SCENARIOS = {
     "features": check_features,
     "16-bit": check_16_bit,
+    "compile": check_compiled,
     "density-1": check_density_1_is_dense_allreduce,
     "subgroups": check_subgroups,
     "methods": check_every_method,

@@ -17,7 +17,7 @@ def spawn(world, names, tmp_path):
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_ddp_features_against_reference(world, tmp_path):
-    spawn(world, ["features", "16-bit", "subgroups", "density-1"], tmp_path)
+    spawn(world, ["features", "16-bit", "subgroups", "density-1", "compile"], tmp_path)
 
 
 @pytest.mark.parametrize("world", WORLDS)

@@ -43,4 +43,4 @@ def test_reduce_scatter_against_reference(world, tmp_path):
 @needs_fsdp2
 @pytest.mark.parametrize("world", [2, 4])
 def test_fully_shard_training(world, tmp_path):
-    spawn(world, ["training", "divide-factor"] + (["hsdp"] if world == 4 else []), tmp_path)
+    spawn(world, ["training", "divide-factor", "compile"] + (["hsdp"] if world == 4 else []), tmp_path)
