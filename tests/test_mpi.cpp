@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "support/inputs.hpp"
+#include "support/opaque_host.hpp"
 #include "support/reference.hpp"
 
 namespace gc = gradcomp;
@@ -183,13 +184,32 @@ TEST_CASE("bucketed all-gather of a model's layers equals one exchange per layer
   }
 }
 
-TEST_CASE("ScaleCom cyclic local top-k equals its simulation, O(k) per rank, across a density change") {
-  gc::comm::mpi comm;
+// comm::mpi moving the arrays of compressors on opaque_host (support/opaque_host.hpp),
+// whose memory is the host's declared a device's: the exchanges then take the path they
+// take on backend::cuda (their memory work queued on the backend, copies through to_host
+// and to_device), which these tests thus run before a GPU does.
+struct mpi_of_opaque_memory : gc::comm::mpi {
+  using memory = gc::device_memory;
+  void broadcast(gc::device_span<std::uint32_t> data, int root) { mpi::broadcast({data.data(), data.size()}, root); }
+  void reduce_broadcast(gc::device_span<float> values, int root) {
+    mpi::reduce_broadcast({values.data(), values.size()}, root);
+  }
+};
+
+// A view of `v` as the memory of Backend's compressors.
+template <class Backend, class T>
+gc::backend_span<Backend, T> view_as(std::vector<std::remove_const_t<T>>& v) {
+  return gc::backend_span<Backend, T>(v.data(), v.size());
+}
+
+template <class Backend, class Comm>
+void scalecom_matches_simulation() {
+  Comm comm;
   const int ranks = comm.size();
   const std::size_t n = 40009;
   const double density = 0.005;
   const gc::presets::scalecom_options options{.density = density, .beta = 0.5f};
-  auto mine = gc::presets::scalecom(gc::backend::host{}, n, options);
+  auto mine = gc::presets::scalecom(Backend{}, n, options);
   gc::comm::cyclic_topk exchange(comm, mine, gc::select::exact_topk{.density = density});
   // The simulation: every rank's low-pass memory m, the leader's top-k of m + g.
   std::vector<std::vector<float>> m(static_cast<std::size_t>(ranks), std::vector<float>(n, 0.0f));
@@ -200,7 +220,8 @@ TEST_CASE("ScaleCom cyclic local top-k equals its simulation, O(k) per rank, acr
     // From step 3 on the density doubles (a schedule): the leader's k follows the compressor's.
     const double now = t < 3 ? density : 2 * density;
     if (t == 3) mine.set_density(now);
-    const auto sent = exchange.step(gradient_of(comm.rank(), n, t), dense, scale);
+    auto own_g = gradient_of(comm.rank(), n, t);
+    const auto sent = exchange.step(view_as<Backend, const float>(own_g), view_as<Backend, float>(dense), scale);
     const std::size_t k = reference::k_for(now, n);
     CHECK(sent.count() == k);
     const int leader = t % ranks;
@@ -234,6 +255,14 @@ TEST_CASE("ScaleCom cyclic local top-k equals its simulation, O(k) per rank, acr
   const auto own = mine.corrector_state(0);
   CHECK(std::equal(own.begin(), own.end(), m[static_cast<std::size_t>(comm.rank())].begin()));
   CHECK(same_on_all_ranks(comm, dense));
+}
+
+TEST_CASE("ScaleCom cyclic local top-k equals its simulation, O(k) per rank, across a density change") {
+  scalecom_matches_simulation<gc::backend::host, gc::comm::mpi>();
+}
+
+TEST_CASE("ScaleCom cyclic local top-k on a memory the host may not read (the path backend::cuda takes)") {
+  scalecom_matches_simulation<opaque_host, mpi_of_opaque_memory>();
 }
 
 TEST_CASE("cyclic_topk: a NaN on any rank is rejected on every rank, and no compressor changes") {
@@ -489,8 +518,9 @@ struct global_topk_simulation {
 
 // Rank r's compressor for the simulation: top-k at its own density (they differ from
 // rank to rank), error feedback, f32 or f16 values.
+template <class Backend = gc::backend::host>
 auto topk_ef_of(int rank, std::size_t n, double density, bool f16) {
-  return gc::compressor{gc::backend::host{}, n, gc::select::exact_topk{.density = density * (1 + rank % 3)},
+  return gc::compressor{Backend{}, n, gc::select::exact_topk{.density = density * (1 + rank % 3)},
                         gc::correct::error_feedback{},
                         gc::encode::index_value{.value = f16 ? gc::value_coding::f16 : gc::value_coding::f32}};
 }
@@ -507,14 +537,15 @@ std::vector<float> sparse_gradient(int rank, std::size_t n, int t, bool tied) {
 
 // W ranks over MPI against the simulation: the selection, `dense` and this rank's
 // residual equal it bit for bit at every step, on every rank alike.
+template <class Backend = gc::backend::host, class Comm = gc::comm::mpi>
 void sparse_allreduce_matches_simulation(std::size_t n, double density, std::size_t k, bool f16, bool tied, int steps) {
-  gc::comm::mpi comm;
+  Comm comm;
   const int ranks = comm.size();
   CAPTURE(n);
   CAPTURE(k);
   CAPTURE(f16);
   CAPTURE(tied);
-  auto mine = topk_ef_of(comm.rank(), n, density, f16);
+  auto mine = topk_ef_of<Backend>(comm.rank(), n, density, f16);
   // One k for all ranks (each rank's own density names another).
   gc::comm::sparse_allreduce exchange(comm, mine, k != 0 ? k : reference::k_for(density, n));
   global_topk_simulation sim{
@@ -526,7 +557,8 @@ void sparse_allreduce_matches_simulation(std::size_t n, double density, std::siz
   for (int t = 0; t < steps; ++t) {
     std::vector<std::vector<float>> g;
     for (int r = 0; r < ranks; ++r) g.push_back(sparse_gradient(r, n, t, tied));
-    const auto got = exchange.step(g[static_cast<std::size_t>(comm.rank())], dense, scale);
+    const auto got = exchange.step(view_as<Backend, const float>(g[static_cast<std::size_t>(comm.rank())]),
+                                   view_as<Backend, float>(dense), scale);
     const auto want = sim.step(g, expected, scale);
     CHECK(std::vector<std::uint32_t>(got.begin(), got.end()) == want);
     CHECK(dense == expected);
@@ -544,16 +576,18 @@ void sparse_allreduce_matches_simulation(std::size_t n, double density, std::siz
   CHECK(same_on_all_ranks(comm, dense));
 }
 
-// comm::mpi whose all_to_all_v hands rank `bad` a corrupt first entry (an index past
-// every region).
-struct corrupting_mpi : gc::comm::mpi {
+// Transport `Base` whose all_to_all_v hands rank `bad` a corrupt first entry (an index
+// past every region).
+template <class Base>
+struct corrupting : Base {
   int bad = 1;
   void all_to_all_v(std::span<const std::byte> send, std::span<const std::uint64_t> send_sizes,
                     std::span<std::byte> recv, std::span<const std::uint64_t> recv_sizes) {
-    gc::comm::mpi::all_to_all_v(send, send_sizes, recv, recv_sizes);
-    if (rank() == bad && recv.size() >= 4) gc::detail::store_le<std::uint32_t>(recv.data(), 0xFFFFFFF0u);
+    Base::all_to_all_v(send, send_sizes, recv, recv_sizes);
+    if (this->rank() == bad && recv.size() >= 4) gc::detail::store_le<std::uint32_t>(recv.data(), 0xFFFFFFF0u);
   }
 };
+using corrupting_mpi = corrupting<gc::comm::mpi>;
 
 std::string checkpoint(const auto& c) {
   std::ostringstream out;
@@ -569,6 +603,10 @@ TEST_CASE("sparse_allreduce equals its simulation of W ranks: selection, sums an
   sparse_allreduce_matches_simulation(20000, 0.02, 0, false, true, 4);     // ties at the k-th sum across regions
   sparse_allreduce_matches_simulation(5003, 0.002, 400, false, false, 3);  // k above the union: all of it
   sparse_allreduce_matches_simulation(4099, 0.01, 1, false, false, 3);     // k = 1
+}
+
+TEST_CASE("sparse_allreduce on a memory the host may not read (the path backend::cuda takes) equals its simulation") {
+  sparse_allreduce_matches_simulation<opaque_host, mpi_of_opaque_memory>(30011, 0.01, 0, true, false, 4);
 }
 
 TEST_CASE("sparse_allreduce receives about 2k entries per rank whatever W, and follows a density change") {
@@ -666,16 +704,21 @@ TEST_CASE(
                        "gradcomp: sparse_allreduce: k = 7002 exceeds the compressor's n = 7001", gc::error);
 }
 
-TEST_CASE(
-    "sparse_allreduce::reduce_scatter: each rank's shard of the summed messages and every residual, bit for "
-    "bit; bad shapes fail on every rank alike") {
-  gc::comm::mpi comm;
+// reduce_scatter on compressors of Backend over transport Comm, against the reference:
+// each rank's shard and residual bit for bit; bad shapes refused on every rank alike.
+template <class Backend, class Comm>
+void reduce_scatter_matches_reference() {
+  Comm comm;
   const int ranks = comm.size();
   const auto w = static_cast<std::size_t>(ranks);
   const std::size_t n = 2003 * w;
   const std::size_t shard_n = n / w;
   const std::size_t begin = shard_n * static_cast<std::size_t>(comm.rank());
-  auto mine = topk_ef_of(comm.rank(), n, 0.01, false);
+  const auto make = [](int rank, std::size_t size) {
+    return gc::compressor{Backend{}, size, gc::select::exact_topk{.density = 0.01 * (1 + rank % 3)},
+                          gc::correct::error_feedback{}, gc::encode::index_value{}};
+  };
+  auto mine = make(comm.rank(), n);
   gc::comm::sparse_allreduce exchange(comm, mine);
   std::vector<std::vector<float>> e(w, std::vector<float>(n, 0.0f));
   std::vector<float> shard(shard_n, 7.0f);
@@ -686,13 +729,14 @@ TEST_CASE(
       auto& er = e[static_cast<std::size_t>(r)];
       const auto g = sparse_gradient(r, n, t, false);
       for (std::size_t i = 0; i < n; ++i) er[i] = er[i] + g[i];
-      for (const std::uint32_t i : reference::top_k(er, topk_ef_of(r, n, 0.01, false).selector().max_selected(n))) {
+      for (const std::uint32_t i : reference::top_k(er, make(r, n).selector().max_selected(n))) {
         sum[i] = any[i] ? sum[i] + er[i] : er[i];
         any[i] = true;
         er[i] -= er[i];  // everything sent is committed: no global selection
       }
     }
-    exchange.reduce_scatter(sparse_gradient(comm.rank(), n, t, false), shard, 0.5f);
+    auto g = sparse_gradient(comm.rank(), n, t, false);
+    exchange.reduce_scatter(view_as<Backend, const float>(g), view_as<Backend, float>(shard), 0.5f);
     std::vector<float> expected(shard_n, 0.0f);
     for (std::size_t i = 0; i < shard_n; ++i) expected[i] = any[begin + i] ? 0.5f * sum[begin + i] : 0.0f;
     CHECK(shard == expected);
@@ -701,25 +745,60 @@ TEST_CASE(
   }
   const auto before = checkpoint(mine);
   const auto shard_before = shard;
+  auto g = sparse_gradient(comm.rank(), n, 9, false);
   every_rank_throws(
       comm,
       [&] {
-        exchange.reduce_scatter(sparse_gradient(comm.rank(), n, 9, false), std::span(shard).first(shard_n - 1), 1.0f);
+        exchange.reduce_scatter(view_as<Backend, const float>(g),
+                                gc::backend_span<Backend, float>(shard.data(), shard_n - 1), 1.0f);
       },
       "gradcomp: sparse_allreduce: shard.size() = " + std::to_string(shard_n - 1) +
           " does not match n / ranks = " + std::to_string(shard_n) + " (rank 0 of " + std::to_string(ranks) + ")");
   CHECK(checkpoint(mine) == before);
   CHECK(shard == shard_before);
   if (ranks > 1) {
-    auto odd = gc::presets::topk_ef(gc::backend::host{}, n + 1, {.density = 0.01});
+    // Every rank sends 3e38 at index 5 (the owner's sum overflows): every rank refuses,
+    // nothing changed.
+    g[5] = 3e38f;
+    every_rank_throws(
+        comm, [&] { exchange.reduce_scatter(view_as<Backend, const float>(g), view_as<Backend, float>(shard), 1.0f); },
+        "gradcomp: sparse_allreduce: a sum in rank 0 of " + std::to_string(ranks) + "'s region overflows (not finite)");
+    CHECK(checkpoint(mine) == before);
+    CHECK(shard == shard_before);
+    // Rank 1 receives a corrupt entry: every rank refuses, nothing changed.
+    corrupting<Comm> bad_comm;
+    gc::comm::sparse_allreduce bad_exchange(bad_comm, mine);
+    g = sparse_gradient(comm.rank(), n, 9, false);
+    every_rank_throws(
+        comm,
+        [&] { bad_exchange.reduce_scatter(view_as<Backend, const float>(g), view_as<Backend, float>(shard), 1.0f); },
+        "gradcomp: sparse_allreduce: rank 1 of " + std::to_string(ranks) +
+            " received entries outside its region or out of order");
+    CHECK(checkpoint(mine) == before);
+    CHECK(shard == shard_before);
+    auto odd = make(comm.rank(), n + 1);
     gc::comm::sparse_allreduce odd_exchange(comm, odd);
     std::vector<float> odd_shard((n + 1) / w);
+    auto odd_g = sparse_gradient(comm.rank(), n + 1, 0, false);
     every_rank_throws(
-        comm, [&] { odd_exchange.reduce_scatter(sparse_gradient(comm.rank(), n + 1, 0, false), odd_shard, 1.0f); },
+        comm,
+        [&] {
+          odd_exchange.reduce_scatter(view_as<Backend, const float>(odd_g), view_as<Backend, float>(odd_shard), 1.0f);
+        },
         "gradcomp: sparse_allreduce: reduce_scatter needs n = " + std::to_string(n + 1) +
             " to be a multiple of the ranks, " + std::to_string(ranks) + " (rank 0 of " + std::to_string(ranks) + ")");
     CHECK(odd.step() == 0);
   }
+}
+
+TEST_CASE(
+    "sparse_allreduce::reduce_scatter: each rank's shard of the summed messages and every residual, bit for "
+    "bit; bad shapes fail on every rank alike") {
+  reduce_scatter_matches_reference<gc::backend::host, gc::comm::mpi>();
+}
+
+TEST_CASE("sparse_allreduce::reduce_scatter on a memory the host may not read (the path backend::cuda takes)") {
+  reduce_scatter_matches_reference<opaque_host, mpi_of_opaque_memory>();
 }
 
 // -- comm::leader_exchange: Leader SGD ---------------------------------------------------------

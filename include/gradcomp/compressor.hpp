@@ -204,6 +204,24 @@ class compressor {
   /// Whether a stage()d step waits for accept_staged().
   [[nodiscard]] bool has_staged() const noexcept { return staged_; }
 
+  /// What a staged step sends (staged_selection()), as views of the backend's memory.
+  struct staged_entries {
+    view<const std::uint32_t> index;    ///< the selection's indices, ascending
+    view<const float> values;           ///< the values sent for them, as a receiver decodes them
+    const detail::step_status* status;  ///< the step's status, in the backend's memory: `count` entries
+  };
+  /// What the staged step sends: its selected indices (ascending) and, for each, the
+  /// value a receiver decodes from the message, of which the first `status->count` are
+  /// the step's (the count stays in the backend's memory too). For exchanges that move
+  /// the entries rather than the message (comm::sparse_allreduce::reduce_scatter).
+  /// Valid until the next step or release_workspace().
+  /// \throws gradcomp::error (invalid_argument) if no step is staged.
+  [[nodiscard]] staged_entries staged_selection() const {
+    detail::require(staged_, errc::invalid_argument, "staged_selection: no step is staged");
+    const auto [index, values] = engines_.sent_entries();
+    return {as_view(index), as_view(values), engines_.status_record()};
+  }
+
   /// What compress(grad) would rank now: the corrector's update of the committed state
   /// with `grad` (clipping included; grad itself without a corrector), in the backend's
   /// memory. Changes no state. ScaleCom's leader selects from it, and comm::cyclic_topk
@@ -434,7 +452,10 @@ class compressor {
 
   // A view of the caller's kind over the compressor's memory, and the message written
   // at the front of `out`.
-  static view<const float> as_view(std::span<const float> s) noexcept { return view<const float>(s.data(), s.size()); }
+  template <class T>
+  static view<const T> as_view(std::span<const T> s) noexcept {
+    return view<const T>(s.data(), s.size());
+  }
   message_type written(std::span<std::byte> out, std::size_t bytes, std::size_t count) const noexcept {
     return message_type(typename message_type::bytes_type(out.data(), bytes), n_, count);
   }

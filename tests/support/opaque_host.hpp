@@ -17,4 +17,10 @@ struct opaque_host : gradcomp::backend::host {
     settled.threads = host::resolved(who).threads;
     return settled;
   }
+  /// backend::host's context_for(), keeping this type.
+  [[nodiscard]] opaque_host context_for(const char* who, const opaque_host& context) const {
+    opaque_host checked = *this;
+    checked.threads = host::context_for(who, context).threads;
+    return checked;
+  }
 };

@@ -180,7 +180,7 @@ class cyclic_topk {
   Comm& comm_;
   Compressor& compressor_;
   leader_type leader_;
-  detail::exchange_memory<typename Comm::memory> memory_;
+  detail::exchange_memory<backend_type> memory_;
   buffer<std::byte> leader_message_;
   buffer<std::uint32_t> index_;
   buffer<float> sums_;

@@ -12,7 +12,6 @@
 #include <gradcomp/config.hpp>
 #include <gradcomp/comm/agreement.hpp>
 #include <gradcomp/detail/cuda/device_buffer.cuh>
-#include <gradcomp/detail/cuda/exchange_memory.cuh>
 #include <gradcomp/detail/codec/decode.hpp>
 #include <gradcomp/detail/cuda/launch.cuh>
 #include <gradcomp/error.hpp>

@@ -11,7 +11,9 @@
 #include <gradcomp/compressor.hpp>
 #include <gradcomp/config.hpp>
 #include <gradcomp/detail/core/density.hpp>
+#include <gradcomp/detail/comm/shard_sums.hpp>
 #include <gradcomp/detail/core/radix_select.hpp>
+#include <gradcomp/detail/core/selector_work.hpp>
 #include <gradcomp/detail/step/state_io.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/memory.hpp>
@@ -54,11 +56,15 @@ static_assert(sizeof(sparse_entry) == 8);
 ///    (compressor::accept_staged(kept)): what it sent and the selection dropped stays
 ///    in its memory, so no gradient mass is lost.
 ///
-/// `Comm` is the transport (comm/transport.hpp) in the compressor's memory. The entries
-/// are few, so the local work (splitting, summing, selecting) runs on the host whatever
-/// that memory, over the transport's collectives of host arrays; `grad` and `dense` are
-/// in the compressor's memory (std::span, device_span), and only the message, the k sums
-/// and (reduce_scatter) the shard cross to and from a device.
+/// `Comm` is the transport (comm/transport.hpp) in the compressor's memory. step()'s
+/// local work (splitting, summing, selecting) runs on the host whatever that memory,
+/// over the transport's collectives of host arrays: only the message and the k sums
+/// cross to and from a device. reduce_scatter()'s runs where the compressor's memory is
+/// (detail/comm/shard_sums.hpp): the entries are packed from the staged selection and
+/// summed into the shard there; what crosses to the host and back is the W + 1 shard
+/// starts, the entries (for the transport's all-to-all of host arrays) and two fault
+/// words. `grad`, `dense` and `shard` are in the compressor's memory (std::span,
+/// device_span).
 template <class Compressor, transport Comm>
 class sparse_allreduce {
   static_assert(std::is_same_v<typename Comm::memory, typename Compressor::backend_type::memory>,
@@ -137,38 +143,89 @@ class sparse_allreduce {
   /// equal shards (n a multiple of W), rank j owning [j·n/W, (j+1)·n/W); each rank sends
   /// each shard's entries of its step to the shard's owner (steps 1-3 above), which
   /// writes `shard[i - j·n/W] = scale * s_i` for the sums of its shard and 0 elsewhere.
-  /// There is no global selection: every rank commits its whole step.
+  /// There is no global selection: every rank commits its whole step. On a device
+  /// backend the shard's write and the commit are queued on the compressor's stream
+  /// (its backend's) when this returns: work on another stream waits for it.
   /// \throws gradcomp::error on every rank alike, changing no compressor and no shard, if
   ///         n is not a multiple of W or shard.size() != n / W on any rank, `scale` is not
   ///         finite, a step is rejected, what a rank received is corrupt, a sum overflows,
-  ///         or the ranks disagree on n or the policies.
+  ///         a rank cannot allocate its workspace, or the ranks disagree on n or the
+  ///         policies.
   template <gradient_view<backend_type> Grad>
   void reduce_scatter(const Grad& grad, view<float> shard, float scale) {
+    namespace sums = detail::shard_sums;
     const std::size_t n = compressor_.size();
     const auto ranks = static_cast<std::size_t>(comm_.size());
     const auto me = static_cast<std::size_t>(comm_.rank());
-    shards_.resize(ranks + 1);
-    for (std::size_t j = 0; j <= ranks; ++j) shards_[j] = static_cast<std::uint32_t>(j * n / ranks);
+    const std::size_t shard_n = n / ranks;
+    const auto begin = static_cast<std::uint32_t>(me * n / ranks);
+    const auto end = static_cast<std::uint32_t>((me + 1) * n / ranks);
+    const backend_type& be = compressor_.backend();
     try {
-      (void)reduce_in_regions(grad, shards_, {{"n", n}, {"the policies", policies_}}, [&] {
-        detail::require(n % ranks == 0, errc::invalid_argument, who, ": reduce_scatter needs n = ", n,
-                        " to be a multiple of the ranks, ", ranks);
-        detail::require(shard.size() == n / ranks, errc::invalid_argument, who, ": shard.size() = ", shard.size(),
-                        " does not match n / ranks = ", n / ranks);
-        detail::require(std::isfinite(scale), errc::invalid_argument, who, ": scale must be finite, got ", scale);
-      });
+      stage_agreed(
+          grad, {{"n", n}, {"the policies", policies_}},
+          [&] {
+            detail::require(n % ranks == 0, errc::invalid_argument, who, ": reduce_scatter needs n = ", n,
+                            " to be a multiple of the ranks, ", ranks);
+            detail::require(shard.size() == n / ranks, errc::invalid_argument, who, ": shard.size() = ", shard.size(),
+                            " does not match n / ranks = ", n / ranks);
+            detail::require(std::isfinite(scale), errc::invalid_argument, who, ": scale must be finite, got ", scale);
+            // The workspace allocated here, where a failure is every rank's error.
+            grow(starts_, ranks + 1);
+            grow(packed_, compressor_.selector().max_selected(n));
+            grow(shard_sums_, shard_n);
+            grow(fault_, 2);
+          },
+          [] {});
+      // Where each shard's entries start in this rank's selection, read back: the sizes
+      // the all-to-all takes.
+      const auto sent = compressor_.staged_selection();
+      be.for_each(ranks + 1, sums::shard_starts{detail::raw(sent.index).data(), sent.status, n, ranks, starts_.data()});
+      first_.resize(ranks + 1);
+      be.to_host(starts_.data(), ranks + 1, first_.data());
+      send_counts_.resize(ranks);
+      for (std::size_t j = 0; j < ranks; ++j) send_counts_[j] = first_[j + 1] - first_[j];
+      const auto count = static_cast<std::size_t>(first_[ranks]);
+      traffic_.entries = count;
+      be.for_each(count, sums::pack<sparse_entry>{detail::raw(sent.index).data(), detail::raw(sent.values).data(),
+                                                  packed_.data()});
+      exchange_entries(packed_on_host(count));
+
+      // The parts received, rank after rank: checked (fault word 0), then summed in rank
+      // order and the sums checked (word 1). A rank that cannot hold them in its
+      // memory says so in its verdict, as every other fault.
+      std::uint32_t verdict = 0;
+      if (const sparse_entry* received = received_in_memory()) {
+        std::uint32_t* checked = fault_.data();
+        std::uint32_t* summed = fault_.data() + 1;
+        be.for_each(shard_n, sums::mark_unsent{shard_sums_.data()});
+        be.clear(fault_.data(), 2);
+        for (std::size_t r = 0, at = 0; r < ranks; at += recv_counts_[r], ++r) {
+          be.reduce_or(recv_counts_[r], sums::part_faults<sparse_entry>{received + at, begin, end}, checked);
+        }
+        for (std::size_t r = 0, at = 0; r < ranks; at += recv_counts_[r], ++r) {
+          be.for_each(recv_counts_[r], sums::add_part<sparse_entry>{received + at, begin, checked, shard_sums_.data()});
+        }
+        be.reduce_or(received_.size(), sums::sum_faults<sparse_entry>{received, begin, checked, shard_sums_.data()},
+                     summed);
+        std::uint32_t words[2] = {};
+        be.to_host(static_cast<const std::uint32_t*>(fault_.data()), 2, words);
+        verdict = words[0] != 0 ? corrupt : words[1] != 0 ? overflow : 0u;
+      } else {
+        verdict = out_of_memory;
+      }
+      (void)agree_on_sums(verdict, 0);
     } catch (...) {
       compressor_.drop_staged();
       throw;
     }
-    shard_.assign(shard.size(), 0.0f);
-    for (const sparse_entry& e : sums_) shard_[e.index - shards_[me]] = scale * e.value;
-    compressor_.backend().to_device(shard_.data(), shard_.size(), detail::raw(shard).data());
+    be.for_each(shard_n, sums::write_shard{shard_sums_.data(), scale, detail::raw(shard).data()});
     compressor_.accept_staged();
   }
 
   /// Gives back the exchange's workspace (memory_bytes(): the message, the lists of
-  /// entries it sent, received and summed, the selection) and the compressor's
+  /// entries it sent, received and summed, the selection, reduce_scatter's shard-sized
+  /// sums and shard starts) and the compressor's
   /// (compressor::release_workspace), until the next step allocates them again; the
   /// regions, which the next step takes from this one's selection, stay. For exchanges
   /// that take turns (FSDP's parameter groups), so that they hold one workspace at a time.
@@ -177,11 +234,9 @@ class sparse_allreduce {
   ///         (accept_staged() reads the selection); nothing changes then.
   void release_workspace() {
     compressor_.release_workspace();
-    message_ = buffer<std::byte>{};
-    index_ = buffer<std::uint32_t>{};
-    values_ = buffer<float>{};
     const auto give_back = [](auto&... v) { ((v = std::remove_reference_t<decltype(v)>{}), ...); };
-    give_back(host_message_, global_value_, shard_, mine_, received_, sums_, selected_, global_, global_index_);
+    give_back(message_, index_, values_, starts_, packed_, received_on_, shard_sums_, fault_);
+    give_back(host_message_, global_value_, mine_, received_, sums_, selected_, global_, first_, global_index_);
   }
 
   /// The global selection's size this step takes.
@@ -198,10 +253,11 @@ class sparse_allreduce {
   /// Bytes the exchange holds beside its compressor's (its message, the selection and
   /// their sums, the lists of entries it exchanges): all workspace.
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
-    return memory_.held_bytes() + detail::bytes_held(message_, index_, values_, host_message_, global_value_, shard_,
-                                                     bounds_, shards_, mine_, received_, sums_, selected_, global_,
-                                                     send_counts_, recv_counts_, send_sizes_, recv_sizes_, pairs_,
-                                                     global_sizes_, verdicts_, global_index_);
+    return memory_.held_bytes() + detail::bytes_held(message_, index_, values_, host_message_, global_value_, starts_,
+                                                     packed_, received_on_, shard_sums_, fault_, bounds_, mine_,
+                                                     received_, sums_, selected_, global_, first_, send_counts_,
+                                                     recv_counts_, send_sizes_, recv_sizes_, pairs_, global_sizes_,
+                                                     verdicts_, global_index_);
   }
 
  private:
@@ -279,35 +335,43 @@ class sparse_allreduce {
     return global_index_;
   }
 
-  // Steps 1-3 of both collectives: this rank stages its step and the ranks agree (on
-  // `settings`, and that `check_args` and every stage passed); each rank sends the
-  // entries of region j = [bounds[j], bounds[j + 1]) to rank j, which sums them in rank
-  // order into sums_; the ranks agree that what each received and summed is sound.
-  // Returns the number of sums over all ranks.
-  template <class Grad, class CheckArgs>
-  std::size_t reduce_in_regions(const Grad& grad, std::span<const std::uint32_t> bounds,
-                                std::initializer_list<detail::setting> settings, CheckArgs&& check_args) {
+  // Step 1 of both collectives: this rank stages its step and the ranks agree (on
+  // `settings`, and that `check_args`, every stage and `after_stage` passed: what may
+  // fail on one rank only, an allocation, a copy, goes there, so that no rank waits).
+  template <class Grad, class CheckArgs, class AfterStage>
+  void stage_agreed(const Grad& grad, std::initializer_list<detail::setting> settings, CheckArgs&& check_args,
+                    AfterStage&& after_stage) {
     const auto ranks = static_cast<std::size_t>(comm_.size());
-    const auto me = static_cast<std::size_t>(comm_.rank());
     traffic_ = {};
-
     (void)detail::agree(comm_, who, settings, [&]() -> std::uint64_t {
       check_args();
       if (static_cast<std::size_t>(message_.size()) < compressor_.max_message_bytes()) {
         message_ = compressor_.backend().template allocate<std::byte>(compressor_.max_message_bytes());
       }
       const auto m = compressor_.stage(grad, {message_.data(), static_cast<std::size_t>(message_.size())});
-      const std::span<const std::byte> bytes = detail::raw(m.bytes());
-      host_message_.resize(bytes.size());
-      compressor_.backend().to_host(bytes.data(), bytes.size(), host_message_.data());
-      mine_.clear();
-      detail::message_reader(host_message_).visit([&](std::uint32_t i, float v) { mine_.push_back({i, v}); });
+      message_bytes_ = detail::raw(m.bytes()).size();
+      after_stage();
       return 0;
     });
-    traffic_.entries = mine_.size();
     note(detail::rank_verdict::size, (ranks - 1) * detail::rank_verdict::size);
+  }
 
-    // Region j's entries to rank j (counts first).
+  // Steps 1-3 of the global top-k: this rank's step staged and agreed on; each rank
+  // sends the entries of region j = [bounds[j], bounds[j + 1]) to rank j, which sums
+  // them in rank order into sums_; the ranks agree that what each received and summed
+  // is sound. Returns the number of sums over all ranks.
+  template <class Grad, class CheckArgs>
+  std::size_t reduce_in_regions(const Grad& grad, std::span<const std::uint32_t> bounds,
+                                std::initializer_list<detail::setting> settings, CheckArgs&& check_args) {
+    const auto ranks = static_cast<std::size_t>(comm_.size());
+    const auto me = static_cast<std::size_t>(comm_.rank());
+    stage_agreed(grad, settings, check_args, [&] {  // this rank's entries, read from its message
+      host_message_.resize(message_bytes_);
+      compressor_.backend().to_host(message_.data(), message_bytes_, host_message_.data());
+      mine_.clear();
+      detail::message_reader(host_message_).visit([&](std::uint32_t i, float v) { mine_.push_back({i, v}); });
+    });
+    traffic_.entries = mine_.size();
     send_counts_.assign(ranks, 0);
     for (std::size_t j = 0, at = 0; j < ranks; ++j) {
       const auto end = std::lower_bound(mine_.begin() + static_cast<std::ptrdiff_t>(at), mine_.end(), bounds[j + 1],
@@ -315,31 +379,76 @@ class sparse_allreduce {
       send_counts_[j] = static_cast<std::uint64_t>(end - mine_.begin()) - at;
       at += send_counts_[j];
     }
+    exchange_entries(mine_);
+    const std::uint32_t my_verdict = sum_region(bounds[me], bounds[me + 1]);
+    return agree_on_sums(my_verdict, sums_.size());
+  }
+
+  // Sends send_counts_[j] entries of `mine` (host memory, ascending by destination) to
+  // rank j, the counts first; what each rank sent this one goes to received_, rank
+  // after rank, with their counts in recv_counts_.
+  void exchange_entries(std::span<const sparse_entry> mine) {
+    const auto ranks = static_cast<std::size_t>(comm_.size());
+    const auto me = static_cast<std::size_t>(comm_.rank());
     recv_counts_.assign(ranks, 0);
     comm_.all_to_all(send_counts_, recv_counts_);
     note(8 * (ranks - 1), 8 * (ranks - 1));
     received_.resize(detail::total_size(recv_counts_));
     bytes_of(send_counts_, send_sizes_);
     bytes_of(recv_counts_, recv_sizes_);
-    comm_.all_to_all_v(std::as_bytes(std::span(mine_)), send_sizes_, std::as_writable_bytes(std::span(received_)),
-                       recv_sizes_);
-    note(sizeof(sparse_entry) * (mine_.size() - send_counts_[me]),
+    comm_.all_to_all_v(std::as_bytes(mine), send_sizes_, std::as_writable_bytes(std::span(received_)), recv_sizes_);
+    note(sizeof(sparse_entry) * (mine.size() - send_counts_[me]),
          sizeof(sparse_entry) * (received_.size() - recv_counts_[me]));
-    const std::uint32_t my_verdict = sum_region(bounds[me], bounds[me + 1]);
+  }
 
-    // Every rank's verdict on what it received, and how many sums there are.
+  // Every rank's verdict on what it received (0, corrupt or overflow; this rank's is
+  // `mine`) and the number of sums over all ranks (this rank's `sums`, which the
+  // regions being disjoint add up): every rank raises alike for a rank's fault.
+  std::size_t agree_on_sums(std::uint32_t mine, std::size_t sums) {
+    const auto ranks = static_cast<std::size_t>(comm_.size());
+    const auto me = static_cast<std::size_t>(comm_.rank());
     verdicts_.assign(ranks + 1, 0);
-    verdicts_[me] = my_verdict;
-    verdicts_[ranks] = static_cast<std::uint32_t>(sums_.size());
-    comm_.all_reduce_sum(verdicts_, std::max<std::uint64_t>(compressor_.size(), overflow));  // disjoint regions
+    verdicts_[me] = mine;
+    verdicts_[ranks] = static_cast<std::uint32_t>(sums);
+    comm_.all_reduce_sum(verdicts_, std::max<std::uint64_t>(compressor_.size(), out_of_memory));
     note(4 * verdicts_.size(), 4 * verdicts_.size());
     for (std::size_t r = 0; r < ranks; ++r) {
       detail::require(verdicts_[r] != corrupt, errc::corrupt_message, who, ": rank ", r, " of ", ranks,
                       " received entries outside its region or out of order");
       detail::require(verdicts_[r] != overflow, errc::invalid_argument, who, ": a sum in rank ", r, " of ", ranks,
                       "'s region overflows (not finite)");
+      detail::require(verdicts_[r] != out_of_memory, errc::device, who, ": rank ", r, " of ", ranks,
+                      " could not hold the entries it received in its compressor's memory");
     }
     return verdicts_[ranks];
+  }
+
+  // The received entries in the compressor's memory: received_ itself where that is
+  // host memory, else a copy in received_on_; null where the copy cannot be made (its
+  // size is known only now, after the agreement: the caller tells the other ranks).
+  const sparse_entry* received_in_memory() noexcept {
+    if constexpr (backend_type::host_accessible) {
+      return received_.data();
+    } else {
+      try {
+        grow(received_on_, received_.size());
+        compressor_.backend().to_device(received_.data(), received_.size(), received_on_.data());
+        return received_on_.data();
+      } catch (...) {
+        return nullptr;
+      }
+    }
+  }
+  // `count` packed entries readable on the host: themselves where the compressor's memory
+  // is the host's, else a copy in mine_.
+  std::span<const sparse_entry> packed_on_host(std::size_t count) {
+    if constexpr (!backend_type::host_accessible) mine_.resize(count);
+    return detail::on_host(compressor_.backend(), static_cast<const sparse_entry*>(packed_.data()), count, mine_);
+  }
+  // Grows a buffer of the compressor's memory to `count` elements (never shrinks).
+  template <class T>
+  void grow(buffer<T>& b, std::size_t count) {
+    if (static_cast<std::size_t>(b.size()) < count) b = compressor_.backend().template allocate<T>(count);
   }
 
   // The entries received (rank after rank, each ascending) summed per index in rank
@@ -425,21 +534,29 @@ class sparse_allreduce {
 
   static constexpr std::uint32_t corrupt = 1;
   static constexpr std::uint32_t overflow = 2;
+  static constexpr std::uint32_t out_of_memory = 3;
 
   Comm& comm_;
   Compressor& compressor_;
   std::size_t k_;
-  detail::exchange_memory<typename Comm::memory> memory_;
+  detail::exchange_memory<backend_type> memory_;
   buffer<std::byte> message_;            // this rank's message, in the compressor's memory
+  std::size_t message_bytes_ = 0;        // its size
   buffer<std::uint32_t> index_;          // the selection, in the compressor's memory
   buffer<float> values_;                 // its sums
   std::vector<std::byte> host_message_;  // the message on the host
-  std::vector<float> global_value_, shard_;
+  std::vector<float> global_value_;
+  // reduce_scatter's, in the compressor's memory: where each shard starts in the
+  // selection, the entries packed, those received, the shard's sums, and the checks'
+  // fault word.
+  buffer<std::uint64_t> starts_;
+  buffer<sparse_entry> packed_, received_on_;
+  buffer<float> shard_sums_;
+  buffer<std::uint32_t> fault_;
   std::uint64_t policies_;
   std::vector<std::uint32_t> bounds_;  // W + 1 region bounds
-  std::vector<std::uint32_t> shards_;  // W + 1 equal shards' bounds (reduce_scatter)
   std::vector<sparse_entry> mine_, received_, sums_, selected_, global_;
-  std::vector<std::uint64_t> send_counts_, recv_counts_, send_sizes_, recv_sizes_, pairs_, global_sizes_;
+  std::vector<std::uint64_t> first_, send_counts_, recv_counts_, send_sizes_, recv_sizes_, pairs_, global_sizes_;
   std::vector<std::uint32_t> verdicts_, global_index_;
   comm::traffic traffic_;
 };

@@ -1,13 +1,11 @@
 // What compressor_of on CUDA adds to compressors.hpp: backend::cuda's context on a stream, its
-// copies, its own stream and waiting for it, and the exchanges' device memory work
-// (detail/cuda/exchange_memory.cuh).
+// copies, and its own stream and waiting for it.
 #pragma once
 
 #include "../compressors.hpp"
 
 #include <gradcomp/backend/cuda.cuh>
 #include <gradcomp/device_messages.cuh>
-#include <gradcomp/detail/cuda/exchange_memory.cuh>
 
 #include <cuda_runtime.h>
 

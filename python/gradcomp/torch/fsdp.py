@@ -46,8 +46,12 @@ measured on a GPU). ``keep_workspace=True`` or ``False`` chooses either way.
 A NaN or infinity on any rank, a bad shape, or ranks configured differently (another
 method or error memory, another group size) make every rank raise the same
 :class:`gradcomp.Error` (nothing changes, no rank waits); the density may differ by rank
-(each rank sends its own k entries). Tested on CPU tensors over gloo; CUDA tensors take
-the same exchange on the device, not yet run on a GPU. FSDP2's custom reduce-scatter needs a torch that has
+(each rank sends its own k entries). On CUDA tensors the local work runs on the device
+(each shard's entries located in the selection, packed, and the owner's checks and
+sums); the shard starts, the entries (for the process group's all-to-all) and the
+checks' two fault words cross to the host and back. Tested on CPU tensors over gloo;
+the CUDA tests (CUDA against CPU tensors bit for bit) are written and not yet run on a
+GPU. FSDP2's custom reduce-scatter needs a torch that has
 ``FSDPModule.set_custom_reduce_scatter`` (checked when an instance is made).
 """
 

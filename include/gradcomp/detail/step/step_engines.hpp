@@ -281,6 +281,12 @@ class step_engines {
   /// @}
   /// The step's status record in the backend's memory (compress_async's last_step_finite).
   [[nodiscard]] const step_status* status_record() const noexcept { return status_.data(); }
+  /// The last step's selection: its indices (ascending) and the values sent for them (what
+  /// a receiver decodes), the first status_record()->count of each, in the backend's memory.
+  [[nodiscard]] std::pair<std::span<const std::uint32_t>, std::span<const float>> sent_entries() const noexcept {
+    return {{index_.data(), static_cast<std::size_t>(index_.size())},
+            {sent_.data(), static_cast<std::size_t>(sent_.size())}};
+  }
 
  private:
   // The corrector's pass. In a fused pass the selector's first pass rides on it: each
