@@ -172,11 +172,10 @@ class sparse_allreduce {
             detail::require(std::isfinite(scale), errc::invalid_argument, who, ": scale must be finite, got ", scale);
             // The workspace allocated here, where a failure is every rank's error.
             grow(starts_, ranks + 1);
-            grow(packed_, compressor_.selector().max_selected(n));
             grow(shard_sums_, shard_n);
             grow(fault_, 2);
           },
-          [] {});
+          [&] { grow(packed_, message_count_); });
       // Where each shard's entries start in this rank's selection, read back: the sizes
       // the all-to-all takes.
       const auto sent = compressor_.staged_selection();
@@ -350,6 +349,7 @@ class sparse_allreduce {
       }
       const auto m = compressor_.stage(grad, {message_.data(), static_cast<std::size_t>(message_.size())});
       message_bytes_ = detail::raw(m.bytes()).size();
+      message_count_ = m.count();
       after_stage();
       return 0;
     });
@@ -542,6 +542,7 @@ class sparse_allreduce {
   detail::exchange_memory<backend_type> memory_;
   buffer<std::byte> message_;            // this rank's message, in the compressor's memory
   std::size_t message_bytes_ = 0;        // its size
+  std::size_t message_count_ = 0;        // and its entries
   buffer<std::uint32_t> index_;          // the selection, in the compressor's memory
   buffer<float> values_;                 // its sums
   std::vector<std::byte> host_message_;  // the message on the host
