@@ -25,16 +25,14 @@ On a machine with no GPU, ``--device cpu --small`` runs the same code over gloo 
 small groups (a check that the script works, not a measurement).
 """
 import argparse
-import json
 import os
 import statistics
-import tempfile
 import time
 
 import torch
 import torch.distributed as dist
 
-from experiments.gpu_step_cost import profiled
+from experiments.gpu_step_cost import print_sync_sites, profiled, save, world_of_one
 
 SCATTERS = ["dense", "topk_ef", "topk_ef-release", "topk_ef_m8"]
 
@@ -112,33 +110,22 @@ def main():
         device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"file://{tmp}/store",
-                                rank=0, world_size=1)
-        try:
-            base = None
-            for name in args.scatters.split(","):
-                row = run(name, args, device)
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-                base = row["step_ms"] if name == "dense" else base
-                row["added"] = None if base is None else row["step_ms"] / base - 1
-                rows.append(row)
-                added = "" if row["added"] is None else f" ({100 * row['added']:+.1f}% over dense)"
-                print(f"{name}: step {row['step_ms']:.2f} ms{added} over {row['groups']} groups, peak "
-                      f"{row['peak_allocated_bytes'] / 2**20:.0f} MiB, gradcomp holds {row['gradcomp_holds']}, "
-                      f"kernels {row['kernel_ms']:.2f} ms (gradcomp's {row['gradcomp_kernel_ms']:.3f} ms), host "
-                      f"syncs {row['host_syncs']}", flush=True)
-                for site, count in sorted(row["sync_sites"].items()):
-                    print(f"    {count} x {site}", flush=True)
-        finally:
-            dist.destroy_process_group()
-    info = {"torch": torch.__version__, "density": args.density, "steps": args.steps, "rows": rows}
-    if device.type == "cuda":
-        info["device"] = torch.cuda.get_device_properties(device).name
-    with open(args.out, "w") as f:
-        json.dump(info, f, indent=1)
-
+    with world_of_one(device):
+        base = None
+        for name in args.scatters.split(","):
+            row = run(name, args, device)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            base = row["step_ms"] if name == "dense" else base
+            row["added"] = None if base is None else row["step_ms"] / base - 1
+            rows.append(row)
+            added = "" if row["added"] is None else f" ({100 * row['added']:+.1f}% over dense)"
+            print(f"{name}: step {row['step_ms']:.2f} ms{added} over {row['groups']} groups, peak "
+                  f"{row['peak_allocated_bytes'] / 2**20:.0f} MiB, gradcomp holds {row['gradcomp_holds']}, "
+                  f"kernels {row['kernel_ms']:.2f} ms (gradcomp's {row['gradcomp_kernel_ms']:.3f} ms), host "
+                  f"syncs {row['host_syncs']}", flush=True)
+            print_sync_sites(row)
+    save(args, rows, device)
 
 if __name__ == "__main__":
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")

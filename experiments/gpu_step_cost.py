@@ -25,6 +25,7 @@ On a machine with no GPU, `--device cpu --small` runs the same code over gloo wi
 models (a check that the script works, not a measurement).
 """
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -268,6 +269,33 @@ def sync_sites(events, targets):
     return sites
 
 
+@contextlib.contextmanager
+def world_of_one(device):
+    """A process group of one rank for the run: NCCL on a GPU, gloo on the CPU."""
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"file://{tmp}/store",
+                                rank=0, world_size=1)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
+
+
+def print_sync_sites(row):
+    """Where a row's host synchronizations ran, a line each."""
+    for site, count in sorted(row["sync_sites"].items()):
+        print(f"    {count} x {site}", flush=True)
+
+
+def save(args, rows, device):
+    """The rows as JSON at args.out, with torch's version, the density, the steps and the device."""
+    info = {"torch": torch.__version__, "density": args.density, "steps": args.steps, "rows": rows}
+    if device.type == "cuda":
+        info["device"] = torch.cuda.get_device_properties(device).name
+    with open(args.out, "w") as f:
+        json.dump(info, f, indent=1)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", default="resnet50,gpt2")
@@ -283,36 +311,24 @@ def main():
     if device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())
         torch.backends.cudnn.benchmark = True
-    with tempfile.TemporaryDirectory() as tmp:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"file://{tmp}/store",
-                                rank=0, world_size=1)
-        rows = []
-        try:
-            for model_name in args.models.split(","):
-                base = None
-                for hook_name in args.hooks.split(","):
-                    row = run(model_name, hook_name, args, device)
-                    if device.type == "cuda":
-                        torch.cuda.empty_cache()  # the run's model and DDP are gone
-                    base = row["step_ms"] if hook_name == "none" else base
-                    row["added"] = None if base is None else row["step_ms"] / base - 1
-                    rows.append(row)
-                    added = "" if row["added"] is None else f" ({100 * row['added']:+.1f}% over no hook)"
-                    print(f"{model_name} {hook_name}: step {row['step_ms']:.2f} ms{added}, hook GPU "
-                          f"{row['hook_gpu_ms']:.3f} ms and host {row['hook_host_ms']:.2f} ms over "
-                          f"{row['buckets']} buckets, kernels {row['kernel_ms']:.2f} ms (gradcomp's "
-                          f"{row['gradcomp_kernel_ms']:.3f} ms), host syncs "
-                          f"{row['host_syncs']}", flush=True)
-                    for site, count in sorted(row["sync_sites"].items()):
-                        print(f"    {count} x {site}", flush=True)
-        finally:
-            dist.destroy_process_group()
-    info = {"torch": torch.__version__, "density": args.density, "steps": args.steps, "rows": rows}
-    if device.type == "cuda":
-        info["device"] = torch.cuda.get_device_properties(device).name
-    with open(args.out, "w") as f:
-        json.dump(info, f, indent=1)
-
+    rows = []
+    with world_of_one(device):
+        for model_name in args.models.split(","):
+            base = None
+            for hook_name in args.hooks.split(","):
+                row = run(model_name, hook_name, args, device)
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()  # the run's model and DDP are gone
+                base = row["step_ms"] if hook_name == "none" else base
+                row["added"] = None if base is None else row["step_ms"] / base - 1
+                rows.append(row)
+                added = "" if row["added"] is None else f" ({100 * row['added']:+.1f}% over no hook)"
+                print(f"{model_name} {hook_name}: step {row['step_ms']:.2f} ms{added}, hook GPU "
+                      f"{row['hook_gpu_ms']:.3f} ms and host {row['hook_host_ms']:.2f} ms over "
+                      f"{row['buckets']} buckets, kernels {row['kernel_ms']:.2f} ms (gradcomp's "
+                      f"{row['gradcomp_kernel_ms']:.3f} ms), host syncs {row['host_syncs']}", flush=True)
+                print_sync_sites(row)
+    save(args, rows, device)
 
 if __name__ == "__main__":
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
