@@ -12,6 +12,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "support/counted_device.hpp"
 #include "support/inputs.hpp"
 #include "support/opaque_host.hpp"
 #include "support/reference.hpp"
@@ -108,8 +109,11 @@ TEST_CASE("unequal densities from a DAGC ratio plan") {
 }
 
 TEST_CASE("dense fallback when the messages together outgrow the tensor") {
+  // Each message is about 0.63 of the dense tensor's bytes: two or more outgrow it, one
+  // alone does not (mpirun -np 1).
+  const bool outgrown = gc::comm::mpi{}.size() > 1;
   matches_simulation([](int, std::size_t n) { return gc::presets::topk_ef(gc::backend::host{}, n, {.density = 0.6}); },
-                     30011, 3, gc::comm::path::dense);
+                     30011, 3, outgrown ? gc::comm::path::dense : gc::comm::path::sparse);
 }
 
 TEST_CASE("a corrupt message fails on every rank and changes nothing") {
@@ -193,6 +197,11 @@ struct mpi_of_opaque_memory : gc::comm::mpi {
   void broadcast(gc::device_span<std::uint32_t> data, int root) { mpi::broadcast({data.data(), data.size()}, root); }
   void reduce_broadcast(gc::device_span<float> values, int root) {
     mpi::reduce_broadcast({values.data(), values.size()}, root);
+  }
+  using mpi::all_to_all_v;
+  void all_to_all_v(gc::device_span<const std::byte> send, std::span<const std::uint64_t> send_sizes,
+                    gc::device_span<std::byte> recv, std::span<const std::uint64_t> recv_sizes) {
+    mpi::all_to_all_v({send.data(), send.size()}, send_sizes, {recv.data(), recv.size()}, recv_sizes);
   }
 };
 
@@ -576,13 +585,14 @@ void sparse_allreduce_matches_simulation(std::size_t n, double density, std::siz
   CHECK(same_on_all_ranks(comm, dense));
 }
 
-// Transport `Base` whose all_to_all_v hands rank `bad` a corrupt first entry (an index
-// past every region).
+// Transport `Base` whose all_to_all_v (of host memory or of its compressors') hands rank
+// `bad` a corrupt first entry (an index past every region).
 template <class Base>
 struct corrupting : Base {
   int bad = 1;
-  void all_to_all_v(std::span<const std::byte> send, std::span<const std::uint64_t> send_sizes,
-                    std::span<std::byte> recv, std::span<const std::uint64_t> recv_sizes) {
+  template <class Send, class Recv>
+  void all_to_all_v(Send send, std::span<const std::uint64_t> send_sizes, Recv recv,
+                    std::span<const std::uint64_t> recv_sizes) {
     Base::all_to_all_v(send, send_sizes, recv, recv_sizes);
     if (this->rank() == bad && recv.size() >= 4) gc::detail::store_le<std::uint32_t>(recv.data(), 0xFFFFFFF0u);
   }
@@ -756,6 +766,15 @@ void reduce_scatter_matches_reference() {
           " does not match n / ranks = " + std::to_string(shard_n) + " (rank 0 of " + std::to_string(ranks) + ")");
   CHECK(checkpoint(mine) == before);
   CHECK(shard == shard_before);
+  // A NaN in the last rank's gradient: its error on every rank, nothing changed.
+  if (comm.rank() == ranks - 1) g[7] = NAN;
+  every_rank_throws(
+      comm, [&] { exchange.reduce_scatter(view_as<Backend, const float>(g), view_as<Backend, float>(shard), 1.0f); },
+      "gradcomp: compress: grad[7] = nan is not finite (rank " + std::to_string(ranks - 1) + " of " +
+          std::to_string(ranks) + ")");
+  CHECK(checkpoint(mine) == before);
+  CHECK(shard == shard_before);
+  g = sparse_gradient(comm.rank(), n, 9, false);
   if (ranks > 1) {
     // Every rank sends 3e38 at index 5 (the owner's sum overflows): every rank refuses,
     // nothing changed.
@@ -799,6 +818,43 @@ TEST_CASE(
 
 TEST_CASE("sparse_allreduce::reduce_scatter on a memory the host may not read (the path backend::cuda takes)") {
   reduce_scatter_matches_reference<opaque_host, mpi_of_opaque_memory>();
+}
+
+// What reduce_scatter makes the host wait for on a device (support/counted_device.hpp),
+// with a selector that waits for nothing: the shard starts with the step's verdict,
+// then the two fault words; the entries travel in the compressor's memory. Three
+// collectives: the agreement (carrying the counts), the entries, the verdicts. It allocates while
+// the residual's first steps make the selection grow, then no more. The same shards
+// and residuals as on backend::host.
+TEST_CASE("sparse_allreduce::reduce_scatter on a device reads back its counts and faults, not its entries") {
+  mpi_of_opaque_memory comm;
+  gc::comm::mpi host_comm;
+  const auto w = static_cast<std::size_t>(comm.size());
+  const std::size_t n = 4001 * w;
+  auto on_device = gc::presets::threshold_ef(counted_device{}, n, {.tau = 1.5f});
+  auto on_host = gc::presets::threshold_ef(gc::backend::host{}, n, {.tau = 1.5f});
+  gc::comm::sparse_allreduce device_exchange(comm, on_device);
+  gc::comm::sparse_allreduce host_exchange(host_comm, on_host);
+  std::vector<float> device_shard(n / w), host_shard(n / w);
+  for (int t = 0; t < 6; ++t) {
+    auto g = gradient_of(comm.rank(), n, t);
+    (void)counted_device::reset();
+    device_exchange.reduce_scatter(view_as<counted_device, const float>(g),
+                                   view_as<counted_device, float>(device_shard), 0.5f);
+    const device_waits waits = counted_device::reset();
+    host_exchange.reduce_scatter(g, host_shard, 0.5f);
+    CHECK(device_shard == host_shard);
+    CHECK(checkpoint(on_device) == checkpoint(on_host));
+    CHECK(device_exchange.last_traffic().sent == host_exchange.last_traffic().sent);
+    CAPTURE(t);
+    CHECK(waits.reads == 0);
+    CHECK(waits.to_host == 2);
+    CHECK(waits.to_device == 0);
+    if (t >= 2) {
+      CHECK(waits.allocations == 0);
+      CHECK(device_exchange.last_traffic().collectives == 3);
+    }
+  }
 }
 
 // -- comm::leader_exchange: Leader SGD ---------------------------------------------------------

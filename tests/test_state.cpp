@@ -15,6 +15,7 @@
 #include <omp.h>
 #endif
 
+#include "support/counted_device.hpp"
 #include "support/inputs.hpp"
 
 namespace gc = gradcomp;
@@ -220,6 +221,90 @@ void queued_stage_is_stage(Make make) {
 
 TEST_CASE("stage_queued: stage() with its status read later, and the frame written from it") {
   for_each_staged_preset([](auto make) { queued_stage_is_stage(make); });
+}
+
+namespace {
+// The waits of a step on counted_device (support/counted_device.hpp: what backend::cuda
+// would synchronize for), after the first step (which allocates what it keeps): the
+// queued stage with its commit, and compress(). Its messages and checkpoints are those of
+// the same compressor on backend::host.
+struct step_waits {
+  device_waits queued;    // stage_queued() and accept_staged()
+  device_waits compress;  // compress()
+};
+template <class Make>
+step_waits waits_of_steps(Make make) {
+  auto on_device = make(counted_device{});
+  auto on_host = make(gc::backend::host{});
+  const std::size_t n = on_device.size();
+  std::vector<std::byte> a(on_device.max_message_bytes()), b(on_host.max_message_bytes());
+  const auto device_grad = [&](const std::vector<float>& g) { return gc::device_span<const float>(g.data(), n); };
+  const gc::device_span<std::byte> out(a.data(), a.size());
+  step_waits waits{};
+  for (std::uint64_t t = 0; t < 4; ++t) {
+    const auto g = inputs::make(inputs::shape::student_t3, n, t);
+    (void)counted_device::reset();
+    const auto* status = on_device.stage_queued(counted_device{}, device_grad(g), out);
+    on_device.accept_staged(counted_device{});
+    const device_waits queued = counted_device::reset();
+    const auto want = on_host.compress(g, b);
+    CHECK(status->bytes == want.bytes().size());
+    CHECK(std::equal(want.bytes().begin(), want.bytes().end(), a.begin()));
+    const auto g2 = inputs::make(inputs::shape::normal, n, 100 + t);
+    (void)counted_device::reset();
+    const auto m = on_device.compress(device_grad(g2), out);
+    const device_waits compressed = counted_device::reset();
+    const auto want2 = on_host.compress(g2, b);
+    CHECK(std::equal(want2.bytes().begin(), want2.bytes().end(), m.bytes().data()));
+    CHECK(checkpoint_of(on_device) == checkpoint_of(on_host));
+    if (t == 0) continue;  // the first step allocates the workspace it keeps
+    if (t > 1) {           // every later step waits as the second did
+      CHECK(queued == waits.queued);
+      CHECK(compressed == waits.compress);
+    }
+    waits = {queued, compressed};
+  }
+  return waits;
+}
+}  // namespace
+
+// What a step makes the host wait for on a device, counted on the CPU for the engines
+// backend::cuda shares with every backend (its own exact_topk and chunk_local engines
+// are counted on the GPU: experiments/gpu_step_cost.py). The DDP hook stages each bucket
+// with stage_queued() and reads nothing back per bucket (docs/torch.md): every wait here
+// would be a host synchronization per bucket and step.
+TEST_CASE("a queued step waits for nothing on a device; compress() reads its status once") {
+  const std::size_t n = 70001;
+  const device_waits none{};
+  const device_waits status_read{.reads = 1};
+  SUBCASE("DGC: sampled threshold, clipping and momentum") {
+    for (const bool reuse : {false, true}) {
+      CAPTURE(reuse);
+      const auto w = waits_of_steps([&](auto be) {
+        return gc::presets::dgc(be, n, {.density = 0.01, .max_norm = 1.0f, .reuse_threshold = reuse});
+      });
+      CHECK(w.queued == none);
+      CHECK(w.compress == status_read);
+    }
+  }
+  SUBCASE("a fixed threshold with error feedback") {
+    const auto w = waits_of_steps([&](auto be) { return gc::presets::threshold_ef(be, n, {.tau = 1.5f}); });
+    CHECK(w.queued == none);
+    CHECK(w.compress == status_read);
+  }
+  SUBCASE("random-k: the host's draw, copied over") {
+    const auto w =
+        waits_of_steps([&](auto be) { return gc::presets::randomk_ef(be, n, {.density = 0.01, .seed = 3}); });
+    CHECK(w.queued == device_waits{.to_device = 1});
+    CHECK(w.compress == device_waits{.reads = 1, .to_device = 1});
+  }
+  SUBCASE("8-bit memory: the step's float32 arrays, allocated for the step and given back after it") {
+    const auto w = waits_of_steps([&](auto be) {
+      return gc::presets::dgc(be, n, {.density = 0.01, .max_norm = 1.0f}, gc::presets::compact_memory{.bits = 8});
+    });
+    CHECK(w.queued == device_waits{.reads = 1, .allocations = 2});
+    CHECK(w.compress == device_waits{.reads = 2, .allocations = 2});
+  }
 }
 
 TEST_CASE("a bfloat16 gradient stages, previews and compresses as its float32 values do") {

@@ -84,6 +84,11 @@ struct transport {
       all_to_all_v;
   /// The sum over ranks of unsigned counts (exact), none above `max_sum` (< 2^32).
   std::function<void(std::span<std::uint32_t> values, std::uint64_t max_sum)> all_reduce_sum;
+  /// all_to_all_v of the compressor's memory (comm::sparse_allreduce::reduce_scatter's
+  /// entries): over NCCL they stay on the device.
+  std::function<void(std::span<const std::byte> send, std::span<const std::uint64_t> send_sizes,
+                     std::span<std::byte> recv, std::span<const std::uint64_t> recv_sizes)>
+      all_to_all_v_in_memory;
   /// @}
   /// Bytes this rank has put into the collectives above (their inputs), shared by copies.
   std::shared_ptr<std::uint64_t> sent = std::make_shared<std::uint64_t>(0);

@@ -19,6 +19,7 @@
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -54,6 +55,12 @@ class transport_in {
     t_.all_to_all_v(send, send_sizes, recv, recv_sizes);
   }
   void all_reduce_sum(std::span<std::uint32_t> values, std::uint64_t max_sum) { t_.all_reduce_sum(values, max_sum); }
+  void all_to_all_v(gc::device_span<const std::byte> send, std::span<const std::uint64_t> send_sizes,
+                    gc::device_span<std::byte> recv, std::span<const std::uint64_t> recv_sizes)
+    requires std::is_same_v<memory, gc::device_memory>
+  {
+    t_.all_to_all_v_in_memory({send.data(), send.size()}, send_sizes, {recv.data(), recv.size()}, recv_sizes);
+  }
 
  private:
   transport t_;

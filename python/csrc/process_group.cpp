@@ -46,19 +46,36 @@ torch::Device collective_device(const group_ptr& group) {
   return torch::kCPU;
 }
 
+#if defined(GRADCOMP_PY_CUDA)
+/// Makes `later` wait for the work queued on `earlier` so far, without the host waiting.
+void stream_waits(cudaStream_t later, cudaStream_t earlier) {
+  if (later == earlier) return;
+  cudaEvent_t done = nullptr;
+  cudaError_t status = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+  if (status == cudaSuccess) status = cudaEventRecord(done, earlier);
+  if (status == cudaSuccess) status = cudaStreamWaitEvent(later, done, 0);
+  if (done != nullptr) (void)cudaEventDestroy(done);  // released once it has completed
+  if (status != cudaSuccess) {
+    gc::detail::fail(gc::errc::device,
+                     "ordering a collective after the compressor's work: ", cudaGetErrorString(status));
+  }
+}
+#endif
+
 /// Runs `call`, which hands arrays of a compressor's memory to a collective and copies
-/// them back on torch's current stream, between the compressor's `stream` (waited for
-/// first) and the caller's next use (the current stream waited for after).
+/// them back on torch's current stream, between the compressor's `stream` and the
+/// caller's next use: the current stream waits for what `stream` queued before, and
+/// `stream` for what the current stream queued in `call` (events: the host does not
+/// wait, unless the collective's copies through host memory do).
 template <class Call>
 void in_order(const torch::Device& device, void* stream, Call&& call) {
 #if defined(GRADCOMP_PY_CUDA)
   if (device.is_cuda()) {
-    const cudaError_t synced = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
-    if (synced != cudaSuccess) {
-      gc::detail::fail(gc::errc::device, "cudaStreamSynchronize failed: ", cudaGetErrorString(synced));
-    }
+    const auto own = static_cast<cudaStream_t>(stream);
+    const cudaStream_t current = at::cuda::getCurrentCUDAStream().stream();
+    stream_waits(current, own);
     call();
-    at::cuda::getCurrentCUDAStream().synchronize();
+    stream_waits(own, current);
     return;
   }
 #endif
@@ -174,6 +191,28 @@ transport transport_of(const group_ptr& pg, const torch::Device& device, void* s
       on_collective_device(view, where, [&](const torch::Tensor& t) {
         std::vector<at::Tensor> tensors{t};
         collective(tensors);
+      });
+    });
+  };
+  // The parts of the compressor's memory at `send` to their ranks, the other ranks' into
+  // `recv`: tensors of that memory handed to the group as they are where it works there
+  // (NCCL: the entries stay on the device), else through its device.
+  out.all_to_all_v_in_memory = [pg, options, sent, received, issued, where, device, stream, rank = out.this_rank](
+                                   std::span<const std::byte> send, std::span<const std::uint64_t> send_sizes,
+                                   std::span<std::byte> recv, std::span<const std::uint64_t> recv_sizes) {
+    *sent += send.size();
+    *received += recv.size() - recv_sizes[static_cast<std::size_t>(rank)];
+    ++*issued;
+    const auto bytes = options.dtype(torch::kUInt8);
+    const torch::Tensor in =
+        torch::from_blob(const_cast<std::byte*>(send.data()), {static_cast<std::int64_t>(send.size())}, bytes);
+    const torch::Tensor got = torch::from_blob(recv.data(), {static_cast<std::int64_t>(recv.size())}, bytes);
+    std::vector<std::int64_t> in_splits(send_sizes.begin(), send_sizes.end());
+    std::vector<std::int64_t> out_splits(recv_sizes.begin(), recv_sizes.end());
+    in_order(device, stream, [&] {
+      on_collective_device(got, where, [&](torch::Tensor to) {
+        torch::Tensor from = in.to(where);
+        pg->alltoall_base(to, from, out_splits, in_splits)->wait();
       });
     });
   };

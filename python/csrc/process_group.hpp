@@ -33,8 +33,9 @@ group_ptr group_of(const pybind11::object& group);
 
 /// The collectives of `group` on the memory of a compressor on `device`, whose own CUDA
 /// stream is `stream` (nullptr on the host). Device arrays are handed to the group once
-/// `stream` has written them and handed back once torch's current stream (on which the
-/// collectives' copies run) has finished. Needs no GIL.
+/// `stream` has written them, and work queued on `stream` after a collective waits for
+/// it and for its copies on torch's current stream (events; over NCCL the host does not
+/// wait). Needs no GIL.
 transport transport_of(const group_ptr& group, const torch::Device& device, void* stream);
 
 /// A setting the ranks must share, as Python names and writes it.

@@ -58,7 +58,9 @@ def check_reduce_scatter_against_reference(rank, world):
         mine = sums[rank * shard_n:(rank + 1) * shard_n]
         np.testing.assert_array_equal(out.numpy(), np.float32(factor) * mine)
         np.testing.assert_array_equal(rs.compressor.corrector_state(0).numpy(), e[rank])
-    assert rs.bytes_sent > 0 and rs.collectives >= 4 * 4
+    # Three collectives a call (the agreement with the counts, the entries, the verdicts),
+    # and one more agreement where a rank grows its room for what it receives.
+    assert rs.bytes_sent > 0 and 4 * 3 <= rs.collectives <= 4 * 4
     stats = rs.stats()
     assert stats["calls"] == 4 and stats["elements"] == n and stats["entries_sent"] == k, stats
     assert stats["density"] == k / n and stats["bytes_received"] > 0 and stats["bytes_sent"] == rs.bytes_sent

@@ -218,15 +218,30 @@ std::vector<std::uint64_t> settle(Comm& comm, const char* who, const rank_draft&
 /// Runs `attempt` (this rank's own checks, returning its own value) and exchanges its
 /// verdict and a digest of `settings` with every rank of `comm` in one all-gather of
 /// rank_verdict::size bytes per rank (`comm.all_gather(mine, all)`), then settle()s:
-/// every rank throws the same error, or none does.
+/// every rank throws the same error, or none does. `carried` (which `attempt` may
+/// write; zeros where it threw) travels beside the verdict in the same all-gather, every
+/// rank's into `all_carried` (carried.size() bytes per rank, in rank order): what the
+/// ranks must learn of each other once every rank's attempt has run, at no collective
+/// of its own.
 /// \returns every rank's own value, in rank order
 template <comm::collectives Comm, class Attempt>
-std::vector<std::uint64_t> agree(Comm& comm, const char* who, std::span<const setting> settings, Attempt&& attempt) {
+std::vector<std::uint64_t> agree(Comm& comm, const char* who, std::span<const setting> settings, Attempt&& attempt,
+                                 std::span<std::byte> carried = {}, std::span<std::byte> all_carried = {}) {
   const rank_draft mine = draft(who, settings, std::forward<Attempt>(attempt));
-  std::byte verdict_bytes[rank_verdict::size];
-  mine.verdict.write(verdict_bytes);
-  std::vector<std::byte> verdicts(static_cast<std::size_t>(comm.size()) * rank_verdict::size);
-  comm.all_gather(std::span<const std::byte>(verdict_bytes, rank_verdict::size), std::span<std::byte>(verdicts));
+  if (mine.report.code != 0) std::fill(carried.begin(), carried.end(), std::byte{0});
+  const auto ranks = static_cast<std::size_t>(comm.size());
+  const std::size_t frame = rank_verdict::size + carried.size();
+  std::vector<std::byte> own(frame);
+  mine.verdict.write(own.data());
+  std::copy(carried.begin(), carried.end(), own.begin() + rank_verdict::size);
+  std::vector<std::byte> frames(ranks * frame);
+  comm.all_gather(std::span<const std::byte>(own), std::span<std::byte>(frames));
+  std::vector<std::byte> verdicts(ranks * rank_verdict::size);
+  for (std::size_t r = 0; r < ranks; ++r) {
+    const std::byte* at = frames.data() + r * frame;
+    std::copy(at, at + rank_verdict::size, verdicts.data() + r * rank_verdict::size);
+    std::copy(at + rank_verdict::size, at + frame, all_carried.data() + r * carried.size());
+  }
   return settle(comm, who, mine, verdicts);
 }
 
@@ -264,8 +279,10 @@ class fingerprint {
 /// agree() with the settings written in place: `agree(comm, who, {{"n", n}}, attempt)`.
 template <comm::collectives Comm, class Attempt>
 std::vector<std::uint64_t> agree(Comm& comm, const char* who, std::initializer_list<setting> settings,
-                                 Attempt&& attempt) {
-  return agree(comm, who, std::span<const setting>(settings.begin(), settings.size()), std::forward<Attempt>(attempt));
+                                 Attempt&& attempt, std::span<std::byte> carried = {},
+                                 std::span<std::byte> all_carried = {}) {
+  return agree(comm, who, std::span<const setting>(settings.begin(), settings.size()), std::forward<Attempt>(attempt),
+               carried, all_carried);
 }
 
 }  // namespace detail

@@ -189,30 +189,37 @@ class nccl {
     all_to_all_v(std::as_bytes(mine), eight, std::as_writable_bytes(theirs), eight);
   }
   /// The parts of `send` (send_sizes[j] bytes for rank j, in rank order, host memory) to
-  /// their ranks; rank r's part for this rank (recv_sizes[r] bytes) into `recv`: grouped
-  /// sends and receives.
+  /// their ranks; rank r's part for this rank (recv_sizes[r] bytes) into `recv`: staged
+  /// through device buffers.
   void all_to_all_v(std::span<const std::byte> send, std::span<const std::uint64_t> send_sizes,
                     std::span<std::byte> recv, std::span<const std::uint64_t> recv_sizes) {
     if (staged_.size() < send.size()) staged_ = detail::device_buffer<std::byte>(send.size());
     if (gathered_.size() < recv.size()) gathered_ = detail::device_buffer<std::byte>(recv.size());
     if (!send.empty()) backend_.to_device(send.data(), send.size(), staged_.data());
+    all_to_all_v(device_span<const std::byte>(staged_.data(), send.size()), send_sizes,
+                 device_span<std::byte>(gathered_.data(), recv.size()), recv_sizes);
+    if (!recv.empty()) backend_.to_host(gathered_.data(), recv.size(), recv.data());
+  }
+  /// all_to_all_v() on device memory: grouped sends and receives queued on the backend's
+  /// stream, nothing read back.
+  void all_to_all_v(device_span<const std::byte> send, std::span<const std::uint64_t> send_sizes,
+                    device_span<std::byte> recv, std::span<const std::uint64_t> recv_sizes) {
     detail::nccl_check(ncclGroupStart(), "ncclGroupStart");
     std::size_t out = 0, in = 0;
     for (int r = 0; r < size_; ++r) {
       const auto at = static_cast<std::size_t>(r);
       if (send_sizes[at] != 0) {
-        detail::nccl_check(ncclSend(staged_.data() + out, send_sizes[at], ncclUint8, r, comm_, backend_.stream),
+        detail::nccl_check(ncclSend(send.data() + out, send_sizes[at], ncclUint8, r, comm_, backend_.stream),
                            "ncclSend (entries)");
       }
       if (recv_sizes[at] != 0) {
-        detail::nccl_check(ncclRecv(gathered_.data() + in, recv_sizes[at], ncclUint8, r, comm_, backend_.stream),
+        detail::nccl_check(ncclRecv(recv.data() + in, recv_sizes[at], ncclUint8, r, comm_, backend_.stream),
                            "ncclRecv (entries)");
       }
       out += send_sizes[at];
       in += recv_sizes[at];
     }
     detail::nccl_check(ncclGroupEnd(), "ncclGroupEnd");
-    if (!recv.empty()) backend_.to_host(gathered_.data(), recv.size(), recv.data());
   }
   /// `values` (host memory) becomes the sum over ranks (integers: exact in any order);
   /// no sum exceeds `max_sum` (NCCL sums uint32 whatever it is).

@@ -60,11 +60,10 @@ static_assert(sizeof(sparse_entry) == 8);
 /// local work (splitting, summing, selecting) runs on the host whatever that memory,
 /// over the transport's collectives of host arrays: only the message and the k sums
 /// cross to and from a device. reduce_scatter()'s runs where the compressor's memory is
-/// (detail/comm/shard_sums.hpp): the entries are packed from the staged selection and
-/// summed into the shard there; what crosses to the host and back is the W + 1 shard
-/// starts, the entries (for the transport's all-to-all of host arrays) and two fault
-/// words. `grad`, `dense` and `shard` are in the compressor's memory (std::span,
-/// device_span).
+/// (detail/comm/shard_sums.hpp), and its entries travel there (the transport's
+/// all_to_all_v of that memory): what crosses to the host is the W + 1 shard starts
+/// with the step's verdict (the counts every rank learns) and two fault words. `grad`, `dense` and `shard` are
+/// in the compressor's memory (std::span, device_span).
 template <class Compressor, transport Comm>
 class sparse_allreduce {
   static_assert(std::is_same_v<typename Comm::memory, typename Compressor::backend_type::memory>,
@@ -162,58 +161,77 @@ class sparse_allreduce {
     const auto end = static_cast<std::uint32_t>((me + 1) * n / ranks);
     const backend_type& be = compressor_.backend();
     try {
-      stage_agreed(
-          grad, {{"n", n}, {"the policies", policies_}},
-          [&] {
+      // Step 1: this rank stages its step, and finds where each shard's entries start in
+      // its selection (one read back, with the step's verdict on its values); the ranks
+      // agree, and learn each other's counts for each shard in the same all-gather (so
+      // that each knows what every rank receives) and their room for what they receive
+      // (their own value).
+      traffic_ = {};
+      send_counts_.assign(ranks, 0);
+      counts_of_all_.resize(ranks * ranks);
+      const std::vector<std::uint64_t> room = detail::agree(
+          comm_, who, {{"n", n}, {"the policies", policies_}},
+          [&]() -> std::uint64_t {
             detail::require(n % ranks == 0, errc::invalid_argument, who, ": reduce_scatter needs n = ", n,
                             " to be a multiple of the ranks, ", ranks);
             detail::require(shard.size() == n / ranks, errc::invalid_argument, who, ": shard.size() = ", shard.size(),
                             " does not match n / ranks = ", n / ranks);
             detail::require(std::isfinite(scale), errc::invalid_argument, who, ": scale must be finite, got ", scale);
             // The workspace allocated here, where a failure is every rank's error.
-            grow(starts_, ranks + 1);
+            grow(starts_, ranks + 2);
             grow(shard_sums_, shard_n);
             grow(fault_, 2);
+            const auto out = message_out();
+            const detail::step_status* status = compressor_.stage_queued(be, grad, out);
+            const auto sent = compressor_.staged_selection();
+            be.for_each(ranks + 2,
+                        sums::shard_starts{detail::raw(sent.index).data(), status, n, ranks, starts_.data()});
+            first_.resize(ranks + 2);
+            be.to_host(starts_.data(), ranks + 2, first_.data());
+            if (first_[ranks + 1] != 0) {  // a value was not finite: its error, read now (the step is dropped)
+              (void)compressor_.staged_message(be, grad, out);
+              detail::fail(errc::invalid_argument, who, ": a step's status said a value was not finite; it is not");
+            }
+            for (std::size_t j = 0; j < ranks; ++j) send_counts_[j] = first_[j + 1] - first_[j];
+            grow_roomy(packed_, static_cast<std::size_t>(first_[ranks]));
+            return static_cast<std::uint64_t>(received_on_.size());
           },
-          [&] { grow(packed_, message_count_); });
-      // Where each shard's entries start in this rank's selection, read back: the sizes
-      // the all-to-all takes.
-      const auto sent = compressor_.staged_selection();
-      be.for_each(ranks + 1, sums::shard_starts{detail::raw(sent.index).data(), sent.status, n, ranks, starts_.data()});
-      first_.resize(ranks + 1);
-      be.to_host(starts_.data(), ranks + 1, first_.data());
-      send_counts_.resize(ranks);
-      for (std::size_t j = 0; j < ranks; ++j) send_counts_[j] = first_[j + 1] - first_[j];
+          std::as_writable_bytes(std::span(send_counts_)), std::as_writable_bytes(std::span(counts_of_all_)));
+      note(detail::rank_verdict::size + 8 * ranks, (ranks - 1) * (detail::rank_verdict::size + 8 * ranks));
       const auto count = static_cast<std::size_t>(first_[ranks]);
+      const auto sent = compressor_.staged_selection();
       traffic_.entries = count;
+      recv_counts_.resize(ranks);
+      for (std::size_t r = 0; r < ranks; ++r) recv_counts_[r] = counts_of_all_[r * ranks + me];
+      const std::size_t received = make_room(room);
+
+      // The entries packed where the compressor's memory is and exchanged there.
       be.for_each(count, sums::pack<sparse_entry>{detail::raw(sent.index).data(), detail::raw(sent.values).data(),
                                                   packed_.data()});
-      exchange_entries(packed_on_host(count));
+      bytes_of(send_counts_, send_sizes_);
+      bytes_of(recv_counts_, recv_sizes_);
+      comm_.all_to_all_v(view<const std::byte>(reinterpret_cast<const std::byte*>(packed_.data()), 8 * count),
+                         send_sizes_, view<std::byte>(reinterpret_cast<std::byte*>(received_on_.data()), 8 * received),
+                         recv_sizes_);
+      note(sizeof(sparse_entry) * (count - send_counts_[me]), sizeof(sparse_entry) * (received - recv_counts_[me]));
 
       // The parts received, rank after rank: checked (fault word 0), then summed in rank
-      // order and the sums checked (word 1). A rank that cannot hold them in its
-      // memory says so in its verdict, as every other fault.
-      std::uint32_t verdict = 0;
-      if (const sparse_entry* received = received_in_memory()) {
-        std::uint32_t* checked = fault_.data();
-        std::uint32_t* summed = fault_.data() + 1;
-        be.for_each(shard_n, sums::mark_unsent{shard_sums_.data()});
-        be.clear(fault_.data(), 2);
-        for (std::size_t r = 0, at = 0; r < ranks; at += recv_counts_[r], ++r) {
-          be.reduce_or(recv_counts_[r], sums::part_faults<sparse_entry>{received + at, begin, end}, checked);
-        }
-        for (std::size_t r = 0, at = 0; r < ranks; at += recv_counts_[r], ++r) {
-          be.for_each(recv_counts_[r], sums::add_part<sparse_entry>{received + at, begin, checked, shard_sums_.data()});
-        }
-        be.reduce_or(received_.size(), sums::sum_faults<sparse_entry>{received, begin, checked, shard_sums_.data()},
-                     summed);
-        std::uint32_t words[2] = {};
-        be.to_host(static_cast<const std::uint32_t*>(fault_.data()), 2, words);
-        verdict = words[0] != 0 ? corrupt : words[1] != 0 ? overflow : 0u;
-      } else {
-        verdict = out_of_memory;
+      // order and the sums checked (word 1).
+      const sparse_entry* parts = received_on_.data();
+      std::uint32_t* checked = fault_.data();
+      std::uint32_t* summed = fault_.data() + 1;
+      be.for_each(shard_n, sums::mark_unsent{shard_sums_.data()});
+      be.clear(fault_.data(), 2);
+      for (std::size_t r = 0, at = 0; r < ranks; at += recv_counts_[r], ++r) {
+        be.reduce_or(recv_counts_[r], sums::part_faults<sparse_entry>{parts + at, begin, end}, checked);
       }
-      (void)agree_on_sums(verdict, 0);
+      for (std::size_t r = 0, at = 0; r < ranks; at += recv_counts_[r], ++r) {
+        be.for_each(recv_counts_[r], sums::add_part<sparse_entry>{parts + at, begin, checked, shard_sums_.data()});
+      }
+      be.reduce_or(received, sums::sum_faults<sparse_entry>{parts, begin, checked, shard_sums_.data()}, summed);
+      std::uint32_t words[2] = {};
+      be.to_host(static_cast<const std::uint32_t*>(fault_.data()), 2, words);
+      (void)agree_on_sums(words[0] != 0 ? corrupt : words[1] != 0 ? overflow : 0u, 0);
     } catch (...) {
       compressor_.drop_staged();
       throw;
@@ -235,7 +253,8 @@ class sparse_allreduce {
     compressor_.release_workspace();
     const auto give_back = [](auto&... v) { ((v = std::remove_reference_t<decltype(v)>{}), ...); };
     give_back(message_, index_, values_, starts_, packed_, received_on_, shard_sums_, fault_);
-    give_back(host_message_, global_value_, mine_, received_, sums_, selected_, global_, first_, global_index_);
+    give_back(host_message_, global_value_, mine_, received_, sums_, selected_, global_, first_, counts_of_all_,
+              global_index_);
   }
 
   /// The global selection's size this step takes.
@@ -254,9 +273,9 @@ class sparse_allreduce {
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
     return memory_.held_bytes() + detail::bytes_held(message_, index_, values_, host_message_, global_value_, starts_,
                                                      packed_, received_on_, shard_sums_, fault_, bounds_, mine_,
-                                                     received_, sums_, selected_, global_, first_, send_counts_,
-                                                     recv_counts_, send_sizes_, recv_sizes_, pairs_, global_sizes_,
-                                                     verdicts_, global_index_);
+                                                     received_, sums_, selected_, global_, first_, counts_of_all_,
+                                                     send_counts_, recv_counts_, send_sizes_, recv_sizes_, pairs_,
+                                                     global_sizes_, verdicts_, global_index_);
   }
 
  private:
@@ -337,23 +356,21 @@ class sparse_allreduce {
   // Step 1 of both collectives: this rank stages its step and the ranks agree (on
   // `settings`, and that `check_args`, every stage and `after_stage` passed: what may
   // fail on one rank only, an allocation, a copy, goes there, so that no rank waits).
+  // Returns every rank's value of after_stage(), in rank order.
   template <class Grad, class CheckArgs, class AfterStage>
-  void stage_agreed(const Grad& grad, std::initializer_list<detail::setting> settings, CheckArgs&& check_args,
-                    AfterStage&& after_stage) {
+  std::vector<std::uint64_t> stage_agreed(const Grad& grad, std::initializer_list<detail::setting> settings,
+                                          CheckArgs&& check_args, AfterStage&& after_stage) {
     const auto ranks = static_cast<std::size_t>(comm_.size());
     traffic_ = {};
-    (void)detail::agree(comm_, who, settings, [&]() -> std::uint64_t {
+    std::vector<std::uint64_t> values = detail::agree(comm_, who, settings, [&]() -> std::uint64_t {
       check_args();
-      if (static_cast<std::size_t>(message_.size()) < compressor_.max_message_bytes()) {
-        message_ = compressor_.backend().template allocate<std::byte>(compressor_.max_message_bytes());
-      }
-      const auto m = compressor_.stage(grad, {message_.data(), static_cast<std::size_t>(message_.size())});
+      const auto m = compressor_.stage(grad, message_out());
       message_bytes_ = detail::raw(m.bytes()).size();
       message_count_ = m.count();
-      after_stage();
-      return 0;
+      return after_stage();
     });
     note(detail::rank_verdict::size, (ranks - 1) * detail::rank_verdict::size);
+    return values;
   }
 
   // Steps 1-3 of the global top-k: this rank's step staged and agreed on; each rank
@@ -365,11 +382,12 @@ class sparse_allreduce {
                                 std::initializer_list<detail::setting> settings, CheckArgs&& check_args) {
     const auto ranks = static_cast<std::size_t>(comm_.size());
     const auto me = static_cast<std::size_t>(comm_.rank());
-    stage_agreed(grad, settings, check_args, [&] {  // this rank's entries, read from its message
+    (void)stage_agreed(grad, settings, check_args, [&] {  // this rank's entries, read from its message
       host_message_.resize(message_bytes_);
       compressor_.backend().to_host(message_.data(), message_bytes_, host_message_.data());
       mine_.clear();
       detail::message_reader(host_message_).visit([&](std::uint32_t i, float v) { mine_.push_back({i, v}); });
+      return std::uint64_t{0};
     });
     traffic_.entries = mine_.size();
     send_counts_.assign(ranks, 0);
@@ -410,45 +428,59 @@ class sparse_allreduce {
     verdicts_.assign(ranks + 1, 0);
     verdicts_[me] = mine;
     verdicts_[ranks] = static_cast<std::uint32_t>(sums);
-    comm_.all_reduce_sum(verdicts_, std::max<std::uint64_t>(compressor_.size(), out_of_memory));
+    comm_.all_reduce_sum(verdicts_, std::max<std::uint64_t>(compressor_.size(), overflow));
     note(4 * verdicts_.size(), 4 * verdicts_.size());
     for (std::size_t r = 0; r < ranks; ++r) {
       detail::require(verdicts_[r] != corrupt, errc::corrupt_message, who, ": rank ", r, " of ", ranks,
                       " received entries outside its region or out of order");
       detail::require(verdicts_[r] != overflow, errc::invalid_argument, who, ": a sum in rank ", r, " of ", ranks,
                       "'s region overflows (not finite)");
-      detail::require(verdicts_[r] != out_of_memory, errc::device, who, ": rank ", r, " of ", ranks,
-                      " could not hold the entries it received in its compressor's memory");
     }
     return verdicts_[ranks];
   }
 
-  // The received entries in the compressor's memory: received_ itself where that is
-  // host memory, else a copy in received_on_; null where the copy cannot be made (its
-  // size is known only now, after the agreement: the caller tells the other ranks).
-  const sparse_entry* received_in_memory() noexcept {
-    if constexpr (backend_type::host_accessible) {
-      return received_.data();
-    } else {
-      try {
-        grow(received_on_, received_.size());
-        compressor_.backend().to_device(received_.data(), received_.size(), received_on_.data());
-        return received_on_.data();
-      } catch (...) {
-        return nullptr;
-      }
+  // Room in received_on_ for the entries this rank receives now, whose number it returns:
+  // `room` holds every rank's (from the agreement), so where one lacks it every rank
+  // knows, and the ranks agree again while those grow theirs (an eighth more than they
+  // need, grow_roomy): the first call, a larger selection, a workspace given back. A rank that
+  // cannot allocate it fails that agreement, and every rank raises its error.
+  std::size_t make_room(std::span<const std::uint64_t> room) {
+    const auto ranks = static_cast<std::size_t>(comm_.size());
+    const auto me = static_cast<std::size_t>(comm_.rank());
+    bool short_of_room = false;
+    std::uint64_t mine = 0;
+    for (std::size_t j = 0; j < ranks; ++j) {
+      std::uint64_t total = 0;
+      for (std::size_t r = 0; r < ranks; ++r) total = detail::saturating_add(total, counts_of_all_[r * ranks + j]);
+      short_of_room = short_of_room || total > room[j];
+      if (j == me) mine = total;
     }
+    if (short_of_room) {
+      (void)detail::agree(comm_, who, {}, [&]() -> std::uint64_t {
+        grow_roomy(received_on_, static_cast<std::size_t>(mine));
+        return 0;
+      });
+      note(detail::rank_verdict::size, (ranks - 1) * detail::rank_verdict::size);
+    }
+    return static_cast<std::size_t>(mine);
   }
-  // `count` packed entries readable on the host: themselves where the compressor's memory
-  // is the host's, else a copy in mine_.
-  std::span<const sparse_entry> packed_on_host(std::size_t count) {
-    if constexpr (!backend_type::host_accessible) mine_.resize(count);
-    return detail::on_host(compressor_.backend(), static_cast<const sparse_entry*>(packed_.data()), count, mine_);
+  // This rank's message buffer, room for the compressor's largest message.
+  typename Compressor::message_bytes message_out() {
+    if (static_cast<std::size_t>(message_.size()) < compressor_.max_message_bytes()) {
+      message_ = compressor_.backend().template allocate<std::byte>(compressor_.max_message_bytes());
+    }
+    return {message_.data(), static_cast<std::size_t>(message_.size())};
   }
   // Grows a buffer of the compressor's memory to `count` elements (never shrinks).
   template <class T>
   void grow(buffer<T>& b, std::size_t count) {
     if (static_cast<std::size_t>(b.size()) < count) b = compressor_.backend().template allocate<T>(count);
+  }
+  // grow() for a count that changes from call to call (the entries sent and received):
+  // an eighth more, so that a count creeping up does not allocate at every call.
+  template <class T>
+  void grow_roomy(buffer<T>& b, std::size_t count) {
+    if (static_cast<std::size_t>(b.size()) < count) grow(b, count + count / 8);
   }
 
   // The entries received (rank after rank, each ascending) summed per index in rank
@@ -534,7 +566,6 @@ class sparse_allreduce {
 
   static constexpr std::uint32_t corrupt = 1;
   static constexpr std::uint32_t overflow = 2;
-  static constexpr std::uint32_t out_of_memory = 3;
 
   Comm& comm_;
   Compressor& compressor_;
@@ -557,7 +588,8 @@ class sparse_allreduce {
   std::uint64_t policies_;
   std::vector<std::uint32_t> bounds_;  // W + 1 region bounds
   std::vector<sparse_entry> mine_, received_, sums_, selected_, global_;
-  std::vector<std::uint64_t> first_, send_counts_, recv_counts_, send_sizes_, recv_sizes_, pairs_, global_sizes_;
+  std::vector<std::uint64_t> first_, counts_of_all_, send_counts_, recv_counts_, send_sizes_, recv_sizes_, pairs_,
+      global_sizes_;
   std::vector<std::uint32_t> verdicts_, global_index_;
   comm::traffic traffic_;
 };

@@ -17,7 +17,8 @@ FSDP hands the reduce-scatter each parameter group's unsharded gradient laid out
 equal chunks, chunk j destined for rank j. :class:`ReduceScatter` compresses the whole
 of it on every rank with its compressor (its selector and corrector: error feedback
 keeps what is not sent), sends each chunk's entries to the chunk's owner
-(``all_to_all_single``: counts, then the entries), and the owner writes the sum of what
+(the counts travel with the ranks' agreement, then the entries in one
+``all_to_all_single``), and the owner writes the sum of what
 it received, times the factor FSDP's reduce op names (``AVG``: 1/W; ``SUM``: 1;
 ``PREMUL_SUM(f)``, which ``set_gradient_divide_factor`` makes: f), into the shard FSDP
 expects; entries nobody sent are 0. This is the C++
@@ -48,8 +49,8 @@ method or error memory, another group size) make every rank raise the same
 :class:`gradcomp.Error` (nothing changes, no rank waits); the density may differ by rank
 (each rank sends its own k entries). On CUDA tensors the local work runs on the device
 (each shard's entries located in the selection, packed, and the owner's checks and
-sums); the shard starts, the entries (for the process group's all-to-all) and the
-checks' two fault words cross to the host and back. Tested on CPU tensors over gloo;
+sums), and over NCCL the entries travel as device tensors; the shard starts and the
+checks' two fault words cross to the host. Tested on CPU tensors over gloo;
 the CUDA tests (CUDA against CPU tensors bit for bit) are written and not yet run on a
 GPU. FSDP2's custom reduce-scatter needs a torch that has
 ``FSDPModule.set_custom_reduce_scatter`` (checked when an instance is made).

@@ -23,14 +23,19 @@ inline constexpr std::uint32_t corrupt = 1u;   ///< an index outside the shard o
 inline constexpr std::uint32_t overflow = 2u;  ///< a sum not finite
 
 /// first[j] = the position of the first selected index at or above shard j's start,
-/// j·n/W, for j <= W (first[W] = the count: every index is below n). The selection
-/// ascends; its count is the step's status's.
+/// j·n/W, for j <= W (first[W] = the count: every index is below n), and first[W + 1]
+/// the status's non_finite (read back with them). The selection ascends; its count is
+/// the step's status's.
 struct shard_starts {
   const std::uint32_t* index;
   const step_status* status;
   std::uint64_t n, ranks;
   std::uint64_t* first;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
+    if (j > ranks) {
+      first[j] = status->non_finite;
+      return;
+    }
     const std::uint64_t bound = static_cast<std::uint64_t>(j) * n / ranks;  // j·n < 2^63
     std::size_t lo = 0;
     std::size_t hi = status->count;
