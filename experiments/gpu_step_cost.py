@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 from experiments.baselines import torch_hook
 
-HOOKS = ["none", "dense", "fp16", "powersgd4", "topk_ef", "dgc", "sparse_allreduce"]
+HOOKS = ["none", "dense", "fp16", "powersgd4", "topk_ef", "topk_ef_m8", "dgc", "sparse_allreduce"]
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cudaMemcpy")
 
 
@@ -113,7 +113,10 @@ def registered(ddp, hook_name, density):
     import gradcomp.torch.ddp as gddp
     sparse = hook_name == "sparse_allreduce"
     method, aggregation = ("topk_ef", "sparse_allreduce") if sparse else (hook_name, "allgather")
-    state = gddp.State(method=method, density=density, start_iter=0, aggregation=aggregation)
+    options = {}
+    if hook_name == "topk_ef_m8":  # the residual in 8 bits (its step's float32 arrays are scratch)
+        method, options = "topk_ef", {"memory_bits": 8}
+    state = gddp.State(method=method, density=density, start_iter=0, aggregation=aggregation, **options)
     ddp.register_comm_hook(state, gddp.hook)
     return state
 

@@ -298,12 +298,12 @@ TEST_CASE("a queued step waits for nothing on a device; compress() reads its sta
     CHECK(w.queued == device_waits{.to_device = 1});
     CHECK(w.compress == device_waits{.reads = 1, .to_device = 1});
   }
-  SUBCASE("8-bit memory: the step's float32 arrays, allocated for the step and given back after it") {
+  SUBCASE("8-bit memory: the step's float32 arrays, scratch allocated for the step, waited for before they go") {
     const auto w = waits_of_steps([&](auto be) {
       return gc::presets::dgc(be, n, {.density = 0.01, .max_norm = 1.0f}, gc::presets::compact_memory{.bits = 8});
     });
-    CHECK(w.queued == device_waits{.reads = 1, .allocations = 2});
-    CHECK(w.compress == device_waits{.reads = 2, .allocations = 2});
+    CHECK(w.queued == device_waits{.reads = 1, .scratch = 2});
+    CHECK(w.compress == device_waits{.reads = 2, .scratch = 2});
   }
 }
 

@@ -226,6 +226,18 @@ B context_for(const B& be, const char* who, const B& context) {
     return context;
   }
 }
+/// `count` elements of `be`'s memory that their user writes before it reads them (a
+/// step's scratch arrays): not zeroed, so that a device backend neither queues a
+/// zeroing nor waits for one (backend::cuda, backend::kokkos); allocate() where the
+/// backend has no allocate_scratch().
+template <class T, class B>
+typename B::template buffer<T> allocate_scratch(const B& be, std::size_t count) {
+  if constexpr (requires { be.template allocate_scratch<T>(count); }) {
+    return be.template allocate_scratch<T>(count);
+  } else {
+    return be.template allocate<T>(count);
+  }
+}
 /// Throws unless `be`'s device is current (a device backend's memory is its device's).
 template <class B>
 void require_current_device(const B& be, const char* who) {

@@ -1,9 +1,10 @@
-// counted_device: opaque_host (an opaque_backend) with its messages in its own memory too, as backend::cuda
-// has them, counting every call after which backend::cuda's host waits for the device:
-// read() and the copies each way (cudaMemcpyAsync, then cudaStreamSynchronize), and
-// allocate() (a new buffer is zeroed and waited for). The generic algorithms take the
-// path they take on backend::cuda, so a test counts on the CPU the host synchronizations
-// a step or an exchange costs on a GPU, for every engine backend::cuda does not replace
+// counted_device: opaque_host (an opaque_backend) with its messages in its own memory
+// too, as backend::cuda has them, counting every call after which backend::cuda's host
+// waits for the device: read() and the copies each way (cudaMemcpyAsync, then
+// cudaStreamSynchronize), and allocate() (a new buffer is zeroed and waited for; a
+// step's scratch, allocate_scratch(), is neither). The generic algorithms take the path
+// they take on backend::cuda, so a test counts on the CPU the host synchronizations a
+// step or an exchange costs on a GPU, for every engine backend::cuda does not replace
 // with its own (exact_topk's and chunk_local's selections).
 #pragma once
 
@@ -22,11 +23,12 @@ struct device_waits {
   std::size_t to_host = 0;      ///< copies to the host
   std::size_t to_device = 0;    ///< copies from the host
   std::size_t allocations = 0;  ///< new buffers
+  std::size_t scratch = 0;      ///< new scratch buffers (allocate_scratch: no wait, counted apart)
 
   bool operator==(const device_waits&) const = default;
   friend std::ostream& operator<<(std::ostream& out, const device_waits& w) {
     return out << "{reads " << w.reads << ", to_host " << w.to_host << ", to_device " << w.to_device << ", allocations "
-               << w.allocations << "}";
+               << w.allocations << ", scratch " << w.scratch << "}";
   }
 };
 
@@ -60,5 +62,15 @@ struct counted_device : opaque_backend<counted_device> {
   [[nodiscard]] buffer<T> allocate(std::size_t count) const {
     ++counted().allocations;
     return host::allocate<T>(count);
+  }
+  /// A step's scratch, as backend::cuda allocates it: not zeroed, nothing waited for
+  /// (counted apart). Filled with a NaN pattern, so that a step that read it before
+  /// writing it would show in its results.
+  template <class T>
+  [[nodiscard]] buffer<T> allocate_scratch(std::size_t count) const {
+    ++counted().scratch;
+    buffer<T> b(count);
+    std::fill(reinterpret_cast<unsigned char*>(b.data()), reinterpret_cast<unsigned char*>(b.data() + count), 0xFF);
+    return b;
   }
 };

@@ -45,6 +45,12 @@ struct kokkos {
     space.fence();
     return b;
   }
+  /// Allocates `count` elements for a step to write before it reads them
+  /// (detail::allocate_scratch): not initialised, nothing waited for.
+  template <class T>
+  [[nodiscard]] buffer<T> allocate_scratch(std::size_t count) const {
+    return buffer<T>(Kokkos::view_alloc(std::string("gradcomp scratch"), space, Kokkos::WithoutInitializing), count);
+  }
 
   /// Calls `body(i)` for every i in [0, n) on the instance, then waits for it. `body`
   /// must be callable in the space (GRADCOMP_HOST_DEVICE) and must not throw.

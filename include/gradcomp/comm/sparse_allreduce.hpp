@@ -471,10 +471,12 @@ class sparse_allreduce {
     }
     return {message_.data(), static_cast<std::size_t>(message_.size())};
   }
-  // Grows a buffer of the compressor's memory to `count` elements (never shrinks).
+  // Grows a buffer of reduce_scatter's workspace to `count` elements (never shrinks): scratch
+  // that its passes write before they read it (on a device, nothing zeroed and nothing
+  // waited for).
   template <class T>
   void grow(buffer<T>& b, std::size_t count) {
-    if (static_cast<std::size_t>(b.size()) < count) b = compressor_.backend().template allocate<T>(count);
+    if (static_cast<std::size_t>(b.size()) < count) b = detail::allocate_scratch<T>(compressor_.backend(), count);
   }
   // grow() for a count that changes from call to call (the entries sent and received):
   // an eighth more, so that a count creeping up does not allocate at every call.

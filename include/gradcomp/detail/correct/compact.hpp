@@ -228,11 +228,13 @@ class compact_state {
     r.block_shift = compact_blocks::shift_of(block_);
     return r;
   }
-  /// The float32 arrays the step writes, allocated for the step.
+  /// The float32 arrays the step writes, allocated for the step as scratch (its update
+  /// pass writes every element before anything reads them: on a device, nothing zeroed
+  /// and nothing waited for).
   [[nodiscard]] pointers next(const Backend& be) {
     pointers p{};
     for (std::size_t a = 0; a != Arrays; ++a) {
-      if (static_cast<std::size_t>(next_[a].size()) != n_) next_[a] = be.template allocate<float>(n_);
+      if (static_cast<std::size_t>(next_[a].size()) != n_) next_[a] = allocate_scratch<float>(be, n_);
       p.at[a] = next_[a].data();
     }
     last_ = be;

@@ -52,6 +52,13 @@ struct cuda {
   [[nodiscard]] buffer<T> allocate(std::size_t count) const {
     return buffer<T>(count, allocator, stream);
   }
+  /// Allocates `count` elements of device memory for a step to write before it reads
+  /// them (detail::allocate_scratch): not zeroed, and nothing waited for.
+  /// \throws gradcomp::error (errc::device) if the allocation fails.
+  template <class T>
+  [[nodiscard]] buffer<T> allocate_scratch(std::size_t count) const {
+    return buffer<T>(count, allocator, stream, /*zeroed=*/false);
+  }
 
   /// Queues the zeroing of `count` elements at device address `p`.
   template <class T>

@@ -24,9 +24,10 @@ inline void cuda_check(cudaError_t status, const char* what) {
   }
 }
 
-/// Owning array of `count` T in device memory, zero-filled; movable, not copyable. The
-/// compressor allocates these in its constructor (compress allocates only what
-/// release_workspace() gave back).
+/// Owning array of `count` T in device memory, zero-filled (or, for a step's scratch,
+/// left as it is); movable, not copyable. The compressor allocates these in its
+/// constructor (compress allocates only what release_workspace() gave back, and the
+/// scratch arrays of a step).
 template <class T>
 class device_buffer {
  public:
@@ -34,9 +35,10 @@ class device_buffer {
   /// From `allocator`, or where it is null from the one set_device_allocator installed
   /// (itself null: cudaMalloc), zeroed on `stream` and waited for: the buffer is then
   /// ready for work on any stream (a non-blocking stream does not wait for the legacy
-  /// default stream, where cudaMemset would queue the zeroing).
+  /// default stream, where cudaMemset would queue the zeroing). Without `zeroed`, no
+  /// work is queued on it and nothing is waited for.
   explicit device_buffer(std::size_t count, std::shared_ptr<backend::device_allocator> allocator = nullptr,
-                         cudaStream_t stream = nullptr)
+                         cudaStream_t stream = nullptr, bool zeroed = true)
       : size_(count) {
     if (count == 0) return;
     const std::size_t bytes = count * sizeof(T);
@@ -46,11 +48,12 @@ class device_buffer {
     } else {
       cuda_check(cudaMalloc(reinterpret_cast<void**>(&data_), bytes), "cudaMalloc");
     }
-    cudaError_t zeroed = cudaMemsetAsync(data_, 0, bytes, stream);
-    if (zeroed == cudaSuccess) zeroed = cudaStreamSynchronize(stream);
-    if (zeroed != cudaSuccess) {
+    if (!zeroed) return;
+    cudaError_t zeroed_status = cudaMemsetAsync(data_, 0, bytes, stream);
+    if (zeroed_status == cudaSuccess) zeroed_status = cudaStreamSynchronize(stream);
+    if (zeroed_status != cudaSuccess) {
       release();
-      cuda_check(zeroed, "zeroing a new buffer (cudaMemsetAsync, cudaStreamSynchronize)");
+      cuda_check(zeroed_status, "zeroing a new buffer (cudaMemsetAsync, cudaStreamSynchronize)");
     }
   }
   device_buffer(device_buffer&& other) noexcept
