@@ -858,6 +858,37 @@ TEST_CASE("sparse_allreduce::reduce_scatter on a device reads back its counts an
   }
 }
 
+// What sparse_allreduce::step (Ok-Topk's global top-k, the DDP hook's sparse_allreduce
+// aggregation) makes the host wait for on a device, with a selector that waits for
+// nothing: the step's status and its message (split by region on the host), the
+// selection's indices and sums copied over for the add, and the global selection once
+// more for the commit, which marks on the device what the selection dropped (no read).
+// The same dense sums and residuals as on backend::host.
+TEST_CASE("sparse_allreduce::step on a device: what it waits for, and its commit of the kept entries") {
+  mpi_of_opaque_memory comm;
+  gc::comm::mpi host_comm;
+  const std::size_t n = 30011;
+  auto on_device = gc::presets::threshold_ef(counted_device{}, n, {.tau = 1.5f});
+  auto on_host = gc::presets::threshold_ef(gc::backend::host{}, n, {.tau = 1.5f});
+  gc::comm::sparse_allreduce device_exchange(comm, on_device, 300);
+  gc::comm::sparse_allreduce host_exchange(host_comm, on_host, 300);
+  std::vector<float> device_dense(n, 0.0f), host_dense(n, 0.0f);
+  for (int t = 0; t < 4; ++t) {
+    auto g = gradient_of(comm.rank(), n, t);
+    (void)counted_device::reset();
+    const auto chosen = device_exchange.step(view_as<counted_device, const float>(g),
+                                             view_as<counted_device, float>(device_dense), 0.5f);
+    const std::vector<std::uint32_t> device_chosen(chosen.begin(), chosen.end());
+    const device_waits waits = counted_device::reset();
+    const auto want = host_exchange.step(g, host_dense, 0.5f);
+    CHECK(device_chosen == std::vector<std::uint32_t>(want.begin(), want.end()));
+    CHECK(device_dense == host_dense);
+    CHECK(checkpoint(on_device) == checkpoint(on_host));
+    CAPTURE(t);
+    if (t >= 2) CHECK(waits == device_waits{.reads = 1, .to_host = 1, .to_device = 3});
+  }
+}
+
 // -- comm::leader_exchange: Leader SGD ---------------------------------------------------------
 
 namespace {

@@ -43,6 +43,36 @@ struct step_status {
   std::uint64_t bytes = 0;       ///< size of the message written
 };
 
+/// An index the corrector's commit leaves alone: on a device, accept_staged(kept) marks
+/// the staged entries the caller did not keep so (step_engines::commit_staged), rather
+/// than compacting the selection on the host. Never an index: indices are below n < 2^32.
+inline constexpr std::uint32_t not_kept = 0xFFFFFFFFu;
+
+/// Marks index[j] not_kept for the first status->count entries whose index is not in
+/// `kept` (ascending, kept_count of them), by a binary search.
+struct mark_not_kept {
+  std::uint32_t* index;
+  const std::uint32_t* kept;
+  std::size_t kept_count;
+  const step_status* status;
+  GRADCOMP_HOST_DEVICE std::size_t live_items() const noexcept { return status->count; }
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
+    if (j >= status->count) return;
+    const std::uint32_t i = index[j];
+    std::size_t lo = 0;
+    std::size_t hi = kept_count;
+    while (lo < hi) {
+      const std::size_t mid = lo + (hi - lo) / 2;
+      if (kept[mid] < i) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    if (lo == kept_count || kept[lo] != i) index[j] = not_kept;
+  }
+};
+
 /// What a selector engine queued: the indices and their count (in the step_status) stay
 /// in the backend's memory.
 struct queued_selection {

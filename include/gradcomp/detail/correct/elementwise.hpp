@@ -92,8 +92,8 @@ struct update {
   }
 };
 
-/// The policy's commit of the j-th sent entry. Entries past the status's count, and
-/// every entry of a step that met a NaN, are left alone.
+/// The policy's commit of the j-th sent entry. Entries past the status's count, entries
+/// marked not_kept, and every entry of a step that met a NaN, are left alone.
 template <class Policy, std::size_t Arrays, class Old = arrays<Arrays>>
 struct commit {
   Policy policy;
@@ -107,6 +107,7 @@ struct commit {
   GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
     if (status->non_finite != 0 || j >= status->count) return;
     const std::uint32_t i = index[j];
+    if (i == not_kept) return;
     float s[Arrays + 1], before[Arrays + 1];
     for (std::size_t a = 0; a != Arrays; ++a) {
       s[a] = next.at[a][i];

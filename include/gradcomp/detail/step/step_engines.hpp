@@ -136,28 +136,40 @@ class step_engines {
   /// Queues on `on` the commit of the step queued without one: of every selected entry,
   /// or, given `kept` (ascending, host memory), of the selected entries whose index is in
   /// it, as if the selector had chosen only those (the others stay as the update left
-  /// them). The selection is a few entries, filtered on the host (read back and written
-  /// again where the backend's memory is a device's).
+  /// them). On the host the selection is filtered in place; where the backend's memory
+  /// is a device's, `kept` is copied over and the entries not in it are marked not_kept,
+  /// which the commit leaves alone (nothing read back).
   void commit_staged(const Backend& on, const Corrector& c, const std::span<const std::uint32_t>* kept) {
     last_ = on;
     step_status* status = status_.data();
     if (kept != nullptr) {
-      step_status s = on.read(status);
-      std::vector<std::uint32_t> index(s.count);
-      std::vector<float> sent(s.count);
-      on.to_host(index_.data(), index.size(), index.data());
-      on.to_host(sent_.data(), sent.size(), sent.data());
-      std::size_t count = 0;
-      for (std::size_t j = 0; j < index.size(); ++j) {
-        if (!std::binary_search(kept->begin(), kept->end(), index[j])) continue;
-        index[count] = index[j];
-        sent[count] = sent[j];
-        ++count;
+      if constexpr (!Backend::host_accessible) {
+        // On a device: `kept` copied over once, and the entries not among it marked so
+        // that the commit leaves them alone; nothing read back.
+        if (static_cast<std::size_t>(kept_.size()) < kept->size()) {
+          kept_ = allocate_scratch<std::uint32_t>(backend_, kept->size());
+        }
+        if (!kept->empty()) on.to_device(kept->data(), kept->size(), kept_.data());
+        on.for_each(static_cast<std::size_t>(index_.size()),
+                    mark_not_kept{index_.data(), kept_.data(), kept->size(), status});
+      } else {
+        step_status s = on.read(status);
+        std::vector<std::uint32_t> index(s.count);
+        std::vector<float> sent(s.count);
+        on.to_host(index_.data(), index.size(), index.data());
+        on.to_host(sent_.data(), sent.size(), sent.data());
+        std::size_t count = 0;
+        for (std::size_t j = 0; j < index.size(); ++j) {
+          if (!std::binary_search(kept->begin(), kept->end(), index[j])) continue;
+          index[count] = index[j];
+          sent[count] = sent[j];
+          ++count;
+        }
+        s.count = static_cast<std::uint32_t>(count);
+        on.to_device(index.data(), count, index_.data());
+        on.to_device(sent.data(), count, sent_.data());
+        on.to_device(&s, 1, status);
       }
-      s.count = static_cast<std::uint32_t>(count);
-      on.to_device(index.data(), count, index_.data());
-      on.to_device(sent.data(), count, sent_.data());
-      on.to_device(&s, 1, status);
     }
     const std::span<const std::uint32_t> index = selected(on, status);
     correct_.commit(on, c, index, std::span<const float>(sent_.data(), index.size()), status);
@@ -216,6 +228,7 @@ class step_engines {
     index_ = buffer<std::uint32_t>{};
     sent_ = buffer<float>{};
     preview_ = buffer<float>{};
+    kept_ = buffer<std::uint32_t>{};
   }
 
   /// Whether the workspace is held (not given back by release_workspace()).
@@ -243,7 +256,7 @@ class step_engines {
     correct_.add_held(use);
     if (select_) select_->add_held(use);
     if (encode_) encode_->add_held(use);
-    use.workspace += bytes_held(index_, sent_, status_, preview_);
+    use.workspace += bytes_held(index_, sent_, status_, preview_, kept_);
     return use;
   }
 
@@ -348,6 +361,7 @@ class step_engines {
   buffer<float> sent_;
   buffer<step_status> status_;  // [0] a step's, [1] a preview's
   buffer<float> preview_;
+  buffer<std::uint32_t> kept_;  // accept_staged(kept)'s on a device
 };
 
 }  // namespace detail
