@@ -10,6 +10,7 @@
 #include <gradcomp/config.hpp>
 #include <gradcomp/detail/core/bits.hpp>
 #include <gradcomp/detail/core/radix_select.hpp>
+#include <gradcomp/detail/core/sorted_search.hpp>
 #include <gradcomp/detail/core/step_input.hpp>
 
 #include <cstddef>
@@ -37,17 +38,7 @@ struct shard_starts {
       return;
     }
     const std::uint64_t bound = static_cast<std::uint64_t>(j) * n / ranks;  // j·n < 2^63
-    std::size_t lo = 0;
-    std::size_t hi = status->count;
-    while (lo < hi) {
-      const std::size_t mid = lo + (hi - lo) / 2;
-      if (index[mid] < bound) {
-        lo = mid + 1;
-      } else {
-        hi = mid;
-      }
-    }
-    first[j] = lo;
+    first[j] = first_not_below(index, status->count, bound);
   }
 };
 

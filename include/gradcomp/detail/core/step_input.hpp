@@ -4,6 +4,7 @@
 #pragma once
 
 #include <gradcomp/config.hpp>
+#include <gradcomp/detail/core/sorted_search.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -59,17 +60,8 @@ struct mark_not_kept {
   GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
     if (j >= status->count) return;
     const std::uint32_t i = index[j];
-    std::size_t lo = 0;
-    std::size_t hi = kept_count;
-    while (lo < hi) {
-      const std::size_t mid = lo + (hi - lo) / 2;
-      if (kept[mid] < i) {
-        lo = mid + 1;
-      } else {
-        hi = mid;
-      }
-    }
-    if (lo == kept_count || kept[lo] != i) index[j] = not_kept;
+    const std::size_t at = first_not_below(kept, kept_count, i);
+    if (at == kept_count || kept[at] != i) index[j] = not_kept;
   }
 };
 
