@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include <new>
 #include <sstream>
 
 #include "support/counted_device.hpp"
@@ -413,6 +414,30 @@ TEST_CASE("cyclic_topk: ranks configured differently all raise the same error, a
       attempt(gc::correct::error_feedback{});
     }
   }
+}
+
+// An exception other than gradcomp::error in one rank's own checks (an allocator's out of
+// memory: std::bad_alloc, PyTorch's c10::OutOfMemoryError) is every rank's device error,
+// rather than the others waiting in the agreement for that rank.
+TEST_CASE("the agreement: an allocator's exception on one rank is every rank's device error") {
+  gc::comm::mpi comm;
+  const int ranks = comm.size();
+  const auto agree = [&] {
+    (void)gc::detail::agree(comm, "exchange", {{"n", std::size_t{10}}}, [&]() -> std::uint64_t {
+      if (comm.rank() == ranks - 1) throw std::bad_alloc();
+      return 0;
+    });
+  };
+  every_rank_throws(
+      comm, agree,
+      "gradcomp: exchange: std::bad_alloc (rank " + std::to_string(ranks - 1) + " of " + std::to_string(ranks) + ")");
+  gc::errc code = gc::errc::invalid_argument;
+  try {
+    agree();
+  } catch (const gc::error& e) {
+    code = e.code();
+  }
+  CHECK(code == gc::errc::device);
 }
 
 TEST_CASE("allgather_accumulate: ranks configured differently or with a bad argument all raise the same error") {

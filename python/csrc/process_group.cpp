@@ -74,7 +74,15 @@ void in_order(const torch::Device& device, void* stream, Call&& call) {
     const auto own = static_cast<cudaStream_t>(stream);
     const cudaStream_t current = at::cuda::getCurrentCUDAStream().stream();
     stream_waits(current, own);
-    call();
+    try {
+      call();
+    } catch (...) {
+      try {  // what the collective queued before it failed still comes first
+        stream_waits(own, current);
+      } catch (...) {
+      }
+      throw;
+    }
     stream_waits(own, current);
     return;
   }
@@ -204,9 +212,13 @@ transport transport_of(const group_ptr& pg, const torch::Device& device, void* s
     *received += recv.size() - recv_sizes[static_cast<std::size_t>(rank)];
     ++*issued;
     const auto bytes = options.dtype(torch::kUInt8);
-    const torch::Tensor in =
-        torch::from_blob(const_cast<std::byte*>(send.data()), {static_cast<std::int64_t>(send.size())}, bytes);
-    const torch::Tensor got = torch::from_blob(recv.data(), {static_cast<std::int64_t>(recv.size())}, bytes);
+    // An empty part may have no memory behind it (a null pointer, which from_blob
+    // cannot place on a device): an empty tensor of its own then, on every rank alike.
+    const auto of = [&](std::byte* p, std::size_t size) {
+      return size == 0 ? torch::empty({0}, bytes) : torch::from_blob(p, {static_cast<std::int64_t>(size)}, bytes);
+    };
+    const torch::Tensor in = of(const_cast<std::byte*>(send.data()), send.size());
+    const torch::Tensor got = of(recv.data(), recv.size());
     std::vector<std::int64_t> in_splits(send_sizes.begin(), send_sizes.end());
     std::vector<std::int64_t> out_splits(recv_sizes.begin(), recv_sizes.end());
     in_order(device, stream, [&] {

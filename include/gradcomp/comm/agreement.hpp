@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <initializer_list>
 #include <span>
 #include <string>
@@ -145,7 +146,9 @@ struct rank_draft {
 
 /// Runs `attempt` (this rank's own checks, returning its own value) and writes down what
 /// this rank tells the others: a gradcomp::error it threw becomes the report's code and
-/// text (nothing is thrown here).
+/// text, any other exception (an allocator's out of memory: std::bad_alloc, PyTorch's
+/// c10::OutOfMemoryError) errc::device with its text, so that every rank raises it
+/// rather than the others waiting for this one (nothing is thrown here).
 template <class Attempt>
 rank_draft draft(const char* who, std::span<const setting> settings, Attempt&& attempt) {
   rank_draft d;
@@ -160,6 +163,10 @@ rank_draft draft(const char* who, std::span<const setting> settings, Attempt&& a
     const std::string_view text = e.what();
     constexpr std::string_view prefix = "gradcomp: ";
     d.report.text = std::string(text.substr(text.starts_with(prefix) ? prefix.size() : 0));
+    d.verdict.own = 0;
+  } catch (const std::exception& e) {
+    d.report.code = 1 + static_cast<std::uint32_t>(errc::device);
+    d.report.text = std::string(who) + ": " + e.what();
     d.verdict.own = 0;
   }
   d.verdict.code = d.report.code;

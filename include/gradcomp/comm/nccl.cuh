@@ -201,7 +201,8 @@ class nccl {
     if (!recv.empty()) backend_.to_host(gathered_.data(), recv.size(), recv.data());
   }
   /// all_to_all_v() on device memory: grouped sends and receives queued on the backend's
-  /// stream, nothing read back.
+  /// stream, nothing read back. `send` must have been written on that stream, as for
+  /// every collective of this class on device memory (give it the compressors' stream).
   void all_to_all_v(device_span<const std::byte> send, std::span<const std::uint64_t> send_sizes,
                     device_span<std::byte> recv, std::span<const std::uint64_t> recv_sizes) {
     detail::nccl_check(ncclGroupStart(), "ncclGroupStart");
