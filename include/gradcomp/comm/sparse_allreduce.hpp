@@ -62,8 +62,8 @@ static_assert(sizeof(sparse_entry) == 8);
 /// cross to and from a device. reduce_scatter()'s runs where the compressor's memory is
 /// (detail/comm/shard_sums.hpp), and its entries travel there (the transport's
 /// all_to_all_v of that memory): what crosses to the host is the W + 1 shard starts
-/// with the step's verdict (the counts every rank learns) and two fault words. `grad`, `dense` and `shard` are
-/// in the compressor's memory (std::span, device_span).
+/// with the step's verdict (the counts every rank learns) and two fault words. `grad`,
+/// `dense` and `shard` are in the compressor's memory (std::span, device_span).
 template <class Compressor, transport Comm>
 class sparse_allreduce {
   static_assert(std::is_same_v<typename Comm::memory, typename Compressor::backend_type::memory>,
@@ -366,7 +366,6 @@ class sparse_allreduce {
       check_args();
       const auto m = compressor_.stage(grad, message_out());
       message_bytes_ = detail::raw(m.bytes()).size();
-      message_count_ = m.count();
       return after_stage();
     });
     note(detail::rank_verdict::size, (ranks - 1) * detail::rank_verdict::size);
@@ -442,8 +441,8 @@ class sparse_allreduce {
   // Room in received_on_ for the entries this rank receives now, whose number it returns:
   // `room` holds every rank's (from the agreement), so where one lacks it every rank
   // knows, and the ranks agree again while those grow theirs (an eighth more than they
-  // need, grow_roomy): the first call, a larger selection, a workspace given back. A rank that
-  // cannot allocate it fails that agreement, and every rank raises its error.
+  // need, grow_roomy): the first call, a larger selection, a workspace given back. A
+  // rank that cannot allocate it fails that agreement, and every rank raises its error.
   std::size_t make_room(std::span<const std::uint64_t> room) {
     const auto ranks = static_cast<std::size_t>(comm_.size());
     const auto me = static_cast<std::size_t>(comm_.rank());
@@ -471,9 +470,9 @@ class sparse_allreduce {
     }
     return {message_.data(), static_cast<std::size_t>(message_.size())};
   }
-  // Grows a buffer of reduce_scatter's workspace to `count` elements (never shrinks): scratch
-  // that its passes write before they read it (on a device, nothing zeroed and nothing
-  // waited for).
+  // Grows a buffer of reduce_scatter's workspace to `count` elements (never shrinks):
+  // scratch that its passes write before they read it (on a device, nothing zeroed and
+  // nothing waited for).
   template <class T>
   void grow(buffer<T>& b, std::size_t count) {
     if (static_cast<std::size_t>(b.size()) < count) b = detail::allocate_scratch<T>(compressor_.backend(), count);
@@ -575,7 +574,6 @@ class sparse_allreduce {
   detail::exchange_memory<backend_type> memory_;
   buffer<std::byte> message_;            // this rank's message, in the compressor's memory
   std::size_t message_bytes_ = 0;        // its size
-  std::size_t message_count_ = 0;        // and its entries
   buffer<std::uint32_t> index_;          // the selection, in the compressor's memory
   buffer<float> values_;                 // its sums
   std::vector<std::byte> host_message_;  // the message on the host

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <gradcomp/config.hpp>
-#include <gradcomp/detail/core/sorted_search.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -48,22 +47,6 @@ struct step_status {
 /// the staged entries the caller did not keep so (step_engines::commit_staged), rather
 /// than compacting the selection on the host. Never an index: indices are below n < 2^32.
 inline constexpr std::uint32_t not_kept = 0xFFFFFFFFu;
-
-/// Marks index[j] not_kept for the first status->count entries whose index is not in
-/// `kept` (ascending, kept_count of them), by a binary search.
-struct mark_not_kept {
-  std::uint32_t* index;
-  const std::uint32_t* kept;
-  std::size_t kept_count;
-  const step_status* status;
-  GRADCOMP_HOST_DEVICE std::size_t live_items() const noexcept { return status->count; }
-  GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
-    if (j >= status->count) return;
-    const std::uint32_t i = index[j];
-    const std::size_t at = first_not_below(kept, kept_count, i);
-    if (at == kept_count || kept[at] != i) index[j] = not_kept;
-  }
-};
 
 /// What a selector engine queued: the indices and their count (in the step_status) stay
 /// in the backend's memory.

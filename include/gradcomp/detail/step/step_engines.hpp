@@ -7,6 +7,7 @@
 #include <gradcomp/config.hpp>
 #include <gradcomp/correct/none.hpp>
 #include <gradcomp/detail/core/selector_work.hpp>
+#include <gradcomp/detail/core/sorted_search.hpp>
 #include <gradcomp/detail/core/step_input.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/message.hpp>
@@ -23,6 +24,22 @@
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
+
+/// Marks index[j] not_kept for the first status->count entries whose index is not in
+/// `kept` (ascending, kept_count of them), by a binary search.
+struct mark_not_kept {
+  std::uint32_t* index;
+  const std::uint32_t* kept;
+  std::size_t kept_count;
+  const step_status* status;
+  GRADCOMP_HOST_DEVICE std::size_t live_items() const noexcept { return status->count; }
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
+    if (j >= status->count) return;
+    const std::uint32_t i = index[j];
+    const std::size_t at = first_not_below(kept, kept_count, i);
+    if (at == kept_count || kept[at] != i) index[j] = not_kept;
+  }
+};
 
 /// `backend` settled for a compressor of n elements made now, once n and the policies
 /// are checked: backend::host its threads (0: OpenMP's default now, which sizes the
