@@ -13,6 +13,8 @@
 #include <string>
 
 #include "support/inputs.hpp"
+#include "support/counted_device.hpp"
+#include "support/frames.hpp"
 #include "support/opaque_host.hpp"
 
 namespace gc = gradcomp;
@@ -82,31 +84,25 @@ outcome generic_outcome(gc::detail::message_decoder<Backend>& decoder, const std
   return o;
 }
 
-// The generic decoder's queue_checked_add (the DDP hook's device exchange: the header
-// read from a host copy, the faults left in a word, the add done only without one):
-// "fault" where a check found one (the tensor untouched), the header's error where
-// read_header refused the copy, else the sums.
+// The generic decoder's queue_framed_add (the DDP hook's exchange: the header read where
+// the frame is, the faults left in a word, the add done only without one) of `bytes` in
+// a frame, read as `format`: "fault" where a check found one (the tensor untouched),
+// else the sums.
 template <class Backend>
-outcome queued_outcome(gc::detail::message_decoder<Backend>& decoder, const std::vector<std::byte>& bytes,
-                       std::size_t n) {
+outcome framed_outcome(gc::detail::message_decoder<Backend>& decoder, const std::vector<std::byte>& frame,
+                       std::size_t n, const gc::encode::index_value& format) {
   outcome o{std::vector<float>(n, 3.25f), {}};
-  const Backend be{};
-  std::array<std::byte, gc::message_header::size> head{};  // zero-padded, as the hook copies it
-  std::copy_n(bytes.begin(), std::min(bytes.size(), head.size()), head.begin());
   std::uint32_t fault = 0;
-  try {
-    decoder.queue_checked_add(be, head, bytes, o.dense, 0.5f, &fault);
-    if (fault != 0) o.error = "fault";
-  } catch (const gc::error& e) {
-    o.error = std::string(gc::to_string(e.code())) + ": " + e.what();
-  }
+  decoder.queue_framed_add(Backend{}, format, frame, o.dense, 0.5f, &fault);
+  if (fault != 0) o.error = "fault";
   return o;
 }
 
 // The generic decoder on backend::host and on opaque_host (kept across calls, as the
 // device's are), and gc::accumulate, give exactly what the host's reader gives: the
-// same sums, or the same error with the tensor untouched. queue_checked_add finds a
-// fault (or the same header error) exactly where the reader raises, and then adds nothing.
+// same sums, or the same error with the tensor untouched. queue_framed_add finds a
+// fault exactly where the reader raises, and then adds nothing; read as automatic, the
+// same.
 void require_generic_decoder_agrees(const std::vector<std::byte>& bytes, std::size_t n) {
   static gc::detail::message_decoder<gc::backend::host> on_host{gc::backend::host{}};
   static gc::detail::message_decoder<opaque_host> on_opaque{opaque_host{}};
@@ -120,10 +116,21 @@ void require_generic_decoder_agrees(const std::vector<std::byte>& bytes, std::si
   CHECK(got_host.dense == want.dense);
   CHECK(got_opaque.dense == want.dense);
   CHECK(got_accumulate.dense == want.dense);
-  for (const outcome& queued : {queued_outcome(on_host, bytes, n), queued_outcome(on_opaque, bytes, n)}) {
-    CHECK(queued.error.empty() == want.error.empty());
-    if (queued.error != "fault") CHECK(queued.error == want.error);
-    CHECK(queued.dense == want.dense);
+  const std::vector<std::byte> frame = frames::frame_of(bytes);
+  gc::encode::index_value format = frames::format_named_by(bytes);
+  std::vector<gc::encode::index_value> formats{format};
+  format.index = gc::index_coding::automatic;
+  formats.push_back(format);
+  for (const auto& f : formats) {
+    // A new decoder each (its workspace zeroed): a pass that did not run cannot borrow
+    // the indices an earlier message left.
+    gc::detail::message_decoder<gc::backend::host> new_on_host{gc::backend::host{}};
+    gc::detail::message_decoder<opaque_host> new_on_opaque{opaque_host{}};
+    for (const outcome& framed : {framed_outcome(new_on_host, frame, n, f), framed_outcome(new_on_opaque, frame, n, f),
+                                  framed_outcome(on_opaque, frame, n, f)}) {
+      CHECK(framed.error.empty() == want.error.empty());
+      CHECK(framed.dense == want.dense);
+    }
   }
 }
 
@@ -349,6 +356,65 @@ TEST_CASE("the generic decoder agrees with the host's reader on random garbage")
       b.resize(rng() % 4 == 0 ? rng() % (b.size() + 1) : b.size());
       CAPTURE(trial);
       require_generic_decoder_agrees(b, 500);
+    }
+  }
+}
+
+// The DDP hook's frames (queue_framed_add): what the verdict says before the message, a
+// bound the message need not fill, an encoder the ranks agreed on, and no host wait.
+TEST_CASE("a frame's message is checked and added where it is, with nothing read back") {
+  const std::size_t n = 3000;
+  const std::vector<std::byte> good = sample_message(n, 40);
+  const outcome want = reader_outcome(good, n);
+  REQUIRE(want.error.empty());
+  const outcome untouched{std::vector<float>(n, 3.25f), {}};
+  const gc::encode::index_value agreed{.index = gc::index_coding::raw32, .value = gc::value_coding::f32};
+  gc::detail::message_decoder<opaque_host> decoder{opaque_host{}};
+  SUBCASE("a message that fills its frame, or leaves some of it, is added") {
+    CHECK(framed_outcome(decoder, frames::frame_of(good, 0, 0), n, agreed) == want);
+    CHECK(framed_outcome(decoder, frames::frame_of(good, 0, 1000), n, agreed) == want);
+  }
+  SUBCASE("an automatic encoder's message is read whatever its coding, in a frame too small for a bitmap too") {
+    const gc::encode::index_value automatic{};
+    for (const std::size_t k : {std::size_t{1}, std::size_t{40}, std::size_t{300}}) {
+      gc::compressor c{gc::backend::host{}, n, gc::select::exact_topk{.count = k}, gc::correct::none{}, automatic};
+      std::vector<std::byte> out(c.max_message_bytes());
+      const auto m = c.compress(inputs::make(inputs::shape::normal, n, 12), out);
+      const std::vector<std::byte> bytes(m.bytes().begin(), m.bytes().end());
+      CAPTURE(k);
+      CHECK((bytes.size() + 40 < gc::message_header::size + (n + 7) / 8) == (k < 300));  // no bitmap fits
+      gc::detail::message_decoder<opaque_host> fresh{opaque_host{}};
+      CHECK(framed_outcome(fresh, frames::frame_of(bytes), n, automatic) == reader_outcome(bytes, n));
+    }
+  }
+  SUBCASE("a rank's error, or a message announced larger than its frame, adds nothing and is no fault") {
+    const auto non_finite = 1 + static_cast<std::uint32_t>(gc::errc::non_finite);
+    CHECK(framed_outcome(decoder, frames::frame_of(good, non_finite), n, agreed) == untouched);
+    const std::vector<std::byte> first(good.begin(), good.begin() + 100);
+    CHECK(framed_outcome(decoder, frames::frame_of(first, 0, 0, good.size()), n, agreed) == untouched);
+  }
+  SUBCASE("a message not written as the ranks agreed is a fault, and adds nothing") {
+    for (const gc::encode::index_value other :
+         {gc::encode::index_value{.index = gc::index_coding::raw32, .value = gc::value_coding::f16},
+          gc::encode::index_value{.index = gc::index_coding::bitmap, .value = gc::value_coding::f32},
+          gc::encode::index_value{
+              .index = gc::index_coding::raw32, .value = gc::value_coding::f32, .checksum = true}}) {
+      const outcome got = framed_outcome(decoder, frames::frame_of(good), n, other);
+      CHECK(got.error == "fault");
+      CHECK(got.dense == untouched.dense);
+    }
+    CHECK(framed_outcome(decoder, frames::frame_of(std::vector<std::byte>(10), 0, 0), n, agreed).error ==
+          "fault");  // no header
+  }
+  SUBCASE("on a device, nothing is read back once the workspace has grown") {
+    gc::detail::message_decoder<counted_device> on_device{counted_device{}};
+    gc::encode::index_value automatic = agreed;
+    automatic.index = gc::index_coding::automatic;
+    for (const auto& format : {agreed, automatic}) {
+      (void)framed_outcome(on_device, frames::frame_of(good), n, format);
+      counted_device::reset();
+      CHECK(framed_outcome(on_device, frames::frame_of(good), n, format) == want);
+      CHECK(counted_device::reset() == device_waits{});
     }
   }
 }

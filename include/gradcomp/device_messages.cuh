@@ -54,26 +54,31 @@ class device_accumulator {
     (*this)(backend_, bytes, dense, scale);
   }
 
-  /// operator() with nothing read back, for a caller that reads many messages' outcomes
-  /// at once: `head` is a host copy of the message's first message_header::size bytes
-  /// (checked here), the message's checks OR their faults into `*fault` (device memory,
-  /// cleared by the caller), and `dense` is added to, on `context`'s stream, only where
-  /// none was found. A nonzero `*fault` afterwards means operator() raises for this
-  /// message, and that `dense` went unchanged: call it to learn the error.
-  /// \throws gradcomp::error (corrupt_message) for a bad header, (invalid_argument) as
-  ///         operator() does for its arguments; nothing is queued then.
-  void queue_checked_add(const backend::cuda& context, std::span<const std::byte, message_header::size> head,
-                         device_span<const std::byte> bytes, device_span<float> dense, float scale,
-                         device_span<std::uint32_t> fault) {
+  /// operator() of the message in a frame, with nothing read back, for a caller that
+  /// reads many messages' outcomes at once (the DDP hook's all-gather): `frame` is a
+  /// rank's verdict (its error code at byte 0, its message's size at byte 8, 24 bytes)
+  /// and then up to frame.size() - 24 bytes of its message, in device memory; `format`
+  /// is the encoder the ranks agreed on. The message's header is read on the device, its
+  /// checks OR their faults into `*fault` (device memory, cleared by the caller), and
+  /// `dense` is added to, on `context`'s stream, only where none was found. A nonzero
+  /// `*fault` afterwards means operator() raises for this message, or that it is not
+  /// written as `format` says, and that `dense` went unchanged: call operator() on the
+  /// message to learn the error. A verdict's error, or a message larger than the frame,
+  /// leaves both untouched (the caller reads the verdicts).
+  /// \throws gradcomp::error (invalid_argument) as operator() does for its arguments, or
+  ///         for a frame shorter than its verdict; nothing is queued then.
+  void queue_framed_add(const backend::cuda& context, const encode::index_value& format,
+                        device_span<const std::byte> frame, device_span<float> dense, float scale,
+                        device_span<std::uint32_t> fault) {
     const backend::cuda on = backend_.context_for("accumulate", context);
     backend_.require_current_device("accumulate");
     detail::require(std::isfinite(scale), errc::invalid_argument, "accumulate: scale must be finite, got ", scale);
     detail::require(!fault.empty(), errc::invalid_argument, "accumulate: the fault word is empty");
-    on.require_device_pointer("accumulate", "bytes", bytes.data());
+    on.require_device_pointer("accumulate", "frame", frame.data());
     on.require_device_pointer("accumulate", "dense", dense.data());
     on.require_device_pointer("accumulate", "fault", fault.data());
-    detail::require_apart("accumulate", bytes.data(), bytes.size(), dense.data(), dense.size());
-    decoder_.queue_checked_add(on, head, detail::raw(bytes), detail::raw(dense), scale, fault.data());
+    detail::require_apart("accumulate", frame.data(), frame.size(), dense.data(), dense.size());
+    decoder_.queue_framed_add(on, format, detail::raw(frame), detail::raw(dense), scale, fault.data());
   }
 
  private:

@@ -130,20 +130,11 @@ inline std::uint32_t message_checksum(std::span<const std::byte> bytes) noexcept
   return crc32c_final(c);
 }
 
-/// Reads and checks the fixed header of a message of `total` bytes, of which `head`
-/// holds the first min(total, 56): every field, and the section lengths against
-/// `total`. The checksum and the entries are not checked here.
-inline message_header read_header(std::span<const std::byte> head, std::uint64_t total) {
-  require(total >= message_header::size && head.size() >= message_header::size, errc::corrupt_message, "message is ",
-          total, " bytes, shorter than the ", message_header::size, "-byte header");
-  const std::byte* p = head.data();
+/// The fields of the 56-byte header at `p`, as stored (little-endian, at fixed offsets),
+/// unchecked: read_header checks them on the host, the decoder's parse_header where the
+/// message is (detail/codec/decode.hpp).
+GRADCOMP_HOST_DEVICE inline message_header header_fields(const std::byte* p) noexcept {
   message_header h;
-  const auto magic = load_le<std::uint32_t>(p);
-  require(magic == message_header::magic, errc::corrupt_message, "message magic is 0x", std::hex, magic,
-          ", expected 0x", message_header::magic, " (\"GCMP\")");
-  const auto version = load_le<std::uint16_t>(p + 4);
-  require(version == message_header::version, errc::corrupt_message, "message format version is ", version,
-          ", this build reads version ", message_header::version);
   h.index = static_cast<index_coding>(load_le<std::uint8_t>(p + 6));
   h.value = static_cast<value_coding>(load_le<std::uint8_t>(p + 7));
   h.flags = load_le<std::uint32_t>(p + 8);
@@ -154,6 +145,23 @@ inline message_header read_header(std::span<const std::byte> head, std::uint64_t
   h.value_bytes = load_le<std::uint64_t>(p + 40);
   h.value_param = load_le<float>(p + 48);
   h.codec_param = load_le<std::uint32_t>(p + 52);
+  return h;
+}
+
+/// Reads and checks the fixed header of a message of `total` bytes, of which `head`
+/// holds the first min(total, 56): every field, and the section lengths against
+/// `total`. The checksum and the entries are not checked here.
+inline message_header read_header(std::span<const std::byte> head, std::uint64_t total) {
+  require(total >= message_header::size && head.size() >= message_header::size, errc::corrupt_message, "message is ",
+          total, " bytes, shorter than the ", message_header::size, "-byte header");
+  const std::byte* p = head.data();
+  const message_header h = header_fields(p);
+  const auto magic = load_le<std::uint32_t>(p);
+  require(magic == message_header::magic, errc::corrupt_message, "message magic is 0x", std::hex, magic,
+          ", expected 0x", message_header::magic, " (\"GCMP\")");
+  const auto version = load_le<std::uint16_t>(p + 4);
+  require(version == message_header::version, errc::corrupt_message, "message format version is ", version,
+          ", this build reads version ", message_header::version);
 
   require(is_wire_index_coding(h.index), errc::corrupt_message, "message index coding ", static_cast<unsigned>(h.index),
           " is unknown");

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <gradcomp/encode/codings.hpp>
+#include <gradcomp/encode/index_value.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/held_memory.hpp>
 
@@ -126,6 +127,8 @@ class any_compressor {
   [[nodiscard]] virtual std::uint64_t step() const = 0;
   /// The policies' names, as checkpoints record them.
   [[nodiscard]] virtual std::string signature() const = 0;
+  /// How its messages are written (the encoder its messages' readers expect).
+  [[nodiscard]] virtual gradcomp::encode::index_value encoder() const = 0;
   /// The bytes it holds: state and workspace (gradcomp/held_memory.hpp).
   [[nodiscard]] virtual gradcomp::held_memory memory_bytes() const = 0;
   /// Gives the workspace back until the next step (compressor::release_workspace).
@@ -242,11 +245,12 @@ class cuda_accumulator {
   /// memory), checked first, queued on `stream` (a cudaStream_t). Calls on different
   /// streams share the workspace: the caller orders them.
   virtual void add(void* stream, std::span<const std::byte> message, float* dense, std::size_t n, float scale) = 0;
-  /// add() with nothing read back (device_accumulator::queue_checked_add): `head` a host
-  /// copy of the message's header, the checks' faults ORed into `*fault` (device
-  /// memory), `dense` added to only where there were none.
-  virtual void queue_checked_add(void* stream, std::span<const std::byte> head, std::span<const std::byte> message,
-                                 float* dense, std::size_t n, float scale, std::uint32_t* fault) = 0;
+  /// add() of a frame's message with nothing read back (device_accumulator::
+  /// queue_framed_add): the checks' faults ORed into `*fault` (device memory), `dense`
+  /// added to only where there were none.
+  virtual void queue_framed_add(void* stream, const gradcomp::encode::index_value& format,
+                                std::span<const std::byte> frame, float* dense, std::size_t n, float scale,
+                                std::uint32_t* fault) = 0;
 };
 /// A cuda_accumulator on CUDA device `device`.
 std::unique_ptr<cuda_accumulator> make_cuda_accumulator(int device);

@@ -103,6 +103,7 @@ class compressor_handle {
     return exclusive([&] { return c_->step(); });
   }
   std::string signature() const { return c_->signature(); }
+  gc::encode::index_value encoder() const { return c_->encoder(); }
   torch::Device device() const { return device_; }
   /// {"state": bytes, "workspace": bytes} the compressor holds (gradcomp/held_memory.hpp).
   std::map<std::string, std::uint64_t> memory_bytes() {

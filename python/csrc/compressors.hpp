@@ -122,6 +122,7 @@ class compressor_of final : public any_compressor {
   std::string signature() const override {
     return gc::detail::signature_of(c_.selector(), c_.corrector(), c_.encoder());
   }
+  gc::encode::index_value encoder() const override { return c_.encoder(); }
   gc::held_memory memory_bytes() const override { return c_.memory_bytes(); }
   void release_workspace() override { c_.release_workspace(); }
   void* stream() const override { return backend_ops<backend_type>::stream(c_.backend()); }

@@ -2,12 +2,14 @@
 #include "ddp_steps.hpp"
 
 #include <ATen/Parallel.h>
+#include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
 #include <gradcomp/comm/agreement.hpp>
 #include <gradcomp/comm/frames.hpp>
+#include <gradcomp/detail/codec/decode.hpp>
 #include <gradcomp/message.hpp>
 
 #if defined(_OPENMP)
@@ -345,6 +347,8 @@ struct hook_steps::deferred_bucket {
   torch::Tensor bucket, flat;         // the bucket, and as the compressor reads it
   torch::Tensor message;              // the staged message (the compressor's largest)
   torch::Tensor gathered;             // every rank's frame, in rank order
+  torch::Tensor faults;               // each rank's message's checks (int32 words), where they were queued
+  std::exception_ptr add_failure;     // queueing the adds failed (this rank's, raised once the ranks settled)
   torch::Tensor mean;                 // the result: the mean of the ranks' messages
   std::size_t bound = 0;              // message bytes of a frame
   std::vector<std::uint64_t> sizes;   // each rank's message size, once settled
@@ -383,9 +387,11 @@ std::array<std::byte, gc::message_header::size> header_in(const std::byte* heads
   return h;
 }
 
-/// Stages bucket `d` and all-gathers its frames on the device, reading nothing back: the
-/// frame's verdict comes from the step's status on the device, or from this rank's
-/// error met on the host (then written from the host).
+/// Stages bucket `d`, all-gathers its frames and adds every rank's message to the mean
+/// where it is, reading nothing back: the frame's verdict comes from the step's status
+/// on the device, or from this rank's error met on the host (then written from the
+/// host); each message's header is read and its checks' faults kept on the device,
+/// where the step's end reads them with the verdicts.
 void send_frames(c10d::ProcessGroup& pg, std::map<std::int64_t, std::size_t>& bounds, hook_steps::deferred_bucket& d) {
   const std::int64_t ranks = pg.getSize();
   d.flat = compressible(d.bucket);
@@ -416,6 +422,22 @@ void send_frames(c10d::ProcessGroup& pg, std::map<std::int64_t, std::size_t>& bo
   d.counts.bytes_sent += static_cast<std::uint64_t>(frame_bytes);
   d.counts.bytes_received += static_cast<std::uint64_t>((ranks - 1) * frame_bytes);
   d.counts.collectives += 1;
+  // Every rank's message added where it is, each only if its checks pass (a rank's error
+  // or a message that outgrew the frame adds nothing): this rank's own error, or a frame
+  // that holds no message yet, leaves it to the step's end.
+  if (d.draft.report.code != 0 || d.bound < gc::message_header::size) return;
+  static_assert(gc::detail::decoding::verdict_bytes == verdict_bytes, "the decoder reads the frame's verdict");
+  d.faults = torch::zeros({ranks}, d.gathered.options().dtype(torch::kInt32));
+  const gc::encode::index_value format = d.c->encoder();
+  const auto scale = static_cast<float>(1.0 / static_cast<double>(ranks));
+  auto* fault = reinterpret_cast<std::uint32_t*>(d.faults.data_ptr<std::int32_t>());
+  try {  // after the all-to-all: this rank must still take part in the step's end's collectives
+    for (std::int64_t r = 0; r < ranks; ++r) {
+      queue_framed_add(format, d.gathered.narrow(0, r * frame_bytes, frame_bytes), d.mean, scale, fault + r);
+    }
+  } catch (...) {
+    d.add_failure = std::current_exception();
+  }
 }
 
 /// A message of bucket `d` outgrew its frame (the first step's, or one that grew past
@@ -434,7 +456,8 @@ void gather_again_on_host(transport& t, hook_steps::deferred_bucket& d, float sc
 }
 
 /// A message whose checks found a fault on the device: its error, from the checked add
-/// (on a copy of the result, which the device's add left without it).
+/// (on a copy of the result, which the device's add left without it). The ranks agreed
+/// on their policies and options, so a sound message is written as this rank reads it.
 [[noreturn]] void explain_fault(const hook_steps::deferred_bucket& d, const torch::Tensor& message, std::size_t rank,
                                 float scale) {
   torch::Tensor copy = d.mean.clone();
@@ -489,34 +512,39 @@ void hook_steps::finish_deferred(const group_ptr& group, const std::shared_ptr<s
   const on_stream_of guard(buckets.back()->stream);
   const auto each_head = [](const deferred_bucket& d) { return std::min(head_bytes, d.frame_bytes()); };
 
-  // The first read of the step: every frame's verdict and message header, in one copy.
+  // The step's one read: every frame's verdict and message header, and the faults of
+  // the messages added on the device, in one copy.
   std::vector<torch::Tensor> heads;
   for (const auto& d : buckets) {
     if (d->failure) continue;
+    if (d->stream && *d->stream != *buckets.back()->stream) {  // its adds' faults, read on the last's stream
+      c10::Event added(d->stream->device_type());
+      added.record(*d->stream);
+      added.block(*buckets.back()->stream);
+    }
     const auto frame = static_cast<std::int64_t>(d->frame_bytes());
     for (std::size_t r = 0; r < ranks; ++r) {
       heads.push_back(
           d->gathered.narrow(0, static_cast<std::int64_t>(r) * frame, static_cast<std::int64_t>(each_head(*d))));
     }
+    if (d->faults.defined()) heads.push_back(d->faults.view(torch::kUInt8));
   }
   const torch::Tensor host_heads = heads.empty() ? torch::Tensor() : torch::cat(heads).to(torch::kCPU);
   const auto* read =
       host_heads.defined() ? reinterpret_cast<const std::byte*>(host_heads.data_ptr<std::uint8_t>()) : nullptr;
 
-  // Each bucket settled as gather_frames settles it; its messages queued for adding.
-  struct queued {
-    std::size_t bucket, rank;
-    torch::Tensor message;
-  };
-  std::vector<queued> adds;
-  torch::Tensor faults;  // one word per message queued
+  // Each bucket settled as gather_frames settles it: its messages were added (or, where
+  // one outgrew the frame, are gathered and added again); a fault is explained.
   transport t = transport_of(group, torch::kCPU, nullptr);
-  for (std::size_t b = 0; b < buckets.size(); ++b) {
-    deferred_bucket& d = *buckets[b];
+  for (auto& bucket : buckets) {
+    deferred_bucket& d = *bucket;
     if (d.failure) continue;
     const std::size_t each = each_head(d);
     const std::byte* mine_heads = read;
     read += ranks * each;
+    std::vector<std::uint32_t> faults(d.faults.defined() ? ranks : 0);
+    if (!faults.empty()) std::memcpy(faults.data(), read, faults.size() * sizeof(std::uint32_t));
+    read += faults.size() * sizeof(std::uint32_t);
     const std::uint64_t sent = *t.sent, received = *t.received, issued = *t.issued;
     const on_stream_of bucket_stream(d.stream);
     try {
@@ -541,27 +569,22 @@ void hook_steps::finish_deferred(const group_ptr& group, const std::shared_ptr<s
                             " its policies can write");
         longest = std::max(longest, d.sizes[r]);
       }
-      const auto own_header = header_in(mine_heads, each, rank);
       if (longest <= d.bound) {
-        d.counts.entries = gc::detail::read_header(own_header, d.sizes[rank]).count;
-        if (!faults.defined()) {
-          faults = torch::zeros({static_cast<std::int64_t>(ranks * buckets.size())},
-                                d.gathered.options().dtype(torch::kInt32));
-        }
+        d.counts.entries = gc::detail::read_header(header_in(mine_heads, each, rank), d.sizes[rank]).count;
         const auto frame = static_cast<std::int64_t>(d.frame_bytes());
-        for (std::size_t r = 0; r < ranks; ++r) {
-          const auto header = header_in(mine_heads, each, r);
-          torch::Tensor message = d.gathered.narrow(0, static_cast<std::int64_t>(r) * frame + verdict_bytes,
-                                                    static_cast<std::int64_t>(d.sizes[r]));
-          naming_rank(r, ranks, [&] {
-            queue_checked_add(header, message, d.mean, scale,
-                              reinterpret_cast<std::uint32_t*>(faults.data_ptr<std::int32_t>()) + adds.size());
-          });
-          adds.push_back({b, r, std::move(message)});
+        if (d.add_failure) std::rethrow_exception(d.add_failure);
+        for (std::size_t r = 0; r < faults.size(); ++r) {
+          if (faults[r] == 0) continue;
+          explain_fault(d,
+                        d.gathered.narrow(0, static_cast<std::int64_t>(r) * frame + verdict_bytes,
+                                          static_cast<std::int64_t>(d.sizes[r])),
+                        r, scale);
         }
       } else {
         d.counts.entries = d.c->staged_message(d.flat, d.message).count;
+        d.mean.zero_();  // what fitted its frame was added: every message again, in rank order
         gather_again_on_host(t, d, scale);
+        if (d.add_failure) std::rethrow_exception(d.add_failure);
       }
       state->bounds[d.index] = gc::comm::next_frame_bound(longest, capacity);
     } catch (...) {
@@ -570,22 +593,6 @@ void hook_steps::finish_deferred(const group_ptr& group, const std::shared_ptr<s
     d.counts.bytes_sent += *t.sent - sent;
     d.counts.bytes_received += *t.received - received;
     d.counts.collectives += *t.issued - issued;
-  }
-
-  // The second read: the faults of the messages added on the device.
-  if (!adds.empty()) {
-    const torch::Tensor found = faults.to(torch::kCPU);
-    const auto* word = found.data_ptr<std::int32_t>();
-    for (std::size_t j = 0; j < adds.size(); ++j) {
-      deferred_bucket& d = *buckets[adds[j].bucket];
-      if (word[j] == 0 || d.failure) continue;
-      const on_stream_of bucket_stream(d.stream);
-      try {
-        explain_fault(d, adds[j].message, adds[j].rank, scale);
-      } catch (...) {
-        d.failure = std::current_exception();
-      }
-    }
   }
 
   // The step's end, as submit()'s: accepted together, or none.

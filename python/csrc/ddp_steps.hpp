@@ -124,10 +124,10 @@ class hook_steps {
   /// Queues `job` for `bucket` and returns its Future.
   pybind11::object submit(const torch::Tensor& bucket, bool last, bool compressed, work job);
   /// The all-gather aggregation of a bucket, in the bucket's memory (host or device):
-  /// the step is staged, framed and all-gathered (on a CUDA bucket's stream) with nothing
-  /// read back; the step's last bucket reads every bucket's verdicts and message headers
-  /// in one copy, adds the messages where they are, reads their checks' faults in one
-  /// more copy, and completes every bucket's Future (finish_deferred in ddp_steps.cpp).
+  /// the step is staged, framed and all-gathered (on a CUDA bucket's stream), and every
+  /// rank's message checked and added where it is, with nothing read back; the step's
+  /// last bucket reads every bucket's verdicts, message headers and checks' faults in
+  /// one copy and completes every bucket's Future (finish_deferred in ddp_steps.cpp).
   pybind11::object deferred(std::int64_t index, std::shared_ptr<compressor_handle> c,
                             std::vector<gradcomp::detail::setting> settings, const reported_error& error,
                             const torch::Tensor& bucket, bool last);

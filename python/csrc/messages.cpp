@@ -98,21 +98,17 @@ void add_message(const torch::Tensor& message, torch::Tensor& dense, float scale
   });
 }
 
-void queue_checked_add(std::span<const std::byte> head, const torch::Tensor& message, torch::Tensor& dense, float scale,
-                       std::uint32_t* fault) {
-  if (head.size() != gc::message_header::size) {
-    invalid("accumulate: the header copy has ", head.size(), " bytes, not ", gc::message_header::size);
-  }
-  if (message.is_cpu()) {
+void queue_framed_add(const gc::encode::index_value& format, const torch::Tensor& frame, torch::Tensor& dense,
+                      float scale, std::uint32_t* fault) {
+  if (frame.is_cpu()) {
     // The decoder's workspace, per thread (each process group's hook jobs run on one).
     thread_local gc::detail::message_decoder<gc::backend::host> decoder{gc::backend::host{}};
-    decoder.queue_checked_add(gc::backend::host{}, head.first<gc::message_header::size>(), bytes_of(message),
-                              floats_of(dense), scale, fault);
+    decoder.queue_framed_add(gc::backend::host{}, format, bytes_of(frame), floats_of(dense), scale, fault);
     return;
   }
-  with_device_accumulator(message, [&](auto& add, void* stream) {
-    add.queue_checked_add(stream, head, bytes_of(message), dense.data_ptr<float>(),
-                          static_cast<std::size_t>(dense.numel()), scale, fault);
+  with_device_accumulator(frame, [&](auto& add, void* stream) {
+    add.queue_framed_add(stream, format, bytes_of(frame), dense.data_ptr<float>(),
+                         static_cast<std::size_t>(dense.numel()), scale, fault);
   });
 }
 

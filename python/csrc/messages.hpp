@@ -5,6 +5,8 @@
 
 #include <torch/extension.h>
 
+#include <gradcomp/encode/index_value.hpp>
+
 #include <cstddef>
 #include <span>
 
@@ -26,10 +28,12 @@ void accumulate(const torch::Tensor& message, torch::Tensor& dense, double scale
 /// caller (the DDP hook's exchange adds every rank's message with it).
 void add_message(const torch::Tensor& message, torch::Tensor& dense, float scale);
 
-/// add_message() with nothing read back (the DDP hook's all-gather exchange): `head` is
-/// a host copy of the message's header; its checks' faults are ORed into `*fault` (in
-/// the message's memory) and `dense` is added to only where there were none.
-void queue_checked_add(std::span<const std::byte> head, const torch::Tensor& message, torch::Tensor& dense, float scale,
-                       std::uint32_t* fault);
+/// add_message() of the message in a frame (a rank's verdict, then its message, as the
+/// DDP hook's all-gather sends it), with nothing read back: the message's header is read
+/// where it is, its checks' faults are ORed into `*fault` (in the frame's memory) and
+/// `dense` is added to only where there were none; a verdict's error or a message that
+/// outgrew the frame leaves both untouched (detail::message_decoder::queue_framed_add).
+void queue_framed_add(const gradcomp::encode::index_value& format, const torch::Tensor& frame, torch::Tensor& dense,
+                      float scale, std::uint32_t* fault);
 
 }  // namespace gradcomp_py

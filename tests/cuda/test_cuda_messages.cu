@@ -8,9 +8,11 @@
 #include <gradcomp/gradcomp.hpp>
 
 #include <random>
+#include <utility>
 #include <string>
 #include <vector>
 
+#include "../support/frames.hpp"
 #include "../support/inputs.hpp"
 
 namespace gc = gradcomp;
@@ -65,9 +67,33 @@ outcome on_device(const std::vector<std::byte>& bytes, const std::vector<float>&
   }
 }
 
+// The DDP hook's decoder of frames (queue_framed_add), the message read as its header
+// says it was written, and read as automatic with a new accumulator (no workspace an
+// earlier message left): a fault exactly where the host rejects it, and the host's sums
+// where it accepts, the tensor untouched otherwise.
+void same_framed_outcome(const std::vector<std::byte>& bytes, const std::vector<float>& dense, float scale,
+                         const outcome& host) {
+  static gc::device_accumulator kept{gc::backend::cuda{}};
+  gc::device_accumulator fresh{gc::backend::cuda{}};
+  gc::encode::index_value automatic = frames::format_named_by(bytes);
+  automatic.index = index_coding::automatic;
+  const std::pair<gc::device_accumulator*, gc::encode::index_value> runs[] = {{&kept, frames::format_named_by(bytes)},
+                                                                              {&fresh, automatic}};
+  for (const auto& [add, format] : runs) {
+    auto d_frame = device::copy_of(frames::frame_of(bytes));
+    auto d_dense = device::copy_of(dense);
+    thrust::device_vector<std::uint32_t> fault(1, 0u);
+    add->queue_framed_add(gc::backend::cuda{}, format, device::span_of(d_frame), device::span_of(d_dense), scale,
+                          device::span_of(fault));
+    CHECK((fault[0] == 0u) == host.accepted);
+    CHECK(device::same_bits(device::host_copy(d_dense), host.dense));
+  }
+}
+
 void same_outcome(const std::vector<std::byte>& bytes, std::size_t n, float scale = 0.75f) {
   const std::vector<float> dense = inputs::make(inputs::shape::normal, n, 5);
   const outcome host = on_host(bytes, dense, scale);
+  same_framed_outcome(bytes, dense, scale, host);
   for (const bool reused : {false, true}) {
     CAPTURE(reused);
     const outcome gpu = on_device(bytes, dense, scale, reused);

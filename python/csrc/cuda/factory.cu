@@ -31,14 +31,11 @@ class accumulator_of_device final : public cuda_accumulator {
     add_(gc::backend::cuda{.stream = static_cast<cudaStream_t>(stream), .device = device_},
          gc::device_span<const std::byte>(message.data(), message.size()), gc::device_span<float>(dense, n), scale);
   }
-  void queue_checked_add(void* stream, std::span<const std::byte> head, std::span<const std::byte> message,
-                         float* dense, std::size_t n, float scale, std::uint32_t* fault) override {
-    gc::detail::require(head.size() == gc::message_header::size, gc::errc::invalid_argument, "accumulate: the header ",
-                        "copy has ", head.size(), " bytes, not ", gc::message_header::size);
-    add_.queue_checked_add(gc::backend::cuda{.stream = static_cast<cudaStream_t>(stream), .device = device_},
-                           head.first<gc::message_header::size>(),
-                           gc::device_span<const std::byte>(message.data(), message.size()),
-                           gc::device_span<float>(dense, n), scale, gc::device_span<std::uint32_t>(fault, 1));
+  void queue_framed_add(void* stream, const gc::encode::index_value& format, std::span<const std::byte> frame,
+                        float* dense, std::size_t n, float scale, std::uint32_t* fault) override {
+    add_.queue_framed_add(gc::backend::cuda{.stream = static_cast<cudaStream_t>(stream), .device = device_}, format,
+                          gc::device_span<const std::byte>(frame.data(), frame.size()),
+                          gc::device_span<float>(dense, n), scale, gc::device_span<std::uint32_t>(fault, 1));
   }
 
  private:

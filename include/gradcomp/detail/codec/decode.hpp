@@ -6,8 +6,13 @@
 /// against (tests/test_message.cpp runs this on backend::host and on a host backend
 /// that declares its memory unreadable, over good and hostile messages).
 ///
-/// The header is read on the host (56 bytes). Then the passes, each flagging what it
-/// finds into one fault word in the backend's memory:
+/// The header is parsed where the message is, by one item (decoding::parse_header),
+/// into a parsed_header that every later pass reads its sizes from; where the host reads
+/// the header too (check(), 56 bytes), the passes are launched at its sizes, and where it
+/// does not (queue_framed_add: a frame's message, whose outcome the caller reads with
+/// many others) at the most the frame can hold, the items past the header's doing
+/// nothing. Then the passes, each flagging what it finds into one fault word in the
+/// backend's memory:
 /// - the checksum, if flagged: a CRC-32C register per kilobyte, chained by one item;
 /// - the index section into an index workspace: raw32 by entry; bitmap by an ordered
 ///   expansion of its bytes, after a check of the bits past n and a fixed-order sum of
@@ -15,8 +20,8 @@
 ///   blocks' widths (their layout), then per block its gaps' sum, one item's scan of
 ///   the sums, and per block its indices, each checked against n in 64 bits;
 /// - every index below n and above the one before it; the value section's padding;
-///   every value finite (decoded by the value_decoder the host's reader uses).
-/// One read of the fault word ends the check. A clean message is decoded again by
+///   every value finite (decoded as the host's reader decodes it, coded_values).
+/// One read of the fault word ends check(). A clean message is decoded again by
 /// add() and values() into the workspace, then scattered. A faulty one is copied to
 /// the host and read by message_reader, which raises the host's error for the same
 /// bytes: the texts of the two paths cannot drift. Not API.
@@ -29,6 +34,7 @@
 #include <gradcomp/detail/core/radix_select.hpp>
 #include <gradcomp/detail/core/selector_work.hpp>
 #include <gradcomp/detail/core/wire.hpp>
+#include <gradcomp/encode/index_value.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/message.hpp>
 #include <gradcomp/held_memory.hpp>
@@ -48,10 +54,122 @@ namespace decoding {
 /// Whether a pass met a fault: bit 0 of the fault word.
 inline constexpr std::uint32_t fault = 1u;
 
-/// A fault, whatever the item: a message the host found unfit before any pass.
-struct always_fault {
-  GRADCOMP_HOST_DEVICE std::uint32_t operator()(std::size_t) const { return fault; }
+/// Bytes of a frame's verdict (comm/agreement.hpp's rank_verdict) before its message:
+/// the rank's error code at byte 0, its message's size at byte 8.
+inline constexpr std::size_t verdict_bytes = 24;
+
+/// A message's header where the passes read it (the backend's memory), as parse_header
+/// found it: every pass takes the sizes it works on from here, so that one set of passes
+/// serves a header the host read (launched at its exact sizes) and a frame's, which the
+/// host never reads (launched at the sizes the frame's bound allows; the items past the
+/// header's, or of another index coding, do nothing).
+struct parsed_header {
+  std::uint32_t usable;  // 1: a sound header, the passes work on it; 0: they do nothing
+  std::uint32_t index;   // its index_coding
+  std::uint32_t value;   // its value_coding
+  std::uint32_t flags, checksum, levels;
+  std::uint64_t n, count, index_bytes, value_bytes;
+  std::uint64_t size;  // of the message: header and sections
+  float value_param;
+
+  GRADCOMP_HOST_DEVICE bool coded(index_coding c) const {
+    return usable != 0 && index == static_cast<std::uint32_t>(c);
+  }
+  GRADCOMP_HOST_DEVICE bool has_entry(std::size_t j) const { return usable != 0 && j < count; }
+  GRADCOMP_HOST_DEVICE std::size_t delta_blocks() const { return usable != 0 ? blocks_of(count, delta_block) : 0; }
+  GRADCOMP_HOST_DEVICE const std::byte* value_section(const std::byte* message) const {
+    return message + message_header::size + index_bytes;
+  }
 };
+
+/// Whether a header's coding parameters are sound (check_section_sizes' rules): its
+/// levels where the coding takes them, else zero; its scale finite and not negative
+/// where the coding has one, else all zero bits.
+GRADCOMP_HOST_DEVICE constexpr bool coding_parameters_sound(value_coding c, std::uint32_t levels,
+                                                            std::uint32_t param_bits) noexcept {
+  return visit_value_coding(c, [&](auto coding) {
+    using C = decltype(coding);
+    const bool levels_sound = C::takes_levels ? levels >= 1 && levels <= qsgd_max_levels : levels == 0;
+    const std::uint32_t magnitude = param_bits & 0x7FFFFFFFu;
+    const bool param_sound =
+        C::has_param ? magnitude < non_finite_key && ((param_bits >> 31) == 0 || magnitude == 0) : param_bits == 0;
+    return levels_sound && param_sound;
+  });
+}
+
+/// One item: checks a message's header as read_header() does, and against the format
+/// the reader expects (`want`: its codings, any index coding where its index coding is
+/// automatic, its levels where the value coding takes them, and its checksum flag), into `out`: `fault` for an unsound
+/// header. After a frame's verdict (`verdict` not null) a rank's error or a message larger than `room` (outgrown)
+/// leaves the header unusable without a fault: the host settles those from the verdicts it reads.
+struct parse_header {
+  const std::byte* verdict;  // a frame's, or null
+  const std::byte* message;
+  std::uint64_t room;  // the message's bytes; after a verdict, the most the frame holds
+  std::uint64_t n;     // of the dense tensor
+  std::uint64_t most;  // entries the passes are launched for
+  encode::index_value want;
+  parsed_header* out;
+  GRADCOMP_HOST_DEVICE std::uint32_t operator()(std::size_t) const {
+    *out = parsed_header{};
+    std::uint64_t total = room;
+    if (verdict != nullptr) {
+      if (load_le<std::uint32_t>(verdict) != 0) return 0;
+      total = load_le<std::uint64_t>(verdict + 8);
+      if (total > room) return 0;
+    }
+    if (total < message_header::size) return fault;
+    const std::byte* p = message;
+    const message_header f = header_fields(p);
+    const auto param_bits = load_le<std::uint32_t>(p + 48);
+    const bool index_expected =
+        want.index == index_coding::automatic ? is_wire_index_coding(f.index) : f.index == want.index;
+    if (load_le<std::uint32_t>(p) != message_header::magic ||
+        load_le<std::uint16_t>(p + 4) != message_header::version || !index_expected || f.value != want.value) {
+      return fault;
+    }
+    if (f.flags != (want.checksum ? message_header::flag_checksum : 0u) || (f.flags == 0 && f.checksum != 0)) {
+      return fault;
+    }
+    if (takes_levels(f.value) && f.codec_param != want.levels) return fault;
+    if (f.n != n || f.n == 0 || f.n > message_header::max_n || f.count > f.n || f.count > most) return fault;
+    const std::uint64_t body = total - message_header::size;
+    if (f.index_bytes > body || f.value_bytes > body - f.index_bytes || f.index_bytes + f.value_bytes != body) {
+      return fault;
+    }
+    const std::uint64_t index_most = max_index_section_bytes(f.index, f.n, f.count);
+    if (f.index == index_coding::delta_bitpack ? f.index_bytes > index_most : f.index_bytes != index_most) return fault;
+    if (!coding_parameters_sound(f.value, f.codec_param, param_bits)) return fault;
+    if (f.value_bytes != value_section_bytes(f.value, f.count, f.codec_param)) return fault;
+    *out = {.usable = 1,
+            .index = static_cast<std::uint32_t>(f.index),
+            .value = static_cast<std::uint32_t>(f.value),
+            .flags = f.flags,
+            .checksum = f.checksum,
+            .levels = f.codec_param,
+            .n = f.n,
+            .count = f.count,
+            .index_bytes = f.index_bytes,
+            .value_bytes = f.value_bytes,
+            .size = total,
+            .value_param = f.value_param};
+    return 0;
+  }
+};
+
+/// f(j) for the entries of a sound header (a zero, or nothing, past them): the passes
+/// launched for more entries than a message may hold do nothing there.
+template <class F>
+struct on_entries {
+  const parsed_header* h;
+  F f;
+  GRADCOMP_HOST_DEVICE auto operator()(std::size_t j) const -> decltype(f(j)) {
+    if (!h->has_entry(j)) return decltype(f(j))();
+    return f(j);
+  }
+};
+template <class F>
+on_entries(const parsed_header*, F) -> on_entries<F>;
 
 /// scatter_add (message.hpp) where the message's fault word stayed 0: every check of
 /// the message ran before on the same stream, so the word is final when this reads it.
@@ -81,21 +199,25 @@ GRADCOMP_HOST_DEVICE constexpr unsigned lowest_bit(unsigned byte) noexcept {  //
   return at;
 }
 
-/// The tiles' CRC registers of the message.
+/// The tiles' CRC registers of a message whose header carries a checksum.
 struct checksum_parts {
   const std::byte* message;
-  std::uint64_t bytes;
+  const parsed_header* h;
   std::uint32_t* parts;
-  GRADCOMP_HOST_DEVICE void operator()(std::size_t c) const { parts[c] = message_checksum_part(message, bytes, c); }
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t c) const {
+    if (h->usable != 0 && h->flags != 0 && c < blocks_of(h->size - 16, checksum_chunk)) {
+      parts[c] = message_checksum_part(message, h->size, c);
+    }
+  }
 };
 /// The chained checksum against the header's.
 struct checksum_check {
   const std::byte* message;
-  std::uint64_t bytes;
+  const parsed_header* h;
   const std::uint32_t* parts;
-  std::uint32_t expected;
   GRADCOMP_HOST_DEVICE std::uint32_t operator()(std::size_t) const {
-    return message_checksum_of_parts(message, bytes, parts) == expected ? 0u : fault;
+    if (h->usable == 0 || h->flags == 0) return 0;
+    return message_checksum_of_parts(message, h->size, parts) == h->checksum ? 0u : fault;
   }
 };
 
@@ -105,37 +227,50 @@ struct raw32_index {
   std::uint32_t* index;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const { index[j] = load_le<std::uint32_t>(section + 4 * j); }
 };
+/// raw32_index for the entries of a raw32 header.
+struct raw32_entry {
+  const parsed_header* h;
+  raw32_index read;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
+    if (h->coded(index_coding::raw32) && j < h->count) read(j);
+  }
+};
 
 /// bitmap: the bits of the last byte past n must be zero.
 struct bitmap_tail {
   const std::byte* section;
-  std::uint64_t n;
+  const parsed_header* h;
   GRADCOMP_HOST_DEVICE std::uint32_t operator()(std::size_t) const {
-    const auto tail = static_cast<unsigned>(n % 8);
-    return tail != 0 && (static_cast<unsigned>(section[bitmap_bytes(n) - 1]) >> tail) != 0 ? fault : 0u;
+    if (!h->coded(index_coding::bitmap)) return 0;
+    const auto tail = static_cast<unsigned>(h->n % 8);
+    return tail != 0 && (static_cast<unsigned>(section[bitmap_bytes(h->n) - 1]) >> tail) != 0 ? fault : 0u;
   }
 };
 /// bitmap: the bits set in byte b (summed, exactly, in double).
 struct bitmap_byte_count {
   const std::byte* section;
+  const parsed_header* h;
   GRADCOMP_HOST_DEVICE double operator()(std::size_t b) const {
+    if (!h->coded(index_coding::bitmap)) return 0.0;
     return static_cast<double>(bits_set(static_cast<unsigned>(section[b])));
   }
 };
 /// bitmap: the set bits' count against the header's.
 struct bitmap_count_check {
   const double* total;
-  std::uint64_t count;
+  const parsed_header* h;
   GRADCOMP_HOST_DEVICE std::uint32_t operator()(std::size_t) const {
-    return *total == static_cast<double>(count) ? 0u : fault;
+    if (!h->coded(index_coding::bitmap)) return 0;
+    return *total == static_cast<double>(h->count) ? 0u : fault;
   }
 };
 /// bitmap: byte b's set bits, as indices, once the count is known to fit.
 struct bitmap_indices {
   const std::byte* section;
+  const parsed_header* h;
   const std::uint32_t* faults;
   GRADCOMP_HOST_DEVICE std::size_t operator()(std::size_t b, std::uint32_t* at) const {
-    if (*faults != 0) return 0;
+    if (*faults != 0 || !h->coded(index_coding::bitmap)) return 0;
     unsigned byte = static_cast<unsigned>(section[b]);
     const auto made = static_cast<std::size_t>(bits_set(byte));
     if (at != nullptr) {
@@ -155,9 +290,11 @@ struct delta_block_at {
 /// structural checks, in its order).
 struct delta_layout {
   const std::byte* section;
-  std::uint64_t section_bytes, count;
+  const parsed_header* h;
   delta_block_at* blocks;
   GRADCOMP_HOST_DEVICE std::uint32_t operator()(std::size_t) const {
+    if (!h->coded(index_coding::delta_bitpack)) return 0;
+    const std::uint64_t section_bytes = h->index_bytes, count = h->count;
     std::uint64_t at = 0;
     std::uint64_t b = 0;
     for (std::uint64_t start = 0; start < count; start += delta_block, ++b) {
@@ -173,13 +310,18 @@ struct delta_layout {
     return at == section_bytes ? 0u : fault;
   }
 };
+/// Whether delta_bitpack block b of a header is there to read, its layout sound.
+GRADCOMP_HOST_DEVICE inline bool delta_block_live(const parsed_header* h, const std::uint32_t* faults, std::size_t b) {
+  return *faults == 0 && h->coded(index_coding::delta_bitpack) && b < h->delta_blocks();
+}
 /// delta_bitpack: block b's padding bits are zero, once the layout is sound.
 struct delta_padding {
   const std::byte* section;
+  const parsed_header* h;
   const delta_block_at* blocks;
   const std::uint32_t* faults;
   GRADCOMP_HOST_DEVICE std::uint32_t operator()(std::size_t b) const {
-    if (*faults != 0) return 0;
+    if (!delta_block_live(h, faults, b)) return 0;
     const delta_block_at k = blocks[b];
     const std::uint64_t used = std::uint64_t{k.len} * k.width;
     return padding_is_zero(section + k.offset, used, (used + 7) / 8) ? 0u : fault;
@@ -188,11 +330,12 @@ struct delta_padding {
 /// delta_bitpack: how far block b advances the next index (its gaps plus its length).
 struct delta_advance {
   const std::byte* section;
+  const parsed_header* h;
   const delta_block_at* blocks;
   const std::uint32_t* faults;
   std::uint64_t* advance;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t b) const {
-    if (*faults != 0) return;
+    if (!delta_block_live(h, faults, b)) return;
     const delta_block_at k = blocks[b];
     std::uint64_t sum = k.len;
     for (std::uint32_t j = 0; j < k.len; ++j) sum += read_bits(section + k.offset, std::uint64_t{j} * k.width, k.width);
@@ -202,12 +345,12 @@ struct delta_advance {
 /// delta_bitpack: each block's first "next index", an exclusive scan by one item.
 struct delta_bases {
   std::uint64_t* advance;  // becomes the bases
-  std::size_t blocks;
+  const parsed_header* h;
   const std::uint32_t* faults;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t) const {
-    if (*faults != 0) return;
+    if (!delta_block_live(h, faults, 0)) return;
     std::uint64_t next = 0;
-    for (std::size_t b = 0; b < blocks; ++b) {
+    for (std::size_t b = 0; b < h->delta_blocks(); ++b) {
       const std::uint64_t a = advance[b];
       advance[b] = next;
       next += a;
@@ -218,19 +361,19 @@ struct delta_bases {
 /// cannot wrap around).
 struct delta_indices {
   const std::byte* section;
+  const parsed_header* h;
   const delta_block_at* blocks;
   const std::uint64_t* bases;
   const std::uint32_t* faults;
-  std::uint64_t n;
   std::uint32_t* index;
   GRADCOMP_HOST_DEVICE std::uint32_t operator()(std::size_t b) const {
-    if (*faults != 0) return 0;
+    if (!delta_block_live(h, faults, b)) return 0;
     const delta_block_at k = blocks[b];
     std::uint64_t next = bases[b];
     std::uint32_t found = 0;
     for (std::uint32_t j = 0; j < k.len; ++j) {
       const std::uint64_t i = next + read_bits(section + k.offset, std::uint64_t{j} * k.width, k.width);
-      if (i >= n) found = fault;
+      if (i >= h->n) found = fault;
       index[b * delta_block + j] = static_cast<std::uint32_t>(i);
       next = i + 1;
     }
@@ -251,10 +394,22 @@ struct indices_in_order {
 
 /// The value section's padding (ternary, qsgd, int4) is zero.
 struct value_padding {
-  const std::byte* section;
-  std::uint64_t used_bits, bytes;
+  const std::byte* message;
+  const parsed_header* h;
   GRADCOMP_HOST_DEVICE std::uint32_t operator()(std::size_t) const {
-    return padding_is_zero(section, used_bits, bytes) ? 0u : fault;
+    if (h->usable == 0) return 0;
+    const std::uint64_t used = value_used_bits(static_cast<value_coding>(h->value), h->count, h->levels);
+    return padding_is_zero(h->value_section(message), used, h->value_bytes) ? 0u : fault;
+  }
+};
+
+/// The values of a message in coding `Coding`, read where its parsed header says.
+template <class Coding>
+struct header_values {
+  const std::byte* message;
+  const parsed_header* h;
+  GRADCOMP_HOST_DEVICE float operator()(std::size_t j) const {
+    return coded_values<Coding>{h->value_section(message), h->value_param, h->levels, Coding::entry_bits(h->levels)}(j);
   }
 };
 
@@ -346,7 +501,10 @@ class message_decoder {
     std::span<const std::byte> bytes;
   };
 
-  explicit message_decoder(const Backend& be) : backend_(be), faults_(be.template allocate<std::uint32_t>(3)) {}
+  explicit message_decoder(const Backend& be)
+      : backend_(be),
+        faults_(be.template allocate<std::uint32_t>(3)),
+        header_(be.template allocate<decoding::parsed_header>(1)) {}
 
   /// Checks the whole message at `bytes` (the backend's memory) for a tensor of n
   /// elements, and with a `target`, that adding it there keeps every sum finite.
@@ -362,14 +520,15 @@ class message_decoder {
     const message_header h = read_header(std::span<const std::byte>(head, sizeof head), bytes.size());
     std::uint32_t* faults = faults_.data();
     on.clear(faults, 1);
-    queue_checks(on, h, bytes, n, target, faults);
+    const pass_sizes sizes = parse(on, nullptr, bytes, n, format_of(h), h.count, faults);
+    queue_checks(on, sizes, bytes, n, target, faults);
     const std::uint32_t seen = on.read(static_cast<const std::uint32_t*>(faults));
     if ((seen & fault) != 0) explain(on, bytes, n, who);
     require_size(h, n, who);
     if (seen != 0) {  // the message is sound, a sum is not
       const auto count = static_cast<std::size_t>(h.count);
       grow(values_, count);
-      decode_values(on, value_decoder(h, value_section(h, bytes)), count, values_.data());
+      decode_values(on, sizes, bytes, values_.data());
       explain_overflow(on, who, index_.data(), values_.data(), count, target, n);
     }
     return {h, bytes};
@@ -377,92 +536,141 @@ class message_decoder {
 
   /// Queues `dense += scale * entries` of a checked message (dense: the backend's memory).
   void add(const Backend& on, const checked& m, std::span<float> dense, float scale) {
-    const auto count = static_cast<std::size_t>(m.header.count);
-    if (count == 0) return;
-    decode_indices(on, m.header, m.bytes, nullptr);
-    grow(values_, count);
-    decode_values(on, value_decoder(m.header, value_section(m.header, m.bytes)), count, values_.data());
-    on.for_each(count, scatter_add{index_.data(), values_.data(), scale, dense.data()});
+    if (m.header.count == 0) return;
+    std::uint32_t* clean = faults_.data() + 1;  // stays 0: the message passed check()
+    on.clear(clean, 1);
+    const pass_sizes sizes = parse(on, nullptr, m.bytes, dense.size(), format_of(m.header), m.header.count, clean);
+    decode_indices(on, sizes, m.bytes, dense.size(), clean, false);
+    add_entries(on, sizes, m.bytes, dense, scale, clean);
   }
 
-  /// check() and add() queued together, with nothing read back, for a caller that
-  /// reads many messages' outcomes at once: `head` is the message's header as the caller
-  /// read it (a copy of its first message_header::size bytes: read_header() checked it on
-  /// the host, against bytes.size()), the checks (with `dense` as the target) OR their
-  /// faults into `*fault` (the backend's memory; the caller clears it), and `dense` is
-  /// added to only if none was found. A nonzero `*fault` means check() raises for this
-  /// message and `dense` went unchanged: call it to learn the error.
-  /// A message for a tensor of another n is a fault too (check() then names the error
-  /// that comes first, a corrupt message's or the size's, as the host's reader does).
-  /// \throws gradcomp::error (corrupt_message) for a bad header; nothing is queued then.
-  void queue_checked_add(const Backend& on, std::span<const std::byte, message_header::size> head,
-                         std::span<const std::byte> bytes, std::span<float> dense, float scale, std::uint32_t* fault) {
-    const message_header h = read_header(head, bytes.size());
-    if (h.n != dense.size()) {
-      on.reduce_or(1, decoding::always_fault{}, fault);
-      return;
-    }
-    queue_checks(on, h, bytes, dense.size(), {dense.data(), scale}, fault);
-    const auto count = static_cast<std::size_t>(h.count);
-    if (count == 0) return;
-    grow(values_, count);
-    decode_values(on, value_decoder(h, value_section(h, bytes)), count, values_.data());
-    on.for_each(count, decoding::scatter_add_if_clean{fault, index_.data(), values_.data(), scale, dense.data()});
+  /// check() and add() of the message in a frame, queued together with nothing read
+  /// back, for a caller that reads many messages' outcomes at once. `frame` is a rank's
+  /// verdict (decoding::verdict_bytes: its error code, its message's size) and then up to
+  /// frame.size() - verdict_bytes bytes of its message; `format` is the encoder the ranks
+  /// agreed on. The checks (with `dense` as the target) OR their faults into `*fault`
+  /// (the backend's memory; the caller clears it) and `dense` is added to only if none
+  /// was found. A nonzero `*fault` means check() raises for the message, or that it is
+  /// not written as `format` says, and that `dense` went unchanged. A verdict's error,
+  /// or a message larger than the frame, leaves both untouched: the caller settles those
+  /// from the verdicts it reads.
+  void queue_framed_add(const Backend& on, const encode::index_value& format, std::span<const std::byte> frame,
+                        std::span<float> dense, float scale, std::uint32_t* fault) {
+    require(frame.size() >= decoding::verdict_bytes, errc::invalid_argument, "accumulate: a frame of ", frame.size(),
+            " bytes is shorter than its verdict (", decoding::verdict_bytes, " bytes)");
+    const std::span<const std::byte> message = frame.subspan(decoding::verdict_bytes);
+    const std::size_t body = message.size() > message_header::size ? message.size() - message_header::size : 0;
+    // Each entry takes its value's bits, and raw32's 32 more (the other codings' indices
+    // may take less: delta_bitpack's none beyond a block's width, bitmap's none beyond n bits).
+    const std::size_t entry_bits =
+        value_entry_bits(format.value, format.levels) + (format.index == index_coding::raw32 ? 32 : 0);
+    const std::size_t most = std::min<std::size_t>(dense.size(), 8 * body / entry_bits);
+    pass_sizes sizes = parse(on, frame.data(), message, dense.size(), format, most, fault);
+    // A bitmap larger than the frame cannot be in it (parse_header faults such a header):
+    // bitmap's passes need not run.
+    sizes.bitmap_fits = message.size() >= message_header::size + bitmap_bytes(dense.size());
+    queue_checks(on, sizes, message, dense.size(), {dense.data(), scale}, fault);
+    add_entries(on, sizes, message, dense, scale, fault);
   }
 
   /// Queues the first out.size() values of a checked message, in entry order, into
   /// `out` (the backend's memory).
   void values(const Backend& on, const checked& m, std::span<float> out) {
-    const std::size_t count = std::min<std::size_t>(out.size(), m.header.count);
-    decode_values(on, value_decoder(m.header, value_section(m.header, m.bytes)), count, out.data());
+    std::uint32_t* clean = faults_.data() + 1;
+    on.clear(clean, 1);
+    pass_sizes sizes = parse(on, nullptr, m.bytes, m.header.n, format_of(m.header), m.header.count, clean);
+    sizes.entries = std::min<std::size_t>(out.size(), sizes.entries);
+    decode_values(on, sizes, m.bytes, out.data());
   }
 
   /// Bytes of its buffers.
   [[nodiscard]] std::size_t held_bytes() const noexcept {
-    return bytes_held(faults_, index_, parts_, values_, sums_, scratch_, layout_, advance_);
+    return bytes_held(faults_, header_, index_, parts_, values_, sums_, scratch_, layout_, advance_);
   }
 
  private:
+  // What the passes over one message are launched for: a header's exact sizes, or the
+  // most a frame may hold (the items past its header's do nothing).
+  struct pass_sizes {
+    std::size_t entries;  // items of the passes over entries
+    std::size_t message;  // bytes of the message, at most
+    index_coding index;   // automatic: every coding's passes, each on its own messages
+    value_coding value;
+    bool checksum;
+    bool bitmap_fits = true;  // false: no bitmap is in the message's room, its passes do not run
+  };
+
+  static encode::index_value format_of(const message_header& h) {
+    return {.index = h.index,
+            .value = h.value,
+            .levels = h.codec_param,
+            .checksum = (h.flags & message_header::flag_checksum) != 0};
+  }
+
+  // Queues the header's parse into header_ (its faults into `faults`) and returns the
+  // passes' sizes: the header's own where the host may read it (no wait there), else
+  // `most` entries of the message's `format`.
+  pass_sizes parse(const Backend& on, const std::byte* verdict, std::span<const std::byte> message, std::size_t n,
+                   const encode::index_value& format, std::size_t most, std::uint32_t* faults) {
+    decoding::parsed_header* h = header_.data();
+    on.reduce_or(1, decoding::parse_header{verdict, message.data(), message.size(), n, most, format, h}, faults);
+    pass_sizes sizes{most, message.size(), format.index, format.value, format.checksum};
+    if constexpr (Backend::host_accessible) {
+      sizes.entries = h->usable != 0 ? static_cast<std::size_t>(h->count) : 0;
+      if (h->usable != 0) sizes.index = static_cast<index_coding>(h->index);
+    }
+    return sizes;
+  }
+
   // Every check of the message into `faults` (each pass after a fault does nothing),
   // its indices decoded into index_ on the way.
-  void queue_checks(const Backend& on, const message_header& h, std::span<const std::byte> bytes, std::size_t n,
+  void queue_checks(const Backend& on, const pass_sizes& sizes, std::span<const std::byte> bytes, std::size_t n,
                     sum_target target, std::uint32_t* faults) {
     using namespace decoding;
-    if ((h.flags & message_header::flag_checksum) != 0) {
-      const std::size_t parts = blocks_of(bytes.size() - 16, checksum_chunk);
-      grow(parts_, parts);
-      on.for_each(parts, checksum_parts{bytes.data(), bytes.size(), parts_.data()});
-      on.reduce_or(1, checksum_check{bytes.data(), bytes.size(), parts_.data(), h.checksum}, faults);
+    const parsed_header* h = header_.data();
+    if (sizes.checksum) {
+      const std::size_t parts = sizes.message > 16 ? blocks_of(sizes.message - 16, checksum_chunk) : 0;
+      grow(parts_, std::max<std::size_t>(parts, 1));
+      on.for_each(parts, checksum_parts{bytes.data(), h, parts_.data()});
+      on.reduce_or(1, checksum_check{bytes.data(), h, parts_.data()}, faults);
     }
-    decode_indices(on, h, bytes, faults);
-    const value_decoder values(h, value_section(h, bytes));
-    if (value_entry_bits(h.value, h.codec_param) % 8 != 0) {  // a packed coding: its padding
-      const std::uint64_t used = value_used_bits(h.value, h.count, h.codec_param);
-      on.reduce_or(1, value_padding{value_section(h, bytes), used, h.value_bytes}, faults);
-    }
-    values.visit([&](const auto& typed) {
-      using values_t = std::decay_t<decltype(typed)>;
-      on.reduce_or(static_cast<std::size_t>(h.count), values_finite<values_t>{typed}, faults);
+    decode_indices(on, sizes, bytes, n, faults, true);
+    visit_value_coding(sizes.value, [&](auto coding) {
+      using C = decltype(coding);
+      const header_values<C> values{bytes.data(), h};
+      if constexpr (!C::byte_aligned) on.reduce_or(1, value_padding{bytes.data(), h}, faults);
+      on.reduce_or(sizes.entries, on_entries{h, values_finite<header_values<C>>{values}}, faults);
       if (target.dense != nullptr) {
-        on.reduce_or(static_cast<std::size_t>(h.count),
-                     sum_finite<values_t>{index_.data(), typed, target.scale, target.dense, n}, faults);
+        on.reduce_or(sizes.entries,
+                     on_entries{h, sum_finite<header_values<C>>{index_.data(), values, target.scale, target.dense, n}},
+                     faults);
       }
     });
   }
 
-  /// out[j] = entry j's value for j < count, dispatching on the coding once.
-  static void decode_values(const Backend& on, const value_decoder& values, std::size_t count, float* out) {
-    values.visit([&](const auto& typed) {
-      on.for_each(count, decoding::decoded_values<std::decay_t<decltype(typed)>>{typed, out});
+  // Queues dense += scale * the entries whose indices are in index_, if `faults` stays 0.
+  void add_entries(const Backend& on, const pass_sizes& sizes, std::span<const std::byte> bytes, std::span<float> dense,
+                   float scale, const std::uint32_t* faults) {
+    if (sizes.entries == 0) return;
+    grow(values_, sizes.entries);
+    decode_values(on, sizes, bytes, values_.data());
+    on.for_each(sizes.entries,
+                decoding::on_entries{header_.data(), decoding::scatter_add_if_clean{
+                                                         faults, index_.data(), values_.data(), scale, dense.data()}});
+  }
+
+  // out[j] = entry j's value for j < sizes.entries, dispatching on the coding once.
+  void decode_values(const Backend& on, const pass_sizes& sizes, std::span<const std::byte> bytes, float* out) {
+    using namespace decoding;
+    const parsed_header* h = header_.data();
+    visit_value_coding(sizes.value, [&](auto coding) {
+      using values_t = header_values<decltype(coding)>;
+      on.for_each(sizes.entries, on_entries{h, decoded_values<values_t>{values_t{bytes.data(), h}, out}});
     });
   }
 
   template <class T>
   using buffer = typename Backend::template buffer<T>;
-
-  static const std::byte* value_section(const message_header& h, std::span<const std::byte> bytes) {
-    return bytes.data() + message_header::size + h.index_bytes;
-  }
 
   // Grows a workspace buffer to `count` elements (never shrinks).
   template <class T>
@@ -470,53 +678,45 @@ class message_decoder {
     if (static_cast<std::size_t>(b.size()) < count) b = backend_.template allocate<T>(count);
   }
 
-  // The index section into index_; with `check_into` (a fault word), its structural
-  // faults and the order and range of the indices into that word (every pass after a
-  // fault does nothing). Without, the message passed check() already: only what
-  // decoding needs runs (delta's layout walk, which also places the blocks).
-  void decode_indices(const Backend& on, const message_header& h, std::span<const std::byte> bytes,
-                      std::uint32_t* check_into) {
+  // The index section into index_, for a tensor of n elements. `checking`: its
+  // structural faults and the order and range of the indices go into `faults` (every
+  // pass after a fault does nothing); else the message passed check() already, and
+  // only what decoding needs runs (delta's layout walk, which also places the blocks).
+  void decode_indices(const Backend& on, const pass_sizes& sizes, std::span<const std::byte> bytes, std::size_t n,
+                      std::uint32_t* faults, bool checking) {
     using namespace decoding;
-    const auto count = static_cast<std::size_t>(h.count);
+    const parsed_header* h = header_.data();
+    const std::size_t entries = sizes.entries;
     const std::byte* section = bytes.data() + message_header::size;
-    const bool checking = check_into != nullptr;
-    std::uint32_t* faults = checking ? check_into : faults_.data() + 1;  // [1]: a clean word for add()
-    std::uint32_t* expanded = faults_.data() + 2;                        // the expansion's count
-    if (!checking) on.clear(faults, 1);
-    grow(index_, std::max<std::size_t>(count, 1));
-    switch (h.index) {
-      case index_coding::raw32:
-        on.for_each(count, raw32_index{section, index_.data()});
-        break;
-      case index_coding::bitmap: {
-        const auto bytes_n = static_cast<std::size_t>(bitmap_bytes(h.n));
-        grow(sums_, tile_count(bytes_n) + 1);
-        grow(scratch_, std::max<std::size_t>(on.expand_workspace(bytes_n), 1));
-        if (checking) {
-          on.reduce_or(1, bitmap_tail{section, h.n}, faults);
-          on.sum(bytes_n, bitmap_byte_count{section}, sums_.data() + 1, sums_.data());
-          on.reduce_or(1, bitmap_count_check{sums_.data(), h.count}, faults);
-        }
-        on.expand(bytes_n, bitmap_indices{section, faults}, index_.data(),
-                  std::span<std::byte>(scratch_.data(), static_cast<std::size_t>(scratch_.size())), expanded);
-        break;
-      }
-      case index_coding::delta_bitpack: {
-        const std::size_t n_blocks = blocks_of(count, delta_block);
-        grow(layout_, std::max<std::size_t>(n_blocks, 1));
-        grow(advance_, std::max<std::size_t>(n_blocks, 1));
-        on.reduce_or(1, delta_layout{section, h.index_bytes, h.count, layout_.data()}, faults);
-        if (checking) on.reduce_or(n_blocks, delta_padding{section, layout_.data(), faults}, faults);
-        on.for_each(n_blocks, delta_advance{section, layout_.data(), faults, advance_.data()});
-        on.for_each(1, delta_bases{advance_.data(), n_blocks, faults});
-        on.reduce_or(n_blocks, delta_indices{section, layout_.data(), advance_.data(), faults, h.n, index_.data()},
-                     faults);
-        break;
-      }
-      case index_coding::automatic:
-        break;  // read_header refuses it
+    const bool automatic = sizes.index == index_coding::automatic;
+    grow(index_, std::max<std::size_t>(entries, 1));
+    if (automatic || sizes.index == index_coding::raw32) {
+      on.for_each(entries, raw32_entry{h, {section, index_.data()}});
     }
-    if (checking) on.reduce_or(count, indices_in_order{index_.data(), faults, h.n}, faults);
+    if ((automatic || sizes.index == index_coding::bitmap) && sizes.bitmap_fits) {
+      const auto bytes_n = static_cast<std::size_t>(bitmap_bytes(n));
+      grow(sums_, tile_count(bytes_n) + 1);
+      grow(scratch_, std::max<std::size_t>(on.expand_workspace(bytes_n), 1));
+      if (checking) {
+        on.reduce_or(1, bitmap_tail{section, h}, faults);
+        on.sum(bytes_n, bitmap_byte_count{section, h}, sums_.data() + 1, sums_.data());
+        on.reduce_or(1, bitmap_count_check{sums_.data(), h}, faults);
+      }
+      on.expand(bytes_n, bitmap_indices{section, h, faults}, index_.data(),
+                std::span<std::byte>(scratch_.data(), static_cast<std::size_t>(scratch_.size())),
+                faults_.data() + 2);  // the expansion's count
+    }
+    if (automatic || sizes.index == index_coding::delta_bitpack) {
+      const std::size_t n_blocks = blocks_of(entries, delta_block);
+      grow(layout_, std::max<std::size_t>(n_blocks, 1));
+      grow(advance_, std::max<std::size_t>(n_blocks, 1));
+      on.reduce_or(1, delta_layout{section, h, layout_.data()}, faults);
+      if (checking) on.reduce_or(n_blocks, delta_padding{section, h, layout_.data(), faults}, faults);
+      on.for_each(n_blocks, delta_advance{section, h, layout_.data(), faults, advance_.data()});
+      on.for_each(1, delta_bases{advance_.data(), h, faults});
+      on.reduce_or(n_blocks, delta_indices{section, h, layout_.data(), advance_.data(), faults, index_.data()}, faults);
+    }
+    if (checking) on.reduce_or(entries, on_entries{h, indices_in_order{index_.data(), faults, n}}, faults);
   }
 
   // A faulty message: the host's reader on a copy raises the host's error for it.
@@ -537,6 +737,7 @@ class message_decoder {
 
   Backend backend_;
   buffer<std::uint32_t> faults_;  // [0] the check's fault word, [1] one that stays clean, [2] a count
+  buffer<decoding::parsed_header> header_;
   buffer<std::uint32_t> index_, parts_;
   buffer<float> values_;
   buffer<double> sums_;

@@ -28,7 +28,7 @@ namespace detail {
 
 inline constexpr std::size_t delta_block = 128;  // gaps per delta_bitpack block
 
-constexpr bool is_wire_index_coding(index_coding c) noexcept {
+GRADCOMP_HOST_DEVICE constexpr bool is_wire_index_coding(index_coding c) noexcept {
   return c == index_coding::raw32 || c == index_coding::delta_bitpack || c == index_coding::bitmap;
 }
 
