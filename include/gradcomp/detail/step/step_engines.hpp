@@ -170,22 +170,18 @@ class step_engines {
         on.for_each(static_cast<std::size_t>(index_.size()),
                     mark_not_kept{index_.data(), kept_.data(), kept->size(), status});
       } else {
-        step_status s = on.read(status);
-        std::vector<std::uint32_t> index(s.count);
-        std::vector<float> sent(s.count);
-        on.to_host(index_.data(), index.size(), index.data());
-        on.to_host(sent_.data(), sent.size(), sent.data());
+        // The host reads the selection where it is (read() waits for the step first).
+        const std::size_t selected = on.read(status).count;
+        std::uint32_t* index = index_.data();
+        float* sent = sent_.data();
         std::size_t count = 0;
-        for (std::size_t j = 0; j < index.size(); ++j) {
+        for (std::size_t j = 0; j < selected; ++j) {
           if (!std::binary_search(kept->begin(), kept->end(), index[j])) continue;
           index[count] = index[j];
           sent[count] = sent[j];
           ++count;
         }
-        s.count = static_cast<std::uint32_t>(count);
-        on.to_device(index.data(), count, index_.data());
-        on.to_device(sent.data(), count, sent_.data());
-        on.to_device(&s, 1, status);
+        status->count = static_cast<std::uint32_t>(count);
       }
     }
     const std::span<const std::uint32_t> index = selected(on, status);
