@@ -231,7 +231,25 @@ void scalecom_matches_simulation() {
     const double now = t < 3 ? density : 2 * density;
     if (t == 3) mine.set_density(now);
     auto own_g = gradient_of(comm.rank(), n, t);
-    const auto sent = exchange.step(view_as<Backend, const float>(own_g), view_as<Backend, float>(dense), scale);
+    if (t == 2) {  // a step staged and dropped changes nothing: the leader is still rank t mod W
+      std::vector<float> scratch(n, 0.0f);
+      const auto memory = mine.corrector_state(0);
+      const std::vector<float> before(memory.begin(), memory.end());
+      (void)exchange.stage(view_as<Backend, const float>(own_g), view_as<Backend, float>(scratch), scale);
+      CHECK(mine.has_staged());
+      exchange.drop_staged();
+      const auto after = mine.corrector_state(0);
+      CHECK(std::equal(after.begin(), after.end(), before.begin(), before.end()));
+      CHECK(mine.step() == 2);
+    }
+    // Odd steps staged, then accepted: what step() does in one call.
+    const auto sent = t % 2 == 0
+                          ? exchange.step(view_as<Backend, const float>(own_g), view_as<Backend, float>(dense), scale)
+                          : exchange.stage(view_as<Backend, const float>(own_g), view_as<Backend, float>(dense), scale);
+    if (t % 2 == 1) {
+      CHECK(mine.has_staged());
+      exchange.accept_staged();
+    }
     const std::size_t k = reference::k_for(now, n);
     CHECK(sent.count() == k);
     const int leader = t % ranks;

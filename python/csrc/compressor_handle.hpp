@@ -331,7 +331,10 @@ class cyclic_handle {
   /// Entries of this rank's message in the last step.
   std::uint64_t entries() const { return entries_; }
 
-  torch::Tensor step(const torch::Tensor& grad_in, torch::Tensor& dense, double scale) {
+  /// dense += scale * the ranks' sum at the leader's indices; returns this rank's
+  /// message. The compressor's step stays staged until accept() (the DDP hook accepts a
+  /// step's buckets together).
+  torch::Tensor stage(const torch::Tensor& grad_in, torch::Tensor& dense, double scale) {
     // Sizes are the compressor's to check, inside the exchange (every rank alike).
     check_tensor("cyclic step", "grad", grad_in, torch::kFloat, c_.device());
     check_tensor("cyclic step", "dense", dense, torch::kFloat, c_.device());
@@ -341,13 +344,22 @@ class cyclic_handle {
       torch::Tensor out = c_.message_buffer();
       written w;
       c_.on_own_stream([&] {
-        w = x_->step(grad.data_ptr<float>(), dense.data_ptr<float>(), static_cast<std::size_t>(dense.numel()),
-                     static_cast<float>(scale), reinterpret_cast<std::byte*>(out.data_ptr<std::uint8_t>()),
-                     static_cast<std::size_t>(out.numel()));
+        w = x_->stage(grad.data_ptr<float>(), dense.data_ptr<float>(), static_cast<std::size_t>(dense.numel()),
+                      static_cast<float>(scale), reinterpret_cast<std::byte*>(out.data_ptr<std::uint8_t>()),
+                      static_cast<std::size_t>(out.numel()));
       });
       entries_ = w.count;
       return compressor_handle::compact(out, w.bytes);
     });
+  }
+  void accept() {
+    c_.exclusive([&] { c_.on_own_stream([&] { x_->accept(); }); });
+  }
+  /// stage() then accept().
+  torch::Tensor step(const torch::Tensor& grad, torch::Tensor& dense, double scale) {
+    torch::Tensor message = stage(grad, dense, scale);
+    accept();
+    return message;
   }
 
  private:

@@ -210,8 +210,10 @@ class cyclic_exchange_of final : public cyclic_exchange {
   cyclic_exchange_of(Compressor& c, transport t, double leader_density)
       : comm_(std::move(t), c.backend()), exchange_(comm_, c, gc::select::exact_topk{.density = leader_density}) {}
 
-  written step(const float* grad, float* dense, std::size_t n, float scale, std::byte* out,
-               std::size_t out_size) override;
+  written stage(const float* grad, float* dense, std::size_t n, float scale, std::byte* out,
+                std::size_t out_size) override;
+  void accept() override { exchange_.accept_staged(); }
+  void drop() noexcept override { exchange_.drop_staged(); }
   [[nodiscard]] std::size_t memory_bytes() const override { return exchange_.memory_bytes(); }
 
  private:
@@ -220,12 +222,15 @@ class cyclic_exchange_of final : public cyclic_exchange {
 };
 
 template <class Compressor>
-written cyclic_exchange_of<Compressor>::step(const float* grad, float* dense, std::size_t n, float scale,
-                                             std::byte* out, std::size_t out_size) {
-  const auto m = exchange_.step(typename Compressor::template view<const float>(grad, n),
-                                typename Compressor::template view<float>(dense, n), scale);
-  gc::detail::require(m.bytes().size() <= out_size, gc::errc::buffer_too_small, "cyclic exchange: the message of ",
-                      m.bytes().size(), " bytes does not fit ", out_size);
+written cyclic_exchange_of<Compressor>::stage(const float* grad, float* dense, std::size_t n, float scale,
+                                              std::byte* out, std::size_t out_size) {
+  const auto m = exchange_.stage(typename Compressor::template view<const float>(grad, n),
+                                 typename Compressor::template view<float>(dense, n), scale);
+  if (m.bytes().size() > out_size) {
+    exchange_.drop_staged();
+    gc::detail::fail(gc::errc::buffer_too_small, "cyclic exchange: the message of ", m.bytes().size(),
+                     " bytes does not fit ", out_size);
+  }
   backend_ops<backend_type>::copy(comm_.backend(), m.bytes().data(), out, m.bytes().size());
   return {m.bytes().size(), m.count()};
 }

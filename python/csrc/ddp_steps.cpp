@@ -639,15 +639,16 @@ py::object hook_steps::compressed(std::int64_t index, std::shared_ptr<compressor
   }
   if (aggregation == "cyclic") {
     return submit(bucket, last, true,
-                  [shared, cyclic = exchange_of<cyclic_handle>(exchange), error](transport& t, const torch::Tensor& b,
-                                                                                 hook_counts& counts) {
+                  [state = shared_, shared, cyclic = exchange_of<cyclic_handle>(exchange), error](
+                      transport& t, const torch::Tensor& b, hook_counts& counts) {
                     agree_on(t, shared, error);  // a rank without its exchange has an error here
                     if (!cyclic) invalid(who, ": no cyclic exchange for this bucket");
                     const torch::Tensor flat = b.to(torch::kFloat);
                     torch::Tensor mean = torch::zeros({flat.numel()}, flat.options());
                     const exchange_traffic<cyclic_handle> traffic(t, *cyclic);
-                    cyclic->step(flat, mean, 1.0 / t.size());
+                    (void)cyclic->stage(flat, mean, 1.0 / t.size());
                     counts.entries = cyclic->entries();
+                    state->staged.push_back([cyclic] { cyclic->accept(); });
                     return in_dtype_of(b, mean);
                   });
   }

@@ -5,7 +5,7 @@
 // (the same on every rank), so that every collective is issued in the same order on
 // every rank. A step's staged compressor steps are accepted together at its last bucket,
 // only if every bucket of the step succeeded on every rank: a step that raises changes no
-// bucket's memory (ScaleCom's exchange, which does not stage, keeps each bucket's own).
+// bucket's memory, whatever its aggregation.
 #pragma once
 
 #include <torch/extension.h>

@@ -365,15 +365,29 @@ def check_sparse_allreduce(rank, world):
 
 def check_scalecom_buckets_in_flight(rank, world):
     """ScaleCom's exchange (two agreements, a broadcast, a reduce and a broadcast per
-    bucket) with four buckets in flight: each bucket equals its simulation."""
+    bucket) with four buckets in flight: each bucket equals its simulation, and a NaN in
+    bucket 1 on one rank raises the same error on every rank while the step changes no
+    bucket's memory (the buckets before it included) nor the next step's leader."""
     sizes, density, beta = [2001, 500, 3001, 40], 0.01, 0.5
     state = ddp.State(method="scalecom", density=density, beta=beta, start_iter=0)
     m = [[np.zeros(n, dtype=np.float32) for n in sizes] for _ in range(world)]
+
+    def submit(grads):
+        return [ddp.hook(state, Bucket(grads[b], b, b == len(sizes) - 1)) for b in range(len(sizes))]
+
     for step in range(4):
         if rank == step % world:
             time.sleep(0.3)
-        futures = [ddp.hook(state, Bucket(grad_of(rank, step, n, b), b, b == len(sizes) - 1))
-                   for b, n in enumerate(sizes)]
+        grads = [grad_of(rank, step, n, b) for b, n in enumerate(sizes)]
+        if step == 2:
+            memory = memory_of(state)
+            bad, text = nan_in_bucket_1(grads, rank, world)
+            outcomes = outcomes_of(submit(bad))
+            text = text.replace("compress:", "preview:")
+            assert outcomes == [None, (gradcomp.NonFiniteError, text), None, None], outcomes
+            now = memory_of(state)
+            assert all(torch.equal(now[i], memory[i]) for i in memory), "a failed step changed a bucket's memory"
+        futures = submit(grads)
         for b, n in enumerate(sizes):
             acc = [(m[r][b] + grad_of(r, step, n, b).numpy()).astype(np.float32) for r in range(world)]
             idx = reference.top_k(acc[step % world], reference.k_for(density, n))

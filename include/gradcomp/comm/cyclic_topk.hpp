@@ -98,6 +98,40 @@ class cyclic_topk {
   ///         would be rejected (a NaN or infinity), or if the ranks disagree on n, k, the
   ///         step or the policies.
   message_type step(view<const float> grad, view<float> dense, float scale) {
+    const message_type m = stage(grad, dense, scale);
+    accept_staged();
+    return m;
+  }
+
+  /// step() but the commit: the compressor's step stays staged until accept_staged()
+  /// (or drop_staged()), so that a DDP hook can commit all of a step's buckets together,
+  /// once every one of them has succeeded on every rank. `dense` is written. The leader
+  /// of the next step is chosen by the compressor's step, which a dropped step leaves.
+  /// \throws gradcomp::error as step() does; nothing is staged then.
+  message_type stage(view<const float> grad, view<float> dense, float scale) {
+    try {
+      return run(grad, dense, scale);
+    } catch (...) {
+      compressor_.drop_staged();
+      throw;
+    }
+  }
+  /// Commits the compressor's staged step.
+  /// \throws gradcomp::error (invalid_argument) if no step is staged.
+  void accept_staged() { compressor_.accept_staged(); }
+  /// Drops the compressor's staged step.
+  void drop_staged() noexcept { compressor_.drop_staged(); }
+
+  /// Bytes the exchange holds beside its compressor's (the leader's compressor, the
+  /// messages, the selection and its sums): all workspace.
+  [[nodiscard]] std::size_t memory_bytes() const {
+    return leader_.memory_bytes().total() + memory_.held_bytes() +
+           detail::bytes_held(leader_message_, index_, sums_, message_);
+  }
+
+ private:
+  // The exchange of step() with the compressor's step staged.
+  message_type run(view<const float> grad, view<float> dense, float scale) {
     follow_density();
     const int leader = static_cast<int>(compressor_.step() % static_cast<std::uint64_t>(comm_.size()));
     const std::uint64_t k = leader_.selector().max_selected(compressor_.size());
@@ -125,7 +159,7 @@ class cyclic_topk {
     // The leader's selector chose them (ascending, below n, no more than the
     // compressor takes), so this does not throw, and every rank's step is accepted.
     compressor_.set_indices(memory_.on_host(index));
-    const message_type m = compressor_.compress(grad, view_of(message_));
+    const message_type m = compressor_.stage(grad, view_of(message_));
     const std::span<float> sums(sums_.data(), index.size());
     memory_.values_of(detail::raw(m.bytes()), m.size(), sums);
     comm_.reduce_broadcast(view<float>(sums.data(), sums.size()), leader);
@@ -133,14 +167,6 @@ class cyclic_topk {
     return m;
   }
 
-  /// Bytes the exchange holds beside its compressor's (the leader's compressor, the
-  /// messages, the selection and its sums): all workspace.
-  [[nodiscard]] std::size_t memory_bytes() const {
-    return leader_.memory_bytes().total() + memory_.held_bytes() +
-           detail::bytes_held(leader_message_, index_, sums_, message_);
-  }
-
- private:
   // Where the compressor's selector has a density (presets::scalecom's given_indices),
   // the leader selects at it: compressor::set_density (a warm-up schedule, a restored
   // checkpoint) moves the leader's k with the compressor's capacity, and the buffers
