@@ -195,6 +195,10 @@ TEST_CASE("bucketed all-gather of a model's layers equals one exchange per layer
 // and to_device), which these tests thus run before a GPU does.
 struct mpi_of_opaque_memory : gc::comm::mpi {
   using memory = gc::device_memory;
+  using mpi::all_gather;
+  void all_gather(gc::device_span<const std::byte> mine, gc::device_span<std::byte> all) {
+    mpi::all_gather({mine.data(), mine.size()}, {all.data(), all.size()});
+  }
   void broadcast(gc::device_span<std::uint32_t> data, int root) { mpi::broadcast({data.data(), data.size()}, root); }
   void reduce_broadcast(gc::device_span<float> values, int root) {
     mpi::reduce_broadcast({values.data(), values.size()}, root);
@@ -929,6 +933,105 @@ TEST_CASE("sparse_allreduce::step on a device: what it waits for, and its commit
     CHECK(checkpoint(on_device) == checkpoint(on_host));
     CAPTURE(t);
     if (t >= 2) CHECK(waits == device_waits{.reads = 1, .to_host = 1, .to_device = 3});
+  }
+}
+
+// What cyclic_topk (ScaleCom) makes the host wait for on a device
+// (support/counted_device.hpp): its verdicts, indices and sums travel in the
+// compressor's memory and the host reads the exchange's outcome once, at its end; the
+// first step, and a step after the density changed, run the exchange twice (the
+// collectives move the count the ranks agreed on before). The leader's selection waits
+// besides as exact_topk waits on this backend (backend::cuda runs an engine of its own
+// for it), measured apart. The same dense sums and memories as on backend::host, every
+// step.
+TEST_CASE("cyclic_topk on a device reads its outcome once per step, and matches the host") {
+  mpi_of_opaque_memory comm;
+  gc::comm::mpi host_comm;
+  const std::size_t n = 20011;
+  const double density = 0.01;
+  auto on_device = gc::presets::scalecom(counted_device{}, n, {.density = density, .beta = 0.5f});
+  auto on_host = gc::presets::scalecom(gc::backend::host{}, n, {.density = density, .beta = 0.5f});
+  gc::comm::cyclic_topk device_exchange(comm, on_device, gc::select::exact_topk{.density = density});
+  gc::comm::cyclic_topk host_exchange(host_comm, on_host, gc::select::exact_topk{.density = density});
+  std::vector<float> device_dense(n, 0.0f), host_dense(n, 0.0f);
+  gc::compressor leader_alone{
+      counted_device{}, n, gc::select::exact_topk{.density = density}, gc::correct::none{},
+      gc::encode::index_value{.index = gc::index_coding::raw32, .value = gc::value_coding::f32}};
+  std::vector<std::byte> scratch(leader_alone.max_message_bytes());
+  for (int t = 0; t < 6; ++t) {
+    if (t == 4) {
+      on_device.set_density(2 * density);
+      on_host.set_density(2 * density);
+    }
+    auto g = gradient_of(comm.rank(), n, t);
+    (void)counted_device::reset();
+    (void)leader_alone.compress(view_as<counted_device, const float>(g),
+                                gc::device_span<std::byte>(scratch.data(), scratch.size()));
+    device_waits selection = counted_device::reset();
+    selection.reads -= 1;  // compress() reads its status besides, where the exchange's leader reads nothing
+    const auto m = device_exchange.step(view_as<counted_device, const float>(g),
+                                        view_as<counted_device, float>(device_dense), 0.5f);
+    const device_waits waits = counted_device::reset();
+    const auto want = host_exchange.step(g, host_dense, 0.5f);
+    CAPTURE(t);
+    CHECK(m.count() == want.count());
+    CHECK(m.bytes().size() == want.bytes().size());
+    CHECK(std::memcmp(m.bytes().data(), want.bytes().data(), want.bytes().size()) == 0);
+    CHECK(device_dense == host_dense);
+    CHECK(checkpoint(on_device) == checkpoint(on_host));
+    const std::size_t exchanges = t == 0 || t == 4 ? 2 : 1;
+    const std::size_t leads = comm.rank() == t % comm.size() ? exchanges : 0;
+    CHECK(waits.to_host == exchanges + leads * selection.to_host);
+    CHECK(waits.reads == leads * selection.reads);
+    CHECK(waits.to_device == leads * selection.to_device);
+    if (t != 0 && t != 4) CHECK(waits.allocations == 0);
+  }
+}
+
+// A transport that breaks the leader's indices on their way to the other ranks (swaps
+// the first two) at the steps where `broken` says so.
+struct swapping_broadcast : mpi_of_opaque_memory {
+  bool broken = false;
+  void broadcast(gc::device_span<std::uint32_t> data, int root) {
+    mpi_of_opaque_memory::broadcast(data, root);
+    if (broken && rank() != root && data.size() > 1) std::swap(data.data()[0], data.data()[1]);
+  }
+};
+
+TEST_CASE("cyclic_topk: indices broken on their way are refused where they arrive, and nothing changes there") {
+  swapping_broadcast comm;
+  const int ranks = comm.size();
+  if (ranks < 2) return;
+  const std::size_t n = 5003;
+  const double density = 0.01;
+  auto make = [&] { return gc::presets::scalecom(counted_device{}, n, {.density = density, .beta = 0.5f}); };
+  auto mine = make();
+  gc::comm::cyclic_topk exchange(comm, mine, gc::select::exact_topk{.density = density});
+  std::vector<float> dense(n, 0.0f);
+  for (int t = 0; t < 2; ++t) {  // the exchange's sizes agreed, every rank in step
+    auto g = gradient_of(comm.rank(), n, t);
+    (void)exchange.step(view_as<counted_device, const float>(g), view_as<counted_device, float>(dense), 1.0f);
+  }
+  const int leader = 2 % ranks;
+  const auto before = checkpoint(mine);
+  const auto dense_before = dense;
+  comm.broken = true;
+  auto g = gradient_of(comm.rank(), n, 2);
+  const auto step = [&] {
+    (void)exchange.step(view_as<counted_device, const float>(g), view_as<counted_device, float>(dense), 1.0f);
+  };
+  if (comm.rank() == leader) {  // its own indices arrive whole: it goes on
+    step();
+    CHECK(mine.step() == 3);
+  } else {
+    CHECK_THROWS_WITH_AS(step(),
+                         ("gradcomp: cyclic_topk: the indices received from the leader (rank " +
+                          std::to_string(leader) + ") do not ascend below n = 5003")
+                             .c_str(),
+                         gc::error);
+    CHECK(checkpoint(mine) == before);
+    CHECK(dense == dense_before);
+    CHECK_FALSE(mine.has_staged());
   }
 }
 

@@ -265,7 +265,21 @@ class compressor {
   /// preview() on `context`.
   template <gradient_view<Backend> Grad>
   view<const float> preview(const Backend& context, const Grad& grad) {
-    return as_view(preview_on(context, grad));
+    return as_view(preview_on(context, grad, /*read=*/true).first);
+  }
+  /// A preview() queued, with nothing read back.
+  struct queued_preview {
+    view<const float> acc;              ///< the value, valid as preview()'s
+    const detail::step_status* status;  ///< its status, in the backend's memory: `non_finite` set where it is not
+  };
+  /// preview() on `context` with nothing read back: the value is queued and its status
+  /// stays in the backend's memory (comm::cyclic_topk, whose ranks tell each other their
+  /// verdicts where the memory is); preview() reads it and raises the error.
+  /// \throws gradcomp::error if grad.size() != n.
+  template <gradient_view<Backend> Grad>
+  queued_preview preview_queued(const Backend& context, const Grad& grad) {
+    const auto [acc, status] = preview_on(context, grad, /*read=*/false);
+    return {as_view(acc), status};
   }
   /// stage() on `context` with nothing read back: the step is queued and staged, and
   /// its status (whether it met a NaN or infinity, its count, its message's size) stays
@@ -380,6 +394,23 @@ class compressor {
     detail::require_current_device(backend_, "set_indices");
     engines_.select(selector_).set_indices(selector_, indices);
   }
+  /// set_indices() of indices in the backend's memory, checked there with nothing read
+  /// back, the work queued on `context` (ScaleCom's ranks, which receive the leader's
+  /// indices where the memory is). Where one is not below n or does not exceed the one
+  /// before, bit 0 of fault[0] (the backend's memory) is set, and the steps that follow
+  /// send the first indices.size() indices instead, so that a step stays inside the
+  /// arrays and its message well formed: the caller refuses it.
+  /// \throws gradcomp::error (invalid_argument) if indices.size() exceeds the selector's
+  ///         capacity (max_selected(n)) or fault.size() != 1; nothing changes then.
+  void set_indices_queued(const Backend& context, view<const std::uint32_t> indices, view<std::uint32_t> fault)
+    requires requires(detail::engine_for<Selector, Backend>& e, const Backend& b, const Selector& s,
+                      std::span<const std::uint32_t> i, std::uint32_t* f) { e.set_indices_queued(b, s, i, f); }
+  {
+    const Backend on = detail::context_for(backend_, "set_indices_queued", context);
+    detail::require(fault.size() == 1, errc::invalid_argument, "set_indices_queued: fault.size() = ", fault.size(),
+                    ", not 1");
+    engines_.select(selector_).set_indices_queued(on, selector_, detail::raw(indices), detail::raw(fault).data());
+  }
 
   /// Writes the step counter, the selector's density and the corrector's memory
   /// (detail/step/state_io.hpp).
@@ -492,15 +523,17 @@ class compressor {
     }
   }
 
-  // preview() of a gradient on `context`.
+  // preview() of a gradient on `context`: with `read`, its status read and a value that
+  // is not finite raised.
   template <class Grad>
-  std::span<const float> preview_on(const Backend& context, const Grad& grad_at) {
+  std::pair<std::span<const float>, const detail::step_status*> preview_on(const Backend& context, const Grad& grad_at,
+                                                                           bool read) {
     const Backend on = detail::context_for(backend_, "preview", context);
     return with_gradient(on, "preview", grad_at, [&](auto grad) {
       check_grad("preview", grad);
-      const auto [acc, finite] = engines_.preview(on, corrector_, grad);
-      if (!finite) detail::report_non_finite(on, "preview", grad, acc);
-      return acc;
+      const auto queued = engines_.queue_preview(on, corrector_, grad);
+      if (read && on.read(queued.second).non_finite != 0) detail::report_non_finite(on, "preview", grad, queued.first);
+      return queued;
     });
   }
 

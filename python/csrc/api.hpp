@@ -85,6 +85,9 @@ struct transport {
       all_to_all_v;
   /// The sum over ranks of unsigned counts (exact), none above `max_sum` (< 2^32).
   std::function<void(std::span<std::uint32_t> values, std::uint64_t max_sum)> all_reduce_sum;
+  /// all_gather of the compressor's memory (comm::cyclic_topk's verdicts): over NCCL they
+  /// stay on the device.
+  std::function<void(std::span<const std::byte> mine, std::span<std::byte> all)> all_gather_in_memory;
   /// all_to_all_v of the compressor's memory (comm::sparse_allreduce::reduce_scatter's
   /// entries): over NCCL they stay on the device.
   std::function<void(std::span<const std::byte> send, std::span<const std::uint64_t> send_sizes,

@@ -55,6 +55,11 @@ class transport_in {
     t_.all_to_all_v(send, send_sizes, recv, recv_sizes);
   }
   void all_reduce_sum(std::span<std::uint32_t> values, std::uint64_t max_sum) { t_.all_reduce_sum(values, max_sum); }
+  void all_gather(gc::device_span<const std::byte> mine, gc::device_span<std::byte> all)
+    requires std::is_same_v<memory, gc::device_memory>
+  {
+    t_.all_gather_in_memory({mine.data(), mine.size()}, {all.data(), all.size()});
+  }
   void all_to_all_v(gc::device_span<const std::byte> send, std::span<const std::uint64_t> send_sizes,
                     gc::device_span<std::byte> recv, std::span<const std::uint64_t> recv_sizes)
     requires std::is_same_v<memory, gc::device_memory>

@@ -228,6 +228,26 @@ transport transport_of(const group_ptr& pg, const torch::Device& device, void* s
       });
     });
   };
+  // Every rank's part of the compressor's memory into `all`, as the all-gather above
+  // (an all-to-all of equal parts), on tensors of that memory.
+  out.all_gather_in_memory = [pg, options, sent, received, issued, where, device, stream, others](
+                                 std::span<const std::byte> mine, std::span<std::byte> all) {
+    if (mine.empty()) return;
+    *sent += mine.size();
+    *received += others * mine.size();
+    ++*issued;
+    const auto bytes = options.dtype(torch::kUInt8);
+    const torch::Tensor in =
+        torch::from_blob(const_cast<std::byte*>(mine.data()), {static_cast<std::int64_t>(mine.size())}, bytes);
+    const torch::Tensor got = torch::from_blob(all.data(), {static_cast<std::int64_t>(all.size())}, bytes);
+    in_order(device, stream, [&] {
+      on_collective_device(got, where, [&](torch::Tensor to) {
+        torch::Tensor copies = in.to(where).repeat({static_cast<std::int64_t>(others + 1)});
+        std::vector<std::int64_t> even;
+        pg->alltoall_base(to, copies, even, even)->wait();
+      });
+    });
+  };
   const auto broadcast = [pg, issued](std::vector<at::Tensor>& tensors, int root) {
     ++*issued;
     c10d::BroadcastOptions o;

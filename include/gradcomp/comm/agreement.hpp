@@ -63,6 +63,20 @@ struct rank_verdict {
   static rank_verdict read(const std::byte* in) {
     return {load_le<std::uint32_t>(in), load_le<std::uint64_t>(in + 8), load_le<std::uint64_t>(in + 16)};
   }
+  /// Byte `i` (< size) of the verdict write() writes: for a pass that writes it where
+  /// the memory is, one byte per item.
+  GRADCOMP_HOST_DEVICE static std::byte byte_of(std::size_t i, std::uint32_t code, std::uint64_t own,
+                                                std::uint64_t digest) noexcept {
+    std::uint64_t byte = 0;
+    if (i < 4) {
+      byte = code >> (8 * i);
+    } else if (i >= 8 && i < 16) {
+      byte = own >> (8 * (i - 8));
+    } else if (i >= 16) {
+      byte = digest >> (8 * (i - 16));
+    }
+    return static_cast<std::byte>(byte & 0xFF);
+  }
   /// FNV-1a, 64 bits, of `text`.
   static std::uint64_t digest_of(std::string_view text) noexcept {
     std::uint64_t h = 0xCBF29CE484222325ull;

@@ -9,7 +9,10 @@
 #include <gradcomp/config.hpp>
 #include <gradcomp/correct/none.hpp>
 #include <gradcomp/comm/agreement.hpp>
-#include <gradcomp/comm/exchange_memory.hpp>
+#include <gradcomp/detail/codec/decode.hpp>
+#include <gradcomp/detail/core/selector_work.hpp>
+#include <gradcomp/detail/core/step_input.hpp>
+#include <gradcomp/detail/core/wire.hpp>
 #include <gradcomp/comm/transport.hpp>
 #include <gradcomp/detail/core/density.hpp>
 #include <gradcomp/encode/index_value.hpp>
@@ -18,14 +21,69 @@
 #include <gradcomp/held_memory.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <type_traits>
 #include <vector>
 
 GRADCOMP_NAMESPACE_BEGIN
+namespace detail {
+namespace cyclic {
+
+/// Byte i of this rank's verdict, written where the memory is: `code` (this rank's error
+/// met on the host, 1 + errc), or where that is 0, non_finite's if the preview met a NaN
+/// or infinity; its own value, the leader's count of indices (0 on other ranks and after
+/// an error); the settings' digest.
+struct verdict_byte {
+  std::uint32_t code;
+  std::uint64_t digest;
+  const step_status* preview;  ///< this rank's preview's status (null after an error)
+  const step_status* chosen;   ///< the leader's selection's status (null on the other ranks)
+  std::byte* out;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t i) const {
+    const std::uint32_t verdict =
+        code != 0 ? code : (preview->non_finite != 0 ? 1 + static_cast<std::uint32_t>(errc::non_finite) : 0u);
+    const std::uint64_t own = verdict == 0 && chosen != nullptr ? chosen->count : 0;
+    out[i] = rank_verdict::byte_of(i, verdict, own, digest);
+  }
+};
+
+/// *refused = whether the exchange's sums may not be added: a rank's verdict says an
+/// error or other settings than this rank's (`digest`), the leader chose another count
+/// than the exchange moved, or the indices failed their check (`fault`).
+struct refusal {
+  const std::byte* verdicts;  ///< every rank's, rank_verdict::size bytes each, in rank order
+  std::size_t ranks;
+  std::size_t leader;
+  std::uint64_t digest;
+  std::uint64_t count;  ///< indices the exchange moved
+  const std::uint32_t* fault;
+  std::uint32_t* refused;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t) const {
+    bool no = *fault != 0 || load_le<std::uint64_t>(verdicts + leader * rank_verdict::size + 8) != count;
+    for (std::size_t r = 0; r < ranks; ++r) {
+      const std::byte* v = verdicts + r * rank_verdict::size;
+      no = no || load_le<std::uint32_t>(v) != 0 || load_le<std::uint64_t>(v + 16) != digest;
+    }
+    *refused = no ? 1u : 0u;
+  }
+};
+
+/// sums[j] = values[j] for the j < count the step sent, 0 past them.
+struct sums_of {
+  const float* values;
+  const step_status* status;
+  float* sums;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const { sums[j] = j < status->count ? values[j] : 0.0f; }
+};
+
+}  // namespace cyclic
+}  // namespace detail
+
 namespace comm {
 
 /// ScaleCom's cyclic local top-k. At step t the leader is rank t mod W: it selects
@@ -37,15 +95,25 @@ namespace comm {
 /// Every rank commits the same index set, and each moves O(k) values whatever the
 /// number of ranks.
 ///
-/// Before any rank compresses, every rank previews its step and the ranks agree, in
-/// their first exchange, on their configuration and that every step will be accepted:
-/// a NaN or infinity or a bad argument on any rank, or ranks configured differently,
-/// make every rank throw the same error and leave every rank's compressor as it was.
+/// The exchange runs where the compressor's memory is and the host reads its outcome
+/// once, at its end. Each rank previews its step, and the ranks tell each other, in an
+/// all-gather of that memory, their verdicts: an error met on the host (a bad argument),
+/// a NaN or infinity in the preview, a digest of their configuration (n, k, the step,
+/// the policies), and the leader's count. The indices and sums follow, sized as the
+/// ranks last agreed (the collectives of every rank must match before any rank has heard
+/// of the others), and the sums are added to `dense` only where every verdict is clean
+/// (a pass reads them there). The host then reads the verdicts: a failed or disagreeing
+/// rank makes every rank throw the same error and leaves every rank's compressor and
+/// `dense` as they were; a leader or a count that the exchange did not expect (the
+/// first step, a new density, a leader selector whose count varies) makes every rank run
+/// the exchange again at once, sized as now agreed.
 ///
 /// `Comm` is the transport (comm/transport.hpp) in the compressor's memory: comm::mpi
 /// (host memory: backend::host compressors), comm::nccl (device memory: backend::cuda
 /// compressors) or the PyTorch binding's adapter. Each rank's `grad`, `dense` and the
-/// messages are in that memory, and their views say so (std::span, device_span).
+/// messages are in that memory, and their views say so (std::span, device_span). Every
+/// rank's exchange must take part in the same steps (it keeps the sizes the ranks last
+/// agreed on).
 template <class LeaderSelector, class Compressor, transport Comm>
 class cyclic_topk {
   static_assert(std::is_same_v<typename Comm::memory, typename Compressor::backend_type::memory>,
@@ -54,6 +122,7 @@ class cyclic_topk {
   using leader_type = compressor<backend_type, LeaderSelector, correct::none, encode::index_value>;
   template <class T>
   using buffer = typename backend_type::template buffer<T>;
+  static constexpr std::size_t verdict_bytes = detail::rank_verdict::size;
 
  public:
   /// A view of the compressor's memory (std::span or device_span).
@@ -69,11 +138,13 @@ class cyclic_topk {
         compressor_(compressor),
         leader_(compressor.backend(), compressor.size(), leader_selector, correct::none{},
                 encode::index_value{.index = index_coding::raw32, .value = value_coding::f32}),
-        memory_(compressor.backend()),
         leader_message_(allocate<std::byte>(leader_.max_message_bytes())),
         index_(allocate<std::uint32_t>(leader_selector.max_selected(compressor.size()))),
         sums_(allocate<float>(leader_selector.max_selected(compressor.size()))),
         message_(allocate<std::byte>(compressor.max_message_bytes())),
+        verdict_(allocate<std::byte>(verdict_bytes)),
+        outcome_(allocate<std::byte>(outcome_bytes())),
+        refused_(allocate<std::uint32_t>(1)),
         policies_(detail::fingerprint()
                       .add(compressor.selector().name())
                       .add(compressor.corrector().name())
@@ -88,15 +159,17 @@ class cyclic_topk {
   }
 
   /// One step with this rank's gradient: adds `scale` times the ranks' sum to `dense`.
-  /// The ranks first agree, in one exchange, on n, k, the step, the policies and
-  /// that every rank's arguments and step are accepted; then the leader's indices are
-  /// broadcast, and the values reduced.
+  /// The ranks tell each other their verdicts (n, k, the step, the policies, and
+  /// whether every rank's arguments and step are accepted), the leader's indices are
+  /// broadcast and the values reduced, all where the memory is; the host reads the
+  /// verdicts once, at the end.
   /// \returns this rank's message (its values at the shared indices), valid until the
   ///          next step
   /// \throws gradcomp::error on every rank alike, changing no compressor and no
   ///         `dense`, if any rank's dense.size() != n, `scale` is not finite or its step
   ///         would be rejected (a NaN or infinity), or if the ranks disagree on n, k, the
-  ///         step or the policies.
+  ///         step or the policies; (corrupt_message) on the ranks that received indices
+  ///         that do not ascend below n (a broken transport), changing nothing there.
   message_type step(view<const float> grad, view<float> dense, float scale) {
     const message_type m = stage(grad, dense, scale);
     accept_staged();
@@ -118,59 +191,136 @@ class cyclic_topk {
   }
   /// Commits the compressor's staged step.
   /// \throws gradcomp::error (invalid_argument) if no step is staged.
-  void accept_staged() { compressor_.accept_staged(); }
+  void accept_staged() {
+    compressor_.accept_staged();
+    ++moved_.step;  // the next leader, as every rank's exchange expects it
+  }
   /// Drops the compressor's staged step.
   void drop_staged() noexcept { compressor_.drop_staged(); }
 
   /// Bytes the exchange holds beside its compressor's (the leader's compressor, the
-  /// messages, the selection and its sums): all workspace.
+  /// messages, the selection and its sums, the verdicts): all workspace.
   [[nodiscard]] std::size_t memory_bytes() const {
-    return leader_.memory_bytes().total() + memory_.held_bytes() +
-           detail::bytes_held(leader_message_, index_, sums_, message_);
+    return leader_.memory_bytes().total() +
+           detail::bytes_held(leader_message_, index_, sums_, message_, verdict_, outcome_, refused_);
   }
 
  private:
-  // The exchange of step() with the compressor's step staged.
+  // What the host reads at the end of an exchange, in one copy: every rank's verdict,
+  // then this rank's step's status and the indices' check (a fault word).
+  std::size_t outcome_bytes() const {
+    return static_cast<std::size_t>(comm_.size()) * verdict_bytes + sizeof(detail::step_status) + 8;
+  }
+  detail::step_status* outcome_status() {
+    return reinterpret_cast<detail::step_status*>(outcome_.data() + comm_.size() * verdict_bytes);
+  }
+  std::uint32_t* outcome_fault() {
+    return reinterpret_cast<std::uint32_t*>(outcome_.data() + comm_.size() * verdict_bytes +
+                                            sizeof(detail::step_status));
+  }
+
+  // The exchange of step() with the compressor's step staged: queued, then its outcome
+  // read and settled; run again where the ranks agree on a leader or count other than
+  // those the exchange moved.
   message_type run(view<const float> grad, view<float> dense, float scale) {
     follow_density();
-    const int leader = static_cast<int>(compressor_.step() % static_cast<std::uint64_t>(comm_.size()));
-    const std::uint64_t k = leader_.selector().max_selected(compressor_.size());
-    const std::vector<std::uint64_t> counts = detail::agree(
-        comm_, "cyclic_topk",
-        {{"n", compressor_.size()}, {"k", k}, {"the step", compressor_.step()}, {"the policies", policies_}},
-        [&]() -> std::uint64_t {
-          detail::require(dense.size() == compressor_.size(), errc::invalid_argument,
-                          "cyclic_topk: dense.size() = ", dense.size(), " does not match n = ", compressor_.size());
-          detail::require(std::isfinite(scale), errc::invalid_argument, "cyclic_topk: scale must be finite, got ",
-                          scale);
-          const view<const float> acc = compressor_.preview(grad);  // throws where the step would be rejected
-          if (comm_.rank() != leader) return 0;
-          const auto chosen = leader_.compress(acc, view_of(leader_message_));
-          memory_.indices_of(detail::raw(chosen.bytes()), std::span<std::uint32_t>(index_.data(), chosen.count()));
-          return chosen.count();
-        });
-    // The ranks agreed on k, and the leader chose at most k: a count above it is a
-    // broken peer's, refused on every rank alike (each reads the same count).
-    const std::uint64_t count = counts[static_cast<std::size_t>(leader)];
-    detail::require(count <= k, errc::corrupt_message, "cyclic_topk: the leader (rank ", leader, ") reported ", count,
+    static constexpr const char* who = "cyclic_topk";
+    const backend_type& be = compressor_.backend();
+    const auto ranks = static_cast<std::size_t>(comm_.size());
+    const std::size_t n = compressor_.size();
+    const std::uint64_t k = leader_.selector().max_selected(n);
+    const std::uint64_t step = compressor_.step();
+    const auto leader = static_cast<std::size_t>(step % ranks);
+    const std::array<detail::setting, 4> settings{detail::setting{"n", n}, detail::setting{"k", k},
+                                                  detail::setting{"the step", step},
+                                                  detail::setting{"the policies", policies_}};
+    // The collectives move what the ranks last agreed on (the leader's count, and the
+    // step, whose leader is the root); this rank's step goes through them only where
+    // that is its step, with room for the count.
+    const std::size_t count = moved_.count;
+    const auto root = static_cast<int>(moved_.step % ranks);
+    const bool as_moved = step == moved_.step && count <= compressor_.selector().max_selected(n);
+    const detail::step_status* preview = nullptr;
+    const detail::step_status* chosen = nullptr;
+    detail::rank_draft mine = detail::draft(who, settings, [&]() -> std::uint64_t {
+      detail::require(dense.size() == n, errc::invalid_argument, "cyclic_topk: dense.size() = ", dense.size(),
+                      " does not match n = ", n);
+      detail::require(std::isfinite(scale), errc::invalid_argument, "cyclic_topk: scale must be finite, got ", scale);
+      const auto queued = compressor_.preview_queued(be, grad);
+      preview = queued.status;
+      if (comm_.rank() == static_cast<int>(leader)) {
+        chosen = leader_.stage_queued(be, queued.acc, view_of(leader_message_));
+        const auto selected = detail::raw(leader_.staged_selection().index);
+        if (as_moved) {
+          be.for_each(std::min(count, selected.size()),
+                      detail::copy_elements<std::uint32_t>{selected.data(), index_.data()});
+        }
+        leader_.drop_staged();
+      }
+      return 0;
+    });
+    const std::uint64_t digest = mine.verdict.digest;
+    be.for_each(verdict_bytes,
+                detail::cyclic::verdict_byte{mine.report.code, digest, preview, chosen, verdict_.data()});
+    comm_.all_gather(view<const std::byte>(verdict_.data(), verdict_bytes),
+                     view<std::byte>(outcome_.data(), ranks * verdict_bytes));
+    be.clear(outcome_.data() + ranks * verdict_bytes, sizeof(detail::step_status) + 8);
+    const bool staged = as_moved && mine.report.code == 0 && count > 0;
+    if (count > 0) {
+      comm_.broadcast(view<std::uint32_t>(index_.data(), count), root);
+      if (staged) {
+        compressor_.set_indices_queued(be, view<const std::uint32_t>(index_.data(), count),
+                                       view<std::uint32_t>(outcome_fault(), 1));
+        const detail::step_status* status = compressor_.stage_queued(be, grad, view_of(message_));
+        be.for_each(count, detail::cyclic::sums_of{detail::raw(compressor_.staged_selection().values).data(), status,
+                                                   sums_.data()});
+        be.for_each(1, detail::copy_elements<detail::step_status>{status, outcome_status()});
+      } else {
+        be.clear(sums_.data(), count);
+      }
+      comm_.reduce_broadcast(view<float>(sums_.data(), count), root);
+      if (staged) {
+        be.for_each(1, detail::cyclic::refusal{outcome_.data(), ranks, leader, digest, count, outcome_fault(),
+                                               refused_.data()});
+        be.for_each(count, detail::decoding::scatter_add_if_clean{refused_.data(), index_.data(), sums_.data(), scale,
+                                                                  detail::raw(dense).data()});
+      }
+    }
+
+    // The exchange's one read: the verdicts, this rank's status and the indices' check.
+    outcome_host_.resize(outcome_bytes());
+    be.to_host(static_cast<const std::byte*>(outcome_.data()), outcome_host_.size(), outcome_host_.data());
+    const std::byte* verdicts = outcome_host_.data();
+    if (mine.report.code == 0 && detail::rank_verdict::read(verdicts + comm_.rank() * verdict_bytes).code != 0) {
+      // The preview met a NaN or infinity: its error, read now (the step is dropped).
+      mine = detail::draft(who, settings, [&]() -> std::uint64_t {
+        (void)compressor_.preview(grad);
+        detail::fail(errc::invalid_argument, who, ": the preview's status said a value was not finite; it is not");
+      });
+    }
+    const std::vector<std::uint64_t> own =
+        detail::settle(comm_, who, mine, std::span<const std::byte>(verdicts, ranks * verdict_bytes));
+    // The ranks agreed on their settings: each reads the same leader's count.
+    const std::uint64_t chose = own[leader];
+    detail::require(chose <= k, errc::corrupt_message, "cyclic_topk: the leader (rank ", leader, ") reported ", chose,
                     " indices, more than k = ", k);
-    const std::span<std::uint32_t> index(index_.data(), static_cast<std::size_t>(count));
-    comm_.broadcast(view<std::uint32_t>(index.data(), index.size()), leader);
-    // The leader's selector chose them (ascending, below n, no more than the
-    // compressor takes), so this does not throw, and every rank's step is accepted.
-    compressor_.set_indices(memory_.on_host(index));
-    const message_type m = compressor_.stage(grad, view_of(message_));
-    const std::span<float> sums(sums_.data(), index.size());
-    memory_.values_of(detail::raw(m.bytes()), m.size(), sums);
-    comm_.reduce_broadcast(view<float>(sums.data(), sums.size()), leader);
-    memory_.add(index, sums, detail::raw(dense), scale);
-    return m;
+    if (!as_moved || chose != count) {
+      moved_ = {static_cast<std::size_t>(chose), step};
+      return run(grad, dense, scale);
+    }
+    detail::require(detail::load_le<std::uint32_t>(verdicts + ranks * verdict_bytes + sizeof(detail::step_status)) == 0,
+                    errc::corrupt_message, "cyclic_topk: the indices received from the leader (rank ", leader,
+                    ") do not ascend below n = ", n);
+    detail::step_status status{};
+    std::memcpy(&status, verdicts + ranks * verdict_bytes, sizeof(status));
+    return message_type(typename message_type::bytes_type(message_.data(), static_cast<std::size_t>(status.bytes)), n,
+                        status.count);
   }
 
   // Where the compressor's selector has a density (presets::scalecom's given_indices),
   // the leader selects at it: compressor::set_density (a warm-up schedule, a restored
   // checkpoint) moves the leader's k with the compressor's capacity, and the buffers
-  // grow with them.
+  // grow with them (never shrinking: the exchange may still move the count agreed before).
   void follow_density() {
     if constexpr (requires {
                     compressor_.selector().density;
@@ -203,14 +353,26 @@ class cyclic_topk {
     return {b.data(), static_cast<std::size_t>(b.size())};
   }
 
+  // What the exchange's collectives move, as the ranks last agreed: the leader's count
+  // of indices (none at first), and the step whose leader is their root (the step
+  // agreed on, one more once it is accepted).
+  struct moved {
+    std::size_t count = 0;
+    std::uint64_t step = 0;
+  };
+
   Comm& comm_;
   Compressor& compressor_;
   leader_type leader_;
-  detail::exchange_memory<backend_type> memory_;
   buffer<std::byte> leader_message_;
   buffer<std::uint32_t> index_;
   buffer<float> sums_;
   buffer<std::byte> message_;
+  buffer<std::byte> verdict_;            // this rank's verdict
+  buffer<std::byte> outcome_;            // outcome_bytes(): what the host reads
+  buffer<std::uint32_t> refused_;        // whether the sums may not be added
+  std::vector<std::byte> outcome_host_;  // outcome_, read
+  moved moved_;
   std::uint64_t policies_;  // the policies' names, which every rank must share
 };
 

@@ -56,21 +56,13 @@ struct frame_byte {
         code != 0 ? code : (status->non_finite != 0 ? 1 + static_cast<std::uint32_t>(errc::non_finite) : 0u);
     const std::uint64_t size = verdict == 0 ? status->bytes : 0;
     constexpr std::size_t head = detail::rank_verdict::size;
-    std::uint64_t byte = 0;
-    if (i < 4) {
-      byte = verdict >> (8 * i);
-    } else if (i >= 8 && i < 16) {
-      byte = size >> (8 * (i - 8));
-    } else if (i >= 16 && i < head) {
-      byte = digest >> (8 * (i - 16));
-    } else if (i >= head && size <= bound && i - head < size) {
-      frame[i] = message[i - head];
-      return;
+    if (i < head) {
+      frame[i] = detail::rank_verdict::byte_of(i, verdict, size, digest);
+    } else {
+      frame[i] = size <= bound && i - head < size ? message[i - head] : std::byte{0};
     }
-    frame[i] = static_cast<std::byte>(byte & 0xFF);
   }
 };
-static_assert(detail::rank_verdict::size == 24, "frame_byte writes the verdict's layout");
 
 /// One exchange of every rank's message over `comm`: `stage()` (this rank's work,
 /// returning its message as bytes in host memory, or throwing gradcomp::error) runs

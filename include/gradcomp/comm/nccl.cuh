@@ -170,6 +170,12 @@ class nccl {
                        "ncclAllGather (agreement)");
     backend_.to_host(exchange_.data(), all.size(), all.data());
   }
+  /// Every rank's `mine` (device memory, the same size on every rank) into `all`
+  /// (device memory), in rank order: queued on the backend's stream, nothing read back.
+  void all_gather(device_span<const std::byte> mine, device_span<std::byte> all) {
+    detail::nccl_check(ncclAllGather(mine.data(), all.data(), mine.size(), ncclUint8, comm_, backend_.stream),
+                       "ncclAllGather (verdicts)");
+  }
   /// \name Host-memory collectives that comm::sparse_allreduce builds on (staged through
   /// device buffers; each returns once the host may read its result)
   /// @{

@@ -6,7 +6,6 @@
 #pragma once
 
 #include <gradcomp/comm/agreement.hpp>
-#include <gradcomp/comm/exchange_memory.hpp>
 #include <gradcomp/comm/transport.hpp>
 #include <gradcomp/compressor.hpp>
 #include <gradcomp/config.hpp>
@@ -87,7 +86,6 @@ class sparse_allreduce {
       : comm_(comm),
         compressor_(compressor),
         k_(k),
-        memory_(compressor.backend()),
         message_(compressor.backend().template allocate<std::byte>(compressor.max_message_bytes())),
         policies_(detail::fingerprint()
                       .add(compressor.selector().name())
@@ -271,11 +269,10 @@ class sparse_allreduce {
   /// Bytes the exchange holds beside its compressor's (its message, the selection and
   /// their sums, the lists of entries it exchanges): all workspace.
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
-    return memory_.held_bytes() + detail::bytes_held(message_, index_, values_, host_message_, global_value_, starts_,
-                                                     packed_, received_on_, shard_sums_, fault_, bounds_, mine_,
-                                                     received_, sums_, selected_, global_, first_, counts_of_all_,
-                                                     send_counts_, recv_counts_, send_sizes_, recv_sizes_, pairs_,
-                                                     global_sizes_, verdicts_, global_index_);
+    return detail::bytes_held(message_, index_, values_, host_message_, global_value_, starts_, packed_, received_on_,
+                              shard_sums_, fault_, bounds_, mine_, received_, sums_, selected_, global_, first_,
+                              counts_of_all_, send_counts_, recv_counts_, send_sizes_, recv_sizes_, pairs_,
+                              global_sizes_, verdicts_, global_index_);
   }
 
  private:
@@ -524,8 +521,7 @@ class sparse_allreduce {
     }
     compressor_.backend().to_device(global_index_.data(), count, index_.data());
     compressor_.backend().to_device(global_value_.data(), count, values_.data());
-    memory_.add(std::span<const std::uint32_t>(index_.data(), count), std::span<const float>(values_.data(), count),
-                dense, scale);
+    compressor_.backend().for_each(count, detail::scatter_add{index_.data(), values_.data(), scale, dense.data()});
   }
 
   // The all-gathered selection, the same bytes on every rank, so every rank judges it
@@ -571,7 +567,6 @@ class sparse_allreduce {
   Comm& comm_;
   Compressor& compressor_;
   std::size_t k_;
-  detail::exchange_memory<backend_type> memory_;
   buffer<std::byte> message_;            // this rank's message, in the compressor's memory
   std::size_t message_bytes_ = 0;        // its size
   buffer<std::uint32_t> index_;          // the selection, in the compressor's memory

@@ -39,9 +39,10 @@ concept memory_space = std::is_same_v<M, host_memory> || std::is_same_v<M, devic
 ///   knowing the sizes), all_to_all (one u64 to each rank), all_to_all_v (send_sizes[j]
 ///   bytes to rank j, recv_sizes[r] bytes from rank r), all_reduce_sum (u32 counts, none
 ///   above max_sum < 2^32, so that a transport may sum in a narrower type);
-/// - on the compressor's memory: all_to_all_v (as above: the entries of
-///   sparse_allreduce::reduce_scatter, which then never leave that memory; a transport of
-///   host memory has the one above), broadcast (u32 indices from `root`) and
+/// - on the compressor's memory: all_gather (equal parts: cyclic_topk's verdicts, which
+///   the host reads once, after the exchange) and all_to_all_v (as above: the entries of
+///   sparse_allreduce::reduce_scatter, which then never leave that memory), each the one
+///   above on a transport of host memory; broadcast (u32 indices from `root`) and
 ///   reduce_broadcast (float sums reduced at `root`, then broadcast: the same bits on
 ///   every rank).
 /// Each call is a collective: every rank makes the same calls in the same order.
@@ -52,6 +53,7 @@ concept transport =
              std::span<std::uint64_t> counts, std::span<std::uint32_t> sums,
              span_in<typename T::memory, const std::byte> entries, span_in<typename T::memory, std::byte> received,
              span_in<typename T::memory, std::uint32_t> index, span_in<typename T::memory, float> values, int root) {
+      t.all_gather(entries, received);
       t.all_gather_v(bytes, sizes, out);
       t.all_to_all(sizes, counts);
       t.all_to_all_v(bytes, sizes, out, sizes);

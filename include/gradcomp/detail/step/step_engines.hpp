@@ -201,18 +201,20 @@ class step_engines {
   }
 
   /// Queues the corrector's update of the committed state with `grad` (as queue() reads
-  /// it) into a buffer of n floats (allocated by the first call), and returns it with
-  /// whether it is finite.
+  /// it) into a buffer of n floats (the first call's scratch: the update writes every
+  /// element), and returns it with its status (whether it is finite), in the backend's
+  /// memory: nothing is read back.
   template <gradient_element G>
-  std::pair<std::span<const float>, bool> preview(const Backend& on, const Corrector& c, std::span<const G> grad) {
+  std::pair<std::span<const float>, const step_status*> queue_preview(const Backend& on, const Corrector& c,
+                                                                      std::span<const G> grad) {
     static_assert(reads_as_stored<G>, "step_engines::preview: a gradient this step cannot read as it is");
-    if (static_cast<std::size_t>(preview_.size()) != n_) preview_ = backend_.template allocate<float>(n_);
+    if (static_cast<std::size_t>(preview_.size()) != n_) preview_ = allocate_scratch<float>(backend_, n_);
     last_ = on;
     const std::span<float> acc(preview_.data(), n_);
     step_status* status = status_.data() + 1;  // [0] is the step's (last_step_finite)
     on.clear(status, 1);
     correct_.preview(on, c, grad, acc, status);
-    return {acc, on.read(status).non_finite == 0};
+    return {acc, status};
   }
 
   /// Makes the queued step current.
