@@ -988,6 +988,67 @@ TEST_CASE("cyclic_topk on a device reads its outcome once per step, and matches 
   }
 }
 
+// ScaleCom with leaders whose count is not fixed: a threshold (|acc_i| >= tau on the
+// leader, docs/algorithms.md), whose count changes from step to step, so that every
+// step runs the exchange twice, and which may choose none (the step then sends nothing
+// and commits its memory all the same); and a random set, which moves with the leader's
+// own steps. Against the simulation written out.
+TEST_CASE("cyclic_topk with a threshold leader (any count, none included) and a random one") {
+  gc::comm::mpi comm;
+  const int ranks = comm.size();
+  const std::size_t n = 3001;
+  const float beta = 0.5f;
+  for (const float tau : {2.5f, 1e30f}) {
+    auto mine = gc::presets::scalecom(gc::backend::host{}, n, {.density = 1.0, .beta = beta});
+    gc::comm::cyclic_topk exchange(comm, mine, gc::select::threshold{.tau = tau});
+    std::vector<std::vector<float>> m(static_cast<std::size_t>(ranks), std::vector<float>(n, 0.0f));
+    std::vector<float> dense(n, 0.0f), want(n, 0.0f);
+    for (int t = 0; t < 4; ++t) {
+      auto own_g = gradient_of(comm.rank(), n, t);
+      const auto sent = exchange.step(own_g, dense, 1.0f);
+      std::vector<std::vector<float>> acc(static_cast<std::size_t>(ranks), std::vector<float>(n));
+      for (int r = 0; r < ranks; ++r) {
+        const auto g = gradient_of(r, n, t);
+        for (std::size_t i = 0; i < n; ++i) acc[r][i] = m[r][i] + g[i];
+      }
+      std::vector<std::uint32_t> chosen;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (std::fabs(acc[static_cast<std::size_t>(t % ranks)][i]) >= tau)
+          chosen.push_back(static_cast<std::uint32_t>(i));
+      }
+      CAPTURE(tau);
+      CAPTURE(t);
+      CHECK(sent.count() == chosen.size());
+      CHECK(gc::decode(sent.bytes()).indices == chosen);
+      for (int r = 0; r < ranks; ++r) {
+        std::vector<float> sent_r(n, 0.0f);
+        for (const auto i : chosen) sent_r[i] = acc[r][i];
+        for (std::size_t i = 0; i < n; ++i) m[r][i] = (1.0f - beta) * m[r][i] + beta * (acc[r][i] - sent_r[i]);
+      }
+      for (const auto i : chosen) {
+        double sum = 0.0;  // the reduce's order is the transport's: compared within rounding
+        for (int r = 0; r < ranks; ++r) sum += acc[r][i];
+        CHECK(std::fabs(dense[i] - want[i] - sum) <= 1e-5 * (std::fabs(sum) + 1.0));
+        want[i] = dense[i];
+      }
+      CHECK(dense == want);  // nothing added where nothing was chosen
+      const auto own = mine.corrector_state(0);
+      CHECK(std::equal(own.begin(), own.end(), m[static_cast<std::size_t>(comm.rank())].begin()));
+      CHECK(mine.step() == static_cast<std::uint64_t>(t + 1));
+    }
+  }
+  // A random leader draws from (seed, its own step): a rank that leads twice draws anew.
+  auto mine = gc::presets::scalecom(gc::backend::host{}, n, {.density = 0.01, .beta = beta});
+  gc::comm::cyclic_topk exchange(comm, mine, gc::select::random_k{.density = 0.01, .seed = 7});
+  std::vector<float> dense(n, 0.0f);
+  std::vector<std::vector<std::uint32_t>> sets;
+  for (int t = 0; t < 2 * ranks; ++t) {
+    auto g = gradient_of(comm.rank(), n, t);
+    sets.push_back(gc::decode(exchange.step(g, dense, 1.0f).bytes()).indices);
+  }
+  for (int t = 0; t < ranks; ++t) CHECK(sets[static_cast<std::size_t>(t)] != sets[static_cast<std::size_t>(t + ranks)]);
+}
+
 // A transport that breaks the leader's indices on their way to the other ranks (swaps
 // the first two) at the steps where `broken` says so.
 struct swapping_broadcast : mpi_of_opaque_memory {
@@ -998,7 +1059,7 @@ struct swapping_broadcast : mpi_of_opaque_memory {
   }
 };
 
-TEST_CASE("cyclic_topk: indices broken on their way are refused where they arrive, and nothing changes there") {
+TEST_CASE("cyclic_topk: indices broken on their way to one rank are refused on every rank, and nothing changes") {
   swapping_broadcast comm;
   const int ranks = comm.size();
   if (ranks < 2) return;
@@ -1006,33 +1067,36 @@ TEST_CASE("cyclic_topk: indices broken on their way are refused where they arriv
   const double density = 0.01;
   auto make = [&] { return gc::presets::scalecom(counted_device{}, n, {.density = density, .beta = 0.5f}); };
   auto mine = make();
+  auto twin = make();  // sees only the whole steps
   gc::comm::cyclic_topk exchange(comm, mine, gc::select::exact_topk{.density = density});
-  std::vector<float> dense(n, 0.0f);
-  for (int t = 0; t < 2; ++t) {  // the exchange's sizes agreed, every rank in step
+  gc::comm::cyclic_topk twin_exchange(comm, twin, gc::select::exact_topk{.density = density});
+  std::vector<float> dense(n, 0.0f), twin_dense(n, 0.0f);
+  const auto both = [&](int t) {
     auto g = gradient_of(comm.rank(), n, t);
     (void)exchange.step(view_as<counted_device, const float>(g), view_as<counted_device, float>(dense), 1.0f);
-  }
+    (void)twin_exchange.step(view_as<counted_device, const float>(g), view_as<counted_device, float>(twin_dense), 1.0f);
+  };
+  both(0);
+  both(1);
   const int leader = 2 % ranks;
   const auto before = checkpoint(mine);
   const auto dense_before = dense;
-  comm.broken = true;
+  comm.broken = true;  // the indices reach every rank but the leader out of order
   auto g = gradient_of(comm.rank(), n, 2);
-  const auto step = [&] {
-    (void)exchange.step(view_as<counted_device, const float>(g), view_as<counted_device, float>(dense), 1.0f);
-  };
-  if (comm.rank() == leader) {  // its own indices arrive whole: it goes on
-    step();
-    CHECK(mine.step() == 3);
-  } else {
-    CHECK_THROWS_WITH_AS(step(),
-                         ("gradcomp: cyclic_topk: the indices received from the leader (rank " +
-                          std::to_string(leader) + ") do not ascend below n = 5003")
-                             .c_str(),
-                         gc::error);
-    CHECK(checkpoint(mine) == before);
-    CHECK(dense == dense_before);
-    CHECK_FALSE(mine.has_staged());
-  }
+  CHECK_THROWS_WITH_AS(
+      (void)exchange.step(view_as<counted_device, const float>(g), view_as<counted_device, float>(dense), 1.0f),
+      ("gradcomp: cyclic_topk: the indices of the leader (rank " + std::to_string(leader) + ") arrived on " +
+       std::to_string(ranks - 1) + " of " + std::to_string(ranks) + " ranks not ascending below n = 5003")
+          .c_str(),
+      gc::error);
+  CHECK(checkpoint(mine) == before);
+  CHECK(dense == dense_before);
+  CHECK_FALSE(mine.has_staged());
+  comm.broken = false;  // every rank goes on in step, with the twin
+  both(2);
+  both(3);
+  CHECK(dense == twin_dense);
+  CHECK(checkpoint(mine) == checkpoint(twin));
 }
 
 // -- comm::leader_exchange: Leader SGD ---------------------------------------------------------

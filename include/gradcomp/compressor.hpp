@@ -224,10 +224,10 @@ class compressor {
 
   /// What compress(grad) would rank now: the corrector's update of the committed state
   /// with `grad` (clipping included; grad itself without a corrector), in the backend's
-  /// memory. Changes no state. ScaleCom's leader selects from it, and comm::cyclic_topk
-  /// checks with it on every rank that the step will be accepted before any rank
-  /// compresses. The first call allocates n floats; the view is valid until the next
-  /// call or release_workspace().
+  /// memory. Changes no state. ScaleCom's leader selects from it, and comm::cyclic_topk's
+  /// ranks tell each other with it whether their steps will be accepted
+  /// (preview_queued). The first call allocates n floats; the view is valid until the
+  /// next call or release_workspace().
   /// \throws gradcomp::error if grad.size() != n, or the value holds a NaN or infinity
   ///         (the error compress would raise).
   template <gradient_view<Backend> Grad>

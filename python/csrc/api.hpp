@@ -193,11 +193,10 @@ class cyclic_exchange {
   virtual ~cyclic_exchange() = default;
   /// One step: dense += scale * the ranks' sum at the leader's indices; returns this
   /// rank's message (written to `out`). The compressor's step stays staged until
-  /// accept() (or drop()).
+  /// accept() (a later stage drops it).
   virtual written stage(const float* grad, float* dense, std::size_t n, float scale, std::byte* out,
                         std::size_t out_size) = 0;
   virtual void accept() = 0;
-  virtual void drop() noexcept = 0;
   /// The bytes the exchange holds beside its compressor's (all workspace).
   [[nodiscard]] virtual std::size_t memory_bytes() const = 0;
 };

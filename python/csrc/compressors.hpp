@@ -218,7 +218,6 @@ class cyclic_exchange_of final : public cyclic_exchange {
   written stage(const float* grad, float* dense, std::size_t n, float scale, std::byte* out,
                 std::size_t out_size) override;
   void accept() override { exchange_.accept_staged(); }
-  void drop() noexcept override { exchange_.drop_staged(); }
   [[nodiscard]] std::size_t memory_bytes() const override { return exchange_.memory_bytes(); }
 
  private:

@@ -72,7 +72,7 @@ struct rank_verdict {
       byte = code >> (8 * i);
     } else if (i >= 8 && i < 16) {
       byte = own >> (8 * (i - 8));
-    } else if (i >= 16) {
+    } else if (i >= 16 && i < size) {
       byte = digest >> (8 * (i - 16));
     }
     return static_cast<std::byte>(byte & 0xFF);

@@ -54,23 +54,39 @@ struct verdict_byte {
 
 /// *refused = whether the exchange's sums may not be added: a rank's verdict says an
 /// error or other settings than this rank's (`digest`), the leader chose another count
-/// than the exchange moved, or the indices failed their check (`fault`).
+/// than the exchange moved, or the indices failed their check on some rank (`faults`).
 struct refusal {
   const std::byte* verdicts;  ///< every rank's, rank_verdict::size bytes each, in rank order
   std::size_t ranks;
   std::size_t leader;
   std::uint64_t digest;
   std::uint64_t count;  ///< indices the exchange moved
-  const std::uint32_t* fault;
+  const float* faults;  ///< the ranks whose indices failed their check, summed with the values
   std::uint32_t* refused;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t) const {
-    bool no = *fault != 0 || load_le<std::uint64_t>(verdicts + leader * rank_verdict::size + 8) != count;
+    bool no = *faults != 0.0f || load_le<std::uint64_t>(verdicts + leader * rank_verdict::size + 8) != count;
     for (std::size_t r = 0; r < ranks; ++r) {
       const std::byte* v = verdicts + r * rank_verdict::size;
       no = no || load_le<std::uint32_t>(v) != 0 || load_le<std::uint64_t>(v + 16) != digest;
     }
     *refused = no ? 1u : 0u;
   }
+};
+
+/// *slot = 1 where this rank's indices failed their check (`*fault` nonzero), else 0: a
+/// value that the reduce of the sums counts over the ranks, so that every rank learns
+/// whether any rank's indices broke.
+struct fault_count {
+  const std::uint32_t* fault;
+  float* slot;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t) const { *slot = *fault != 0 ? 1.0f : 0.0f; }
+};
+
+/// *out = the ranks whose indices failed their check (the reduced fault_count).
+struct faults_counted {
+  const float* summed;
+  std::uint32_t* out;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t) const { *out = static_cast<std::uint32_t>(*summed); }
 };
 
 /// sums[j] = values[j] for the j < count the step sent, 0 past them.
@@ -87,7 +103,7 @@ struct sums_of {
 namespace comm {
 
 /// ScaleCom's cyclic local top-k. At step t the leader is rank t mod W: it selects
-/// indices with `leader_selector` from its own acc (compressor::preview: the
+/// indices with `leader_selector` from its own acc (compressor::preview_queued: the
 /// corrector's update of its committed state, nothing committed) and broadcasts them;
 /// every rank compresses its own acc at those indices (a given_indices compressor,
 /// usually presets::scalecom); the k values are summed (reduced to the leader, then
@@ -140,7 +156,7 @@ class cyclic_topk {
                 encode::index_value{.index = index_coding::raw32, .value = value_coding::f32}),
         leader_message_(allocate<std::byte>(leader_.max_message_bytes())),
         index_(allocate<std::uint32_t>(leader_selector.max_selected(compressor.size()))),
-        sums_(allocate<float>(leader_selector.max_selected(compressor.size()))),
+        sums_(allocate<float>(leader_selector.max_selected(compressor.size()) + 1)),
         message_(allocate<std::byte>(compressor.max_message_bytes())),
         verdict_(allocate<std::byte>(verdict_bytes)),
         outcome_(allocate<std::byte>(outcome_bytes())),
@@ -191,10 +207,7 @@ class cyclic_topk {
   }
   /// Commits the compressor's staged step.
   /// \throws gradcomp::error (invalid_argument) if no step is staged.
-  void accept_staged() {
-    compressor_.accept_staged();
-    ++moved_.step;  // the next leader, as every rank's exchange expects it
-  }
+  void accept_staged() { compressor_.accept_staged(); }
   /// Drops the compressor's staged step.
   void drop_staged() noexcept { compressor_.drop_staged(); }
 
@@ -220,42 +233,44 @@ class cyclic_topk {
   }
 
   // The exchange of step() with the compressor's step staged: queued, then its outcome
-  // read and settled; run again where the ranks agree on a leader or count other than
+  // read and settled; run `again` where the ranks agree on a leader or count other than
   // those the exchange moved.
-  message_type run(view<const float> grad, view<float> dense, float scale) {
-    follow_density();
+  message_type run(view<const float> grad, view<float> dense, float scale, bool again = false) {
     static constexpr const char* who = "cyclic_topk";
     const backend_type& be = compressor_.backend();
     const auto ranks = static_cast<std::size_t>(comm_.size());
+    const auto me = static_cast<std::size_t>(comm_.rank());
     const std::size_t n = compressor_.size();
-    const std::uint64_t k = leader_.selector().max_selected(n);
+    const std::uint64_t k = leader_k();
+    const std::uint64_t takes = compressor_.selector().max_selected(n);
     const std::uint64_t step = compressor_.step();
     const auto leader = static_cast<std::size_t>(step % ranks);
-    const std::array<detail::setting, 4> settings{detail::setting{"n", n}, detail::setting{"k", k},
-                                                  detail::setting{"the step", step},
-                                                  detail::setting{"the policies", policies_}};
+    const std::array<detail::setting, 5> settings{
+        detail::setting{"n", n}, detail::setting{"k", k}, detail::setting{"the capacity", takes},
+        detail::setting{"the step", step}, detail::setting{"the policies", policies_}};
     // The collectives move what the ranks last agreed on (the leader's count, and the
     // step, whose leader is the root); this rank's step goes through them only where
     // that is its step, with room for the count.
     const std::size_t count = moved_.count;
     const auto root = static_cast<int>(moved_.step % ranks);
-    const bool as_moved = step == moved_.step && count <= compressor_.selector().max_selected(n);
+    const bool as_moved = step == moved_.step && count <= takes;
+    compressor_.drop_staged();  // a step staged by the pass before this one
     const detail::step_status* preview = nullptr;
     const detail::step_status* chosen = nullptr;
     detail::rank_draft mine = detail::draft(who, settings, [&]() -> std::uint64_t {
       detail::require(dense.size() == n, errc::invalid_argument, "cyclic_topk: dense.size() = ", dense.size(),
                       " does not match n = ", n);
       detail::require(std::isfinite(scale), errc::invalid_argument, "cyclic_topk: scale must be finite, got ", scale);
+      follow_density();  // where it fails, the buffers hold what the ranks agreed before
       const auto queued = compressor_.preview_queued(be, grad);
       preview = queued.status;
-      if (comm_.rank() == static_cast<int>(leader)) {
+      if (me == leader) {  // staged until the exchange succeeds (a step-seeded selector moves on then)
         chosen = leader_.stage_queued(be, queued.acc, view_of(leader_message_));
         const auto selected = detail::raw(leader_.staged_selection().index);
         if (as_moved) {
           be.for_each(std::min(count, selected.size()),
                       detail::copy_elements<std::uint32_t>{selected.data(), index_.data()});
         }
-        leader_.drop_staged();
       }
       return 0;
     });
@@ -265,33 +280,33 @@ class cyclic_topk {
     comm_.all_gather(view<const std::byte>(verdict_.data(), verdict_bytes),
                      view<std::byte>(outcome_.data(), ranks * verdict_bytes));
     be.clear(outcome_.data() + ranks * verdict_bytes, sizeof(detail::step_status) + 8);
-    const bool staged = as_moved && mine.report.code == 0 && count > 0;
-    if (count > 0) {
-      comm_.broadcast(view<std::uint32_t>(index_.data(), count), root);
-      if (staged) {
-        compressor_.set_indices_queued(be, view<const std::uint32_t>(index_.data(), count),
-                                       view<std::uint32_t>(outcome_fault(), 1));
-        const detail::step_status* status = compressor_.stage_queued(be, grad, view_of(message_));
-        be.for_each(count, detail::cyclic::sums_of{detail::raw(compressor_.staged_selection().values).data(), status,
-                                                   sums_.data()});
-        be.for_each(1, detail::copy_elements<detail::step_status>{status, outcome_status()});
-      } else {
-        be.clear(sums_.data(), count);
-      }
-      comm_.reduce_broadcast(view<float>(sums_.data(), count), root);
-      if (staged) {
-        be.for_each(1, detail::cyclic::refusal{outcome_.data(), ranks, leader, digest, count, outcome_fault(),
-                                               refused_.data()});
-        be.for_each(count, detail::decoding::scatter_add_if_clean{refused_.data(), index_.data(), sums_.data(), scale,
-                                                                  detail::raw(dense).data()});
-      }
+    if (count > 0) comm_.broadcast(view<std::uint32_t>(index_.data(), count), root);
+    const bool staged = as_moved && mine.report.code == 0;
+    float* faults = sums_.data() + count;  // how many ranks' indices failed their check, summed with the values
+    if (staged) {
+      compressor_.set_indices_queued(be, view<const std::uint32_t>(index_.data(), count),
+                                     view<std::uint32_t>(outcome_fault(), 1));
+      const detail::step_status* status = compressor_.stage_queued(be, grad, view_of(message_));
+      be.for_each(count, detail::cyclic::sums_of{detail::raw(compressor_.staged_selection().values).data(), status,
+                                                 sums_.data()});
+      be.for_each(1, detail::copy_elements<detail::step_status>{status, outcome_status()});
+    } else {
+      be.clear(sums_.data(), count);
     }
+    be.for_each(1, detail::cyclic::fault_count{outcome_fault(), faults});
+    comm_.reduce_broadcast(view<float>(sums_.data(), count + 1), root);
+    if (staged) {
+      be.for_each(1, detail::cyclic::refusal{outcome_.data(), ranks, leader, digest, count, faults, refused_.data()});
+      be.for_each(count, detail::decoding::scatter_add_if_clean{refused_.data(), index_.data(), sums_.data(), scale,
+                                                                detail::raw(dense).data()});
+    }
+    be.for_each(1, detail::cyclic::faults_counted{faults, outcome_fault()});
 
-    // The exchange's one read: the verdicts, this rank's status and the indices' check.
+    // The exchange's one read: the verdicts, this rank's status and the ranks' faults.
     outcome_host_.resize(outcome_bytes());
     be.to_host(static_cast<const std::byte*>(outcome_.data()), outcome_host_.size(), outcome_host_.data());
     const std::byte* verdicts = outcome_host_.data();
-    if (mine.report.code == 0 && detail::rank_verdict::read(verdicts + comm_.rank() * verdict_bytes).code != 0) {
+    if (mine.report.code == 0 && detail::rank_verdict::read(verdicts + me * verdict_bytes).code != 0) {
       // The preview met a NaN or infinity: its error, read now (the step is dropped).
       mine = detail::draft(who, settings, [&]() -> std::uint64_t {
         (void)compressor_.preview(grad);
@@ -300,21 +315,39 @@ class cyclic_topk {
     }
     const std::vector<std::uint64_t> own =
         detail::settle(comm_, who, mine, std::span<const std::byte>(verdicts, ranks * verdict_bytes));
-    // The ranks agreed on their settings: each reads the same leader's count.
+    // The ranks agreed on their settings: each reads the same leader's count and faults,
+    // and every rank throws alike or none does.
     const std::uint64_t chose = own[leader];
-    detail::require(chose <= k, errc::corrupt_message, "cyclic_topk: the leader (rank ", leader, ") reported ", chose,
-                    " indices, more than k = ", k);
+    detail::require(chose <= k && chose <= takes, errc::corrupt_message, "cyclic_topk: the leader (rank ", leader,
+                    ") reported ", chose, " indices, more than k = ", k, " or the ", takes, " the compressor takes");
     if (!as_moved || chose != count) {
+      detail::require(!again, errc::corrupt_message, "cyclic_topk: the leader (rank ", leader, ") chose ", count,
+                      " indices, then ", chose, " in the same step");
       moved_ = {static_cast<std::size_t>(chose), step};
-      return run(grad, dense, scale);
+      return run(grad, dense, scale, true);
     }
-    detail::require(detail::load_le<std::uint32_t>(verdicts + ranks * verdict_bytes + sizeof(detail::step_status)) == 0,
-                    errc::corrupt_message, "cyclic_topk: the indices received from the leader (rank ", leader,
-                    ") do not ascend below n = ", n);
+    const auto broken = detail::load_le<std::uint32_t>(verdicts + ranks * verdict_bytes + sizeof(detail::step_status));
+    detail::require(broken == 0, errc::corrupt_message, "cyclic_topk: the indices of the leader (rank ", leader,
+                    ") arrived on ", broken, " of ", ranks, " ranks not ascending below n = ", n);
     detail::step_status status{};
     std::memcpy(&status, verdicts + ranks * verdict_bytes, sizeof(status));
+    if (me == leader) leader_.accept_staged();
+    moved_ = {count, step + 1};  // the next step's leader, once this step is accepted
     return message_type(typename message_type::bytes_type(message_.data(), static_cast<std::size_t>(status.bytes)), n,
                         status.count);
+  }
+
+  // The leader's k: at the compressor's density where its selector has one
+  // (follow_density), else its own.
+  [[nodiscard]] std::uint64_t leader_k() {
+    if constexpr (requires {
+                    compressor_.selector().density;
+                    leader_.set_density(1.0);
+                  }) {
+      const double density = compressor_.selector().density;
+      if (density != 0.0) return detail::with_density(leader_.selector(), density).max_selected(compressor_.size());
+    }
+    return leader_.selector().max_selected(compressor_.size());
   }
 
   // Where the compressor's selector has a density (presets::scalecom's given_indices),
@@ -332,7 +365,7 @@ class cyclic_topk {
       const std::size_t k = detail::with_density(leader_.selector(), density).max_selected(n);
       // Allocated first: should that throw, nothing has changed.
       auto index = allocate<std::uint32_t>(std::max<std::size_t>(k, static_cast<std::size_t>(index_.size())));
-      auto sums = allocate<float>(std::max<std::size_t>(k, static_cast<std::size_t>(sums_.size())));
+      auto sums = allocate<float>(std::max<std::size_t>(k + 1, static_cast<std::size_t>(sums_.size())));
       auto leader_message = allocate<std::byte>(leader_.encoder().max_bytes(n, k));
       auto message = allocate<std::byte>(compressor_.max_message_bytes());
       leader_.set_density(density);  // valid: the compressor took it

@@ -94,7 +94,7 @@ class given_indices_selection {
   void set_indices_queued(const Backend& on, const select::given_indices& policy,
                           std::span<const std::uint32_t> indices, std::uint32_t* fault) {
     const std::size_t capacity = policy.max_selected(n_);
-    require(indices.size() <= capacity, errc::invalid_argument, "set_indices: ", indices.size(),
+    require(indices.size() <= capacity, errc::invalid_argument, "set_indices_queued: ", indices.size(),
             " indices exceed the selector's capacity of ", capacity);
     on.clear(fault_.data(), 1);
     on.reduce_or(indices.size(), given_index_fault{indices.data(), n_}, fault_.data());

@@ -208,7 +208,7 @@ class step_engines {
   std::pair<std::span<const float>, const step_status*> queue_preview(const Backend& on, const Corrector& c,
                                                                       std::span<const G> grad) {
     static_assert(reads_as_stored<G>, "step_engines::preview: a gradient this step cannot read as it is");
-    if (static_cast<std::size_t>(preview_.size()) != n_) preview_ = allocate_scratch<float>(backend_, n_);
+    if (static_cast<std::size_t>(preview_.size()) != n_) preview_ = allocate_scratch<float>(on, n_);
     last_ = on;
     const std::span<float> acc(preview_.data(), n_);
     step_status* status = status_.data() + 1;  // [0] is the step's (last_step_finite)
