@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 from experiments.baselines import torch_hook
 
-HOOKS = ["none", "dense", "fp16", "powersgd4", "topk_ef", "topk_ef_m8", "dgc", "sparse_allreduce"]
+HOOKS = ["none", "dense", "fp16", "powersgd4", "topk_ef", "topk_ef_m8", "dgc", "scalecom", "sparse_allreduce"]
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cudaMemcpy")
 
 

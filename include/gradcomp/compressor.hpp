@@ -105,6 +105,15 @@ class compressor {
     engines_.release_workspace();
     wide_.release();
   }
+  /// Allocates now the step's workspace that release_workspace() gave back (the next
+  /// step would allocate it first): for a collective whose ranks must meet an
+  /// allocation's failure alike, before any of them has heard of the others
+  /// (comm::cyclic_topk).
+  /// \throws what the backend's allocation throws; nothing changes then.
+  void hold_workspace() {
+    detail::require_current_device(backend_, "hold_workspace");
+    engines_.hold_workspace(selector_, encoder_);
+  }
 
   /// The corrector's committed memory array `a` (< Corrector::state_arrays), e.g. the
   /// error-feedback residual, readable on the host (a copy, for device memory).

@@ -129,7 +129,8 @@ namespace comm {
 /// compressors) or the PyTorch binding's adapter. Each rank's `grad`, `dense` and the
 /// messages are in that memory, and their views say so (std::span, device_span). Every
 /// rank's exchange must take part in the same steps (it keeps the sizes the ranks last
-/// agreed on).
+/// agreed on). The leader's own compressor counts the steps its rank led: a leader
+/// selector seeded by the step (random_k, sampled_threshold) draws from that count.
 template <class LeaderSelector, class Compressor, transport Comm>
 class cyclic_topk {
   static_assert(std::is_same_v<typename Comm::memory, typename Compressor::backend_type::memory>,
@@ -161,6 +162,7 @@ class cyclic_topk {
         verdict_(allocate<std::byte>(verdict_bytes)),
         outcome_(allocate<std::byte>(outcome_bytes())),
         refused_(allocate<std::uint32_t>(1)),
+        outcome_host_(outcome_bytes()),
         policies_(detail::fingerprint()
                       .add(compressor.selector().name())
                       .add(compressor.corrector().name())
@@ -184,8 +186,8 @@ class cyclic_topk {
   /// \throws gradcomp::error on every rank alike, changing no compressor and no
   ///         `dense`, if any rank's dense.size() != n, `scale` is not finite or its step
   ///         would be rejected (a NaN or infinity), or if the ranks disagree on n, k, the
-  ///         step or the policies; (corrupt_message) on the ranks that received indices
-  ///         that do not ascend below n (a broken transport), changing nothing there.
+  ///         step or the policies; (corrupt_message) where the leader's indices reached
+  ///         a rank not ascending below n (a broken transport).
   message_type step(view<const float> grad, view<float> dense, float scale) {
     const message_type m = stage(grad, dense, scale);
     accept_staged();
@@ -261,7 +263,8 @@ class cyclic_topk {
       detail::require(dense.size() == n, errc::invalid_argument, "cyclic_topk: dense.size() = ", dense.size(),
                       " does not match n = ", n);
       detail::require(std::isfinite(scale), errc::invalid_argument, "cyclic_topk: scale must be finite, got ", scale);
-      follow_density();  // where it fails, the buffers hold what the ranks agreed before
+      follow_density();              // where it fails, the buffers hold what the ranks agreed before
+      compressor_.hold_workspace();  // what the step allocates, allocated before the collectives
       const auto queued = compressor_.preview_queued(be, grad);
       preview = queued.status;
       if (me == leader) {  // staged until the exchange succeeds (a step-seeded selector moves on then)
@@ -303,7 +306,6 @@ class cyclic_topk {
     be.for_each(1, detail::cyclic::faults_counted{faults, outcome_fault()});
 
     // The exchange's one read: the verdicts, this rank's status and the ranks' faults.
-    outcome_host_.resize(outcome_bytes());
     be.to_host(static_cast<const std::byte*>(outcome_.data()), outcome_host_.size(), outcome_host_.data());
     const std::byte* verdicts = outcome_host_.data();
     if (mine.report.code == 0 && detail::rank_verdict::read(verdicts + me * verdict_bytes).code != 0) {
@@ -331,8 +333,8 @@ class cyclic_topk {
                     ") arrived on ", broken, " of ", ranks, " ranks not ascending below n = ", n);
     detail::step_status status{};
     std::memcpy(&status, verdicts + ranks * verdict_bytes, sizeof(status));
-    if (me == leader) leader_.accept_staged();
     moved_ = {count, step + 1};  // the next step's leader, once this step is accepted
+    if (me == leader) leader_.accept_staged();
     return message_type(typename message_type::bytes_type(message_.data(), static_cast<std::size_t>(status.bytes)), n,
                         status.count);
   }

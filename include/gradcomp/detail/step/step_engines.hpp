@@ -246,6 +246,17 @@ class step_engines {
     kept_ = buffer<std::uint32_t>{};
   }
 
+  /// The workspace a step needs, allocated again after release_workspace(): before the
+  /// step changes anything, so that an allocation that fails leaves the state as it was.
+  void hold_workspace(const Selector& s, const Encoder& e) {
+    (void)select(s);
+    if (!holds_workspace()) {
+      index_ = backend_.template allocate<std::uint32_t>(capacity_);
+      sent_ = backend_.template allocate<float>(capacity_);
+      encode_.emplace(backend_, e, n_, capacity_);
+    }
+  }
+
   /// Whether the workspace is held (not given back by release_workspace()).
   [[nodiscard]] bool holds_workspace() const noexcept { return encode_.has_value(); }
 
@@ -352,17 +363,6 @@ class step_engines {
   }
 
   std::span<std::uint32_t> index_span() noexcept { return {index_.data(), static_cast<std::size_t>(index_.size())}; }
-
-  // The workspace a step needs, allocated again after release_workspace(): before the
-  // step changes anything, so that an allocation that fails leaves the state as it was.
-  void hold_workspace(const Selector& s, const Encoder& e) {
-    (void)select(s);
-    if (!holds_workspace()) {
-      index_ = backend_.template allocate<std::uint32_t>(capacity_);
-      sent_ = backend_.template allocate<float>(capacity_);
-      encode_.emplace(backend_, e, n_, capacity_);
-    }
-  }
 
   Backend backend_;
   Backend last_ = backend_;  // where the last call's work was queued
