@@ -206,6 +206,16 @@ class compressor {
     commit_staged(context, &kept);
   }
 
+  /// accept_staged(kept) with `kept` in the backend's memory where that is a device's
+  /// (a collective's selection, which arrives there: comm::sparse_allreduce): nothing is
+  /// copied or read back, and so its order is not checked; it must ascend strictly.
+  void accept_staged(view<const std::uint32_t> kept)
+    requires(!Backend::host_accessible)
+  {
+    const std::span<const std::uint32_t> there = detail::raw(kept);
+    commit_staged(backend_, &there, true);
+  }
+
   /// Drops a stage()d step (if any): the compressor goes on from its committed state,
   /// as after a collective that refused the step.
   void drop_staged() noexcept { staged_ = false; }
@@ -559,10 +569,10 @@ class compressor {
   }
 
   // The staged step's commit (of what `kept` holds, or all), then the step made current.
-  void commit_staged(const Backend& context, const std::span<const std::uint32_t>* kept) {
+  void commit_staged(const Backend& context, const std::span<const std::uint32_t>* kept, bool kept_in_memory = false) {
     detail::require(staged_, errc::invalid_argument, "accept_staged: no step is staged");
     const Backend on = detail::context_for(backend_, "accept_staged", context);
-    engines_.commit_staged(on, corrector_, kept);
+    engines_.commit_staged(on, corrector_, kept, kept_in_memory);
     finish_step();
   }
 

@@ -77,8 +77,6 @@ struct transport {
   /// Rank r's `sizes[r]` bytes into `all`, in rank order (`mine` is this rank's).
   std::function<void(std::span<const std::byte> mine, std::span<const std::uint64_t> sizes, std::span<std::byte> all)>
       all_gather_v;
-  /// mine[j] to rank j, theirs[r] from rank r.
-  std::function<void(std::span<const std::uint64_t> mine, std::span<std::uint64_t> theirs)> all_to_all;
   /// send's parts (send_sizes bytes each) to their ranks; recv_sizes bytes from each.
   std::function<void(std::span<const std::byte> send, std::span<const std::uint64_t> send_sizes,
                      std::span<std::byte> recv, std::span<const std::uint64_t> recv_sizes)>
@@ -93,6 +91,9 @@ struct transport {
   std::function<void(std::span<const std::byte> send, std::span<const std::uint64_t> send_sizes,
                      std::span<std::byte> recv, std::span<const std::uint64_t> recv_sizes)>
       all_to_all_v_in_memory;
+  /// all_reduce_sum of the compressor's memory (comm::sparse_allreduce's histograms and
+  /// global selection): over NCCL they stay on the device.
+  std::function<void(std::span<std::uint32_t> values, std::uint64_t max_sum)> all_reduce_sum_in_memory;
   /// @}
   /// Bytes this rank has put into the collectives above (their inputs), shared by copies.
   std::shared_ptr<std::uint64_t> sent = std::make_shared<std::uint64_t>(0);

@@ -49,7 +49,6 @@ class transport_in {
   void all_gather_v(std::span<const std::byte> mine, std::span<const std::uint64_t> sizes, std::span<std::byte> all) {
     t_.all_gather_v(mine, sizes, all);
   }
-  void all_to_all(std::span<const std::uint64_t> mine, std::span<std::uint64_t> theirs) { t_.all_to_all(mine, theirs); }
   void all_to_all_v(std::span<const std::byte> send, std::span<const std::uint64_t> send_sizes,
                     std::span<std::byte> recv, std::span<const std::uint64_t> recv_sizes) {
     t_.all_to_all_v(send, send_sizes, recv, recv_sizes);
@@ -65,6 +64,11 @@ class transport_in {
     requires std::is_same_v<memory, gc::device_memory>
   {
     t_.all_to_all_v_in_memory({send.data(), send.size()}, send_sizes, {recv.data(), recv.size()}, recv_sizes);
+  }
+  void all_reduce_sum(gc::device_span<std::uint32_t> values, std::uint64_t max_sum)
+    requires std::is_same_v<memory, gc::device_memory>
+  {
+    t_.all_reduce_sum_in_memory({values.data(), values.size()}, max_sum);
   }
 
  private:

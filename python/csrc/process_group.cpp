@@ -154,17 +154,6 @@ transport transport_of(const group_ptr& pg, const torch::Device& device, void* s
     const std::vector<std::uint64_t> sizes(static_cast<std::size_t>(ranks), mine.size());
     gather_parts(mine, sizes, all);
   };
-  out.all_to_all = [pg, to_where, back, sent, received, issued, others](std::span<const std::uint64_t> mine,
-                                                                        std::span<std::uint64_t> theirs) {
-    *sent += mine.size_bytes();
-    *received += others * sizeof(std::uint64_t);
-    ++*issued;
-    at::Tensor in = to_where(mine.data(), static_cast<std::int64_t>(mine.size()), torch::kInt64);
-    at::Tensor got = torch::empty_like(in);
-    std::vector<std::int64_t> even;
-    pg->alltoall_base(got, in, even, even)->wait();
-    back(got, theirs.data());
-  };
   out.all_to_all_v = [pg, to_where, back, sent, received, issued, rank = out.this_rank](
                          std::span<const std::byte> send, std::span<const std::uint64_t> send_sizes,
                          std::span<std::byte> recv, std::span<const std::uint64_t> recv_sizes) {
@@ -247,6 +236,28 @@ transport transport_of(const group_ptr& pg, const torch::Device& device, void* s
         pg->alltoall_base(to, copies, even, even)->wait();
       });
     });
+  };
+  // The sums of the compressor's memory as all_reduce_sum sums host arrays: int32 where
+  // every sum fits it, else through int64 (the unsigned counts widened, the sums
+  // narrowed back modulo 2^32, which they fit).
+  out.all_reduce_sum_in_memory = [pg, options, sent, received, issued, run](std::span<std::uint32_t> values,
+                                                                            std::uint64_t max_sum) {
+    if (values.empty()) return;
+    const bool narrow = max_sum <= static_cast<std::uint64_t>(INT32_MAX);
+    const std::size_t bytes = (narrow ? 4 : 8) * values.size();
+    *sent += bytes;
+    *received += bytes;
+    ++*issued;
+    run(torch::from_blob(values.data(), {static_cast<std::int64_t>(values.size())}, options.dtype(torch::kInt32)),
+        [&](std::vector<at::Tensor>& tensors) {
+          if (narrow) {
+            pg->allreduce(tensors)->wait();
+            return;
+          }
+          std::vector<at::Tensor> wide{tensors[0].to(torch::kInt64).bitwise_and(static_cast<std::int64_t>(0xFFFFFFFF))};
+          pg->allreduce(wide)->wait();
+          tensors[0].copy_(wide[0]);
+        });
   };
   const auto broadcast = [pg, issued](std::vector<at::Tensor>& tensors, int root) {
     ++*issued;

@@ -28,8 +28,8 @@ dense all-reduces 4n bytes; fp16 2n; PowerSGD of rank r all-reduces its vectors,
 P (rows x r per matrix) and Q (columns x r); gradcomp's top-k methods all-gather one
 message of k entries (k = ceil(density * n)) with the step's 24-byte verdict; ScaleCom
 broadcasts the leader's k indices and reduces and broadcasts k values; the global top-k
-(``sparse_allreduce``) sends about k entries in an all-to-all and all-gathers k more,
-with eight small collectives. A method's measured costs (``Costs``) give its
+(``sparse_allreduce``) sends about k entries in an all-to-all and all-gathers the k
+selected ones in parts, with seven small collectives. A method's measured costs (``Costs``) give its
 compression time per bucket and its decoding time per received entry.
 
 From the command line, with the costs a user measured (a JSON file, see ``load``)::
@@ -55,7 +55,7 @@ __all__ = ["Link", "parse_rate", "collective_seconds", "count", "Bucket", "Costs
 
 VERDICT_BYTES = 24  # the agreement each gradcomp exchange starts with (docs/communication.md)
 MESSAGE_HEADER_BYTES = 56  # a message's fixed header (docs/wire-format.md)
-RADIX_HISTOGRAM_BYTES = (1024, 1024, 1024, 512)  # sparse_allreduce's global radix select
+RADIX_HISTOGRAM_BYTES = (1028, 1024, 1024, 512)  # sparse_allreduce's global radix select (the first with the count)
 ALLGATHER_METHODS = ("topk_ef", "dgc", "adacomp", "random_k", "threshold")
 
 
@@ -202,11 +202,13 @@ def traffic(method: str, bucket: Bucket, world: int, density: float, entry_bytes
         # The leader's indices, then the values reduced to the leader and broadcast.
         return [("all_gather", VERDICT_BYTES), ("broadcast", 4 * k), ("all_reduce", 4 * k), ("broadcast", 4 * k)], k
     if method == "sparse_allreduce":
+        # The hook's agreement, the exchange's (with each rank's counts per region), the
+        # entries, the radix select's histograms, the ranks' records, the selection's parts
+        # (padded to the last step's largest, an eighth more and 16 entries).
         region = k * entry_bytes / world  # what a rank's selection sends each region's owner
-        sent = [("all_gather", VERDICT_BYTES), ("all_gather", VERDICT_BYTES), ("all_to_all", 8),
-                ("all_to_all", region), ("all_reduce", 4 * (world + 1))]
+        sent = [("all_gather", VERDICT_BYTES), ("all_gather", VERDICT_BYTES + 8 * world), ("all_to_all", region)]
         sent += [("all_reduce", b) for b in RADIX_HISTOGRAM_BYTES]
-        sent += [("all_gather", 16), ("all_gather", region)]
+        sent += [("all_gather", 12), ("all_gather", 8 * (9 * k / (8 * world) + 16))]
         return sent, 2 * k
     raise InvalidArgumentError(f"method must be dense, fp16, powersgd<rank>, scalecom, sparse_allreduce or one of "
                                f"{', '.join(ALLGATHER_METHODS)}, got {method!r}")

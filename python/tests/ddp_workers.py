@@ -346,9 +346,11 @@ def check_sparse_allreduce(rank, world):
             assert np.count_nonzero(got[b].numpy()) <= k
             assert same_on_all_ranks(got[b])
             np.testing.assert_array_equal(state.compressors[b].corrector_state(0).numpy(), refs[b].e[rank])
-            collectives += 1 + (10 if refs[b].union > k else 6)  # the hook's agreement, then the exchange's
-        if step >= 1:
-            assert state.collectives - before == collectives, (step, state.collectives - before, collectives)
+            collectives += 1 + 8  # the hook's agreement, then the exchange's
+        if step >= 1:  # and one more agreement where a rank grows its room for what it receives, two
+            # (an agreement and the gather again) where a part of the selection outgrows the gather
+            issued = state.collectives - before
+            assert collectives <= issued <= collectives + 3 * len(sizes), (step, issued, collectives)
             collectives = 0
     # What this rank holds: each bucket's residual (4 bytes an element) as state; the
     # compressors' and the exchanges' workspace beside it.

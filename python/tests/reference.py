@@ -119,7 +119,6 @@ class GlobalTopk:
             chosen.append(idx)
             sent.append(values)
         union = np.nonzero(seen)[0]
-        self.union = len(union)  # the union of the ranks' selections, whose size decides the radix select
         selected = union[top_k(sums[union], k)] if len(union) else union
         for r in range(len(grads)):
             kept = np.isin(chosen[r], selected)

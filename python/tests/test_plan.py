@@ -57,7 +57,8 @@ def test_traffic_of_each_method():
     sent, decoded = plan.traffic("topk_ef", b, 4, 0.01, entry_bytes=6)
     assert sent == [("all_gather", 24 + 56 + 6 * k)] and decoded == 4 * k
     sent, decoded = plan.traffic("sparse_allreduce", b, 4, 0.01)
-    assert ("all_to_all", 8 * k / 4) in sent and decoded == 2 * k and len(sent) == 11
+    assert ("all_to_all", 8 * k / 4) in sent and decoded == 2 * k and len(sent) == 9
+    assert sent[-1] == ("all_gather", 8 * (9 * k / 32 + 16))  # the selection's parts, an eighth of room and 16
     sent, decoded = plan.traffic("scalecom", b, 4, 0.01)
     assert sum(n for c, n in sent if c == "broadcast") == 8 * k and decoded == k
 
@@ -179,8 +180,9 @@ def test_bad_input_is_named():
 def test_the_report_in_the_docs_is_what_its_data_gives():
     """docs/results.md's tables ("What it buys at scale") come from the committed runs."""
     root = os.path.join(os.path.dirname(__file__), "..", "..")
-    data = os.path.join("docs", "data", "plan-2026-11-27")
-    runs = [os.path.join(data, run) for run in ("1gbit-w4", "10gbit-w4", "1gbit-w8")]
+    data = os.path.join("docs", "data", "plan-2026-11-29")  # its 8-rank run, with the 4-rank runs of 2026-11-27
+    runs = [os.path.join("docs", "data", "plan-2026-11-27", run) for run in ("1gbit-w4", "10gbit-w4")]
+    runs.append(os.path.join(data, "1gbit-w8"))
     printed = subprocess.run([sys.executable, "-m", "experiments.plan_report", *runs], cwd=root, capture_output=True,
                              text=True, timeout=120, check=True).stdout
     with open(os.path.join(root, data, "report.md")) as f:

@@ -144,10 +144,6 @@ class mpi {
     MPI_Allgatherv(mine.data(), mpi_count(mine.size()), MPI_BYTE, all.data(), counts_.data(), displs_.data(), MPI_BYTE,
                    comm_);
   }
-  /// mine[j] to rank j; theirs[r] from rank r (one value per rank each way).
-  void all_to_all(std::span<const std::uint64_t> mine, std::span<std::uint64_t> theirs) {
-    MPI_Alltoall(mine.data(), 1, MPI_UINT64_T, theirs.data(), 1, MPI_UINT64_T, comm_);
-  }
   /// The parts of `send` (send_sizes[j] bytes for rank j, in rank order) to their ranks;
   /// rank r's part for this rank (recv_sizes[r] bytes) into `recv`, in rank order.
   void all_to_all_v(std::span<const std::byte> send, std::span<const std::uint64_t> send_sizes,

@@ -174,10 +174,11 @@ class nccl {
   /// (device memory), in rank order: queued on the backend's stream, nothing read back.
   void all_gather(device_span<const std::byte> mine, device_span<std::byte> all) {
     detail::nccl_check(ncclAllGather(mine.data(), all.data(), mine.size(), ncclUint8, comm_, backend_.stream),
-                       "ncclAllGather (verdicts)");
+                       "ncclAllGather (in memory)");
   }
-  /// \name Host-memory collectives that comm::sparse_allreduce builds on (staged through
-  /// device buffers; each returns once the host may read its result)
+  /// \name Host-memory collectives of the transport concept (staged through device
+  /// buffers; each returns once the host may read its result): comm::sparse_allreduce
+  /// uses only all_reduce_sum, for reduce_scatter's verdicts
   /// @{
 
   /// Rank r's `sizes[r]` bytes (host memory; `mine` is this rank's) into `all`, in rank
@@ -188,11 +189,6 @@ class nccl {
     if (!mine.empty()) backend_.to_device(mine.data(), mine.size(), staged_.data());
     gather(std::span<const std::byte>(staged_.data(), mine.size()));
     if (!all.empty()) backend_.to_host(gathered_.data(), all.size(), all.data());
-  }
-  /// mine[j] to rank j; theirs[r] from rank r (host memory).
-  void all_to_all(std::span<const std::uint64_t> mine, std::span<std::uint64_t> theirs) {
-    const std::vector<std::uint64_t> eight(mine.size(), 8);
-    all_to_all_v(std::as_bytes(mine), eight, std::as_writable_bytes(theirs), eight);
   }
   /// The parts of `send` (send_sizes[j] bytes for rank j, in rank order, host memory) to
   /// their ranks; rank r's part for this rank (recv_sizes[r] bytes) into `recv`: staged
@@ -240,6 +236,14 @@ class nccl {
     backend_.to_host(counts, values.size(), values.data());
   }
   /// @}
+
+  /// all_reduce_sum() on device memory: queued on the backend's stream, nothing read back.
+  void all_reduce_sum(device_span<std::uint32_t> values, std::uint64_t /*max_sum*/) {
+    if (values.empty()) return;
+    detail::nccl_check(
+        ncclAllReduce(values.data(), values.data(), values.size(), ncclUint32, ncclSum, comm_, backend_.stream),
+        "ncclAllReduce (counts in memory)");
+  }
 
   /// Rank `root`'s `data` (device memory) into every rank's `data` (the same size everywhere).
   void broadcast(device_span<std::uint32_t> data, int root) {

@@ -36,13 +36,15 @@ concept memory_space = std::is_same_v<M, host_memory> || std::is_same_v<M, devic
 ///   reduce_broadcast() read and write in place (host_memory: comm::mpi; device_memory:
 ///   comm::nccl; the compressor's, for the binding's adapter);
 /// - on small arrays in host memory: all_gather_v (rank r's sizes[r] bytes, every rank
-///   knowing the sizes), all_to_all (one u64 to each rank), all_to_all_v (send_sizes[j]
-///   bytes to rank j, recv_sizes[r] bytes from rank r), all_reduce_sum (u32 counts, none
-///   above max_sum < 2^32, so that a transport may sum in a narrower type);
-/// - on the compressor's memory: all_gather (equal parts: cyclic_topk's verdicts, which
-///   the host reads once, after the exchange) and all_to_all_v (as above: the entries of
-///   sparse_allreduce::reduce_scatter, which then never leave that memory), each the one
-///   above on a transport of host memory; broadcast (u32 indices from `root`) and
+///   knowing the sizes), all_to_all_v (send_sizes[j] bytes to rank j, recv_sizes[r]
+///   bytes from rank r), all_reduce_sum (u32 counts, none above max_sum < 2^32, so
+///   that a transport may sum in a narrower type);
+/// - on the compressor's memory: all_gather (equal parts: cyclic_topk's verdicts and
+///   sparse_allreduce's records and parts of its selection, which the host reads once,
+///   after the exchange), all_to_all_v (as above: the entries of sparse_allreduce, which
+///   then never leave that memory) and all_reduce_sum (as above: sparse_allreduce's
+///   digit histograms), each the one above on a transport of host memory; broadcast
+///   (u32 indices from `root`) and
 ///   reduce_broadcast (float sums reduced at `root`, then broadcast: the same bits on
 ///   every rank).
 /// Each call is a collective: every rank makes the same calls in the same order.
@@ -50,15 +52,15 @@ template <class T>
 concept transport =
     collectives<T> && memory_space<typename T::memory> &&
     requires(T& t, std::span<const std::byte> bytes, std::span<std::byte> out, std::span<const std::uint64_t> sizes,
-             std::span<std::uint64_t> counts, std::span<std::uint32_t> sums,
-             span_in<typename T::memory, const std::byte> entries, span_in<typename T::memory, std::byte> received,
-             span_in<typename T::memory, std::uint32_t> index, span_in<typename T::memory, float> values, int root) {
+             std::span<std::uint32_t> sums, span_in<typename T::memory, const std::byte> entries,
+             span_in<typename T::memory, std::byte> received, span_in<typename T::memory, std::uint32_t> index,
+             span_in<typename T::memory, float> values, int root) {
       t.all_gather(entries, received);
       t.all_gather_v(bytes, sizes, out);
-      t.all_to_all(sizes, counts);
       t.all_to_all_v(bytes, sizes, out, sizes);
       t.all_to_all_v(entries, sizes, received, sizes);
       t.all_reduce_sum(sums, std::uint64_t{0});
+      t.all_reduce_sum(index, std::uint64_t{0});
       t.broadcast(index, root);
       t.reduce_broadcast(values, root);
     };

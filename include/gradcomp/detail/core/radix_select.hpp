@@ -41,8 +41,9 @@ struct radix_digit {
 };
 inline constexpr std::array<radix_digit, 3> magnitude_digits{{{20, 11}, {10, 10}, {0, 10}}};
 inline constexpr std::size_t top_digit_bins = std::size_t{1} << 11;
-/// The digits of a select whose histograms travel (comm::sparse_allreduce): 8 + 8 + 8 + 7
-/// bits, so that the four histograms together are 3.5 KB of uint32 counts, not 16 KB.
+/// The digits of a select whose histograms travel (comm::sparse_allreduce's global
+/// top-k, detail/comm/global_topk.hpp): 8 + 8 + 8 + 7 bits, so that the four histograms
+/// together are 3.5 KB of uint32 counts, not 16 KB.
 inline constexpr std::array<radix_digit, 4> collective_digits{{{23, 8}, {15, 8}, {7, 8}, {0, 7}}};
 
 /// exact_topk's sample, on every backend: every topk_sample_stride-th entry of acc
@@ -68,19 +69,11 @@ GRADCOMP_HOST_DEVICE inline std::pair<std::uint32_t, std::size_t> find_bin_from_
   return {0, r};  // unreachable when r <= total count
 }
 
-/// The histograms of kth_largest counted here are the whole count.
-struct keys_all_here {
-  void operator()(std::span<std::uint32_t>) const noexcept {}
-};
-
 /// Finds the r-th largest of `size` keys (1 <= r <= size), `key_at(j)` giving key j,
-/// all of which share the digits above `first_digit` with `prefix`. `combine(bins)`
-/// makes each digit's histogram of the keys here the histogram of all keys: for keys
-/// spread over the ranks of a collective (comm::sparse_allreduce, with
-/// collective_digits), an all-reduce, and r counts over all of them.
-template <class KeyAt, class Combine = keys_all_here, std::size_t Digits = magnitude_digits.size()>
-kth_key kth_largest(KeyAt&& key_at, std::size_t size, std::size_t r, std::size_t first_digit, std::uint32_t prefix,
-                    Combine&& combine = {}, const std::array<radix_digit, Digits>& digits = magnitude_digits) {
+/// all of which share the digits above `first_digit` with `prefix`.
+template <class KeyAt>
+kth_key kth_largest(KeyAt&& key_at, std::size_t size, std::size_t r, std::size_t first_digit, std::uint32_t prefix) {
+  const auto& digits = magnitude_digits;
   std::array<std::uint32_t, top_digit_bins> bins{};
   std::uint32_t known_mask = 0;
   for (std::size_t d = 0; d < first_digit; ++d) known_mask |= ((1u << digits[d].bits) - 1u) << digits[d].shift;
@@ -92,7 +85,6 @@ kth_key kth_largest(KeyAt&& key_at, std::size_t size, std::size_t r, std::size_t
       const std::uint32_t key = key_at(j);
       if ((key & known_mask) == prefix) ++bins[(key >> shift) & digit_mask];
     }
-    combine(std::span(bins).first(std::size_t{1} << bits));
     const auto [digit, remaining] = find_bin_from_top(std::span(bins).first(std::size_t{1} << bits), r);
     prefix |= digit << shift;
     known_mask |= digit_mask << shift;

@@ -151,24 +151,29 @@ class step_engines {
   }
 
   /// Queues on `on` the commit of the step queued without one: of every selected entry,
-  /// or, given `kept` (ascending, host memory), of the selected entries whose index is in
-  /// it, as if the selector had chosen only those (the others stay as the update left
-  /// them). On the host the selection is filtered in place; where the backend's memory
-  /// is a device's, `kept` is copied over and the entries not in it are marked not_kept,
-  /// which the commit leaves alone (nothing read back).
-  void commit_staged(const Backend& on, const Corrector& c, const std::span<const std::uint32_t>* kept) {
+  /// or, given `kept` (ascending, host memory, or the backend's with `kept_in_memory`),
+  /// of the selected entries whose index is in it, as if the selector had chosen only
+  /// those (the others stay as the update left them). On the host the selection is
+  /// filtered in place; where the backend's memory is a device's, `kept` is copied over
+  /// (unless it is there) and the entries not in it are marked not_kept, which the
+  /// commit leaves alone (nothing read back).
+  void commit_staged(const Backend& on, const Corrector& c, const std::span<const std::uint32_t>* kept,
+                     bool kept_in_memory = false) {
     last_ = on;
     step_status* status = status_.data();
     if (kept != nullptr) {
       if constexpr (!Backend::host_accessible) {
         // On a device: `kept` copied over once, and the entries not among it marked so
         // that the commit leaves them alone; nothing read back.
-        if (static_cast<std::size_t>(kept_.size()) < kept->size()) {
-          kept_ = allocate_scratch<std::uint32_t>(backend_, kept->size());
+        const std::uint32_t* there = kept->data();
+        if (!kept_in_memory) {
+          if (static_cast<std::size_t>(kept_.size()) < kept->size()) {
+            kept_ = allocate_scratch<std::uint32_t>(backend_, kept->size());
+          }
+          if (!kept->empty()) on.to_device(kept->data(), kept->size(), kept_.data());
+          there = kept_.data();
         }
-        if (!kept->empty()) on.to_device(kept->data(), kept->size(), kept_.data());
-        on.for_each(static_cast<std::size_t>(index_.size()),
-                    mark_not_kept{index_.data(), kept_.data(), kept->size(), status});
+        on.for_each(static_cast<std::size_t>(index_.size()), mark_not_kept{index_.data(), there, kept->size(), status});
       } else {
         // The host reads the selection where it is (read() waits for the step first).
         const std::size_t selected = on.read(status).count;

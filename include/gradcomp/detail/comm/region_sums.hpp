@@ -1,9 +1,9 @@
-/// \file detail/comm/shard_sums.hpp
-/// The local work of comm::sparse_allreduce::reduce_scatter over the backend primitives,
-/// so that it runs where the compressor's memory is: where each shard's entries start
-/// in a rank's selection, the entries packed for the wire, and the owner's checks and
-/// sums of what the ranks sent into its shard, in rank order (docs/algorithms.md,
-/// "Global top-k", steps 2-3). The bodies are templated on the wire's entry type (an
+/// \file detail/comm/region_sums.hpp
+/// The local work of comm::sparse_allreduce's collectives (step and reduce_scatter) over
+/// the backend primitives, so that it runs where the compressor's memory is: where each
+/// region's entries start in a rank's selection, the entries packed for the wire, and
+/// the owner's checks and sums of what the ranks sent into its region, in rank order
+/// (docs/algorithms.md, "Global top-k", steps 2-3). The bodies are templated on the wire's entry type (an
 /// index and a float value). Not API.
 #pragma once
 
@@ -17,28 +17,34 @@
 #include <cstdint>
 
 GRADCOMP_NAMESPACE_BEGIN
-namespace detail::shard_sums {
+namespace detail::region_sums {
 
 /// What a part of the received entries may be flagged with (a fault word's bits).
-inline constexpr std::uint32_t corrupt = 1u;   ///< an index outside the shard or out of order, or a value not finite
+inline constexpr std::uint32_t corrupt = 1u;   ///< an index outside the region or out of order, or a value not finite
 inline constexpr std::uint32_t overflow = 2u;  ///< a sum not finite
 
-/// first[j] = the position of the first selected index at or above shard j's start,
-/// j·n/W, for j <= W (first[W] = the count: every index is below n), and first[W + 1]
-/// the status's non_finite (read back with them). The selection ascends; its count is
-/// the step's status's.
-struct shard_starts {
+/// bounds[j] = j·n/W for j <= W: equal regions (reduce_scatter's shards, and
+/// sparse_allreduce's first regions).
+struct equal_regions {
+  std::uint64_t n, ranks;
+  std::uint32_t* bounds;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
+    bounds[j] = static_cast<std::uint32_t>(static_cast<std::uint64_t>(j) * n / ranks);  // j·n < 2^63
+  }
+};
+
+/// first[j] = the position of the first selected index at or above region j's start,
+/// bounds[j], for j <= W (first[W] = the count: bounds[W] = n, above every index), and
+/// first[W + 1] the status's non_finite (read back with them). The selection ascends;
+/// its count is the step's status's.
+struct region_starts {
   const std::uint32_t* index;
   const step_status* status;
-  std::uint64_t n, ranks;
+  const std::uint32_t* bounds;
+  std::uint64_t ranks;
   std::uint64_t* first;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
-    if (j > ranks) {
-      first[j] = status->non_finite;
-      return;
-    }
-    const std::uint64_t bound = static_cast<std::uint64_t>(j) * n / ranks;  // j·n < 2^63
-    first[j] = first_not_below(index, status->count, bound);
+    first[j] = j > ranks ? status->non_finite : first_not_below(index, status->count, bounds[j]);
   }
 };
 
@@ -76,7 +82,7 @@ struct mark_unsent {
   GRADCOMP_HOST_DEVICE void operator()(std::size_t i) const { sums[i] = float_of(unsent); }
 };
 
-/// Adds entry j of one rank's part to the shard's sums, once every part's checks
+/// Adds entry j of one rank's part to the region's sums, once every part's checks
 /// found no fault (the word is final: the checks ran before on the same stream). The
 /// first value an index receives is its sum as it is (so that -0 stays -0, as in a
 /// sum that starts from the first term), each later one is added: with the parts
@@ -97,7 +103,7 @@ struct add_part {
 };
 
 /// An overflow: the sum of received entry j's index is not finite (looked at from
-/// every entry that went into it, so that only the entries, not the shard, are read;
+/// every entry that went into it, so that only the entries, not the region, are read;
 /// nothing once a part was found corrupt, whose entries were not added).
 template <class Entry>
 struct sum_faults {
@@ -122,5 +128,5 @@ struct write_shard {
   }
 };
 
-}  // namespace detail::shard_sums
+}  // namespace detail::region_sums
 GRADCOMP_NAMESPACE_END
