@@ -691,6 +691,17 @@ TEST_CASE("sparse_allreduce receives about 2k entries per rank whatever W, and f
   CHECK(exchange.k() == 401);
   (void)exchange.step(gradient_of(comm.rank(), n, 9), dense, 1.0f);
   CHECK(same_on_all_ranks(comm, dense));
+  // The workspace given back and the density lowered: the gather's capacity, sized by
+  // the larger step before, follows the smaller k (a read past the selection otherwise,
+  // which the sanitized run would catch).
+  exchange.release_workspace();
+  c.set_density(0.0002);
+  CHECK(exchange.k() == 41);
+  for (int t = 10; t < 12; ++t) {
+    (void)exchange.step(gradient_of(comm.rank(), n, t), dense, 1.0f);
+    CHECK(exchange.last_traffic().sent <= 2 * 8 * 41 + fixed);  // its entries and a part of at most k
+  }
+  CHECK(same_on_all_ranks(comm, dense));
 }
 
 TEST_CASE(

@@ -258,6 +258,7 @@ class sparse_allreduce {
     const backend_type& be = compressor_.backend();
     const std::uint32_t begin = bounds_[me];
     const std::size_t region = bounds_[me + 1] - begin;
+    const std::size_t capacity = std::min(capacity_, k);  // the gather's, the same on every rank (k may have dropped)
     const std::size_t received = sum_in_regions(
         grad,
         {{"n", n},
@@ -273,7 +274,7 @@ class sparse_allreduce {
           grow(compaction_, compaction_bytes(std::max(region, listed_)));
           grow(part_, k);
           grow(values_, k);
-          grow(gathered_, ranks * capacity_);
+          grow(gathered_, ranks * capacity);
           outcome_host_.resize(slots_at() + k);
           verdicts_.resize(ranks);
           return static_cast<const std::uint32_t*>(outcome_.data());
@@ -316,8 +317,8 @@ class sparse_allreduce {
     if (received != 0) {
       be.compact(received, top::is_selected{sums, list, at}, chosen_.data(), compaction(), &at->chosen);
     }
-    be.for_each(received, top::place<sparse_entry>{chosen_.data(), &at->chosen, list, sums, begin, part_.data()});
-    gather_selection(capacity_, k, dense, scale);
+    be.for_each(received, top::place<sparse_entry>{chosen_.data(), &at->chosen, list, sums, begin, k, part_.data()});
+    gather_selection(capacity, k, dense, scale);
 
     // The step's one read, from the regions through the selection's indices; every
     // rank judges the same records and the same selection, and raises alike.
@@ -332,9 +333,10 @@ class sparse_allreduce {
       longest = std::max<std::uint64_t>(longest, read[starts_at() + r + 1] - read[starts_at() + r]);
     }
     detail::require(longest <= k, errc::corrupt_message, who, ": a rank's part of the selection exceeds k = ", k);
+    const std::size_t next_capacity = std::min<std::size_t>(k, static_cast<std::size_t>(longest + longest / 8 + 16));
     if (state.outgrown != 0) {  // a part outgrew the gather: again, with room for the largest, agreed
-      (void)detail::agree(comm_, who, {}, [&]() -> std::uint64_t {
-        grow(gathered_, ranks * static_cast<std::size_t>(longest));
+      (void)detail::agree(comm_, who, {{"the largest part", longest}}, [&]() -> std::uint64_t {
+        grow(gathered_, ranks * next_capacity);  // room for the next steps' gathers too
         return 0;
       });
       note(detail::rank_verdict::size, (ranks - 1) * detail::rank_verdict::size);
@@ -346,7 +348,7 @@ class sparse_allreduce {
     }
     detail::require(state.broken == 0, errc::corrupt_message, who, ": the gathered global selection is corrupt");
     bounds_.assign(read, read + ranks + 1);
-    capacity_ = std::min<std::size_t>(k, static_cast<std::size_t>(longest + longest / 8 + 16));
+    capacity_ = next_capacity;
     selected_ = state.take;
     return std::span<const std::uint32_t>(read + slots_at(), selected_);
   }

@@ -156,6 +156,7 @@ struct split_ties {
     }
     starts[ranks] = start;
     at->refused = refused;
+    if (start != at->take) at->broken = 1;  // parts that do not add up to the selection: records a transport broke
   }
 };
 
@@ -188,7 +189,8 @@ struct last_tie {
   const std::uint32_t* ties;
   selection* at;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t) const {
-    at->tie_limit = at->ties == 0 ? 0 : ties[at->ties - 1] + 1;
+    const std::uint32_t taken = at->ties < at->tie_count ? at->ties : at->tie_count;  // as many as a sound record says
+    at->tie_limit = taken == 0 ? 0 : ties[taken - 1] + 1;
   }
 };
 
@@ -204,8 +206,8 @@ struct is_selected {
   }
 };
 
-/// This rank's j-th selected sum, as the gather's entry j (room for all of them: a part
-/// has at most k).
+/// This rank's j-th selected sum, as the gather's entry j (room for k: a sound part has
+/// at most k).
 template <class Entry>
 struct place {
   const std::uint32_t* chosen;  ///< list positions, ascending
@@ -213,9 +215,10 @@ struct place {
   const std::uint32_t* list;
   const float* sums;
   std::uint32_t begin;  ///< the region's first index
+  std::uint64_t k;
   Entry* part;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
-    if (j >= *chosen_count) return;
+    if (j >= *chosen_count || j >= k) return;  // beyond k only with histograms a transport broke
     const std::uint32_t i = list[chosen[j]];
     part[j] = Entry{begin + i, sums[i]};
   }
