@@ -364,7 +364,7 @@ class cyclic_topk {
       const double density = compressor_.selector().density;
       if (density == 0.0 || density == leader_.selector().density) return;
       const std::size_t n = compressor_.size();
-      const std::size_t k = detail::with_density(leader_.selector(), density).max_selected(n);
+      const std::size_t k = leader_k();  // at the compressor's new density
       // Allocated first: should that throw, nothing has changed.
       auto index = allocate<std::uint32_t>(std::max<std::size_t>(k, static_cast<std::size_t>(index_.size())));
       auto sums = allocate<float>(std::max<std::size_t>(k + 1, static_cast<std::size_t>(sums_.size())));
