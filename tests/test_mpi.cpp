@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <numeric>
 #include <new>
 #include <sstream>
@@ -1008,6 +1009,94 @@ TEST_CASE("cyclic_topk on a device reads its outcome once per step, and matches 
     CHECK(waits.to_device == leads * selection.to_device);
     if (t != 0 && t != 4) CHECK(waits.allocations == 0);
   }
+}
+
+// A DDP hook's step over ScaleCom's exchanges (python/csrc/ddp_steps.cpp): each bucket's
+// exchange queued, the outcomes read together at the step's end, then each settled.
+// Queued, an exchange waits for nothing but its leader's selection; settled from its
+// outcome, for nothing (the first step runs again inside settle(), at the count the
+// ranks agreed). The dense sums and memories equal step()'s on backend::host. A setting
+// of the caller's that one rank holds differently fails every rank alike, reported as
+// the caller's, with nothing changed.
+TEST_CASE("cyclic_topk: exchanges queued together and settled after their outcomes are read") {
+  mpi_of_opaque_memory comm;
+  gc::comm::mpi host_comm;
+  const std::size_t sizes[] = {20011, 7001};
+  const double density = 0.01;
+  const float scale = 0.5f;
+  using device_preset = decltype(gc::presets::scalecom(counted_device{}, 1, {}));
+  using host_preset = decltype(gc::presets::scalecom(gc::backend::host{}, 1, {}));
+  std::vector<device_preset> on_device;
+  std::vector<host_preset> on_host;
+  for (const std::size_t n : sizes) {
+    on_device.push_back(gc::presets::scalecom(counted_device{}, n, {.density = density, .beta = 0.5f}));
+    on_host.push_back(gc::presets::scalecom(gc::backend::host{}, n, {.density = density, .beta = 0.5f}));
+  }
+  using device_exchange = gc::comm::cyclic_topk<gc::select::exact_topk, device_preset, mpi_of_opaque_memory>;
+  using host_exchange = gc::comm::cyclic_topk<gc::select::exact_topk, host_preset, gc::comm::mpi>;
+  std::vector<std::unique_ptr<device_exchange>> queued;
+  std::vector<std::unique_ptr<host_exchange>> twins;
+  std::vector<std::vector<float>> device_dense, host_dense;
+  for (std::size_t b = 0; b < 2; ++b) {
+    queued.push_back(std::make_unique<device_exchange>(comm, on_device[b], gc::select::exact_topk{.density = density}));
+    twins.push_back(std::make_unique<host_exchange>(host_comm, on_host[b], gc::select::exact_topk{.density = density}));
+    device_dense.emplace_back(sizes[b], 0.0f);
+    host_dense.emplace_back(sizes[b], 0.0f);
+  }
+  const std::vector<gc::detail::setting> hook{{"the bucket's dtype", "torch.float32"}};
+  for (int t = 0; t < 4; ++t) {
+    CAPTURE(t);
+    std::vector<std::vector<float>> grads;
+    for (std::size_t b = 0; b < 2; ++b) grads.push_back(gradient_of(comm.rank() + static_cast<int>(b), sizes[b], t));
+    std::vector<device_waits> queueing;
+    for (std::size_t b = 0; b < 2; ++b) {
+      (void)counted_device::reset();
+      queued[b]->queue(view_as<counted_device, const float>(grads[b]), view_as<counted_device, float>(device_dense[b]),
+                       scale, hook, "hook");
+      queueing.push_back(counted_device::reset());
+    }
+    std::vector<std::vector<std::byte>> outcomes;
+    for (std::size_t b = 0; b < 2; ++b) {
+      const auto outcome = queued[b]->outcome();
+      outcomes.emplace_back(outcome.data(), outcome.data() + outcome.size());  // the step's one read, in the hook
+    }
+    for (std::size_t b = 0; b < 2; ++b) {
+      CAPTURE(b);
+      const bool leads = comm.rank() == t % comm.size();
+      device_waits waited = queueing[b];
+      waited.scratch = 0;                           // a first step's scratch: allocated without a wait
+      if (!leads) CHECK(waited == device_waits{});  // the leader's exact_topk reads as it does alone
+      (void)counted_device::reset();
+      const auto m = queued[b]->settle(outcomes[b]);
+      const device_waits settling = counted_device::reset();
+      if (t > 0) CHECK(settling == device_waits{});  // the first step runs again at the agreed count
+      queued[b]->accept_staged();
+      const auto want = twins[b]->step(grads[b], host_dense[b], scale);
+      CHECK(m.count() == want.count());
+      CHECK(std::memcmp(m.bytes().data(), want.bytes().data(), want.bytes().size()) == 0);
+      CHECK(device_dense[b] == host_dense[b]);
+      CHECK(checkpoint(on_device[b]) == checkpoint(on_host[b]));
+    }
+  }
+  if (comm.size() < 2) return;
+  const std::vector<gc::detail::setting> other{{"the bucket's dtype", "torch.float16"}};
+  const bool last = comm.rank() == comm.size() - 1;
+  auto g = gradient_of(comm.rank(), sizes[0], 9);
+  const std::string before = checkpoint(on_device[0]);
+  const std::vector<float> dense_before = device_dense[0];
+  every_rank_throws(
+      comm,
+      [&] {
+        queued[0]->queue(view_as<counted_device, const float>(g), view_as<counted_device, float>(device_dense[0]),
+                         scale, last ? other : hook, "hook");
+        const auto outcome = queued[0]->outcome();
+        (void)queued[0]->settle(std::vector<std::byte>(outcome.data(), outcome.data() + outcome.size()));
+      },
+      "gradcomp: hook: ranks disagree on the bucket's dtype: rank 0 has torch.float32, rank " +
+          std::to_string(comm.size() - 1) + " has torch.float16");
+  CHECK(checkpoint(on_device[0]) == before);
+  CHECK(device_dense[0] == dense_before);
+  CHECK(!on_device[0].has_staged());
 }
 
 // ScaleCom with leaders whose count is not fixed: a threshold (|acc_i| >= tau on the

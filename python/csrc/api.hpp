@@ -7,6 +7,7 @@
 // and in parallel.
 #pragma once
 
+#include <gradcomp/comm/agreement.hpp>
 #include <gradcomp/encode/codings.hpp>
 #include <gradcomp/encode/index_value.hpp>
 #include <gradcomp/error.hpp>
@@ -197,6 +198,15 @@ class cyclic_exchange {
   /// accept() (a later stage drops it).
   virtual written stage(const float* grad, float* dense, std::size_t n, float scale, std::byte* out,
                         std::size_t out_size) = 0;
+  /// stage() up to its one read (comm::cyclic_topk::queue): `also` the settings the ranks
+  /// must share beside the exchange's (a DDP hook's, a disagreement reported as `who`'s).
+  /// Returns the outcome to read (the compressor's memory) before settle().
+  virtual std::span<const std::byte> queue(const float* grad, float* dense, std::size_t n, float scale,
+                                           std::span<const gradcomp::detail::setting> also, const char* who) = 0;
+  /// Completes the queued step from its outcome, read; returns its message's entries.
+  virtual std::uint64_t settle(std::span<const std::byte> outcome) = 0;
+  /// The next step runs at the sizes it agrees (comm::cyclic_topk::forget_agreed_sizes).
+  virtual void forget_agreed_sizes() = 0;
   virtual void accept() = 0;
   /// The bytes the exchange holds beside its compressor's (all workspace).
   [[nodiscard]] virtual std::size_t memory_bytes() const = 0;

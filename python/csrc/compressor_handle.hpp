@@ -352,6 +352,33 @@ class cyclic_handle {
       return compressor_handle::compact(out, w.bytes);
     });
   }
+  /// stage() up to its one read (the DDP hook's step, comm::cyclic_topk::queue): `also`
+  /// the settings the ranks must share beside the exchange's (reported as `who`'s).
+  /// Returns the outcome, a tensor over the exchange's memory that settle() takes read;
+  /// `grad` and `dense` must live until then.
+  torch::Tensor queue(const torch::Tensor& grad, torch::Tensor& dense, double scale,
+                      const std::vector<gc::detail::setting>& also, const char* who) {
+    check_tensor("cyclic step", "grad", grad, torch::kFloat, c_.device());
+    check_tensor("cyclic step", "dense", dense, torch::kFloat, c_.device());
+    gradcomp_py::check_written("cyclic step", "dense", dense);
+    return c_.exclusive([&] {
+      std::span<const std::byte> outcome;
+      c_.on_own_stream([&] {
+        outcome = x_->queue(grad.data_ptr<float>(), dense.data_ptr<float>(), static_cast<std::size_t>(dense.numel()),
+                            static_cast<float>(scale), also, who);
+      });
+      return torch::from_blob(const_cast<std::byte*>(outcome.data()), {static_cast<std::int64_t>(outcome.size())},
+                              torch::TensorOptions().dtype(torch::kUInt8).device(c_.device()));
+    });
+  }
+  /// Completes the step queue() queued from its outcome, read to the host.
+  void settle(std::span<const std::byte> outcome) {
+    c_.exclusive([&] { c_.on_own_stream([&] { entries_ = x_->settle(outcome); }); });
+  }
+  /// The next step runs at the sizes the ranks then agree (every rank alike).
+  void forget_agreed_sizes() {
+    c_.exclusive([&] { x_->forget_agreed_sizes(); });
+  }
   void accept() {
     c_.exclusive([&] { c_.on_own_stream([&] { x_->accept(); }); });
   }

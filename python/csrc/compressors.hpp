@@ -221,6 +221,15 @@ class cyclic_exchange_of final : public cyclic_exchange {
 
   written stage(const float* grad, float* dense, std::size_t n, float scale, std::byte* out,
                 std::size_t out_size) override;
+  std::span<const std::byte> queue(const float* grad, float* dense, std::size_t n, float scale,
+                                   std::span<const gc::detail::setting> also, const char* who) override {
+    exchange_.queue(typename Compressor::template view<const float>(grad, n),
+                    typename Compressor::template view<float>(dense, n), scale, also, who);
+    const auto outcome = exchange_.outcome();
+    return {outcome.data(), outcome.size()};
+  }
+  std::uint64_t settle(std::span<const std::byte> outcome) override { return exchange_.settle(outcome).count(); }
+  void forget_agreed_sizes() override { exchange_.forget_agreed_sizes(); }
   void accept() override { exchange_.accept_staged(); }
   [[nodiscard]] std::size_t memory_bytes() const override { return exchange_.memory_bytes(); }
 

@@ -8,6 +8,7 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 
 #include <gradcomp/comm/agreement.hpp>
+#include <gradcomp/comm/cyclic_topk.hpp>
 #include <gradcomp/comm/frames.hpp>
 #include <gradcomp/detail/codec/decode.hpp>
 #include <gradcomp/message.hpp>
@@ -216,6 +217,25 @@ hook_counts counts_of(const torch::Tensor& bucket, bool compressed, int ranks_in
   return counts;
 }
 
+/// Adds to `counts` what `t` moves in its lifetime, however the scope ends.
+class counting_into {
+ public:
+  counting_into(const transport& t, hook_counts& counts)
+      : t_(t), counts_(counts), sent_(*t.sent), received_(*t.received), issued_(*t.issued) {}
+  ~counting_into() {
+    counts_.bytes_sent += *t_.sent - sent_;
+    counts_.bytes_received += *t_.received - received_;
+    counts_.collectives += *t_.issued - issued_;
+  }
+  counting_into(const counting_into&) = delete;
+  counting_into& operator=(const counting_into&) = delete;
+
+ private:
+  const transport& t_;
+  hook_counts& counts_;
+  std::uint64_t sent_, received_, issued_;
+};
+
 }  // namespace
 
 void hook_steps::add_counts(shared& state, const hook_counts& counts, bool last) {
@@ -338,27 +358,50 @@ torch::Tensor compressible(const torch::Tensor& b) {
 
 }  // namespace
 
-struct hook_steps::deferred_bucket {
+struct hook_steps::pending_bucket {
   std::int64_t index = 0;
-  std::shared_ptr<compressor_handle> c;  // null where this rank met an error before
-  std::vector<gc::detail::setting> settings;
-  reported_error error;               // this rank's, met before the exchange
-  gc::detail::rank_draft draft;       // this rank's verdict as its frame carries it, and its report
-  torch::Tensor bucket, flat;         // the bucket, and as the compressor reads it
-  torch::Tensor message;              // the staged message (the compressor's largest)
-  torch::Tensor gathered;             // every rank's frame, in rank order
-  torch::Tensor faults;               // each rank's message's checks (int32 words), where they were queued
-  std::exception_ptr add_failure;     // queueing the adds failed (this rank's, raised once the ranks settled)
+  torch::Tensor bucket;               // the bucket (a tensor of our own: see submit)
   torch::Tensor mean;                 // the result: the mean of the ranks' messages
-  std::size_t bound = 0;              // message bytes of a frame
-  std::vector<std::uint64_t> sizes;   // each rank's message size, once settled
   std::optional<c10::Stream> stream;  // a device bucket's, where backward wrote it: its work goes there
   c10::intrusive_ptr<c10::ivalue::Future> future;
   hook_counts counts;
   std::exception_ptr failure;
+  std::function<void()> accept;  // commits its staged step (null where this rank has none)
 
-  explicit deferred_bucket(std::optional<c10::Stream> s) : stream(s) {}
+  explicit pending_bucket(std::optional<c10::Stream> s) : stream(s) {}
+  virtual ~pending_bucket() = default;
+  pending_bucket(const pending_bucket&) = delete;
+  pending_bucket& operator=(const pending_bucket&) = delete;
+};
+
+struct hook_steps::deferred_bucket : pending_bucket {
+  std::shared_ptr<compressor_handle> c;  // null where this rank met an error before
+  std::vector<gc::detail::setting> settings;
+  reported_error error;              // this rank's, met before the exchange
+  gc::detail::rank_draft draft;      // this rank's verdict as its frame carries it, and its report
+  torch::Tensor flat;                // the bucket as the compressor reads it
+  torch::Tensor message;             // the staged message (the compressor's largest)
+  torch::Tensor gathered;            // every rank's frame, in rank order
+  torch::Tensor faults;              // each rank's message's checks (int32 words), where they were queued
+  std::exception_ptr add_failure;    // queueing the adds failed (this rank's, raised once the ranks settled)
+  std::size_t bound = 0;             // message bytes of a frame
+  std::vector<std::uint64_t> sizes;  // each rank's message size, once settled
+
+  using pending_bucket::pending_bucket;
   [[nodiscard]] std::size_t frame_bytes() const { return gc::detail::rank_verdict::size + bound; }
+};
+
+/// A bucket of ScaleCom's cyclic exchange: queued, its outcome read at the step's end.
+struct hook_steps::cyclic_bucket : pending_bucket {
+  std::shared_ptr<cyclic_handle> exchange;  // null where this rank met an error before
+  torch::Tensor flat;                       // the bucket in float32, as the exchange reads it
+  torch::Tensor outcome;                    // the exchange's outcome, to read at the step's end
+  /// A rank without its exchange takes part as a stand-in: its draft (its error) and the
+  /// verdicts it read, which settle at the step's end as the others' outcomes do.
+  std::optional<gc::detail::rank_draft> stand_in;
+  std::vector<std::byte> verdicts;
+
+  using pending_bucket::pending_bucket;
 };
 
 namespace {
@@ -440,6 +483,33 @@ void send_frames(c10d::ProcessGroup& pg, std::map<std::int64_t, std::size_t>& bo
   }
 }
 
+/// The step's one read, on the last bucket's stream (after each bucket's own): the
+/// tensors `parts(d, out)` appends for each bucket `d` that has not failed, in one copy
+/// to the host. A read that fails fails every bucket.
+template <class Bucket, class Parts>
+torch::Tensor read_together(std::vector<std::shared_ptr<Bucket>>& buckets, Parts&& parts) {
+  try {
+    std::vector<torch::Tensor> all;
+    const std::optional<c10::Stream>& last = buckets.back()->stream;
+    for (const auto& d : buckets) {
+      if (d->failure) continue;
+      if (d->stream && *d->stream != *last) {
+        c10::Event done(d->stream->device_type());
+        done.record(*d->stream);
+        done.block(*last);
+      }
+      parts(*d, all);
+    }
+    return all.empty() ? torch::Tensor() : torch::cat(all).to(torch::kCPU).contiguous();
+  } catch (...) {
+    const std::exception_ptr failure = std::current_exception();
+    for (const auto& d : buckets) {
+      if (!d->failure) d->failure = failure;
+    }
+    return {};
+  }
+}
+
 /// A message of bucket `d` outgrew its frame (the first step's, or one that grew past
 /// the slack): every rank's again at its own size, through host memory, and added with
 /// the checks read back. Rare: the next frames are sized to the longest.
@@ -471,31 +541,42 @@ void gather_again_on_host(transport& t, hook_steps::deferred_bucket& d, float sc
 py::object hook_steps::deferred(std::int64_t index, std::shared_ptr<compressor_handle> c,
                                 std::vector<gc::detail::setting> settings, const reported_error& error,
                                 const torch::Tensor& bucket, bool last) {
+  return pending<deferred_bucket>(index, bucket, last, &shared::deferred, &hook_steps::finish_deferred,
+                                  [c = std::move(c), settings = std::move(settings), error](
+                                      const group_ptr& group, shared& state, deferred_bucket& d) mutable {
+                                    d.c = std::move(c);
+                                    d.settings = std::move(settings);
+                                    d.error = error;
+                                    send_frames(*group, state.bounds, d);
+                                  });
+}
+
+template <class Bucket, class Queue>
+py::object hook_steps::pending(std::int64_t index, const torch::Tensor& bucket, bool last,
+                               std::vector<std::shared_ptr<Bucket>> shared::*waiting, finisher finish, Queue queue) {
   const bucket_place place(bucket.device());
-  auto d = std::make_shared<deferred_bucket>(place.stream);
+  auto d = std::make_shared<Bucket>(place.stream);
   d->index = index;
-  d->c = std::move(c);
-  d->settings = std::move(settings);
-  d->error = error;
   d->bucket = bucket.alias();  // a tensor of our own (see submit)
   d->counts = counts_of(d->bucket, true, group_->getSize());
   d->future = c10::make_intrusive<c10::ivalue::Future>(c10::PyObjectType::get(), place.devices);
   py::object returned = py::cast(std::make_shared<torch::jit::PythonFutureWrapper>(d->future));
   const int threads = at::get_num_threads();
-  worker_->submit([group = group_, state = shared_, d, last, threads, skip_non_finite = skip_non_finite_]() mutable {
+  worker_->submit([group = group_, state = shared_, d, last, threads, waiting, finish, queue = std::move(queue),
+                   skip_non_finite = skip_non_finite_]() mutable {
     use_threads(threads);
     {
       const on_stream_of guard(d->stream);
       const auto start = clock::now();
       try {
-        send_frames(*group, state->bounds, *d);
+        queue(group, *state, *d);
       } catch (...) {
         d->failure = std::current_exception();
       }
       d->counts.exchange_seconds = std::max(0.0, seconds_since(start) - d->counts.compress_seconds);
     }
-    state->deferred.push_back(std::move(d));
-    if (last) finish_deferred(group, state, skip_non_finite);
+    ((*state).*waiting).push_back(std::move(d));
+    if (last) finish(group, state, skip_non_finite);
     group.reset();
     state.reset();
   });
@@ -513,23 +594,16 @@ void hook_steps::finish_deferred(const group_ptr& group, const std::shared_ptr<s
   const auto each_head = [](const deferred_bucket& d) { return std::min(head_bytes, d.frame_bytes()); };
 
   // The step's one read: every frame's verdict and message header, and the faults of
-  // the messages added on the device, in one copy.
-  std::vector<torch::Tensor> heads;
-  for (const auto& d : buckets) {
-    if (d->failure) continue;
-    if (d->stream && *d->stream != *buckets.back()->stream) {  // its adds' faults, read on the last's stream
-      c10::Event added(d->stream->device_type());
-      added.record(*d->stream);
-      added.block(*buckets.back()->stream);
-    }
-    const auto frame = static_cast<std::int64_t>(d->frame_bytes());
-    for (std::size_t r = 0; r < ranks; ++r) {
-      heads.push_back(
-          d->gathered.narrow(0, static_cast<std::int64_t>(r) * frame, static_cast<std::int64_t>(each_head(*d))));
-    }
-    if (d->faults.defined()) heads.push_back(d->faults.view(torch::kUInt8));
-  }
-  const torch::Tensor host_heads = heads.empty() ? torch::Tensor() : torch::cat(heads).to(torch::kCPU);
+  // the messages added on the device.
+  const torch::Tensor host_heads =
+      read_together(buckets, [&](const deferred_bucket& d, std::vector<torch::Tensor>& heads) {
+        const auto frame = static_cast<std::int64_t>(d.frame_bytes());
+        for (std::size_t r = 0; r < ranks; ++r) {
+          heads.push_back(
+              d.gathered.narrow(0, static_cast<std::int64_t>(r) * frame, static_cast<std::int64_t>(each_head(d))));
+        }
+        if (d.faults.defined()) heads.push_back(d.faults.view(torch::kUInt8));
+      });
   const auto* read =
       host_heads.defined() ? reinterpret_cast<const std::byte*>(host_heads.data_ptr<std::uint8_t>()) : nullptr;
 
@@ -545,7 +619,7 @@ void hook_steps::finish_deferred(const group_ptr& group, const std::shared_ptr<s
     std::vector<std::uint32_t> faults(d.faults.defined() ? ranks : 0);
     if (!faults.empty()) std::memcpy(faults.data(), read, faults.size() * sizeof(std::uint32_t));
     read += faults.size() * sizeof(std::uint32_t);
-    const std::uint64_t sent = *t.sent, received = *t.received, issued = *t.issued;
+    const counting_into counting(t, d.counts);
     const on_stream_of bucket_stream(d.stream);
     try {
       std::vector<std::byte> verdicts(ranks * verdict_bytes);
@@ -590,31 +664,190 @@ void hook_steps::finish_deferred(const group_ptr& group, const std::shared_ptr<s
     } catch (...) {
       d.failure = std::current_exception();
     }
-    d.counts.bytes_sent += *t.sent - sent;
-    d.counts.bytes_received += *t.received - received;
-    d.counts.collectives += *t.issued - issued;
   }
 
-  // The step's end, as submit()'s: accepted together, or none.
   for (const auto& d : buckets) {
-    state->step_failed = state->step_failed || d->failure != nullptr;
-    if (d->c) state->staged.push_back([c = d->c] { c->accept_staged(); });
+    if (d->c) d->accept = [c = d->c] { c->accept_staged(); };
+  }
+  complete_step(*state, pending_of(buckets), skip_non_finite, start);
+}
+
+template <class Bucket>
+std::vector<std::shared_ptr<hook_steps::pending_bucket>> hook_steps::pending_of(
+    std::vector<std::shared_ptr<Bucket>>& buckets) {
+  std::vector<std::shared_ptr<pending_bucket>> pending(std::make_move_iterator(buckets.begin()),
+                                                       std::make_move_iterator(buckets.end()));
+  buckets.clear();
+  return pending;
+}
+
+void hook_steps::complete_step(shared& state, std::vector<std::shared_ptr<pending_bucket>> buckets,
+                               bool skip_non_finite, clock::time_point start) {
+  // As submit()'s step's end: accepted together, or none.
+  for (const auto& d : buckets) {
+    state.step_failed = state.step_failed || d->failure != nullptr;
+    if (d->accept) state.staged.push_back(std::move(d->accept));
   }
   std::exception_ptr accept_failure;
-  end_step(state->staged, state->step_failed, accept_failure);
+  end_step(state.staged, state.step_failed, accept_failure);
   buckets.back()->counts.exchange_seconds += seconds_since(start);  // the step's end, in its last bucket's time
   for (std::size_t b = 0; b < buckets.size(); ++b) {
-    deferred_bucket& d = *buckets[b];
-    const on_stream_of bucket_stream(d.stream);
-    std::exception_ptr failure = d.failure ? d.failure : accept_failure;
-    torch::Tensor result = failure ? torch::Tensor() : in_dtype_of(d.bucket, d.mean);
-    if (failure) d.counts.refused = 1;
-    const std::string skipped = skip_if_non_finite(failure, skip_non_finite, d.bucket, result);
-    add_counts(*state, d.counts, b + 1 == buckets.size());
-    c10::intrusive_ptr<c10::ivalue::Future> future = std::move(d.future);
-    d = deferred_bucket(d.stream);  // what it held goes before its Future completes (see submit)
+    std::exception_ptr failure;
+    torch::Tensor result;
+    std::string skipped;
+    c10::intrusive_ptr<c10::ivalue::Future> future;
+    const on_stream_of bucket_stream(buckets[b]->stream);
+    {
+      pending_bucket& d = *buckets[b];
+      failure = d.failure ? d.failure : accept_failure;
+      result = failure ? torch::Tensor() : in_dtype_of(d.bucket, d.mean);
+      if (failure) d.counts.refused = 1;
+      skipped = skip_if_non_finite(failure, skip_non_finite, d.bucket, result);
+      add_counts(state, d.counts, b + 1 == buckets.size());
+      future = std::move(d.future);
+    }
+    buckets[b].reset();  // what it held goes before its Future completes (see submit)
     complete(future, result, failure, skipped);
   }
+}
+
+namespace {
+
+/// A rank without its cyclic exchange (it met an error before it had one) takes part in
+/// the exchange's collectives (comm::cyclic_topk: the frames, then the leader's indices
+/// and the sums, sized as the other ranks' exchanges last agreed, which their frames
+/// carry) with its error in its verdict, and keeps the verdicts to settle at the step's
+/// end with the others. It reads the frames at once: an error's path.
+void stand_in(const group_ptr& group, hook_steps::cyclic_bucket& d, const gc::detail::rank_draft& mine) {
+  using frame = gc::detail::cyclic::frame;
+  const auto ranks = static_cast<std::size_t>(group->getSize());
+  const torch::Device device = d.bucket.device();
+  transport t = transport_of(group, device, nullptr);
+  const counting_into counting(t, d.counts);
+  std::vector<std::byte> own(frame::size, std::byte{0});  // no count and no root: this rank has no exchange
+  mine.verdict.write(own.data());
+  const auto bytes = torch::TensorOptions().dtype(torch::kUInt8).device(device);
+  const torch::Tensor in =
+      torch::from_blob(own.data(), {static_cast<std::int64_t>(own.size())}, torch::kUInt8).to(device).contiguous();
+  torch::Tensor all = torch::empty({static_cast<std::int64_t>(ranks * frame::size)}, bytes);
+  const auto span_of = [](const torch::Tensor& x) {
+    return std::span<std::byte>(reinterpret_cast<std::byte*>(x.data_ptr<std::uint8_t>()),
+                                static_cast<std::size_t>(x.numel()));
+  };
+  t.all_gather_in_memory(span_of(in), span_of(all));
+  const torch::Tensor read = all.to(torch::kCPU).contiguous();
+  const std::span<const std::byte> frames = span_of(read);
+  std::uint64_t count = 0, root = 0;
+  for (std::size_t r = 0; r < ranks; ++r) {
+    const std::uint64_t root_plus_one =
+        gc::detail::load_le<std::uint64_t>(frames.data() + r * frame::size + frame::root_at);
+    if (root_plus_one == 0) continue;
+    count = gc::detail::load_le<std::uint64_t>(frames.data() + r * frame::size + frame::count_at);
+    root = root_plus_one - 1;
+    break;
+  }
+  const auto as_int = static_cast<int>(root);
+  torch::Tensor index =
+      torch::zeros({static_cast<std::int64_t>(count)}, torch::TensorOptions().dtype(torch::kInt32).device(device));
+  torch::Tensor sums =
+      torch::zeros({static_cast<std::int64_t>(count + 1)}, torch::TensorOptions().dtype(torch::kFloat).device(device));
+  if (count > 0) {
+    t.broadcast(std::span<std::uint32_t>(reinterpret_cast<std::uint32_t*>(index.data_ptr<std::int32_t>()), count),
+                as_int);
+  }
+  t.reduce_broadcast(std::span<float>(sums.data_ptr<float>(), count + 1), as_int);
+  d.stand_in = mine;
+  d.verdicts.resize(ranks * gc::detail::rank_verdict::size);
+  for (std::size_t r = 0; r < ranks; ++r) {
+    std::memcpy(d.verdicts.data() + r * gc::detail::rank_verdict::size, frames.data() + r * frame::size,
+                gc::detail::rank_verdict::size);
+  }
+}
+
+}  // namespace
+
+py::object hook_steps::cyclic(std::int64_t index, std::shared_ptr<cyclic_handle> exchange,
+                              std::vector<gc::detail::setting> settings, const reported_error& error,
+                              const torch::Tensor& bucket, bool last) {
+  return pending<cyclic_bucket>(index, bucket, last, &shared::cyclic, &hook_steps::finish_cyclic,
+                                [exchange = std::move(exchange), settings = std::move(settings), error](
+                                    const group_ptr& group, shared& state, cyclic_bucket& d) mutable {
+                                  d.exchange = std::move(exchange);
+                                  transport t = transport_of(group, torch::kCPU, nullptr);
+                                  const counting_into counting(t, d.counts);
+                                  const auto check = [&] {
+                                    rethrow(error);
+                                    if (!d.exchange) invalid(who, ": no cyclic exchange for bucket ", d.index);
+                                  };
+                                  // A bucket's first step (or the first after a refused one): the ranks agree on
+                                  // the hook's settings on the host first, so that a rank on another path (another
+                                  // method) or without its exchange fails with the others before the exchange's
+                                  // collectives, and the exchanges run at the sizes they then agree (a rank's may
+                                  // be new). After that, the settings travel in the exchange's first collective.
+                                  const auto prepare = [&]() -> std::uint64_t {
+                                    check();
+                                    d.flat = d.bucket.to(torch::kFloat);
+                                    d.mean = torch::zeros({d.flat.numel()}, d.flat.options());
+                                    return 0;
+                                  };
+                                  const bool agreed = state.cyclic_agreed.count(d.index) != 0;
+                                  if (!agreed) {
+                                    (void)gc::detail::agree(t, who, settings, prepare);
+                                    d.exchange->forget_agreed_sizes();
+                                  }
+                                  // A failure here (this rank's error, or its memory) goes in its verdict.
+                                  const gc::detail::rank_draft mine =
+                                      agreed ? gc::detail::draft(who, settings, prepare) : gc::detail::rank_draft{};
+                                  if (mine.report.code != 0) {
+                                    stand_in(group, d, mine);
+                                    return;
+                                  }
+                                  const exchange_traffic<cyclic_handle> traffic(t, *d.exchange);
+                                  d.outcome = d.exchange->queue(d.flat, d.mean, 1.0 / static_cast<double>(t.size()),
+                                                                settings, who);
+                                  d.accept = [x = d.exchange] { x->accept(); };
+                                });
+}
+
+void hook_steps::finish_cyclic(const group_ptr& group, const std::shared_ptr<shared>& state, bool skip_non_finite) {
+  std::vector<std::shared_ptr<cyclic_bucket>> buckets;
+  buckets.swap(state->cyclic);
+  const auto start = clock::now();
+  const on_stream_of guard(buckets.back()->stream);
+
+  // The step's one read: every queued exchange's outcome (a stand-in's read its own).
+  const torch::Tensor read = read_together(buckets, [](const cyclic_bucket& d, std::vector<torch::Tensor>& outcomes) {
+    if (d.outcome.defined()) outcomes.push_back(d.outcome);
+  });
+  const auto* at = read.defined() ? reinterpret_cast<const std::byte*>(read.data_ptr<std::uint8_t>()) : nullptr;
+
+  // Each bucket settled in the order the ranks queued them: every rank throws alike, or
+  // none does; a step the ranks must run again (the first, a new count) runs at once.
+  transport t = transport_of(group, torch::kCPU, nullptr);
+  for (const auto& bucket : buckets) {
+    cyclic_bucket& d = *bucket;
+    if (d.failure) continue;
+    const on_stream_of bucket_stream(d.stream);
+    const counting_into counting(t, d.counts);
+    try {
+      if (d.stand_in) {
+        (void)gc::detail::settle(t, who, *d.stand_in, d.verdicts);
+        invalid(who, ": bucket ", d.index, " settled on a rank without its exchange");  // settle() threw its error
+      }
+      const auto size = static_cast<std::size_t>(d.outcome.numel());
+      const std::span<const std::byte> outcome(at, size);
+      at += size;
+      const exchange_traffic<cyclic_handle> traffic(t, *d.exchange);
+      d.exchange->settle(outcome);
+      d.counts.entries = d.exchange->entries();
+      state->cyclic_agreed.insert(d.index);
+    } catch (...) {
+      d.failure = std::current_exception();
+      d.accept = nullptr;
+      state->cyclic_agreed.erase(d.index);
+    }
+  }
+  complete_step(*state, pending_of(buckets), skip_non_finite, start);
 }
 
 py::object hook_steps::compressed(std::int64_t index, std::shared_ptr<compressor_handle> c,
@@ -637,21 +870,7 @@ py::object hook_steps::compressed(std::int64_t index, std::shared_ptr<compressor
                     return in_dtype_of(b, mean);
                   });
   }
-  if (aggregation == "cyclic") {
-    return submit(bucket, last, true,
-                  [state = shared_, shared, cyclic = exchange_of<cyclic_handle>(exchange), error](
-                      transport& t, const torch::Tensor& b, hook_counts& counts) {
-                    agree_on(t, shared, error);  // a rank without its exchange has an error here
-                    if (!cyclic) invalid(who, ": no cyclic exchange for this bucket");
-                    const torch::Tensor flat = b.to(torch::kFloat);
-                    torch::Tensor mean = torch::zeros({flat.numel()}, flat.options());
-                    const exchange_traffic<cyclic_handle> traffic(t, *cyclic);
-                    (void)cyclic->stage(flat, mean, 1.0 / t.size());
-                    counts.entries = cyclic->entries();
-                    state->staged.push_back([cyclic] { cyclic->accept(); });
-                    return in_dtype_of(b, mean);
-                  });
-  }
+  if (aggregation == "cyclic") return cyclic(index, exchange_of<cyclic_handle>(exchange), shared, error, bucket, last);
   if (aggregation != "allgather")
     invalid(who, ": aggregation must be allgather, cyclic or sparse_allreduce, got ", aggregation);
   if (c) shared.emplace_back("the policies", c->signature());

@@ -10,11 +10,13 @@
 
 #include <torch/extension.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -82,7 +84,8 @@ class hook_steps {
                          const reported_error& error, bool last);
 
   /// A compressed step of bucket `index`, exchanged by `aggregation`: "cyclic" (ScaleCom:
-  /// `exchange` a CyclicExchange) two agreements and its broadcast and reduce;
+  /// `exchange` a CyclicExchange) its verdicts, broadcast and reduce, read at the step's
+  /// end (hook_steps::cyclic);
   /// "sparse_allreduce" (Ok-Topk's global top-k: `exchange` a SparseAllreduce) an
   /// agreement on the hook's settings, then comm::sparse_allreduce, the commit staged like
   /// the others'; "allgather": `c` stages its step and the messages are gathered in one
@@ -94,8 +97,11 @@ class hook_steps {
                               const pybind11::object& exchange, const torch::Tensor& bucket,
                               const std::vector<named_value>& settings, const reported_error& error, bool last);
 
-  /// A bucket of the all-gather exchange waiting for its step's last (ddp_steps.cpp).
+  /// A bucket waiting for its step's last (ddp_steps.cpp): of the all-gather exchange,
+  /// or of ScaleCom's cyclic exchange.
+  struct pending_bucket;
   struct deferred_bucket;
+  struct cyclic_bucket;
 
   /// Every step's counts, summed (read at any time).
   [[nodiscard]] hook_counts totals() const;
@@ -109,6 +115,10 @@ class hook_steps {
     std::map<std::int64_t, std::size_t> bounds;              // each bucket's frame bound
     std::vector<std::function<void()>> staged;               // this step's staged buckets' accepts
     std::vector<std::shared_ptr<deferred_bucket>> deferred;  // this step's all-gather buckets so far
+    std::vector<std::shared_ptr<cyclic_bucket>> cyclic;      // this step's cyclic buckets so far
+    // The buckets whose last cyclic step every rank settled: their next step's agreement
+    // travels in the exchange's first collective (ddp_steps.cpp, hook_steps::cyclic).
+    std::set<std::int64_t> cyclic_agreed;
     bool step_failed = false;
     mutable std::mutex lock;
     hook_counts step, last, totals;
@@ -121,6 +131,24 @@ class hook_steps {
   static void add_counts(shared& state, const hook_counts& counts, bool last);
   /// The step's end of its all-gather buckets (`state.deferred`), on the worker's thread.
   static void finish_deferred(const group_ptr& group, const std::shared_ptr<shared>& state, bool skip_non_finite);
+  /// The step's end of its cyclic buckets (`state.cyclic`), on the worker's thread.
+  static void finish_cyclic(const group_ptr& group, const std::shared_ptr<shared>& state, bool skip_non_finite);
+  /// The step's end of settled `buckets`: their staged steps accepted together or none,
+  /// then their Futures completed.
+  static void complete_step(shared& state, std::vector<std::shared_ptr<pending_bucket>> buckets, bool skip_non_finite,
+                            std::chrono::steady_clock::time_point start);
+  /// `buckets` moved into a list of pending ones (complete_step's, which then holds the
+  /// only references: each bucket's goes before its Future completes).
+  template <class Bucket>
+  static std::vector<std::shared_ptr<pending_bucket>> pending_of(std::vector<std::shared_ptr<Bucket>>& buckets);
+  /// A step's end of the buckets waiting in one of `shared`'s lists.
+  using finisher = void (*)(const group_ptr& group, const std::shared_ptr<shared>& state, bool skip_non_finite);
+  /// Submits a job that runs `queue(group, state, bucket)` for a new `Bucket` over `bucket`
+  /// on the worker's thread (a throw becomes the bucket's failure), keeps it in
+  /// `state.*waiting`, and at the step's last bucket runs `finish`; returns its Future.
+  template <class Bucket, class Queue>
+  pybind11::object pending(std::int64_t index, const torch::Tensor& bucket, bool last,
+                           std::vector<std::shared_ptr<Bucket>> shared::*waiting, finisher finish, Queue queue);
   /// Queues `job` for `bucket` and returns its Future.
   pybind11::object submit(const torch::Tensor& bucket, bool last, bool compressed, work job);
   /// The all-gather aggregation of a bucket, in the bucket's memory (host or device):
@@ -131,6 +159,12 @@ class hook_steps {
   pybind11::object deferred(std::int64_t index, std::shared_ptr<compressor_handle> c,
                             std::vector<gradcomp::detail::setting> settings, const reported_error& error,
                             const torch::Tensor& bucket, bool last);
+  /// ScaleCom's exchange of a bucket, in the bucket's memory: queued (on a bucket's
+  /// first step after the ranks agreed on the host), the outcome read at the step's last
+  /// bucket with every bucket's in one copy, then each settled (finish_cyclic).
+  pybind11::object cyclic(std::int64_t index, std::shared_ptr<cyclic_handle> exchange,
+                          std::vector<gradcomp::detail::setting> settings, const reported_error& error,
+                          const torch::Tensor& bucket, bool last);
 
   group_ptr group_;
   group_ptr ddp_group_;

@@ -27,10 +27,11 @@ What each method puts on the wire per bucket of n floats (docs/communication.md)
 dense all-reduces 4n bytes; fp16 2n; PowerSGD of rank r all-reduces its vectors, then
 P (rows x r per matrix) and Q (columns x r); gradcomp's top-k methods all-gather one
 message of k entries (k = ceil(density * n)) with the step's 24-byte verdict; ScaleCom
-broadcasts the leader's k indices and reduces and broadcasts k values; the global top-k
-(``sparse_allreduce``) sends about k entries in an all-to-all and all-gathers the k
-selected ones in parts, with seven small collectives. A method's measured costs (``Costs``) give its
-compression time per bucket and its decoding time per received entry.
+all-gathers 40-byte frames, broadcasts the leader's k indices and reduces and broadcasts
+k values; the global top-k (``sparse_allreduce``) sends about k entries in an all-to-all
+and all-gathers the k selected ones in parts, with seven small collectives. A method's
+measured costs (``Costs``) give its compression time per bucket and its decoding time
+per received entry.
 
 From the command line, with the costs a user measured (a JSON file, see ``load``)::
 
@@ -54,6 +55,7 @@ __all__ = ["Link", "parse_rate", "collective_seconds", "count", "Bucket", "Costs
            "predict", "load", "plan", "main"]
 
 VERDICT_BYTES = 24  # the agreement each gradcomp exchange starts with (docs/communication.md)
+CYCLIC_FRAME_BYTES = 40  # ScaleCom's: the verdict and the count and root of its collectives
 MESSAGE_HEADER_BYTES = 56  # a message's fixed header (docs/wire-format.md)
 RADIX_HISTOGRAM_BYTES = (1028, 1024, 1024, 512)  # sparse_allreduce's global radix select (the first with the count)
 ALLGATHER_METHODS = ("topk_ef", "dgc", "adacomp", "random_k", "threshold")
@@ -199,8 +201,10 @@ def traffic(method: str, bucket: Bucket, world: int, density: float, entry_bytes
     if method in ALLGATHER_METHODS:
         return [("all_gather", VERDICT_BYTES + MESSAGE_HEADER_BYTES + k * entry_bytes)], world * k
     if method == "scalecom":
-        # The leader's indices, then the values reduced to the leader and broadcast.
-        return [("all_gather", VERDICT_BYTES), ("broadcast", 4 * k), ("all_reduce", 4 * k), ("broadcast", 4 * k)], k
+        # The frames (the verdicts with the sizes the collectives move), the leader's
+        # indices, then the values reduced to the leader and broadcast.
+        sent = [("all_gather", CYCLIC_FRAME_BYTES), ("broadcast", 4 * k), ("all_reduce", 4 * k), ("broadcast", 4 * k)]
+        return sent, k
     if method == "sparse_allreduce":
         # The hook's agreement, the exchange's (with each rank's counts per region), the
         # entries, the radix select's histograms, the ranks' records, the selection's parts

@@ -366,10 +366,11 @@ def check_sparse_allreduce(rank, world):
 
 
 def check_scalecom_buckets_in_flight(rank, world):
-    """ScaleCom's exchange (two agreements, a broadcast, a reduce and a broadcast per
-    bucket) with four buckets in flight: each bucket equals its simulation, and a NaN in
-    bucket 1 on one rank raises the same error on every rank while the step changes no
-    bucket's memory (the buckets before it included) nor the next step's leader."""
+    """ScaleCom's exchange (its frames, a broadcast, a reduce and a broadcast per bucket,
+    read at the step's end) with four buckets in flight: each bucket equals its
+    simulation, and a NaN in bucket 1 on one rank, or a rank without bucket 2's exchange,
+    raises the same error on every rank while the step changes no bucket's memory (the
+    buckets before it included) nor the next step's leader."""
     sizes, density, beta = [2001, 500, 3001, 40], 0.01, 0.5
     state = ddp.State(method="scalecom", density=density, beta=beta, start_iter=0)
     m = [[np.zeros(n, dtype=np.float32) for n in sizes] for _ in range(world)]
@@ -400,9 +401,37 @@ def check_scalecom_buckets_in_flight(rank, world):
                 sent[idx] = acc[r][idx]
                 m[r][b] = ((1 - beta) * m[r][b] + beta * (acc[r] - sent)).astype(np.float32)
             np.testing.assert_allclose(futures[b].wait().numpy(), want, rtol=1e-5, atol=1e-7)
+    # Once each bucket's exchange has settled, its step is its frames' all-gather (which
+    # carries the hook's settings), the broadcast, the reduce and the broadcast: the host
+    # agreement of a bucket's first step is gone.
+    assert state.stats()["collectives"] == 4 * len(sizes), state.stats()
     held = state.memory_bytes()  # the filtered memories, and beside them the leader's compressors' workspace
     assert held["state"] == 4 * sum(sizes) and held["total"] == held["state"] + held["workspace"], held
     assert held["workspace"] > sum(c.memory_bytes()["workspace"] for c in state.compressors.values()), held
+
+    # A rank that fails before bucket 2's exchange (its compressor does not restore), its
+    # exchange settled before: it takes part in the others' collectives, every rank
+    # raises its error, and no memory changes.
+    memory = memory_of(state)
+    steps = {i: c.step for i, c in state.compressors.items()}
+    good = state.compressors[2].state_dict()
+    if rank == world - 1:
+        record = {**good, "state": good["state"].clone()}
+        record["state"][len(record["state"]) // 2] ^= 0x10
+        del state.compressors[2], state._exchanges[2]
+        state._saved[2] = record
+    outcomes = outcomes_of(submit([grad_of(rank, 9, n, b) for b, n in enumerate(sizes)]))
+    text = f"gradcomp: load_state: the record's checksum does not match (rank {world - 1} of {world})"
+    assert outcomes == [None, None, (gradcomp.CorruptMessageError, text), None], outcomes
+    now = memory_of(state)
+    assert all(torch.equal(now[i], memory[i]) for i in now), "a failed step changed a bucket's memory"
+    # The record fixed: that rank's exchange is new, the others' are not; after the
+    # refused step the ranks agree on the host again and run at the sizes they agree.
+    if rank == world - 1:
+        state._saved[2] = good
+    results = [f.wait() for f in submit([grad_of(rank, 9, n, b) for b, n in enumerate(sizes)])]
+    assert all(same_on_all_ranks(r) for r in results)
+    assert {i: c.step for i, c in state.compressors.items()} == {i: s + 1 for i, s in steps.items()}
 
 
 def check_cuda_buckets(rank, world):

@@ -61,6 +61,7 @@ def test_traffic_of_each_method():
     assert sent[-1] == ("all_gather", 8 * (9 * k / 32 + 16))  # the selection's parts, an eighth of room and 16
     sent, decoded = plan.traffic("scalecom", b, 4, 0.01)
     assert sum(n for c, n in sent if c == "broadcast") == 8 * k and decoded == k
+    assert sent[0] == ("all_gather", 40)  # the frames: verdicts, and the sizes the collectives move
 
 
 def test_one_bucket_at_the_end_of_backward_exposes_everything():

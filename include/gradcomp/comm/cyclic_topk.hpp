@@ -26,7 +26,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <span>
+#include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -34,17 +37,35 @@ GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 namespace cyclic {
 
-/// Byte i of this rank's verdict, written where the memory is: `code` (this rank's error
+/// A rank's part of the exchange's first collective: its verdict (rank_verdict), then
+/// the sizes of the exchange's later collectives as its exchange last agreed them: the
+/// count of indices and the root + 1. A rank without an exchange (a DDP hook's rank that
+/// failed before it had one) sends 0 there and takes part in the later collectives at the
+/// sizes the others sent.
+struct frame {
+  static constexpr std::size_t size = rank_verdict::size + 16;
+  static constexpr std::size_t count_at = rank_verdict::size;
+  static constexpr std::size_t root_at = rank_verdict::size + 8;
+};
+
+/// Byte i of this rank's frame, written where the memory is: `code` (this rank's error
 /// met on the host, 1 + errc), or where that is 0, non_finite's if the preview met a NaN
 /// or infinity; its own value, the leader's count of indices (0 on other ranks and after
-/// an error); the settings' digest.
+/// an error); the settings' digest; the count and root the collectives move.
 struct verdict_byte {
   std::uint32_t code;
   std::uint64_t digest;
   const step_status* preview;  ///< this rank's preview's status (null after an error)
   const step_status* chosen;   ///< the leader's selection's status (null on the other ranks)
+  std::uint64_t count;         ///< indices the collectives move
+  std::uint64_t root;          ///< their root
   std::byte* out;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t i) const {
+    if (i >= frame::count_at) {
+      const std::uint64_t word = i < frame::root_at ? count : root + 1;
+      out[i] = static_cast<std::byte>((word >> (8 * ((i - frame::count_at) % 8))) & 0xFF);
+      return;
+    }
     const std::uint32_t verdict =
         code != 0 ? code : (preview->non_finite != 0 ? 1 + static_cast<std::uint32_t>(errc::non_finite) : 0u);
     const std::uint64_t own = verdict == 0 && chosen != nullptr ? chosen->count : 0;
@@ -56,7 +77,7 @@ struct verdict_byte {
 /// error or other settings than this rank's (`digest`), the leader chose another count
 /// than the exchange moved, or the indices failed their check on some rank (`faults`).
 struct refusal {
-  const std::byte* verdicts;  ///< every rank's, rank_verdict::size bytes each, in rank order
+  const std::byte* frames;  ///< every rank's, frame::size bytes each, in rank order
   std::size_t ranks;
   std::size_t leader;
   std::uint64_t digest;
@@ -64,9 +85,9 @@ struct refusal {
   const float* faults;  ///< the ranks whose indices failed their check, summed with the values
   std::uint32_t* refused;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t) const {
-    bool no = *faults != 0.0f || load_le<std::uint64_t>(verdicts + leader * rank_verdict::size + 8) != count;
+    bool no = *faults != 0.0f || load_le<std::uint64_t>(frames + leader * frame::size + 8) != count;
     for (std::size_t r = 0; r < ranks; ++r) {
-      const std::byte* v = verdicts + r * rank_verdict::size;
+      const std::byte* v = frames + r * frame::size;
       no = no || load_le<std::uint32_t>(v) != 0 || load_le<std::uint64_t>(v + 16) != digest;
     }
     *refused = no ? 1u : 0u;
@@ -139,7 +160,6 @@ class cyclic_topk {
   using leader_type = compressor<backend_type, LeaderSelector, correct::none, encode::index_value>;
   template <class T>
   using buffer = typename backend_type::template buffer<T>;
-  static constexpr std::size_t verdict_bytes = detail::rank_verdict::size;
 
  public:
   /// A view of the compressor's memory (std::span or device_span).
@@ -159,7 +179,7 @@ class cyclic_topk {
         index_(allocate<std::uint32_t>(leader_selector.max_selected(compressor.size()))),
         sums_(allocate<float>(leader_selector.max_selected(compressor.size()) + 1)),
         message_(allocate<std::byte>(compressor.max_message_bytes())),
-        verdict_(allocate<std::byte>(verdict_bytes)),
+        verdict_(allocate<std::byte>(detail::cyclic::frame::size)),
         outcome_(allocate<std::byte>(outcome_bytes())),
         refused_(allocate<std::uint32_t>(1)),
         outcome_host_(outcome_bytes()),
@@ -200,18 +220,77 @@ class cyclic_topk {
   /// of the next step is chosen by the compressor's step, which a dropped step leaves.
   /// \throws gradcomp::error as step() does; nothing is staged then.
   message_type stage(view<const float> grad, view<float> dense, float scale) {
+    queue(grad, dense, scale);
+    std::span<const std::byte> outcome;
     try {
-      return run(grad, dense, scale);
+      outcome = read_outcome();
     } catch (...) {
+      queued_.reset();
+      compressor_.drop_staged();
+      throw;
+    }
+    return settle(outcome);
+  }
+
+  /// stage() up to its one read: everything queued where the memory is, the outcome
+  /// (outcome()) left for the caller to read, with other exchanges' outcomes, before it
+  /// calls settle(). `also`: settings the ranks must share beside the exchange's own (a
+  /// DDP hook's), a disagreement on any of them reported as `who`'s. The views must stay
+  /// valid until settle() returns.
+  void queue(view<const float> grad, view<float> dense, float scale, std::span<const detail::setting> also = {},
+             std::string_view who = "cyclic_topk") {
+    try {
+      queued q;
+      q.grad = grad;
+      q.dense = dense;
+      q.scale = scale;
+      q.also.assign(also.begin(), also.end());
+      q.who = who;
+      queued_ = std::move(q);
+      run_queued();
+    } catch (...) {
+      queued_.reset();
       compressor_.drop_staged();
       throw;
     }
   }
+
+  /// The bytes queue() left for the host to read, in the compressor's memory.
+  [[nodiscard]] view<const std::byte> outcome() const { return {outcome_.data(), outcome_bytes()}; }
+
+  /// Completes the exchange queue() queued, from its outcome as the host read it: throws
+  /// as step() does, or where the ranks agree on a leader or count other than those the
+  /// exchange moved runs it again at once (reading its outcome itself).
+  /// \returns this rank's message, as step()
+  /// \throws gradcomp::error as step() does (nothing staged then); (invalid_argument) if
+  ///         no exchange is queued or `outcome` is not outcome()'s size.
+  message_type settle(std::span<const std::byte> outcome) {
+    detail::require(queued_.has_value(), errc::invalid_argument, "cyclic_topk: settle without a queued exchange");
+    try {
+      detail::require(outcome.size() == outcome_bytes(), errc::invalid_argument,
+                      "cyclic_topk: settle: the outcome has ", outcome.size(), " bytes, not ", outcome_bytes());
+      const message_type m = settle_queued(outcome);
+      queued_.reset();
+      return m;
+    } catch (...) {
+      queued_.reset();
+      compressor_.drop_staged();
+      throw;
+    }
+  }
+
   /// Commits the compressor's staged step.
   /// \throws gradcomp::error (invalid_argument) if no step is staged.
   void accept_staged() { compressor_.accept_staged(); }
   /// Drops the compressor's staged step.
   void drop_staged() noexcept { compressor_.drop_staged(); }
+
+  /// Forgets the sizes the ranks last agreed for the collectives, so that the next step
+  /// runs the exchange again at the sizes it agrees (as a first step does). For a caller
+  /// that cannot tell whether every rank's exchange took part in the same steps (a DDP
+  /// hook after a refused step, where one rank may have made its exchange anew); every
+  /// rank must call it alike.
+  void forget_agreed_sizes() noexcept { moved_ = {}; }
 
   /// Bytes the exchange holds beside its compressor's (the leader's compressor, the
   /// messages, the selection and its sums, the verdicts): all workspace.
@@ -221,75 +300,96 @@ class cyclic_topk {
   }
 
  private:
-  // What the host reads at the end of an exchange, in one copy: every rank's verdict,
-  // then this rank's step's status and the indices' check (a fault word).
+  static constexpr std::size_t frame_bytes = detail::cyclic::frame::size;
+
+  // What the host reads at the end of an exchange, in one copy: every rank's frame, then
+  // this rank's step's status and the indices' check (a fault word).
   std::size_t outcome_bytes() const {
-    return static_cast<std::size_t>(comm_.size()) * verdict_bytes + sizeof(detail::step_status) + 8;
+    return static_cast<std::size_t>(comm_.size()) * frame_bytes + sizeof(detail::step_status) + 8;
   }
   detail::step_status* outcome_status() {
-    return reinterpret_cast<detail::step_status*>(outcome_.data() + comm_.size() * verdict_bytes);
+    return reinterpret_cast<detail::step_status*>(outcome_.data() + comm_.size() * frame_bytes);
   }
   std::uint32_t* outcome_fault() {
-    return reinterpret_cast<std::uint32_t*>(outcome_.data() + comm_.size() * verdict_bytes +
-                                            sizeof(detail::step_status));
+    return reinterpret_cast<std::uint32_t*>(outcome_.data() + comm_.size() * frame_bytes + sizeof(detail::step_status));
+  }
+  std::span<const std::byte> read_outcome() {
+    compressor_.backend().to_host(static_cast<const std::byte*>(outcome_.data()), outcome_host_.size(),
+                                  outcome_host_.data());
+    return outcome_host_;
   }
 
-  // The exchange of step() with the compressor's step staged: queued, then its outcome
-  // read and settled; run `again` where the ranks agree on a leader or count other than
-  // those the exchange moved.
-  message_type run(view<const float> grad, view<float> dense, float scale, bool again = false) {
-    static constexpr const char* who = "cyclic_topk";
+  // The exchange queue() queued, from its arguments to its one read.
+  struct queued {
+    view<const float> grad;
+    view<float> dense;
+    float scale = 0;
+    std::vector<detail::setting> also;      // beside the exchange's own
+    std::string who;                        // whose settings they are, as a disagreement names them
+    std::vector<detail::setting> settings;  // the exchange's own and `also`
+    detail::rank_draft mine;
+    std::uint64_t k = 0, takes = 0, step = 0;
+    std::size_t leader = 0, count = 0;
+    bool as_moved = false;
+    bool again = false;  // run again at once: the ranks agreed on another leader or count
+  };
+
+  // The exchange of step() with the compressor's step staged, queued up to its outcome.
+  void run_queued() {
+    queued& q = *queued_;
     const backend_type& be = compressor_.backend();
     const auto ranks = static_cast<std::size_t>(comm_.size());
     const auto me = static_cast<std::size_t>(comm_.rank());
     const std::size_t n = compressor_.size();
-    const std::uint64_t k = leader_k();
-    const std::uint64_t takes = compressor_.selector().max_selected(n);
-    const std::uint64_t step = compressor_.step();
-    const auto leader = static_cast<std::size_t>(step % ranks);
-    const std::array<detail::setting, 5> settings{
-        detail::setting{"n", n}, detail::setting{"k", k}, detail::setting{"the capacity", takes},
-        detail::setting{"the step", step}, detail::setting{"the policies", policies_}};
+    q.k = leader_k();
+    q.takes = compressor_.selector().max_selected(n);
+    q.step = compressor_.step();
+    q.leader = static_cast<std::size_t>(q.step % ranks);
+    q.settings = {detail::setting{"n", n}, detail::setting{"k", q.k}, detail::setting{"the capacity", q.takes},
+                  detail::setting{"the step", q.step}, detail::setting{"the policies", policies_}};
+    q.settings.insert(q.settings.end(), q.also.begin(), q.also.end());
     // The collectives move what the ranks last agreed on (the leader's count, and the
     // step, whose leader is the root); this rank's step goes through them only where
     // that is its step, with room for the count.
-    const std::size_t count = moved_.count;
+    q.count = moved_.count;
     const auto root = static_cast<int>(moved_.step % ranks);
-    const bool as_moved = step == moved_.step && count <= takes;
+    q.as_moved = q.step == moved_.step && q.count <= q.takes;
     compressor_.drop_staged();  // a step staged by the pass before this one
     const detail::step_status* preview = nullptr;
     const detail::step_status* chosen = nullptr;
-    detail::rank_draft mine = detail::draft(who, settings, [&]() -> std::uint64_t {
-      detail::require(dense.size() == n, errc::invalid_argument, "cyclic_topk: dense.size() = ", dense.size(),
+    q.mine = detail::draft("cyclic_topk", q.settings, [&]() -> std::uint64_t {
+      detail::require(q.dense.size() == n, errc::invalid_argument, "cyclic_topk: dense.size() = ", q.dense.size(),
                       " does not match n = ", n);
-      detail::require(std::isfinite(scale), errc::invalid_argument, "cyclic_topk: scale must be finite, got ", scale);
+      detail::require(std::isfinite(q.scale), errc::invalid_argument, "cyclic_topk: scale must be finite, got ",
+                      q.scale);
       follow_density();              // where it fails, the buffers hold what the ranks agreed before
       compressor_.hold_workspace();  // what the step allocates, allocated before the collectives
-      const auto queued = compressor_.preview_queued(be, grad);
-      preview = queued.status;
-      if (me == leader) {  // staged until the exchange succeeds (a step-seeded selector moves on then)
-        chosen = leader_.stage_queued(be, queued.acc, view_of(leader_message_));
+      const auto previewed = compressor_.preview_queued(be, q.grad);
+      preview = previewed.status;
+      if (me == q.leader) {  // staged until the exchange succeeds (a step-seeded selector moves on then)
+        chosen = leader_.stage_queued(be, previewed.acc, view_of(leader_message_));
         const auto selected = detail::raw(leader_.staged_selection().index);
-        if (as_moved) {
-          be.for_each(std::min(count, selected.size()),
+        if (q.as_moved) {
+          be.for_each(std::min(q.count, selected.size()),
                       detail::copy_elements<std::uint32_t>{selected.data(), index_.data()});
         }
       }
       return 0;
     });
-    const std::uint64_t digest = mine.verdict.digest;
-    be.for_each(verdict_bytes,
-                detail::cyclic::verdict_byte{mine.report.code, digest, preview, chosen, verdict_.data()});
-    comm_.all_gather(view<const std::byte>(verdict_.data(), verdict_bytes),
-                     view<std::byte>(outcome_.data(), ranks * verdict_bytes));
-    be.clear(outcome_.data() + ranks * verdict_bytes, sizeof(detail::step_status) + 8);
+    const std::size_t count = q.count;
+    const std::uint64_t digest = q.mine.verdict.digest;
+    be.for_each(frame_bytes, detail::cyclic::verdict_byte{q.mine.report.code, digest, preview, chosen, count,
+                                                          static_cast<std::uint64_t>(root), verdict_.data()});
+    comm_.all_gather(view<const std::byte>(verdict_.data(), frame_bytes),
+                     view<std::byte>(outcome_.data(), ranks * frame_bytes));
+    be.clear(outcome_.data() + ranks * frame_bytes, sizeof(detail::step_status) + 8);
     if (count > 0) comm_.broadcast(view<std::uint32_t>(index_.data(), count), root);
-    const bool staged = as_moved && mine.report.code == 0;
+    const bool staged = q.as_moved && q.mine.report.code == 0;
     float* faults = sums_.data() + count;  // how many ranks' indices failed their check, summed with the values
     if (staged) {
       compressor_.set_indices_queued(be, view<const std::uint32_t>(index_.data(), count),
                                      view<std::uint32_t>(outcome_fault(), 1));
-      const detail::step_status* status = compressor_.stage_queued(be, grad, view_of(message_));
+      const detail::step_status* status = compressor_.stage_queued(be, q.grad, view_of(message_));
       be.for_each(count, detail::cyclic::sums_of{detail::raw(compressor_.staged_selection().values).data(), status,
                                                  sums_.data()});
       be.for_each(1, detail::copy_elements<detail::step_status>{status, outcome_status()});
@@ -299,42 +399,57 @@ class cyclic_topk {
     be.for_each(1, detail::cyclic::fault_count{outcome_fault(), faults});
     comm_.reduce_broadcast(view<float>(sums_.data(), count + 1), root);
     if (staged) {
-      be.for_each(1, detail::cyclic::refusal{outcome_.data(), ranks, leader, digest, count, faults, refused_.data()});
-      be.for_each(count, detail::decoding::scatter_add_if_clean{refused_.data(), index_.data(), sums_.data(), scale,
-                                                                detail::raw(dense).data()});
+      be.for_each(1, detail::cyclic::refusal{outcome_.data(), ranks, q.leader, digest, count, faults, refused_.data()});
+      be.for_each(count, detail::decoding::scatter_add_if_clean{refused_.data(), index_.data(), sums_.data(), q.scale,
+                                                                detail::raw(q.dense).data()});
     }
     be.for_each(1, detail::cyclic::faults_counted{faults, outcome_fault()});
+  }
 
-    // The exchange's one read: the verdicts, this rank's status and the ranks' faults.
-    be.to_host(static_cast<const std::byte*>(outcome_.data()), outcome_host_.size(), outcome_host_.data());
-    const std::byte* verdicts = outcome_host_.data();
-    if (mine.report.code == 0 && detail::rank_verdict::read(verdicts + me * verdict_bytes).code != 0) {
+  // The queued exchange settled from its outcome, read: the verdicts, this rank's status
+  // and the ranks' faults.
+  message_type settle_queued(std::span<const std::byte> outcome) {
+    queued& q = *queued_;
+    const auto ranks = static_cast<std::size_t>(comm_.size());
+    const auto me = static_cast<std::size_t>(comm_.rank());
+    const std::size_t n = compressor_.size();
+    std::vector<std::byte> verdicts(ranks * detail::rank_verdict::size);
+    for (std::size_t r = 0; r < ranks; ++r) {
+      std::memcpy(verdicts.data() + r * detail::rank_verdict::size, outcome.data() + r * frame_bytes,
+                  detail::rank_verdict::size);
+    }
+    if (q.mine.report.code == 0 &&
+        detail::rank_verdict::read(verdicts.data() + me * detail::rank_verdict::size).code != 0) {
       // The preview met a NaN or infinity: its error, read now (the step is dropped).
-      mine = detail::draft(who, settings, [&]() -> std::uint64_t {
-        (void)compressor_.preview(grad);
-        detail::fail(errc::invalid_argument, who, ": the preview's status said a value was not finite; it is not");
+      q.mine = detail::draft("cyclic_topk", q.settings, [&]() -> std::uint64_t {
+        (void)compressor_.preview(q.grad);
+        detail::fail(errc::invalid_argument,
+                     "cyclic_topk: the preview's status said a value was not finite; it is not");
       });
     }
-    const std::vector<std::uint64_t> own =
-        detail::settle(comm_, who, mine, std::span<const std::byte>(verdicts, ranks * verdict_bytes));
+    const std::vector<std::uint64_t> own = detail::settle(comm_, q.who.c_str(), q.mine, verdicts);
     // The ranks agreed on their settings: each reads the same leader's count and faults,
     // and every rank throws alike or none does.
-    const std::uint64_t chose = own[leader];
-    detail::require(chose <= k && chose <= takes, errc::corrupt_message, "cyclic_topk: the leader (rank ", leader,
-                    ") reported ", chose, " indices, more than k = ", k, " or the ", takes, " the compressor takes");
-    if (!as_moved || chose != count) {
-      detail::require(!again, errc::corrupt_message, "cyclic_topk: the leader (rank ", leader, ") chose ", count,
+    const std::uint64_t chose = own[q.leader];
+    detail::require(chose <= q.k && chose <= q.takes, errc::corrupt_message, "cyclic_topk: the leader (rank ", q.leader,
+                    ") reported ", chose, " indices, more than k = ", q.k, " or the ", q.takes,
+                    " the compressor takes");
+    if (!q.as_moved || chose != q.count) {
+      detail::require(!q.again, errc::corrupt_message, "cyclic_topk: the leader (rank ", q.leader, ") chose ", q.count,
                       " indices, then ", chose, " in the same step");
-      moved_ = {static_cast<std::size_t>(chose), step};
-      return run(grad, dense, scale, true);
+      moved_ = {static_cast<std::size_t>(chose), q.step};
+      q.again = true;
+      run_queued();
+      return settle_queued(read_outcome());
     }
-    const auto broken = detail::load_le<std::uint32_t>(verdicts + ranks * verdict_bytes + sizeof(detail::step_status));
-    detail::require(broken == 0, errc::corrupt_message, "cyclic_topk: the indices of the leader (rank ", leader,
+    const std::byte* after = outcome.data() + ranks * frame_bytes;
+    const auto broken = detail::load_le<std::uint32_t>(after + sizeof(detail::step_status));
+    detail::require(broken == 0, errc::corrupt_message, "cyclic_topk: the indices of the leader (rank ", q.leader,
                     ") arrived on ", broken, " of ", ranks, " ranks not ascending below n = ", n);
     detail::step_status status{};
-    std::memcpy(&status, verdicts + ranks * verdict_bytes, sizeof(status));
-    moved_ = {count, step + 1};  // the next step's leader, once this step is accepted
-    if (me == leader) leader_.accept_staged();
+    std::memcpy(&status, after, sizeof(status));
+    moved_ = {q.count, q.step + 1};  // the next step's leader, once this step is accepted
+    if (me == q.leader) leader_.accept_staged();
     return message_type(typename message_type::bytes_type(message_.data(), static_cast<std::size_t>(status.bytes)), n,
                         status.count);
   }
@@ -403,12 +518,13 @@ class cyclic_topk {
   buffer<std::uint32_t> index_;
   buffer<float> sums_;
   buffer<std::byte> message_;
-  buffer<std::byte> verdict_;            // this rank's verdict
+  buffer<std::byte> verdict_;            // this rank's frame
   buffer<std::byte> outcome_;            // outcome_bytes(): what the host reads
   buffer<std::uint32_t> refused_;        // whether the sums may not be added
   std::vector<std::byte> outcome_host_;  // outcome_, read
   moved moved_;
-  std::uint64_t policies_;  // the policies' names, which every rank must share
+  std::optional<queued> queued_;  // the exchange queue() queued, until settle()
+  std::uint64_t policies_;        // the policies' names, which every rank must share
 };
 
 }  // namespace comm
