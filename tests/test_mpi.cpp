@@ -773,6 +773,15 @@ TEST_CASE(
         "gradcomp: sparse_allreduce: ranks disagree on the policies: rank 0 has ", true);
     CHECK(checkpoint(mine) == before);
     CHECK(plain.step() == 0);
+    // A setting of the caller's (a DDP hook's), agreed in the exchange's first all-gather
+    // and reported as the caller's.
+    const std::vector<gc::detail::setting> ours{{"the bucket index", comm.rank() == ranks - 1 ? "3" : "2"}};
+    every_rank_throws(
+        comm, [&] { (void)exchange.stage(gradient_of(comm.rank(), n, 0), dense, 1.0f, ours, "hook"); },
+        "gradcomp: hook: ranks disagree on the bucket index: rank 0 has 2, rank " + std::to_string(ranks - 1) +
+            " has 3");
+    CHECK_FALSE(mine.has_staged());
+    CHECK(checkpoint(mine) == before);
   }
   CHECK_THROWS_WITH_AS(gc::comm::sparse_allreduce(comm, mine, n + 1),
                        "gradcomp: sparse_allreduce: k = 7002 exceeds the compressor's n = 7001", gc::error);

@@ -217,8 +217,10 @@ class sparse_exchange {
  public:
   virtual ~sparse_exchange() = default;
   /// dense += scale * the global top-k of the ranks' sums; the compressor's step stays
-  /// staged until accept() (or drop()).
-  virtual void stage(const void* grad, element type, float* dense, std::size_t n, float scale) = 0;
+  /// staged until accept() (or drop()). `also`: the settings the ranks must share beside
+  /// the exchange's (a DDP hook's, a disagreement reported as `who`'s).
+  virtual void stage(const void* grad, element type, float* dense, std::size_t n, float scale,
+                     std::span<const gradcomp::detail::setting> also, const char* who) = 0;
   virtual void accept() = 0;
   virtual void drop() noexcept = 0;
   /// FSDP's sparse reduce-scatter: `shard` (n / W floats) = scale * this rank's shard of

@@ -436,8 +436,11 @@ class sparse_handle {
   }
 
   /// dense += scale * the global top-k of the ranks' sums; the compressor's step stays
-  /// staged until accept() (the DDP hook accepts a step's buckets together).
-  void stage(const torch::Tensor& grad_in, torch::Tensor& dense, double scale) {
+  /// staged until accept() (the DDP hook accepts a step's buckets together). `also`:
+  /// the settings the ranks must share beside the exchange's (the hook's, reported as
+  /// `who`'s).
+  void stage(const torch::Tensor& grad_in, torch::Tensor& dense, double scale,
+             const std::vector<gc::detail::setting>& also = {}, const char* who = "sparse_allreduce") {
     // Sizes are the exchange's to check (every rank alike).
     const element type = check_gradient("sparse_allreduce", "grad", grad_in, c_.device(), -1);
     check_tensor("sparse_allreduce", "dense", dense, torch::kFloat, c_.device());
@@ -446,7 +449,7 @@ class sparse_handle {
     c_.exclusive([&] {
       c_.on_own_stream([&] {
         x_->stage(grad.data_ptr(), type, dense.data_ptr<float>(), static_cast<std::size_t>(dense.numel()),
-                  static_cast<float>(scale));
+                  static_cast<float>(scale), also, who);
       });
     });
   }

@@ -273,8 +273,10 @@ class sparse_exchange_of final : public sparse_exchange {
   sparse_exchange_of(Compressor& c, transport t, std::size_t k)
       : comm_(std::move(t), c.backend()), exchange_(comm_, c, k) {}
 
-  void stage(const void* grad, element type, float* dense, std::size_t n, float scale) override {
-    with_gradient<Compressor>(grad, n, type, [&](auto g) { (void)exchange_.stage(g, view<float>(dense, n), scale); });
+  void stage(const void* grad, element type, float* dense, std::size_t n, float scale,
+             std::span<const gc::detail::setting> also, const char* who) override {
+    with_gradient<Compressor>(grad, n, type,
+                              [&](auto g) { (void)exchange_.stage(g, view<float>(dense, n), scale, also, who); });
   }
   void accept() override { exchange_.accept_staged(); }
   void reduce_scatter(const void* grad, element type, std::size_t n, float* shard, std::size_t shard_n,

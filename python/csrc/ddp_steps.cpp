@@ -11,6 +11,7 @@
 #include <gradcomp/comm/cyclic_topk.hpp>
 #include <gradcomp/comm/frames.hpp>
 #include <gradcomp/detail/codec/decode.hpp>
+#include <gradcomp/detail/comm/region_sums.hpp>
 #include <gradcomp/message.hpp>
 
 #if defined(_OPENMP)
@@ -790,7 +791,7 @@ py::object hook_steps::cyclic(std::int64_t index, std::shared_ptr<cyclic_handle>
                                     d.mean = torch::zeros({d.flat.numel()}, d.flat.options());
                                     return 0;
                                   };
-                                  const bool agreed = state.cyclic_agreed.count(d.index) != 0;
+                                  const bool agreed = state.agreed.count(d.index) != 0;
                                   if (!agreed) {
                                     (void)gc::detail::agree(t, who, settings, prepare);
                                     d.exchange->forget_agreed_sizes();
@@ -840,11 +841,11 @@ void hook_steps::finish_cyclic(const group_ptr& group, const std::shared_ptr<sha
       const exchange_traffic<cyclic_handle> traffic(t, *d.exchange);
       d.exchange->settle(outcome);
       d.counts.entries = d.exchange->entries();
-      state->cyclic_agreed.insert(d.index);
+      state->agreed.insert(d.index);
     } catch (...) {
       d.failure = std::current_exception();
       d.accept = nullptr;
-      state->cyclic_agreed.erase(d.index);
+      state->agreed.erase(d.index);
     }
   }
   complete_step(*state, pending_of(buckets), skip_non_finite, start);
@@ -857,17 +858,40 @@ py::object hook_steps::compressed(std::int64_t index, std::shared_ptr<compressor
   std::vector<gc::detail::setting> shared = settings_of(settings);
   if (aggregation == "sparse_allreduce") {
     return submit(bucket, last, true,
-                  [state = shared_, shared, sparse = exchange_of<sparse_handle>(exchange), error](
+                  [state = shared_, shared, sparse = exchange_of<sparse_handle>(exchange), error, index](
                       transport& t, const torch::Tensor& b, hook_counts& counts) {
-                    agree_on(t, shared, error);  // a rank without its exchange has an error here
-                    if (!sparse) invalid(who, ": no sparse_allreduce for this bucket");
-                    const torch::Tensor flat = compressible(b);
-                    torch::Tensor mean = torch::zeros({flat.numel()}, flat.options().dtype(torch::kFloat));
-                    const exchange_traffic<sparse_handle> traffic(t, *sparse);
-                    sparse->stage(flat, mean, 1.0 / t.size());
-                    counts.entries = sparse->entries();
-                    state->staged.push_back([sparse] { sparse->accept(); });
-                    return in_dtype_of(b, mean);
+                    torch::Tensor flat, mean;
+                    const auto prepare = [&]() -> std::uint64_t {
+                      rethrow(error);
+                      if (!sparse) invalid(who, ": no sparse_allreduce for bucket ", index);
+                      flat = compressible(b);
+                      mean = torch::zeros({flat.numel()}, flat.options().dtype(torch::kFloat));
+                      return 0;
+                    };
+                    try {
+                      // As hook_steps::cyclic: the host agreement on a bucket's first
+                      // step; after that the hook's settings ride in the exchange's first
+                      // all-gather, where a rank that failed before it tells its error.
+                      const bool agreed = state->agreed.count(index) != 0;
+                      if (!agreed) (void)gc::detail::agree(t, who, shared, prepare);
+                      const gc::detail::rank_draft mine =
+                          agreed ? gc::detail::draft(who, shared, prepare) : gc::detail::rank_draft{};
+                      if (mine.report.code != 0) {
+                        std::vector<std::byte> carried(gc::detail::region_sums::counts_bytes(t.size()));
+                        std::vector<std::byte> all(carried.size() * static_cast<std::size_t>(t.size()));
+                        (void)gc::detail::agree_on_draft(t, who, mine, carried, all);
+                        invalid(who, ": bucket ", index, " agreed on a rank that failed before");  // agree threw
+                      }
+                      const exchange_traffic<sparse_handle> traffic(t, *sparse);
+                      sparse->stage(flat, mean, 1.0 / t.size(), shared, who);
+                      counts.entries = sparse->entries();
+                      state->staged.push_back([sparse] { sparse->accept(); });
+                      state->agreed.insert(index);
+                      return in_dtype_of(b, mean);
+                    } catch (...) {
+                      state->agreed.erase(index);
+                      throw;
+                    }
                   });
   }
   if (aggregation == "cyclic") return cyclic(index, exchange_of<cyclic_handle>(exchange), shared, error, bucket, last);

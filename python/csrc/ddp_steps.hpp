@@ -116,9 +116,10 @@ class hook_steps {
     std::vector<std::function<void()>> staged;               // this step's staged buckets' accepts
     std::vector<std::shared_ptr<deferred_bucket>> deferred;  // this step's all-gather buckets so far
     std::vector<std::shared_ptr<cyclic_bucket>> cyclic;      // this step's cyclic buckets so far
-    // The buckets whose last cyclic step every rank settled: their next step's agreement
-    // travels in the exchange's first collective (ddp_steps.cpp, hook_steps::cyclic).
-    std::set<std::int64_t> cyclic_agreed;
+    // The buckets whose last step of an exchange of their own (cyclic, sparse_allreduce)
+    // every rank settled: their next step's agreement on the hook's settings travels in
+    // the exchange's first collective (ddp_steps.cpp, hook_steps::cyclic).
+    std::set<std::int64_t> agreed;
     bool step_failed = false;
     mutable std::mutex lock;
     hook_counts step, last, totals;

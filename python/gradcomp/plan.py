@@ -18,10 +18,12 @@ buys at scale", validates it against the emulated cluster and tables it for two 
 
 Each collective costs what an alpha-beta model of the algorithm gloo and NCCL run says:
 ``Link.seconds(nbytes) = latency + 8 * nbytes / (rate * efficiency)`` per message, a ring
-all-reduce 2(W - 1) messages of nbytes/W (or, where it is faster, a pipelined tree: the
-latency of 2 log2 W messages and twice the bytes), a ring all-gather W - 1 messages of the part,
-a reduce-scatter W - 1 of nbytes/W, an all-to-all W - 1 of what each rank gets, and a
-broadcast a binomial tree's log2 W (gloo's; NCCL's pipelined ring is faster).
+all-reduce 2(W - 1) messages of nbytes/W (or, where it is faster and the link allows it,
+``Link.tree_all_reduce``, a pipelined tree: the latency of 2 log2 W messages and twice
+the bytes; gloo's is always a ring), a ring all-gather W - 1 messages of the part, a
+reduce-scatter W - 1 of nbytes/W, an all-to-all W - 1 of what each rank gets, and a
+broadcast a binomial tree's log2 W (gloo's; NCCL's pipelined ring is faster); and no
+collective less than the least its kind was measured to take (``Link.floors``).
 
 What each method puts on the wire per bucket of n floats (docs/communication.md):
 dense all-reduces 4n bytes; fp16 2n; PowerSGD of rank r all-reduces its vectors, then
@@ -29,7 +31,7 @@ P (rows x r per matrix) and Q (columns x r); gradcomp's top-k methods all-gather
 message of k entries (k = ceil(density * n)) with the step's 24-byte verdict; ScaleCom
 all-gathers 40-byte frames, broadcasts the leader's k indices and reduces and broadcasts
 k values; the global top-k (``sparse_allreduce``) sends about k entries in an all-to-all
-and all-gathers the k selected ones in parts, with seven small collectives. A method's
+and all-gathers the k selected ones in parts, with six small collectives. A method's
 measured costs (``Costs``) give its compression time per bucket and its decoding time
 per received entry.
 
@@ -77,6 +79,13 @@ class Link:
     """Whether what the efficiency takes from the rate is the transport's computation on the
     processor backward runs on (gloo's copies and sums on CPU ranks), which then waits for
     it; NCCL's runs beside backward."""
+    tree_all_reduce: bool = True
+    """Whether an all-reduce of few bytes among many ranks may take a tree (NCCL picks one);
+    gloo's all-reduce is a ring whatever its size."""
+    floors: Dict[str, float] = field(default_factory=dict, compare=False)
+    """The least seconds one collective of a kind takes, by name, measured (its smallest):
+    where a collective's fixed cost exceeds what its messages' latencies say (gloo with
+    ranks that share cores, where each hop waits for a process to be scheduled)."""
 
     def __post_init__(self):
         if not (self.bits_per_second > 0 and math.isfinite(self.bits_per_second)):
@@ -93,7 +102,12 @@ class Link:
     def of(self, collective: str) -> "Link":
         """The link as ``collective`` sees it."""
         fitted = self.fitted.get(collective) or self.fitted.get(collective.split("_fp16")[0])
-        return Link(self.bits_per_second, *fitted, transport_computes=self.transport_computes) if fitted else self
+        return Link(self.bits_per_second, *fitted, transport_computes=self.transport_computes,
+                    tree_all_reduce=self.tree_all_reduce, floors=self.floors) if fitted else self
+
+    def floor(self, collective: str) -> float:
+        """The least seconds `collective` takes (0 where none was measured)."""
+        return self.floors.get(collective, self.floors.get(collective.split("_fp16")[0], 0.0))
 
     def computing(self, collective: str, seconds: float) -> float:
         """Of a collective's ``seconds``, those the transport computes on the processor."""
@@ -113,13 +127,19 @@ def collective_seconds(link: Link, world: int, collective: str, nbytes: float) -
     """Seconds one rank spends in ``collective`` of ``nbytes`` (for an all-gather, its own
     part; for an all-to-all, what it sends each other rank). ``all_reduce_fp16`` is an
     all-reduce of float16, which a link may have fitted apart."""
-    w = world
-    if w == 1:
+    if world == 1:
         return 0.0
-    link = link.of(collective)
+    return max(link.floor(collective), _alpha_beta(link.of(collective), world, collective, nbytes))
+
+
+def _alpha_beta(link: Link, w: int, collective: str, nbytes: float) -> float:
+    """collective_seconds by the alpha-beta model of its algorithm alone."""
     if collective in ("all_reduce", "all_reduce_fp16"):  # a ring, or for few bytes among many ranks a tree (NCCL picks)
+        ring = 2 * (w - 1) * link.seconds(nbytes / w)
+        if not link.tree_all_reduce:
+            return ring
         tree = 2 * math.ceil(math.log2(w)) * link.latency + 2 * (link.seconds(nbytes) - link.latency)
-        return min(2 * (w - 1) * link.seconds(nbytes / w), tree)
+        return min(ring, tree)
     if collective == "reduce_scatter":
         return (w - 1) * link.seconds(nbytes / w)
     if collective in ("all_gather", "all_to_all"):
@@ -206,11 +226,11 @@ def traffic(method: str, bucket: Bucket, world: int, density: float, entry_bytes
         sent = [("all_gather", CYCLIC_FRAME_BYTES), ("broadcast", 4 * k), ("all_reduce", 4 * k), ("broadcast", 4 * k)]
         return sent, k
     if method == "sparse_allreduce":
-        # The hook's agreement, the exchange's (with each rank's counts per region), the
-        # entries, the radix select's histograms, the ranks' records, the selection's parts
-        # (padded to the last step's largest, an eighth more and 16 entries).
+        # The agreement (with each rank's counts per region; the DDP hook's settings ride
+        # in it), the entries, the radix select's histograms, the ranks' records, the
+        # selection's parts (padded to the last step's largest, an eighth more and 16).
         region = k * entry_bytes / world  # what a rank's selection sends each region's owner
-        sent = [("all_gather", VERDICT_BYTES), ("all_gather", VERDICT_BYTES + 8 * world), ("all_to_all", region)]
+        sent = [("all_gather", VERDICT_BYTES + 8 * world), ("all_to_all", region)]
         sent += [("all_reduce", b) for b in RADIX_HISTOGRAM_BYTES]
         sent += [("all_gather", 12), ("all_gather", 8 * (9 * k / (8 * world) + 16))]
         return sent, 2 * k

@@ -315,12 +315,14 @@ def check_sparse_allreduce(rank, world):
     """aggregation="sparse_allreduce" with three buckets in flight: every bucket equals
     Ok-Topk's reference (the global top-k of the summed messages) and this rank's
     residual equals its simulation, bit for bit; a NaN in one bucket on one rank raises
-    the same error on every rank and the step changes no bucket's memory."""
+    the same error on every rank and the step changes no bucket's memory, as does a rank
+    that fails before it has its exchange."""
     sizes, density = [3001, 1000, 17], 0.01
     last = len(sizes) - 1
     state = ddp.State(method="topk_ef", density=density, start_iter=1, aggregation="sparse_allreduce")
     refs = [reference.GlobalTopk(world, n) for n in sizes]
     collectives = 0  # what docs/communication.md says each bucket's step issues
+    beyond = []  # what each step issued beyond that
     for step in range(6):
         grads = [grad_of(rank, step, n, b) for b, n in enumerate(sizes)]
         if step == 4:  # a NaN in bucket 1 on the last rank, with every bucket in flight
@@ -346,17 +348,38 @@ def check_sparse_allreduce(rank, world):
             assert np.count_nonzero(got[b].numpy()) <= k
             assert same_on_all_ranks(got[b])
             np.testing.assert_array_equal(state.compressors[b].corrector_state(0).numpy(), refs[b].e[rank])
-            collectives += 1 + 8  # the hook's agreement, then the exchange's
+            # The exchange's eight, after the hook's agreement on the host on a bucket's
+            # first step and the first after a refused one (bucket 1 at step 4).
+            collectives += 8 + (step == 1 or (step == 4 and b == 1))
         if step >= 1:  # and one more agreement where a rank grows its room for what it receives, two
             # (an agreement and the gather again) where a part of the selection outgrows the gather
             issued = state.collectives - before
             assert collectives <= issued <= collectives + 3 * len(sizes), (step, issued, collectives)
+            beyond.append(issued - collectives)
             collectives = 0
+    if world == 2:  # these gradients' later steps need no growth on 2 ranks: eight per bucket, no more
+        assert min(beyond[1:]) == 0, beyond
     # What this rank holds: each bucket's residual (4 bytes an element) as state; the
     # compressors' and the exchanges' workspace beside it.
     held = state.memory_bytes()
     assert held["state"] == 4 * sum(sizes), held
     assert held["workspace"] > sum(c.memory_bytes()["workspace"] for c in state.compressors.values()), held
+    # A rank that fails before bucket 0's exchange (its compressor does not restore), its
+    # exchange settled before: it tells its error in the exchange's first all-gather, and
+    # every rank raises it with no memory changed.
+    memory = memory_of(state)
+    if rank == world - 1:
+        record = state.compressors[0].state_dict()
+        record = {**record, "state": record["state"].clone()}
+        record["state"][len(record["state"]) // 2] ^= 0x10
+        del state.compressors[0], state._exchanges[0]
+        state._saved[0] = record
+    grads = [grad_of(rank, 9, n, b) for b, n in enumerate(sizes)]
+    outcomes = outcomes_of([ddp.hook(state, Bucket(grads[b], b, b == last)) for b in range(len(sizes))])
+    text = f"gradcomp: load_state: the record's checksum does not match (rank {world - 1} of {world})"
+    assert outcomes == [(gradcomp.CorruptMessageError, text), None, None], outcomes
+    now = memory_of(state)
+    assert all(torch.equal(now[i], memory[i]) for i in now), "a failed step changed a bucket's memory"
     # scalecom has an exchange of its own
     raises_alike(lambda: ddp.State(method="scalecom", aggregation="sparse_allreduce"), gradcomp.InvalidArgumentError,
                  "gradcomp: State: aggregation 'sparse_allreduce' does not apply to method 'scalecom' (its cyclic "

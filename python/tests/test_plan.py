@@ -21,6 +21,16 @@ def test_collectives_follow_the_ring_and_tree_formulas():
     assert plan.collective_seconds(link, 4, "all_reduce", 4e6) == pytest.approx(6 * (1e-5 + 2e-3))
     # 128 ranks, 8 bytes: the tree's 14 latencies beat the ring's 254.
     assert plan.collective_seconds(link, 128, "all_reduce", 8) == pytest.approx(14 * 1e-5 + 2 * 8 * 2e-9)
+    # No collective takes less than its kind's measured floor (float16 falls back to the
+    # all-reduce's); one rank moves nothing.
+    floored = plan.Link(8e9, latency=1e-5, efficiency=0.5, floors={"all_gather": 0.02, "all_reduce": 0.03})
+    assert plan.collective_seconds(floored, 8, "all_gather", 1e3) == 0.02
+    assert plan.collective_seconds(floored, 8, "all_gather", 1e7) == pytest.approx(7 * (1e-5 + 2e-2))
+    assert plan.collective_seconds(floored, 8, "all_reduce_fp16", 8) == 0.03
+    assert plan.collective_seconds(floored, 1, "all_gather", 1e3) == 0.0
+    # gloo rings at every size, a fitted collective too.
+    ring = plan.Link(8e9, latency=1e-5, efficiency=0.5, tree_all_reduce=False, fitted={"all_reduce": (1e-5, 0.5)})
+    assert plan.collective_seconds(ring, 128, "all_reduce", 8) == pytest.approx(254 * (1e-5 + 8 / 128 * 2e-9))
     assert plan.collective_seconds(link, 4, "all_gather", 1e6) == pytest.approx(3 * (1e-5 + 2e-3))
     assert plan.collective_seconds(link, 4, "reduce_scatter", 4e6) == pytest.approx(3 * (1e-5 + 2e-3))
     assert plan.collective_seconds(link, 8, "all_to_all", 1e3) == pytest.approx(7 * (1e-5 + 2e-6))
@@ -57,7 +67,7 @@ def test_traffic_of_each_method():
     sent, decoded = plan.traffic("topk_ef", b, 4, 0.01, entry_bytes=6)
     assert sent == [("all_gather", 24 + 56 + 6 * k)] and decoded == 4 * k
     sent, decoded = plan.traffic("sparse_allreduce", b, 4, 0.01)
-    assert ("all_to_all", 8 * k / 4) in sent and decoded == 2 * k and len(sent) == 9
+    assert ("all_to_all", 8 * k / 4) in sent and decoded == 2 * k and len(sent) == 8
     assert sent[-1] == ("all_gather", 8 * (9 * k / 32 + 16))  # the selection's parts, an eighth of room and 16
     sent, decoded = plan.traffic("scalecom", b, 4, 0.01)
     assert sum(n for c, n in sent if c == "broadcast") == 8 * k and decoded == k

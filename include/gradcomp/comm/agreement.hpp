@@ -236,19 +236,10 @@ std::vector<std::uint64_t> settle(Comm& comm, const char* who, const rank_draft&
   return own;  // the digests differed, the settings (up to what the report carries) do not
 }
 
-/// Runs `attempt` (this rank's own checks, returning its own value) and exchanges its
-/// verdict and a digest of `settings` with every rank of `comm` in one all-gather of
-/// rank_verdict::size bytes per rank (`comm.all_gather(mine, all)`), then settle()s:
-/// every rank throws the same error, or none does. `carried` (which `attempt` may
-/// write; zeros where it threw) travels beside the verdict in the same all-gather, every
-/// rank's into `all_carried` (carried.size() bytes per rank, in rank order): what the
-/// ranks must learn of each other once every rank's attempt has run, at no collective
-/// of its own.
-/// \returns every rank's own value, in rank order
-template <comm::collectives Comm, class Attempt>
-std::vector<std::uint64_t> agree(Comm& comm, const char* who, std::span<const setting> settings, Attempt&& attempt,
-                                 std::span<std::byte> carried = {}, std::span<std::byte> all_carried = {}) {
-  const rank_draft mine = draft(who, settings, std::forward<Attempt>(attempt));
+/// agree() of a draft made before (`mine`: this rank's attempt already run).
+template <comm::collectives Comm>
+std::vector<std::uint64_t> agree_on_draft(Comm& comm, const char* who, const rank_draft& mine,
+                                          std::span<std::byte> carried = {}, std::span<std::byte> all_carried = {}) {
   if (mine.report.code != 0) std::fill(carried.begin(), carried.end(), std::byte{0});
   const auto ranks = static_cast<std::size_t>(comm.size());
   const std::size_t frame = rank_verdict::size + carried.size();
@@ -264,6 +255,21 @@ std::vector<std::uint64_t> agree(Comm& comm, const char* who, std::span<const se
     std::copy(at + rank_verdict::size, at + frame, all_carried.data() + r * carried.size());
   }
   return settle(comm, who, mine, verdicts);
+}
+
+/// Runs `attempt` (this rank's own checks, returning its own value) and exchanges its
+/// verdict and a digest of `settings` with every rank of `comm` in one all-gather of
+/// rank_verdict::size bytes per rank (`comm.all_gather(mine, all)`), then settle()s:
+/// every rank throws the same error, or none does. `carried` (which `attempt` may
+/// write; zeros where it threw) travels beside the verdict in the same all-gather, every
+/// rank's into `all_carried` (carried.size() bytes per rank, in rank order): what the
+/// ranks must learn of each other once every rank's attempt has run, at no collective
+/// of its own.
+/// \returns every rank's own value, in rank order
+template <comm::collectives Comm, class Attempt>
+std::vector<std::uint64_t> agree(Comm& comm, const char* who, std::span<const setting> settings, Attempt&& attempt,
+                                 std::span<std::byte> carried = {}, std::span<std::byte> all_carried = {}) {
+  return agree_on_draft(comm, who, draft(who, settings, std::forward<Attempt>(attempt)), carried, all_carried);
 }
 
 /// The sum of the sizes the ranks reported, saturated (a peer's size is not trusted to

@@ -129,12 +129,16 @@ class sparse_allreduce {
 
   /// step() but the commit: the compressor's step stays staged until accept_staged()
   /// (or drop_staged()), so that a DDP hook can commit all of a step's buckets together,
-  /// once every one of them has succeeded on every rank. `dense` is written.
+  /// once every one of them has succeeded on every rank. `dense` is written. `also`:
+  /// settings the ranks must share beside the exchange's own (a DDP hook's), agreed in
+  /// the same first exchange, a disagreement on any of them reported as `who`'s.
   /// \throws gradcomp::error as step() does; nothing is staged then.
   template <gradient_view<backend_type> Grad>
-  std::span<const std::uint32_t> stage(const Grad& grad, view<float> dense, float scale) {
+  std::span<const std::uint32_t> stage(const Grad& grad, view<float> dense, float scale,
+                                       std::span<const detail::setting> also = {},
+                                       const char* who_agrees = "sparse_allreduce") {
     try {
-      return run(grad, dense, scale);
+      return run(grad, dense, scale, also, who_agrees);
     } catch (...) {
       compressor_.drop_staged();
       throw;
@@ -168,8 +172,9 @@ class sparse_allreduce {
     const auto me = static_cast<std::size_t>(comm_.rank());
     const backend_type& be = compressor_.backend();
     try {
+      const detail::setting settings[] = {{"n", n}, {"the policies", policies_}};
       (void)sum_in_regions(
-          grad, {{"n", n}, {"the policies", policies_}},
+          grad, settings, who,
           [&] {
             detail::require(n % ranks == 0, errc::invalid_argument, who, ": reduce_scatter needs n = ", n,
                             " to be a multiple of the ranks, ", ranks);
@@ -249,7 +254,8 @@ class sparse_allreduce {
   [[nodiscard]] std::size_t slots_at() const noexcept { return starts_at() + bounds_.size(); }
 
   template <class Grad>
-  std::span<const std::uint32_t> run(const Grad& grad, view<float> dense, float scale) {
+  std::span<const std::uint32_t> run(const Grad& grad, view<float> dense, float scale,
+                                     std::span<const detail::setting> also, const char* who_agrees) {
     namespace top = detail::global_topk;
     const std::size_t n = compressor_.size();
     const auto ranks = static_cast<std::size_t>(comm_.size());
@@ -259,12 +265,13 @@ class sparse_allreduce {
     const std::uint32_t begin = bounds_[me];
     const std::size_t region = bounds_[me + 1] - begin;
     const std::size_t capacity = std::min(capacity_, k);  // the gather's, the same on every rank (k may have dropped)
+    std::vector<detail::setting> settings{{"n", n},
+                                          {"k", k},
+                                          {"the policies", policies_},
+                                          {"the regions and the gather's capacity", regions_fingerprint()}};
+    settings.insert(settings.end(), also.begin(), also.end());
     const std::size_t received = sum_in_regions(
-        grad,
-        {{"n", n},
-         {"k", k},
-         {"the policies", policies_},
-         {"the regions and the gather's capacity", regions_fingerprint()}},
+        grad, settings, who_agrees,
         [&] {
           detail::require(dense.size() == n, errc::invalid_argument, who, ": dense.size() = ", dense.size(),
                           " does not match n = ", n);
@@ -392,17 +399,17 @@ class sparse_allreduce {
   // its step and finds where each region's entries start in its selection (`prepare()`,
   // which checks the arguments and grows what the caller needs, returns the regions'
   // W + 1 bounds in that memory), which it reads back with the step's verdict; the
-  // ranks agree (on `settings`, and that `prepare`, every stage and the workspace's
-  // growth passed: what may fail on one rank only goes there, so that no rank waits)
-  // and learn each other's counts for each region in the same all-gather, so that each
-  // knows what every rank receives. Each rank sends region j's entries to rank j,
-  // which checks them and sums them in rank order into region_sums_ (its region is
-  // [begin, end)); fault_ holds the checks' words (a corrupt part, an overflowed sum).
-  // `listed`: the global selection's lists grow with the room for the entries received.
-  // Returns the entries this rank received.
+  // ranks agree (on `settings`, a disagreement reported as `who_agrees`', and that
+  // `prepare`, every stage and the workspace's growth passed: what may fail on one rank
+  // only goes there, so that no rank waits) and learn each other's counts for each
+  // region in the same all-gather, so that each knows what every rank receives. Each
+  // rank sends region j's entries to rank j, which checks them and sums them in rank
+  // order into region_sums_ (its region is [begin, end)); fault_ holds the checks' words
+  // (a corrupt part, an overflowed sum). `listed`: the global selection's lists grow
+  // with the room for the entries received. Returns the entries this rank received.
   template <class Grad, class Prepare>
-  std::size_t sum_in_regions(const Grad& grad, std::initializer_list<detail::setting> settings, Prepare&& prepare,
-                             std::uint32_t begin, std::uint32_t end, bool listed) {
+  std::size_t sum_in_regions(const Grad& grad, std::span<const detail::setting> settings, const char* who_agrees,
+                             Prepare&& prepare, std::uint32_t begin, std::uint32_t end, bool listed) {
     namespace sums = detail::region_sums;
     const auto ranks = static_cast<std::size_t>(comm_.size());
     const auto me = static_cast<std::size_t>(comm_.rank());
@@ -411,7 +418,7 @@ class sparse_allreduce {
     send_counts_.assign(ranks, 0);
     counts_of_all_.resize(ranks * ranks);
     const std::vector<std::uint64_t> room = detail::agree(
-        comm_, who, settings,
+        comm_, who_agrees, settings,
         [&]() -> std::uint64_t {
           const std::uint32_t* regions = prepare();
           // The workspace allocated here, where a failure is every rank's error.
@@ -434,7 +441,8 @@ class sparse_allreduce {
           return listed ? std::min(room_, listed_) : room_;
         },
         std::as_writable_bytes(std::span(send_counts_)), std::as_writable_bytes(std::span(counts_of_all_)));
-    note(detail::rank_verdict::size + 8 * ranks, (ranks - 1) * (detail::rank_verdict::size + 8 * ranks));
+    note(detail::rank_verdict::size + detail::region_sums::counts_bytes(ranks),
+         (ranks - 1) * (detail::rank_verdict::size + detail::region_sums::counts_bytes(ranks)));
     const auto count = static_cast<std::size_t>(first_[ranks]);
     const auto sent = compressor_.staged_selection();
     traffic_.entries = count;

@@ -23,6 +23,11 @@ namespace detail::region_sums {
 inline constexpr std::uint32_t corrupt = 1u;   ///< an index outside the region or out of order, or a value not finite
 inline constexpr std::uint32_t overflow = 2u;  ///< a sum not finite
 
+/// The bytes each rank's verdict carries in the first exchange of the collectives
+/// (its count of entries for each of the `ranks` regions): also what a rank without an
+/// exchange sends there (zeros) to tell the others its error (a DDP hook's).
+constexpr std::size_t counts_bytes(std::size_t ranks) noexcept { return sizeof(std::uint64_t) * ranks; }
+
 /// bounds[j] = j·n/W for j <= W: equal regions (reduce_scatter's shards, and
 /// sparse_allreduce's first regions).
 struct equal_regions {
