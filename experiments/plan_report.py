@@ -55,12 +55,13 @@ def fit(rate, rows, world):
 def fit_link(rate, rows, world):
     """The link with each measured collective's own latency and efficiency (gloo's
     collectives on two cores differ: its all-gather and all-to-all copy more than its
-    all-reduce, and it sums float16 slowly), and each kind's floor, its smallest
-    collective's time: on ranks that share cores a collective of 1-4 KB takes what each of
-    its hops waits for a process to run (a 4 KB all-reduce at 8 ranks on 1 Gbit/s, 20 ms,
-    longer than one of 256 KB), which the fit, dominated by the large ones, misses."""
+    all-reduce, and it sums float16 slowly), and each kind's floor, the least one of its
+    collectives took: on ranks that share cores a collective of a few KB takes what each
+    of its hops waits for a process to run (a 4 KB all-reduce at 8 ranks on 1 Gbit/s,
+    21 ms, longer than one of 256 KB, 18 ms), which the fit, dominated by the large ones,
+    misses."""
     kinds = sorted({r["collective"] for r in rows})
-    floors = {k: min((r for r in rows if r["collective"] == k), key=lambda r: r["bytes"])["seconds"] for k in kinds}
+    floors = {k: min(r["seconds"] for r in rows if r["collective"] == k) for k in kinds}
     return plan.Link(rate, *fit(rate, rows, world),
                      fitted={k: fit(rate, [r for r in rows if r["collective"] == k], world) for k in kinds},
                      transport_computes=True, tree_all_reduce=False, floors=floors)
@@ -108,9 +109,9 @@ def validate(runs):
         each = ", ".join(f"{k} {lat * 1e6:.0f} µs and {eff:.0%}" for k, (lat, eff) in link.fitted.items())
         floors = ", ".join(f"{k} {t * 1e3:.1f} ms" for k, t in link.floors.items())
         lines += [f"**{rate_name}, {world} ranks.** The link fitted to {len(fitted)} single collectives, each kind "
-                  f"apart (latency per message, share of the rate): {each}; each kind's floor (its smallest "
-                  f"collective): {floors}; the worst collective off by {spread:.0%}. Step without communication: "
-                  f"{compute:.3f} s (the `none` run's).", "",
+                  f"apart (latency per message, share of the rate): {each}; each kind's floor (the least one "
+                  f"of its collectives took): {floors}; the worst collective off by {spread:.0%}. Step without "
+                  f"communication: {compute:.3f} s (the `none` run's).", "",
                   "| hook | measured step | predicted | error | measured communication alone | predicted | error |",
                   "|---|---:|---:|---:|---:|---:|---:|"]
         for hook in CLUSTER_HOOKS:

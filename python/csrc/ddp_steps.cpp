@@ -884,14 +884,14 @@ py::object hook_steps::compressed(std::int64_t index, std::shared_ptr<compressor
                       }
                       const exchange_traffic<sparse_handle> traffic(t, *sparse);
                       sparse->stage(flat, mean, 1.0 / t.size(), shared, who);
-                      counts.entries = sparse->entries();
-                      state->staged.push_back([sparse] { sparse->accept(); });
-                      state->agreed.insert(index);
-                      return in_dtype_of(b, mean);
-                    } catch (...) {
+                    } catch (...) {  // every rank alike: the agreement's or the exchange's error
                       state->agreed.erase(index);
                       throw;
                     }
+                    state->agreed.insert(index);
+                    counts.entries = sparse->entries();
+                    state->staged.push_back([sparse] { sparse->accept(); });
+                    return in_dtype_of(b, mean);
                   });
   }
   if (aggregation == "cyclic") return cyclic(index, exchange_of<cyclic_handle>(exchange), shared, error, bucket, last);
