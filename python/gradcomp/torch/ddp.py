@@ -10,7 +10,9 @@ PowerSGD hook does. Then each bucket is compressed:
 
 - ``scalecom``: ScaleCom's cyclic local top-k (the C++ ``comm::cyclic_topk``): the
   step's leader broadcasts its indices, every rank sends its values there, one
-  all-reduce of k values; O(k) per rank whatever the world size.
+  all-reduce of k values; O(k) per rank whatever the world size. Its verdicts, indices
+  and sums stay in the bucket's memory, and the step's last bucket reads every bucket's
+  outcome at once.
 - ``aggregation="sparse_allreduce"`` (any method but scalecom): Ok-Topk's
   global top-k (the C++ ``comm::sparse_allreduce``): each rank sends each index region's
   entries to the region's rank, which sums them; the k largest sums over all regions are
