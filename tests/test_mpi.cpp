@@ -681,10 +681,11 @@ TEST_CASE("sparse_allreduce receives about 2k entries per rank whatever W, and f
   std::vector<float> dense(n, 0.0f);
   for (int t = 0; t < 8; ++t) (void)exchange.step(gradient_of(comm.rank(), n, t), dense, 1.0f);
   const gc::comm::traffic last = exchange.last_traffic();
-  // Entries are 8 bytes; the histograms 3.5 KB at most; everything else a few bytes per rank.
+  // Entries are 8 bytes; the histograms 3.5 KB at most; the frames, the records, and each
+  // block's header and its 16 entries of room to spare, a few bytes per rank.
   const std::uint64_t entries = 8 * k;
   const auto w = static_cast<std::uint64_t>(comm.size());
-  const std::uint64_t fixed = 4 * (257 + 256 + 256 + 128) + (40 + 8 * w) * w;
+  const std::uint64_t fixed = 4 * (257 + 256 + 256 + 128) + (40 + 16 + 8 * 17) * w;
   CHECK(last.received <= 3 * entries + fixed);
   CHECK(last.sent <= 2 * entries + fixed);
   CHECK(last.collectives <= 10);
@@ -698,10 +699,10 @@ TEST_CASE("sparse_allreduce receives about 2k entries per rank whatever W, and f
   exchange.release_workspace();
   c.set_density(0.0002);
   CHECK(exchange.k() == 41);
-  for (int t = 10; t < 12; ++t) {
-    (void)exchange.step(gradient_of(comm.rank(), n, t), dense, 1.0f);
-    CHECK(exchange.last_traffic().sent <= 2 * 8 * 41 + fixed);  // its entries and a part of at most k
-  }
+  for (int t = 10; t < 12; ++t) (void)exchange.step(gradient_of(comm.rank(), n, t), dense, 1.0f);
+  // After a step at the smaller k, the blocks and the gather shrink to it: its entries
+  // and a part of at most k.
+  CHECK(exchange.last_traffic().sent <= 2 * 8 * 41 + fixed);
   CHECK(same_on_all_ranks(comm, dense));
 }
 
@@ -880,6 +881,24 @@ void reduce_scatter_matches_reference() {
         "gradcomp: sparse_allreduce: reduce_scatter needs n = " + std::to_string(n + 1) +
             " to be a multiple of the ranks, " + std::to_string(ranks) + " (rank 0 of " + std::to_string(ranks) + ")");
     CHECK(odd.step() == 0);
+    // Rank 1 with an exchange new beside the others' agreed ones, twice (the second
+    // time it holds the sizes it took part at): every rank raises, nothing changed, no
+    // rank left waiting; then the agreed exchanges go on.
+    gc::comm::sparse_allreduce<decltype(mine), Comm> fresh(comm, mine);
+    g = sparse_gradient(comm.rank(), n, 9, false);
+    for (int again = 0; again < 2; ++again) {
+      every_rank_throws(
+          comm,
+          [&] {
+            (comm.rank() == 1 ? fresh : exchange)
+                .reduce_scatter(view_as<Backend, const float>(g), view_as<Backend, float>(shard), 1.0f);
+          },
+          "gradcomp: sparse_allreduce: ranks disagree on the sizes the collectives move: rank 0 has ", true);
+      CHECK(checkpoint(mine) == before);
+      CHECK(shard == shard_before);
+    }
+    exchange.reduce_scatter(view_as<Backend, const float>(g), view_as<Backend, float>(shard), 1.0f);
+    CHECK(checkpoint(mine) != before);
   }
 }
 
@@ -894,12 +913,14 @@ TEST_CASE("sparse_allreduce::reduce_scatter on a memory the host may not read (t
 }
 
 // What reduce_scatter makes the host wait for on a device (support/counted_device.hpp),
-// with a selector that waits for nothing: the shard starts with the step's verdict,
-// then the two fault words; the entries travel in the compressor's memory. Three
-// collectives: the agreement (carrying the counts), the entries, the verdicts. Its
-// workspace is scratch (no wait), grown while the residual's first steps make the
-// selection grow, then no more. The same shards and residuals as on backend::host.
-TEST_CASE("sparse_allreduce::reduce_scatter on a device reads back its counts and faults, not its entries") {
+// with a selector that waits for nothing: once, for the frames and records at its end;
+// the entries travel in the compressor's memory, in blocks of the room the ranks agreed.
+// The first call also reads the frames of exchanges that have agreed on no sizes yet,
+// and runs again once with room for its blocks (read again). Three collectives: the
+// frames, the entries, the records. Its workspace is scratch (no wait), grown while the
+// residual's first steps make the selection grow, then no more. The same shards and
+// residuals as on backend::host.
+TEST_CASE("sparse_allreduce::reduce_scatter on a device reads back its outcome once, not its entries") {
   mpi_of_opaque_memory comm;
   gc::comm::mpi host_comm;
   const auto w = static_cast<std::size_t>(comm.size());
@@ -921,25 +942,30 @@ TEST_CASE("sparse_allreduce::reduce_scatter on a device reads back its counts an
     CHECK(device_exchange.last_traffic().sent == host_exchange.last_traffic().sent);
     CAPTURE(t);
     CHECK(waits.reads == 0);
-    CHECK(waits.to_host == 2);
+    // A call that ran again (its blocks outgrew their room as the selection grew) made
+    // an agreement and its three collectives once more, and read once more.
+    const std::uint64_t again = (device_exchange.last_traffic().collectives - 3) / 4;
+    CHECK(device_exchange.last_traffic().collectives == 3 + 4 * again);
+    CHECK(again <= 1);
+    CHECK(waits.to_host == (t == 0 ? 2 : 1) + again);
     CHECK(waits.to_device == 0);
     CHECK(waits.allocations == 0);  // its workspace is scratch
     if (t >= 2) {
       CHECK(waits.scratch == 0);
-      CHECK(device_exchange.last_traffic().collectives == 3);
+      CHECK(again == 0);
     }
   }
 }
 
 // What sparse_allreduce::step (Ok-Topk's global top-k, the DDP hook's sparse_allreduce
 // aggregation) makes the host wait for on a device, with a selector that waits for
-// nothing: the region starts with the step's verdict (which the agreement carries),
-// and once at the end the ranks' records, the selection and the next regions (twice at
-// the first step, whose parts outgrow the gather's empty capacity). The entries, the
-// histograms and the selection travel in the compressor's memory, and the commit reads
-// the selection where it arrived (nothing copied to the device). Its
-// workspace is scratch (no wait), grown as the residual's selection grows. The same
-// selection, dense sums and residuals as on backend::host.
+// nothing: once, at the end, for the ranks' frames and records, the selection and the
+// next regions. The first step also reads the frames (no sizes agreed yet) and runs
+// twice more, reading each: its blocks outgrow their empty room, then its parts the
+// gather's. The entries, the histograms and the selection travel in the compressor's
+// memory, and the commit reads the selection where it arrived (nothing copied to the
+// device). Its workspace is scratch (no wait), grown as the residual's selection grows.
+// The same selection, dense sums and residuals as on backend::host.
 TEST_CASE("sparse_allreduce::step on a device: what it waits for, and its commit of the kept entries") {
   mpi_of_opaque_memory comm;
   gc::comm::mpi host_comm;
@@ -962,7 +988,14 @@ TEST_CASE("sparse_allreduce::step on a device: what it waits for, and its commit
     CHECK(checkpoint(on_device) == checkpoint(on_host));
     CAPTURE(t);
     CHECK(waits.reads == 0);
-    CHECK(waits.to_host == (t == 0 ? 3 : 2));  // the first step's parts outgrow the empty gather: read again
+    // A step that ran again (its blocks or parts outgrew their room as the selection
+    // grew) made an agreement and its eight collectives once more, and read once more;
+    // the first ran twice more, its first two runs without a gather (no capacity yet).
+    const std::uint64_t collectives = device_exchange.last_traffic().collectives;
+    const std::uint64_t again = t == 0 ? 2 : (collectives - 8) / 9;
+    CHECK(collectives == (t == 0 ? 7 + 8 + 9 : 8 + 9 * again));
+    CHECK(again <= (t == 0 ? 2 : 1));
+    CHECK(waits.to_host == (t == 0 ? 2 : 1) + again);
     CHECK(waits.to_device == 0);
     CHECK(waits.allocations == 0);
   }

@@ -237,6 +237,8 @@ class sparse_exchange {
   /// Gives back the exchange's and the compressor's workspace until the next step
   /// (comm::sparse_allreduce::release_workspace).
   virtual void release_workspace() = 0;
+  /// The next step runs at the sizes it agrees (comm::sparse_allreduce::forget_agreed_sizes).
+  virtual void forget_agreed_sizes() = 0;
 };
 
 /// The methods a compressor is built for: the presets of gradcomp/registry.hpp, then

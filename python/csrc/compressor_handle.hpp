@@ -475,6 +475,10 @@ class sparse_handle {
     stage(grad, dense, scale);
     accept();
   }
+  /// The next step runs at the sizes the ranks agree then (every rank alike).
+  void forget_agreed_sizes() {
+    c_.exclusive([&] { c_.on_own_stream([&] { x_->forget_agreed_sizes(); }); });
+  }
 
  private:
   sparse_handle(compressor_handle& c, gradcomp_py::transport t, std::size_t k)

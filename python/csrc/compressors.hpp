@@ -289,6 +289,7 @@ class sparse_exchange_of final : public sparse_exchange {
   [[nodiscard]] std::uint64_t entries() const override { return exchange_.last_traffic().entries; }
   [[nodiscard]] std::size_t memory_bytes() const override { return exchange_.memory_bytes(); }
   void release_workspace() override { exchange_.release_workspace(); }
+  void forget_agreed_sizes() override { exchange_.forget_agreed_sizes(); }
 
  private:
   transport_in<backend_type> comm_;

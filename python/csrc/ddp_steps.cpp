@@ -11,7 +11,8 @@
 #include <gradcomp/comm/cyclic_topk.hpp>
 #include <gradcomp/comm/frames.hpp>
 #include <gradcomp/detail/codec/decode.hpp>
-#include <gradcomp/detail/comm/region_sums.hpp>
+#include <gradcomp/comm/sparse_allreduce.hpp>
+#include <gradcomp/detail/comm/global_topk.hpp>
 #include <gradcomp/message.hpp>
 
 #if defined(_OPENMP)
@@ -714,55 +715,120 @@ void hook_steps::complete_step(shared& state, std::vector<std::shared_ptr<pendin
 
 namespace {
 
-/// A rank without its cyclic exchange (it met an error before it had one) takes part in
-/// the exchange's collectives (comm::cyclic_topk: the frames, then the leader's indices
-/// and the sums, sized as the other ranks' exchanges last agreed, which their frames
-/// carry) with its error in its verdict, and keeps the verdicts to settle at the step's
-/// end with the others. It reads the frames at once: an error's path.
+/// A tensor's bytes, to be written.
+std::span<std::byte> writable(const torch::Tensor& x) {
+  return {reinterpret_cast<std::byte*>(x.data_ptr()), static_cast<std::size_t>(x.nbytes())};
+}
+
+/// A rank without its exchange (it met an error before it had one) sends its verdict
+/// (`mine`, its error) in the exchange's first collective, the frames (detail::frame),
+/// with no sizes, and reads every rank's at once (an error's path): the sizes the other
+/// ranks' exchanges agreed, at which it takes part in their later collectives, and the
+/// verdicts, which it settles with them at the end.
+std::vector<std::byte> gather_frames(transport& t, const torch::Device& device, const gc::detail::rank_draft& mine) {
+  using frame = gc::detail::frame;
+  const auto ranks = static_cast<std::size_t>(t.size());
+  std::vector<std::byte> own(frame::size, std::byte{0});
+  mine.verdict.write(own.data());
+  const torch::Tensor in =
+      torch::from_blob(own.data(), {static_cast<std::int64_t>(own.size())}, torch::kUInt8).to(device).contiguous();
+  torch::Tensor all = torch::empty({static_cast<std::int64_t>(ranks * frame::size)}, in.options());
+  t.all_gather_in_memory(bytes_of(in), writable(all));
+  const torch::Tensor read = all.to(torch::kCPU).contiguous();
+  const std::span<const std::byte> frames = bytes_of(read);
+  return {frames.begin(), frames.end()};
+}
+
+/// The sizes the first rank's frame that has them carries (not both 0), or zeros.
+std::array<std::uint64_t, 2> sizes_in(std::span<const std::byte> frames) {
+  using frame = gc::detail::frame;
+  for (std::size_t at = 0; at + frame::size <= frames.size(); at += frame::size) {
+    const std::array<std::uint64_t, 2> sizes{
+        gc::detail::load_le<std::uint64_t>(frames.data() + at + frame::sizes_at),
+        gc::detail::load_le<std::uint64_t>(frames.data() + at + frame::sizes_at + 8)};
+    if (sizes[0] != 0 || sizes[1] != 0) return sizes;
+  }
+  return {0, 0};
+}
+
+/// The verdicts in every rank's frame.
+std::vector<std::byte> verdicts_in(std::span<const std::byte> frames) {
+  using frame = gc::detail::frame;
+  std::vector<std::byte> verdicts;
+  for (std::size_t at = 0; at + frame::size <= frames.size(); at += frame::size) {
+    verdicts.insert(verdicts.end(), frames.begin() + static_cast<std::ptrdiff_t>(at),
+                    frames.begin() + static_cast<std::ptrdiff_t>(at + gc::detail::rank_verdict::size));
+  }
+  return verdicts;
+}
+
+/// A rank without its cyclic exchange takes part in the exchange's collectives
+/// (comm::cyclic_topk: the frames, then the leader's indices and the sums, at the count
+/// and root the others' frames carry) and keeps the verdicts to settle at the step's end
+/// with the others.
 void stand_in(const group_ptr& group, hook_steps::cyclic_bucket& d, const gc::detail::rank_draft& mine) {
-  using frame = gc::detail::cyclic::frame;
-  const auto ranks = static_cast<std::size_t>(group->getSize());
   const torch::Device device = d.bucket.device();
   transport t = transport_of(group, device, nullptr);
   const counting_into counting(t, d.counts);
-  std::vector<std::byte> own(frame::size, std::byte{0});  // no count and no root: this rank has no exchange
-  mine.verdict.write(own.data());
-  const auto bytes = torch::TensorOptions().dtype(torch::kUInt8).device(device);
-  const torch::Tensor in =
-      torch::from_blob(own.data(), {static_cast<std::int64_t>(own.size())}, torch::kUInt8).to(device).contiguous();
-  torch::Tensor all = torch::empty({static_cast<std::int64_t>(ranks * frame::size)}, bytes);
-  const auto span_of = [](const torch::Tensor& x) {
-    return std::span<std::byte>(reinterpret_cast<std::byte*>(x.data_ptr<std::uint8_t>()),
-                                static_cast<std::size_t>(x.numel()));
-  };
-  t.all_gather_in_memory(span_of(in), span_of(all));
-  const torch::Tensor read = all.to(torch::kCPU).contiguous();
-  const std::span<const std::byte> frames = span_of(read);
-  std::uint64_t count = 0, root = 0;
-  for (std::size_t r = 0; r < ranks; ++r) {
-    const std::uint64_t root_plus_one =
-        gc::detail::load_le<std::uint64_t>(frames.data() + r * frame::size + frame::root_at);
-    if (root_plus_one == 0) continue;
-    count = gc::detail::load_le<std::uint64_t>(frames.data() + r * frame::size + frame::count_at);
-    root = root_plus_one - 1;
-    break;
-  }
-  const auto as_int = static_cast<int>(root);
+  const std::vector<std::byte> frames = gather_frames(t, device, mine);
+  const auto [count, root_plus_one] = sizes_in(frames);
+  const int root = root_plus_one == 0 ? 0 : static_cast<int>(root_plus_one - 1);
   torch::Tensor index =
       torch::zeros({static_cast<std::int64_t>(count)}, torch::TensorOptions().dtype(torch::kInt32).device(device));
   torch::Tensor sums =
       torch::zeros({static_cast<std::int64_t>(count + 1)}, torch::TensorOptions().dtype(torch::kFloat).device(device));
   if (count > 0) {
     t.broadcast(std::span<std::uint32_t>(reinterpret_cast<std::uint32_t*>(index.data_ptr<std::int32_t>()), count),
-                as_int);
+                root);
   }
-  t.reduce_broadcast(std::span<float>(sums.data_ptr<float>(), count + 1), as_int);
+  t.reduce_broadcast(std::span<float>(sums.data_ptr<float>(), count + 1), root);
   d.stand_in = mine;
-  d.verdicts.resize(ranks * gc::detail::rank_verdict::size);
-  for (std::size_t r = 0; r < ranks; ++r) {
-    std::memcpy(d.verdicts.data() + r * gc::detail::rank_verdict::size, frames.data() + r * frame::size,
-                gc::detail::rank_verdict::size);
+  d.verdicts = verdicts_in(frames);
+}
+
+/// A rank without its sparse exchange takes part in comm::sparse_allreduce::stage's
+/// collectives, sending nothing: the frames, then at the sizes the others' frames carry
+/// (the blocks' room + 1 and the gather's capacity) the blocks of entries, the radix
+/// select's histograms, the records and the gather; then settles the verdicts with them
+/// (every rank raises the first error). `n`: the bucket's elements.
+[[noreturn]] void sparse_stand_in(const group_ptr& group, transport& host, const torch::Device& device, std::size_t n,
+                                  const gc::detail::rank_draft& mine) {
+  transport t = transport_of(group, device, nullptr);
+  const auto ranks = static_cast<std::size_t>(t.size());
+  try {
+    const std::vector<std::byte> frames = gather_frames(t, device, mine);
+    const auto [room_plus_one, capacity] = sizes_in(frames);
+    const std::size_t block = 8 * std::max<std::uint64_t>(room_plus_one, 1);
+    const auto zeros = [&](std::size_t bytes) {
+      return torch::zeros({static_cast<std::int64_t>(bytes)},
+                          torch::TensorOptions().dtype(torch::kUInt8).device(device));
+    };
+    torch::Tensor sent = zeros(ranks * block);
+    torch::Tensor got = zeros(ranks * block);
+    const std::vector<std::uint64_t> sizes(ranks, block);
+    t.all_to_all_v_in_memory(bytes_of(sent), sizes, writable(got), sizes);
+    for (std::size_t d = 0; d < gc::detail::collective_digits.size(); ++d) {
+      const std::size_t count = (std::size_t{1} << gc::detail::collective_digits[d].bits) + (d == 0 ? 1 : 0);
+      torch::Tensor bins = zeros(4 * count);
+      t.all_reduce_sum_in_memory(std::span<std::uint32_t>(reinterpret_cast<std::uint32_t*>(bins.data_ptr()), count), n);
+    }
+    const std::size_t record = sizeof(gc::detail::global_topk::record);
+    t.all_gather_in_memory(bytes_of(zeros(record)), writable(zeros(ranks * record)));
+    if (capacity != 0) {
+      const std::size_t part = capacity * sizeof(gc::comm::sparse_entry);
+      t.all_gather_in_memory(bytes_of(zeros(part)), writable(zeros(ranks * part)));
+    }
+    *host.sent += *t.sent;
+    *host.received += *t.received;
+    *host.issued += *t.issued;
+    (void)gc::detail::settle(host, who, mine, verdicts_in(frames));
+  } catch (...) {
+    *host.sent += *t.sent;
+    *host.received += *t.received;
+    *host.issued += *t.issued;
+    throw;
   }
+  invalid(who, ": a rank without its exchange settled it");  // settle() threw its error
 }
 
 }  // namespace
@@ -858,8 +924,8 @@ py::object hook_steps::compressed(std::int64_t index, std::shared_ptr<compressor
   std::vector<gc::detail::setting> shared = settings_of(settings);
   if (aggregation == "sparse_allreduce") {
     return submit(bucket, last, true,
-                  [state = shared_, shared, sparse = exchange_of<sparse_handle>(exchange), error, index](
-                      transport& t, const torch::Tensor& b, hook_counts& counts) {
+                  [group = group_, state = shared_, shared, sparse = exchange_of<sparse_handle>(exchange), error,
+                   index](transport& t, const torch::Tensor& b, hook_counts& counts) {
                     torch::Tensor flat, mean;
                     const auto prepare = [&]() -> std::uint64_t {
                       rethrow(error);
@@ -870,17 +936,18 @@ py::object hook_steps::compressed(std::int64_t index, std::shared_ptr<compressor
                     };
                     try {
                       // As hook_steps::cyclic: the host agreement on a bucket's first
-                      // step; after that the hook's settings ride in the exchange's first
-                      // all-gather, where a rank that failed before it tells its error.
+                      // step, then the exchanges run at the sizes they agree; after that
+                      // the hook's settings ride in the exchange's frames, where a rank
+                      // that failed before it tells its error.
                       const bool agreed = state->agreed.count(index) != 0;
-                      if (!agreed) (void)gc::detail::agree(t, who, shared, prepare);
+                      if (!agreed) {
+                        (void)gc::detail::agree(t, who, shared, prepare);
+                        sparse->forget_agreed_sizes();
+                      }
                       const gc::detail::rank_draft mine =
                           agreed ? gc::detail::draft(who, shared, prepare) : gc::detail::rank_draft{};
                       if (mine.report.code != 0) {
-                        std::vector<std::byte> carried(gc::detail::region_sums::counts_bytes(t.size()));
-                        std::vector<std::byte> all(carried.size() * static_cast<std::size_t>(t.size()));
-                        (void)gc::detail::agree_on_draft(t, who, mine, carried, all);
-                        invalid(who, ": bucket ", index, " agreed on a rank that failed before");  // agree threw
+                        sparse_stand_in(group, t, b.device(), static_cast<std::size_t>(b.numel()), mine);
                       }
                       const exchange_traffic<sparse_handle> traffic(t, *sparse);
                       sparse->stage(flat, mean, 1.0 / t.size(), shared, who);

@@ -30,8 +30,9 @@ dense all-reduces 4n bytes; fp16 2n; PowerSGD of rank r all-reduces its vectors,
 P (rows x r per matrix) and Q (columns x r); gradcomp's top-k methods all-gather one
 message of k entries (k = ceil(density * n)) with the step's 24-byte verdict; ScaleCom
 all-gathers 40-byte frames, broadcasts the leader's k indices and reduces and broadcasts
-k values; the global top-k (``sparse_allreduce``) sends about k entries in an all-to-all
-and all-gathers the k selected ones in parts, with six small collectives. A method's
+k values; the global top-k (``sparse_allreduce``) all-gathers 40-byte frames, sends about
+k entries in an all-to-all of blocks of equal room, and all-gathers the k selected ones
+in parts, with six small collectives. A method's
 measured costs (``Costs``) give its compression time per bucket and its decoding time
 per received entry.
 
@@ -57,7 +58,8 @@ __all__ = ["Link", "parse_rate", "collective_seconds", "count", "Bucket", "Costs
            "predict", "load", "plan", "main"]
 
 VERDICT_BYTES = 24  # the agreement each gradcomp exchange starts with (docs/communication.md)
-CYCLIC_FRAME_BYTES = 40  # ScaleCom's: the verdict and the count and root of its collectives
+FRAME_BYTES = 40  # ScaleCom's and Ok-Topk's first collective: the verdict and two sizes of their later ones
+SPARSE_RECORD_BYTES = 16  # what each rank tells the others of its region in Ok-Topk's exchange
 MESSAGE_HEADER_BYTES = 56  # a message's fixed header (docs/wire-format.md)
 RADIX_HISTOGRAM_BYTES = (1028, 1024, 1024, 512)  # sparse_allreduce's global radix select (the first with the count)
 ALLGATHER_METHODS = ("topk_ef", "dgc", "adacomp", "random_k", "threshold")
@@ -223,16 +225,18 @@ def traffic(method: str, bucket: Bucket, world: int, density: float, entry_bytes
     if method == "scalecom":
         # The frames (the verdicts with the sizes the collectives move), the leader's
         # indices, then the values reduced to the leader and broadcast.
-        sent = [("all_gather", CYCLIC_FRAME_BYTES), ("broadcast", 4 * k), ("all_reduce", 4 * k), ("broadcast", 4 * k)]
+        sent = [("all_gather", FRAME_BYTES), ("broadcast", 4 * k), ("all_reduce", 4 * k), ("broadcast", 4 * k)]
         return sent, k
     if method == "sparse_allreduce":
-        # The agreement (with each rank's counts per region; the DDP hook's settings ride
-        # in it), the entries, the radix select's histograms, the ranks' records, the
-        # selection's parts (padded to the last step's largest, an eighth more and 16).
-        region = k * entry_bytes / world  # what a rank's selection sends each region's owner
-        sent = [("all_gather", VERDICT_BYTES + 8 * world), ("all_to_all", region)]
+        # The frames (the verdicts with the sizes the collectives move; the DDP hook's
+        # settings ride in them), the entries in blocks of the room agreed (a header and
+        # what a rank's selection sends each region's owner, an eighth more and 16), the
+        # radix select's histograms, the ranks' records, the selection's parts (padded
+        # alike to the largest).
+        block = 8 * (1 + 9 * k / (8 * world) + 16)
+        sent = [("all_gather", FRAME_BYTES), ("all_to_all", block)]
         sent += [("all_reduce", b) for b in RADIX_HISTOGRAM_BYTES]
-        sent += [("all_gather", 12), ("all_gather", 8 * (9 * k / (8 * world) + 16))]
+        sent += [("all_gather", SPARSE_RECORD_BYTES), ("all_gather", 8 * (9 * k / (8 * world) + 16))]
         return sent, 2 * k
     raise InvalidArgumentError(f"method must be dense, fp16, powersgd<rank>, scalecom, sparse_allreduce or one of "
                                f"{', '.join(ALLGATHER_METHODS)}, got {method!r}")

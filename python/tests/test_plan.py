@@ -67,8 +67,11 @@ def test_traffic_of_each_method():
     sent, decoded = plan.traffic("topk_ef", b, 4, 0.01, entry_bytes=6)
     assert sent == [("all_gather", 24 + 56 + 6 * k)] and decoded == 4 * k
     sent, decoded = plan.traffic("sparse_allreduce", b, 4, 0.01)
-    assert ("all_to_all", 8 * k / 4) in sent and decoded == 2 * k and len(sent) == 8
-    assert sent[-1] == ("all_gather", 8 * (9 * k / 32 + 16))  # the selection's parts, an eighth of room and 16
+    assert sent[0] == ("all_gather", 40) and decoded == 2 * k and len(sent) == 8  # the frames
+    # the blocks: a header and a rank's entries for each region, with an eighth of room and 16
+    assert sent[1] == ("all_to_all", 8 * (1 + 9 * k / 32 + 16))
+    assert sent[-2] == ("all_gather", 16)  # the records
+    assert sent[-1] == ("all_gather", 8 * (9 * k / 32 + 16))  # the selection's parts, as much room
     sent, decoded = plan.traffic("scalecom", b, 4, 0.01)
     assert sum(n for c, n in sent if c == "broadcast") == 8 * k and decoded == k
     assert sent[0] == ("all_gather", 40)  # the frames: verdicts, and the sizes the collectives move

@@ -7,6 +7,7 @@
 
 #include <gradcomp/comm/transport.hpp>
 #include <gradcomp/config.hpp>
+#include <gradcomp/detail/core/step_input.hpp>
 #include <gradcomp/detail/core/wire.hpp>
 #include <gradcomp/error.hpp>
 
@@ -84,6 +85,55 @@ struct rank_verdict {
     return h;
   }
 };
+
+/// The first collective of an exchange that runs in the compressor's memory
+/// (cyclic_topk, sparse_allreduce), all-gathered: each rank's verdict, then two sizes of
+/// the exchange's later collectives as its exchange last agreed them, so that a rank
+/// without an exchange (a DDP hook's that failed before it had one) can take part in
+/// them at the sizes the others sent. An exchange with no sizes to offer (a rank without
+/// one, an exchange that agreed none) sends 0 in both; one that has them never does
+/// (each exchange says how it encodes its sizes).
+struct frame {
+  static constexpr std::size_t size = rank_verdict::size + 16;
+  static constexpr std::size_t sizes_at = rank_verdict::size;  ///< the two sizes, u64 each
+};
+
+/// Byte i of this rank's frame, written where the memory is: `code` (this rank's error
+/// met on the host, 1 + errc), or where that is 0, non_finite's if `status` (its step's,
+/// null after an error) met a NaN or infinity; its own value, the count of `own` (null:
+/// 0, and 0 after an error); the settings' digest; then `sizes`.
+struct frame_byte {
+  std::uint32_t code;
+  std::uint64_t digest;
+  const step_status* status;
+  const step_status* own;
+  std::uint64_t sizes[2];
+  std::byte* out;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t i) const {
+    if (i >= frame::sizes_at) {
+      const std::uint64_t word = sizes[(i - frame::sizes_at) / 8];
+      out[i] = static_cast<std::byte>((word >> (8 * ((i - frame::sizes_at) % 8))) & 0xFF);
+      return;
+    }
+    const std::uint32_t verdict =
+        code != 0
+            ? code
+            : (status != nullptr && status->non_finite != 0 ? 1 + static_cast<std::uint32_t>(errc::non_finite) : 0u);
+    const std::uint64_t value = verdict == 0 && own != nullptr ? own->count : 0;
+    out[i] = rank_verdict::byte_of(i, verdict, value, digest);
+  }
+};
+
+/// Whether every rank's frame (`frames`, frame::size bytes each, in rank order) says no
+/// error and the settings' digest `digest` (this rank's).
+GRADCOMP_HOST_DEVICE inline bool frames_alike(const std::byte* frames, std::size_t ranks, std::uint64_t digest) {
+  bool alike = true;
+  for (std::size_t r = 0; r < ranks; ++r) {
+    const std::byte* v = frames + r * frame::size;
+    alike = alike && load_le<std::uint32_t>(v) == 0 && load_le<std::uint64_t>(v + 16) == digest;
+  }
+  return alike;
+}
 
 /// One rank's part of the second exchange, made only when the first showed an error or
 /// settings that differ, as fixed-size little-endian bytes: its error (0, or 1 + errc,

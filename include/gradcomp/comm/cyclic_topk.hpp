@@ -21,7 +21,6 @@
 #include <gradcomp/held_memory.hpp>
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -37,47 +36,13 @@ GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 namespace cyclic {
 
-/// A rank's part of the exchange's first collective: its verdict (rank_verdict), then
-/// the sizes of the exchange's later collectives as its exchange last agreed them: the
-/// count of indices and the root + 1. A rank without an exchange (a DDP hook's rank that
-/// failed before it had one) sends 0 there and takes part in the later collectives at the
-/// sizes the others sent.
-struct frame {
-  static constexpr std::size_t size = rank_verdict::size + 16;
-  static constexpr std::size_t count_at = rank_verdict::size;
-  static constexpr std::size_t root_at = rank_verdict::size + 8;
-};
-
-/// Byte i of this rank's frame, written where the memory is: `code` (this rank's error
-/// met on the host, 1 + errc), or where that is 0, non_finite's if the preview met a NaN
-/// or infinity; its own value, the leader's count of indices (0 on other ranks and after
-/// an error); the settings' digest; the count and root the collectives move.
-struct verdict_byte {
-  std::uint32_t code;
-  std::uint64_t digest;
-  const step_status* preview;  ///< this rank's preview's status (null after an error)
-  const step_status* chosen;   ///< the leader's selection's status (null on the other ranks)
-  std::uint64_t count;         ///< indices the collectives move
-  std::uint64_t root;          ///< their root
-  std::byte* out;
-  GRADCOMP_HOST_DEVICE void operator()(std::size_t i) const {
-    if (i >= frame::count_at) {
-      const std::uint64_t word = i < frame::root_at ? count : root + 1;
-      out[i] = static_cast<std::byte>((word >> (8 * ((i - frame::count_at) % 8))) & 0xFF);
-      return;
-    }
-    const std::uint32_t verdict =
-        code != 0 ? code : (preview->non_finite != 0 ? 1 + static_cast<std::uint32_t>(errc::non_finite) : 0u);
-    const std::uint64_t own = verdict == 0 && chosen != nullptr ? chosen->count : 0;
-    out[i] = rank_verdict::byte_of(i, verdict, own, digest);
-  }
-};
-
 /// *refused = whether the exchange's sums may not be added: a rank's verdict says an
 /// error or other settings than this rank's (`digest`), the leader chose another count
 /// than the exchange moved, or the indices failed their check on some rank (`faults`).
 struct refusal {
-  const std::byte* frames;  ///< every rank's, frame::size bytes each, in rank order
+  /// every rank's detail::frame, in rank order; its sizes: the count of indices the
+  /// later collectives move and their root + 1
+  const std::byte* frames;
   std::size_t ranks;
   std::size_t leader;
   std::uint64_t digest;
@@ -85,11 +50,8 @@ struct refusal {
   const float* faults;  ///< the ranks whose indices failed their check, summed with the values
   std::uint32_t* refused;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t) const {
-    bool no = *faults != 0.0f || load_le<std::uint64_t>(frames + leader * frame::size + 8) != count;
-    for (std::size_t r = 0; r < ranks; ++r) {
-      const std::byte* v = frames + r * frame::size;
-      no = no || load_le<std::uint32_t>(v) != 0 || load_le<std::uint64_t>(v + 16) != digest;
-    }
+    const bool no = *faults != 0.0f || load_le<std::uint64_t>(frames + leader * frame::size + 8) != count ||
+                    !frames_alike(frames, ranks, digest);
     *refused = no ? 1u : 0u;
   }
 };
@@ -179,7 +141,7 @@ class cyclic_topk {
         index_(allocate<std::uint32_t>(leader_selector.max_selected(compressor.size()))),
         sums_(allocate<float>(leader_selector.max_selected(compressor.size()) + 1)),
         message_(allocate<std::byte>(compressor.max_message_bytes())),
-        verdict_(allocate<std::byte>(detail::cyclic::frame::size)),
+        verdict_(allocate<std::byte>(detail::frame::size)),
         outcome_(allocate<std::byte>(outcome_bytes())),
         refused_(allocate<std::uint32_t>(1)),
         outcome_host_(outcome_bytes()),
@@ -300,7 +262,7 @@ class cyclic_topk {
   }
 
  private:
-  static constexpr std::size_t frame_bytes = detail::cyclic::frame::size;
+  static constexpr std::size_t frame_bytes = detail::frame::size;
 
   // What the host reads at the end of an exchange, in one copy: every rank's frame, then
   // this rank's step's status and the indices' check (a fault word).
@@ -378,8 +340,12 @@ class cyclic_topk {
     });
     const std::size_t count = q.count;
     const std::uint64_t digest = q.mine.verdict.digest;
-    be.for_each(frame_bytes, detail::cyclic::verdict_byte{q.mine.report.code, digest, preview, chosen, count,
-                                                          static_cast<std::uint64_t>(root), verdict_.data()});
+    be.for_each(frame_bytes, detail::frame_byte{q.mine.report.code,
+                                                digest,
+                                                preview,
+                                                chosen,
+                                                {count, static_cast<std::uint64_t>(root) + 1},
+                                                verdict_.data()});
     comm_.all_gather(view<const std::byte>(verdict_.data(), frame_bytes),
                      view<std::byte>(outcome_.data(), ranks * frame_bytes));
     be.clear(outcome_.data() + ranks * frame_bytes, sizeof(detail::step_status) + 8);

@@ -25,6 +25,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <optional>
+#include <string>
 #include <initializer_list>
 #include <limits>
 #include <span>
@@ -57,16 +60,24 @@ static_assert(sizeof(sparse_entry) == 8);
 /// 4. every rank adds `scale` times the k sums to `dense` (the same bits everywhere),
 ///    and commits of its own step only the entries the global selection kept
 ///    (compressor::accept_staged(kept)): what it sent and the selection dropped stays
-///    in its memory, so no gradient mass is lost.
+///    in its memory, so that no gradient mass is lost.
 ///
 /// `Comm` is the transport (comm/transport.hpp) in the compressor's memory. The local
 /// work of both collectives runs where that memory is (detail/comm/region_sums.hpp,
-/// detail/comm/global_topk.hpp), and the entries, histograms and selection travel there
-/// (the transport's collectives of that memory). What crosses to the host: the W + 2
-/// region starts with the step's verdict (the counts every rank learns in the
-/// agreement), and once, at the end, every rank's verdict on its region, the selection
-/// and the next step's regions (step()) or two fault words (reduce_scatter()). `grad`,
-/// `dense` and `shard` are in the compressor's memory (std::span, device_span).
+/// detail/comm/global_topk.hpp), and every collective moves that memory, at sizes the
+/// ranks agreed before the step: the first all-gathers each rank's frame (its verdict on
+/// its arguments and its step, and a digest of its settings: detail::frame), the entries
+/// travel in blocks of an agreed room (an all-to-all of equal parts, each block headed by
+/// how many entries its sender had for the region), and the selection's parts in an
+/// agreed capacity. The host reads once, at the end: every rank's frame and record (its
+/// region's checks and the most entries a rank had for it), the selection and the next
+/// step's regions. Where blocks or parts outgrew their room (the first step; a selection
+/// that grows), nothing was added, and the exchange runs again at once with room for
+/// them (an eighth more and 16), agreed as it grows; sizes that the ranks' needs fell far
+/// below shrink to them. Every rank makes the same call (step or stage, or
+/// reduce_scatter) with an exchange that took part in the same steps as the others'
+/// (or one that has agreed no sizes yet, or forgot them: forget_agreed_sizes()).
+/// `grad`, `dense` and `shard` are in the compressor's memory (std::span, device_span).
 template <class Compressor, transport Comm>
 class sparse_allreduce {
   static_assert(std::is_same_v<typename Comm::memory, typename Compressor::backend_type::memory>,
@@ -98,14 +109,15 @@ class sparse_allreduce {
                       .value()) {
     detail::require(k <= compressor.size(), errc::invalid_argument, "sparse_allreduce: k = ", k,
                     " exceeds the compressor's n = ", compressor.size());
-    const auto ranks = static_cast<std::uint64_t>(comm.size());
-    for (std::uint64_t j = 0; j <= ranks; ++j) {
-      bounds_.push_back(static_cast<std::uint32_t>(j * compressor.size() / ranks));
-    }
-    // The regions in the compressor's memory too, where the step finds its region starts.
+    const auto ranks = static_cast<std::size_t>(comm.size());
+    // What the collectives move at the sizes agreed at first (blocks of a header only,
+    // no gather): held from now on, so that a rank whose step fails can take part.
+    grow(packed_, ranks);
+    grow(received_on_, ranks);
+    grow(bins_, top_bins + 1 + 3);
+    grow(fault_, 3);
     outcome_ = compressor.backend().template allocate<std::uint32_t>(slots_at());
-    compressor.backend().for_each(bounds_.size(),
-                                  detail::region_sums::equal_regions{compressor.size(), ranks, outcome_.data()});
+    forget_agreed_sizes();
   }
 
   /// One step with this rank's gradient: `dense[i] += scale * s_i` for the k indices i
@@ -137,12 +149,18 @@ class sparse_allreduce {
   std::span<const std::uint32_t> stage(const Grad& grad, view<float> dense, float scale,
                                        std::span<const detail::setting> also = {},
                                        const char* who_agrees = "sparse_allreduce") {
-    try {
-      return run(grad, dense, scale, also, who_agrees);
-    } catch (...) {
-      compressor_.drop_staged();
-      throw;
-    }
+    const std::size_t n = compressor_.size();
+    const std::size_t k = this->k();
+    std::vector<detail::setting> settings{{"n", n}, {"k", k}, {"the policies", policies_}};
+    settings.insert(settings.end(), also.begin(), also.end());
+    return run(grad, dense, scale, false, std::move(settings), who_agrees, [&] {
+      detail::require(dense.size() == n, errc::invalid_argument, who, ": dense.size() = ", dense.size(),
+                      " does not match n = ", n);
+      detail::require(std::isfinite(scale), errc::invalid_argument, who, ": scale must be finite, got ", scale);
+      grow_outcome(k);
+      grow(values_, k);
+      return static_cast<const std::uint32_t*>(outcome_.data());
+    });
   }
   /// Commits of the compressor's staged step what the global selection kept (read where
   /// the selection arrived: nothing is copied to a device).
@@ -169,51 +187,56 @@ class sparse_allreduce {
   void reduce_scatter(const Grad& grad, view<float> shard, float scale) {
     const std::size_t n = compressor_.size();
     const auto ranks = static_cast<std::size_t>(comm_.size());
-    const auto me = static_cast<std::size_t>(comm_.rank());
     const backend_type& be = compressor_.backend();
-    try {
-      const detail::setting settings[] = {{"n", n}, {"the policies", policies_}};
-      (void)sum_in_regions(
-          grad, settings, who,
-          [&] {
-            detail::require(n % ranks == 0, errc::invalid_argument, who, ": reduce_scatter needs n = ", n,
-                            " to be a multiple of the ranks, ", ranks);
-            detail::require(shard.size() == n / ranks, errc::invalid_argument, who, ": shard.size() = ", shard.size(),
-                            " does not match n / ranks = ", n / ranks);
-            detail::require(std::isfinite(scale), errc::invalid_argument, who, ": scale must be finite, got ", scale);
-            grow(shards_, ranks + 1);
-            be.for_each(ranks + 1, detail::region_sums::equal_regions{n, ranks, shards_.data()});
-            return shards_.data();
-          },
-          static_cast<std::uint32_t>(me * n / ranks), static_cast<std::uint32_t>((me + 1) * n / ranks), false);
-      std::uint32_t words[2] = {};
-      be.to_host(static_cast<const std::uint32_t*>(fault_.data()), 2, words);
-      agree_on_sums(words[0] != 0 ? detail::region_sums::corrupt : words[1] != 0 ? detail::region_sums::overflow : 0u);
-    } catch (...) {
-      compressor_.drop_staged();
-      throw;
-    }
+    (void)run(grad, shard, scale, true, {{"n", n}, {"the policies", policies_}}, who, [&] {
+      detail::require(n % ranks == 0, errc::invalid_argument, who, ": reduce_scatter needs n = ", n,
+                      " to be a multiple of the ranks, ", ranks);
+      detail::require(shard.size() == n / ranks, errc::invalid_argument, who, ": shard.size() = ", shard.size(),
+                      " does not match n / ranks = ", n / ranks);
+      detail::require(std::isfinite(scale), errc::invalid_argument, who, ": scale must be finite, got ", scale);
+      grow(shards_, ranks + 1);
+      be.for_each(ranks + 1, detail::region_sums::equal_regions{n, ranks, shards_.data()});
+      return static_cast<const std::uint32_t*>(shards_.data());
+    });
     be.for_each(shard.size(), detail::region_sums::write_shard{region_sums_.data(), scale, detail::raw(shard).data()});
     compressor_.accept_staged();
   }
 
-  /// Gives back the exchange's workspace (memory_bytes(): the message, the lists of
-  /// entries it sent, received and summed, the region's sums and the selection's
-  /// lists) and the compressor's (compressor::release_workspace), until the next step
-  /// allocates them again; the regions, which the next step takes from this one's
-  /// selection, stay, with the selection's indices. For exchanges that take turns (FSDP's
-  /// parameter groups), so that they hold one workspace at a time. The selection step()
-  /// returned is given back too.
+  /// Makes the exchange forget the sizes its collectives move (the blocks' room, the
+  /// gather's capacity) and the regions, as the ranks last agreed them: its next step
+  /// runs again until they fit (three times for step(), twice for reduce_scatter()). For a caller that cannot tell
+  /// whether every rank's exchange took part in the same steps (a DDP hook after a refused step, where one rank may
+  /// have made its exchange anew); every rank must call it alike.
+  void forget_agreed_sizes() {
+    room_ = 0;
+    capacity_ = 0;
+    agreed_ = false;
+    const auto ranks = static_cast<std::uint64_t>(comm_.size());
+    bounds_.clear();
+    for (std::uint64_t j = 0; j <= ranks; ++j) {
+      bounds_.push_back(static_cast<std::uint32_t>(j * compressor_.size() / ranks));
+    }
+    // The regions in the compressor's memory too, where the step finds its region starts.
+    compressor_.backend().for_each(bounds_.size(),
+                                   detail::region_sums::equal_regions{compressor_.size(), ranks, outcome_.data()});
+  }
+
+  /// Gives back the exchange's workspace (memory_bytes() but what its collectives move at
+  /// the sizes agreed: the message, the region's sums and the selection's lists) and the
+  /// compressor's (compressor::release_workspace), until the next step allocates them
+  /// again; the regions, which the next step takes from this one's selection, stay, with
+  /// the selection's indices. For exchanges that take turns (FSDP's parameter groups), so
+  /// that they hold one workspace at a time. The selection step() returned is given back
+  /// too.
   /// \throws gradcomp::error (invalid_argument) while the compressor's step is staged
   ///         (accept_staged() reads the selection); nothing changes then.
   void release_workspace() {
     compressor_.release_workspace();
     const auto give_back = [](auto&... v) { ((v = std::remove_reference_t<decltype(v)>{}), ...); };
-    give_back(message_, starts_, packed_, received_on_, region_sums_, fault_, shards_, list_, chosen_, ties_, bins_,
-              compaction_, part_, gathered_, values_);
-    give_back(outcome_host_, first_, counts_of_all_);
-    room_ = 0;
+    give_back(message_, starts_, region_sums_, shards_, list_, chosen_, ties_, compaction_, values_);
+    give_back(outcome_host_);
     listed_ = 0;
+    selected_ = 0;
   }
 
   /// The global selection's size this step takes.
@@ -233,308 +256,421 @@ class sparse_allreduce {
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
     return detail::bytes_held(message_, starts_, packed_, received_on_, region_sums_, fault_, shards_, list_, chosen_,
                               ties_, bins_, compaction_, part_, gathered_, values_, outcome_, outcome_host_, bounds_,
-                              first_, counts_of_all_, send_counts_, recv_counts_, send_sizes_, recv_sizes_, verdicts_);
+                              send_sizes_);
   }
 
  private:
   static constexpr const char* who = "sparse_allreduce";
   using selection = detail::global_topk::selection;
   using record = detail::global_topk::record;
+  static constexpr std::size_t record_words = sizeof(record) / 4;
+  static constexpr std::size_t frame_words = detail::frame::size / 4;
+  static_assert(detail::frame::size % 4 == 0);
 
   // outcome_, in uint32 words: the step's regions (W + 1, kept from step to step), every
-  // rank's record (all-gathered), the selection's state, this rank's record, where each
-  // rank's part starts in the selection (W + 1), then the selection's k index slots.
-  // The host reads it once per step (twice where a part outgrew the gather).
-  [[nodiscard]] std::size_t records_at() const noexcept { return bounds_.size(); }
-  [[nodiscard]] std::size_t selection_at() const noexcept {
-    return records_at() + (bounds_.size() - 1) * sizeof(record) / 4;
-  }
+  // rank's record and frame (all-gathered), the selection's state, this rank's record,
+  // frame and count of entries sent, where each rank's part starts in the selection
+  // (W + 1), then the selection's k index slots. The host reads it once per step, up to
+  // the slots (and the slots).
+  [[nodiscard]] std::size_t ranks() const noexcept { return static_cast<std::size_t>(comm_.size()); }
+  [[nodiscard]] std::size_t records_at() const noexcept { return ranks() + 1; }
+  [[nodiscard]] std::size_t frames_at() const noexcept { return records_at() + ranks() * record_words; }
+  [[nodiscard]] std::size_t selection_at() const noexcept { return frames_at() + ranks() * frame_words; }
   [[nodiscard]] std::size_t mine_at() const noexcept { return selection_at() + sizeof(selection) / 4; }
-  [[nodiscard]] std::size_t starts_at() const noexcept { return mine_at() + sizeof(record) / 4; }
-  [[nodiscard]] std::size_t slots_at() const noexcept { return starts_at() + bounds_.size(); }
+  [[nodiscard]] std::size_t own_frame_at() const noexcept { return mine_at() + record_words; }
+  [[nodiscard]] std::size_t sent_at() const noexcept { return own_frame_at() + frame_words; }
+  [[nodiscard]] std::size_t starts_at() const noexcept { return sent_at() + 1; }
+  [[nodiscard]] std::size_t slots_at() const noexcept { return starts_at() + ranks() + 1; }
+  std::byte* bytes_at(std::size_t word) noexcept { return reinterpret_cast<std::byte*>(outcome_.data() + word); }
 
-  template <class Grad>
-  std::span<const std::uint32_t> run(const Grad& grad, view<float> dense, float scale,
-                                     std::span<const detail::setting> also, const char* who_agrees) {
-    namespace top = detail::global_topk;
-    const std::size_t n = compressor_.size();
-    const auto ranks = static_cast<std::size_t>(comm_.size());
-    const auto me = static_cast<std::size_t>(comm_.rank());
-    const std::size_t k = this->k();
+  // The exchange a step queued, from its arguments to its outcome's read.
+  struct queued {
+    bool scatter = false;  // reduce_scatter's (no global selection)
+    view<float> out;       // dense, or the shard
+    float scale = 0;
+    std::size_t k = 0;  // the global selection's size
+    std::vector<detail::setting> settings;
+    std::string who;                              // whose settings they are, as a disagreement names them
+    detail::rank_draft mine;                      // this rank's verdict; its step staged where it says no error
+    const detail::step_status* status = nullptr;  // the staged step's
+    std::uint32_t begin = 0, end = 0;             // this rank's region
+    std::function<void()> raise_non_finite;       // the staged step's error, where its status met a NaN
+    int reruns = 0;
+  };
+
+  // Queues the exchange (`prepare`: the caller's checks and growth, returning the regions'
+  // W + 1 bounds in the compressor's memory), reads its outcome and settles it: every
+  // rank returns, or every rank throws alike and nothing is staged.
+  template <class Grad, class Prepare>
+  std::span<const std::uint32_t> run(const Grad& grad, view<float> out, float scale, bool scatter,
+                                     std::vector<detail::setting> settings, const char* who_agrees, Prepare&& prepare) {
+    try {
+      queue(grad, out, scale, scatter, std::move(settings), who_agrees, prepare);
+      const auto selected = settle(read_outcome());
+      queued_.reset();
+      return selected;
+    } catch (...) {
+      queued_.reset();
+      compressor_.drop_staged();
+      throw;
+    }
+  }
+
+  // This rank's draft (its checks, its workspace, its step staged with where each
+  // region's entries start in its selection), then the exchange's collectives.
+  template <class Grad, class Prepare>
+  void queue(const Grad& grad, view<float> out, float scale, bool scatter, std::vector<detail::setting> settings,
+             const char* who_agrees, Prepare& prepare) {
     const backend_type& be = compressor_.backend();
-    const std::uint32_t begin = bounds_[me];
-    const std::size_t region = bounds_[me + 1] - begin;
-    const std::size_t capacity = std::min(capacity_, k);  // the gather's, the same on every rank (k may have dropped)
-    std::vector<detail::setting> settings{{"n", n},
-                                          {"k", k},
-                                          {"the policies", policies_},
-                                          {"the regions and the gather's capacity", regions_fingerprint()}};
-    settings.insert(settings.end(), also.begin(), also.end());
-    const std::size_t received = sum_in_regions(
-        grad, settings, who_agrees,
-        [&] {
-          detail::require(dense.size() == n, errc::invalid_argument, who, ": dense.size() = ", dense.size(),
-                          " does not match n = ", n);
-          detail::require(std::isfinite(scale), errc::invalid_argument, who, ": scale must be finite, got ", scale);
-          grow_outcome(k);
-          grow(bins_, top_bins + 1 + 3);
-          grow(compaction_, compaction_bytes(std::max(region, listed_)));
-          grow(part_, k);
-          grow(values_, k);
-          grow(gathered_, ranks * capacity);
-          outcome_host_.resize(slots_at() + k);
-          verdicts_.resize(ranks);
-          return static_cast<const std::uint32_t*>(outcome_.data());
-        },
-        begin, bounds_[me + 1], true);
+    const std::size_t n = compressor_.size();
+    const std::size_t me = static_cast<std::size_t>(comm_.rank());
+    traffic_ = {};
+    queued_.emplace();
+    queued& q = *queued_;
+    q.scatter = scatter;
+    q.out = out;
+    q.scale = scale;
+    q.k = scatter ? 0 : k();
+    q.who = who_agrees;
+    q.settings = std::move(settings);
+    q.settings.emplace_back("the sizes the collectives move", sizes_fingerprint());
+    q.begin = scatter ? static_cast<std::uint32_t>(me * (n / ranks())) : bounds_[me];
+    q.end = scatter ? static_cast<std::uint32_t>((me + 1) * (n / ranks())) : bounds_[me + 1];
+    q.mine = detail::draft(who_agrees, q.settings, [&]() -> std::uint64_t {
+      const std::uint32_t* regions = prepare();
+      // The workspace of this rank's own passes (what the collectives move is held).
+      const std::size_t region = q.end - q.begin;
+      const std::size_t listed = std::min(region, ranks() * room_);
+      grow(starts_, ranks() + 1);
+      grow(region_sums_, region);
+      if (!scatter) {
+        if (listed > listed_) {
+          for (auto* b : {&list_, &chosen_, &ties_}) grow(*b, listed);
+          listed_ = listed;
+        }
+        grow(compaction_, compaction_bytes(region));  // the lists are no longer than the region
+      }
+      const auto message = message_out();
+      q.status = compressor_.stage_queued(be, grad, message);
+      q.raise_non_finite = [this, grad, message] {
+        (void)compressor_.staged_message(compressor_.backend(), grad, message);
+      };
+      const auto sent = compressor_.staged_selection();
+      be.for_each(ranks() + 1, detail::region_sums::region_starts{detail::raw(sent.index).data(), q.status, regions,
+                                                                  starts_.data()});
+      return 0;
+    });
+    exchange();
+  }
 
-    // 4. The exact global top-k of |sum|, ties to the lower index, where the sums are:
-    // this region's sums listed; the k-th largest key over all ranks, digit by digit;
-    // the ties it leaves split in rank (= index) order; each rank's part gathered and
-    // assembled in rank order.
+  // The queued exchange's collectives at the sizes agreed, and the local passes between
+  // them where this rank's draft passed (a rank whose draft failed takes part in every
+  // collective, sending nothing but its frame).
+  void exchange() {
+    namespace sums = detail::region_sums;
+    queued& q = *queued_;
+    const backend_type& be = compressor_.backend();
+    const std::size_t ranks = this->ranks();
+    bool ok = q.mine.report.code == 0;
+
+    // 1. The frames: every rank's verdict, its step's status among it, and the sizes
+    // (the room + 1 and the capacity, or 0 and 0 from an exchange whose sizes are not
+    // agreed).
+    const std::uint64_t sizes[2] = {agreed_ ? room_ + 1 : 0, agreed_ ? capacity_ : 0};
+    be.for_each(detail::frame::size, detail::frame_byte{q.mine.report.code,
+                                                        q.mine.verdict.digest,
+                                                        ok ? q.status : nullptr,
+                                                        nullptr,
+                                                        {sizes[0], sizes[1]},
+                                                        bytes_at(own_frame_at())});
+    comm_.all_gather(view<const std::byte>(bytes_at(own_frame_at()), detail::frame::size),
+                     view<std::byte>(bytes_at(frames_at()), ranks * detail::frame::size));
+    note(detail::frame::size, (ranks - 1) * detail::frame::size);
+    if (!agreed_ && take_agreed_sizes()) ok = false;  // it takes part only: its settings' digest differs
+
+    // 2. The entries, in blocks of the room agreed, each checked and summed by its
+    // region's owner in rank order.
+    const std::size_t block = room_ + 1;
+    if (ok) {
+      const auto sent = compressor_.staged_selection();
+      be.for_each(ranks * block,
+                  sums::pack_blocks<sparse_entry>{detail::raw(sent.index).data(), detail::raw(sent.values).data(),
+                                                  starts_.data(), q.status, room_, packed_.data()});
+      be.for_each(1, sums::entries_sent{starts_.data(), ranks, outcome_.data() + sent_at()});
+    } else {
+      be.clear(packed_.data(), ranks * block);
+    }
+    send_sizes_.assign(ranks, sizeof(sparse_entry) * block);
+    comm_.all_to_all_v(
+        view<const std::byte>(reinterpret_cast<const std::byte*>(packed_.data()), ranks * block * 8), send_sizes_,
+        view<std::byte>(reinterpret_cast<std::byte*>(received_on_.data()), ranks * block * 8), send_sizes_);
+    note((ranks - 1) * block * sizeof(sparse_entry), (ranks - 1) * block * sizeof(sparse_entry));
+    std::uint32_t* checked = fault_.data();
+    std::uint32_t* summed = fault_.data() + 1;
+    be.clear(fault_.data(), 3);
+    const sparse_entry* received = received_on_.data();
+    if (ok) {
+      be.for_each(q.end - q.begin, sums::mark_unsent{region_sums_.data()});
+      be.reduce_or(ranks * block, sums::block_faults<sparse_entry>{received, room_, q.begin, q.end}, checked);
+      be.reduce_max(ranks, sums::header_count<sparse_entry>{received, room_}, fault_.data() + 2);
+      for (std::size_t r = 0; r < ranks; ++r) {
+        be.for_each(room_,
+                    sums::add_block<sparse_entry>{received + r * block, room_, q.begin, checked, region_sums_.data()});
+      }
+      be.reduce_or(ranks * block,
+                   sums::sum_faults<sparse_entry>{received, room_, q.begin, checked, region_sums_.data()}, summed);
+    }
+    if (q.scatter) {
+      std::uint32_t* classes = bins_.data() + top_bins + 1;
+      be.clear(classes, 3);
+      gather_records(ok);
+      return;
+    }
+    select_globally(ok);
+  }
+
+  // An exchange whose sizes are not agreed (a new one, one that forgot them) reads the
+  // frames (once): where another rank's exchange sent sizes it agreed on, this one takes
+  // part in the collectives at those sizes (and returns true); its frame's digest (of
+  // sizes not agreed) makes every rank refuse the step alike. Where none did, every
+  // rank's exchange runs at the first sizes, none. (The buffers grown here for another's
+  // sizes come after the frames, where a failure would leave the others waiting: this is
+  // the path of a rank whose exchange is new beside agreed ones, which the DDP hook never
+  // takes, forgetting every rank's sizes alike.)
+  bool take_agreed_sizes() {
+    const std::size_t ranks = this->ranks();
+    std::vector<std::byte> frames(ranks * detail::frame::size);
+    compressor_.backend().to_host(static_cast<const std::byte*>(bytes_at(frames_at())), frames.size(), frames.data());
+    for (std::size_t r = 0; r < ranks; ++r) {
+      const std::byte* sizes = frames.data() + r * detail::frame::size + detail::frame::sizes_at;
+      const auto room_plus_one = detail::load_le<std::uint64_t>(sizes);
+      if (room_plus_one == 0) continue;  // sizes not agreed
+      // No more than the compressor's n: larger sizes come only from a broken transport.
+      const std::size_t n = compressor_.size();
+      room_ = static_cast<std::size_t>(std::min<std::uint64_t>(room_plus_one - 1, n));
+      capacity_ = static_cast<std::size_t>(std::min<std::uint64_t>(detail::load_le<std::uint64_t>(sizes + 8), n));
+      grow(packed_, ranks * (room_ + 1));
+      grow(received_on_, ranks * (room_ + 1));
+      grow(part_, capacity_);
+      grow(gathered_, ranks * capacity_);
+      return true;
+    }
+    room_ = 0;  // every rank's exchange runs at the first sizes
+    capacity_ = 0;
+    agreed_ = true;
+    return false;
+  }
+
+  // Step 3: the exact global top-k of |sum|, ties to the lower index, where the sums
+  // are: this region's sums listed; the k-th largest key over all ranks, digit by digit;
+  // the ties it leaves split in rank (= index) order; each rank's part gathered in the
+  // capacity agreed and assembled in rank order; then added to dense and cut into the
+  // next regions, each where the selection is usable.
+  void select_globally(bool ok) {
+    namespace top = detail::global_topk;
+    queued& q = *queued_;
+    const backend_type& be = compressor_.backend();
+    const std::size_t ranks = this->ranks();
+    const std::size_t me = static_cast<std::size_t>(comm_.rank());
+    const std::size_t region = q.end - q.begin;
+    const std::size_t listed = std::min(region, ranks * room_);
     std::uint32_t* words = outcome_.data();
     auto* at = reinterpret_cast<selection*>(words + selection_at());
     const float* sums = region_sums_.data();
     const std::uint32_t* list = list_.data();
-    be.clear(at, 1);
-    if (region != 0) be.compact(region, top::is_sent{sums}, list_.data(), compaction(), &at->sums);
+    if (ok) {
+      be.clear(at, 1);
+      if (region != 0) be.compact(region, top::is_sent{sums}, list_.data(), compaction(), &at->sums);
+    }
     std::uint32_t* bins = bins_.data();
     for (std::size_t d = 0; d < detail::collective_digits.size(); ++d) {
       const auto [shift, bits] = detail::collective_digits[d];
       const std::size_t count = (std::size_t{1} << bits) + (d == 0 ? 1 : 0);  // the first carries the total
       be.clear(bins, count);
-      be.histogram(received, top::digit_bin{sums, list, at, shift, bits}, bins);
-      if (d == 0) be.for_each(1, top::count_in_bin{at, bins + count - 1});
-      comm_.all_reduce_sum(view<std::uint32_t>(bins, count), n);  // the regions are disjoint: no count above n
+      if (ok) {
+        be.histogram(listed, top::digit_bin{sums, list, at, shift, bits}, bins);
+        if (d == 0) be.for_each(1, top::count_in_bin{at, bins + count - 1});
+      }
+      comm_.all_reduce_sum(view<std::uint32_t>(bins, count), compressor_.size());  // disjoint regions: <= n
       note(4 * count, 4 * count);
-      be.for_each(1, top::pick_digit{bins, shift, bits, d == 0, k, at});
+      if (ok) be.for_each(1, top::pick_digit{bins, shift, bits, d == 0, q.k, at});
     }
     std::uint32_t* classes = bins + top_bins + 1;
     be.clear(classes, 3);
-    be.histogram(received, top::key_class{sums, list, at}, classes);
-    auto* mine = reinterpret_cast<record*>(words + mine_at());
-    be.for_each(1, top::record_of{classes, fault_.data(), mine});
-    comm_.all_gather(view<const std::byte>(reinterpret_cast<const std::byte*>(mine), sizeof(record)),
-                     view<std::byte>(reinterpret_cast<std::byte*>(words + records_at()), ranks * sizeof(record)));
-    note(sizeof(record), (ranks - 1) * sizeof(record));
+    if (ok) be.histogram(listed, top::key_class{sums, list, at}, classes);
+    gather_records(ok);
     std::uint32_t* starts = words + starts_at();
-    be.for_each(1, top::split_ties{reinterpret_cast<const record*>(words + records_at()), ranks, me, at, starts});
-    if (received != 0) be.compact(received, top::is_tie{sums, list, at}, ties_.data(), compaction(), &at->tie_count);
-    be.for_each(1, top::last_tie{ties_.data(), at});
-    if (received != 0) {
-      be.compact(received, top::is_selected{sums, list, at}, chosen_.data(), compaction(), &at->chosen);
+    const std::size_t placed = std::min(q.k, capacity_);  // what a part holds (no more than k)
+    if (ok) {
+      be.for_each(1, top::split_ties{reinterpret_cast<const record*>(words + records_at()), ranks, me,
+                                     bytes_at(frames_at()), q.mine.verdict.digest, at, starts});
+      if (listed != 0) {
+        be.compact(listed, top::is_tie{sums, list, at}, ties_.data(), compaction(), &at->tie_count);
+        be.for_each(1, top::last_tie{ties_.data(), at});
+        be.compact(listed, top::is_selected{sums, list, at}, chosen_.data(), compaction(), &at->chosen);
+      }
+      be.for_each(1, top::parts_fit{starts, ranks, capacity_, at});
+      be.for_each(listed,
+                  top::place<sparse_entry>{chosen_.data(), &at->chosen, list, sums, q.begin, placed, part_.data()});
+    } else if (capacity_ != 0) {
+      be.clear(part_.data(), capacity_);
     }
-    be.for_each(received, top::place<sparse_entry>{chosen_.data(), &at->chosen, list, sums, begin, k, part_.data()});
-    gather_selection(capacity, k, dense, scale);
+    if (capacity_ != 0) {
+      const std::size_t bytes = capacity_ * sizeof(sparse_entry);
+      comm_.all_gather(view<const std::byte>(reinterpret_cast<const std::byte*>(part_.data()), bytes),
+                       view<std::byte>(reinterpret_cast<std::byte*>(gathered_.data()), ranks * bytes));
+      note(bytes, (ranks - 1) * bytes);
+    }
+    if (!ok) return;
+    std::uint32_t* slots = words + slots_at();
+    if (capacity_ != 0) {
+      be.for_each(ranks * capacity_,
+                  top::assemble<sparse_entry>{gathered_.data(), capacity_, q.k, starts, at, slots, values_.data()});
+    }
+    be.reduce_or(q.k, top::selection_faults{slots, values_.data(), compressor_.size(), at}, &at->broken);
+    be.for_each(q.k, top::add_selection{slots, values_.data(), at, q.scale, detail::raw(q.out).data()});
+    be.for_each(ranks + 1, top::next_regions{slots, ranks, compressor_.size(), at, words});
+  }
 
-    // The step's one read, from the regions through the selection's indices; every
-    // rank judges the same records and the same selection, and raises alike.
-    read_outcome(k);
-    selection state = read_selection();
-    const std::uint32_t* read = outcome_host_.data();
-    for (std::size_t r = 0; r < ranks; ++r) verdicts_[r] = read[records_at() + r * sizeof(record) / 4 + 2];
-    raise_faults(verdicts_);
-    detail::require(state.refused == 0, errc::corrupt_message, who, ": a rank's record holds a fault it cannot have");
+  // Every rank's record (its region's checks and the most entries a rank had for it;
+  // with its share of the selection where there is one), all-gathered.
+  void gather_records(bool ok) {
+    const backend_type& be = compressor_.backend();
+    const std::size_t ranks = this->ranks();
+    auto* mine = reinterpret_cast<record*>(outcome_.data() + mine_at());
+    if (ok) {
+      be.for_each(1, detail::global_topk::record_of{bins_.data() + top_bins + 1, fault_.data(), mine});
+    } else {
+      be.clear(mine, 1);
+    }
+    comm_.all_gather(view<const std::byte>(reinterpret_cast<const std::byte*>(mine), sizeof(record)),
+                     view<std::byte>(bytes_at(records_at()), ranks * sizeof(record)));
+    note(sizeof(record), (ranks - 1) * sizeof(record));
+  }
+
+  // outcome_ read into outcome_host_: up to the slots, and the k index slots of a step
+  // whose draft passed (which grew outcome_ to hold them).
+  std::span<const std::uint32_t> read_outcome() {
+    const queued& q = *queued_;
+    const std::size_t words = slots_at() + (q.mine.report.code == 0 ? q.k : 0);
+    outcome_host_.resize(words);
+    compressor_.backend().to_host(static_cast<const std::uint32_t*>(outcome_.data()), words, outcome_host_.data());
+    return outcome_host_;
+  }
+
+  // The queued exchange settled from its outcome, read: every rank judges the same
+  // frames, records and selection, and throws alike, runs the exchange again with room
+  // for what outgrew it, or returns the selection.
+  std::span<const std::uint32_t> settle(std::span<const std::uint32_t> read) {
+    queued& q = *queued_;
+    const std::size_t ranks = this->ranks();
+    const std::size_t me = static_cast<std::size_t>(comm_.rank());
+    const auto* frames = reinterpret_cast<const std::byte*>(read.data() + frames_at());
+    std::vector<std::byte> verdicts(ranks * detail::rank_verdict::size);
+    for (std::size_t r = 0; r < ranks; ++r) {
+      std::memcpy(verdicts.data() + r * detail::rank_verdict::size, frames + r * detail::frame::size,
+                  detail::rank_verdict::size);
+    }
+    if (q.mine.report.code == 0 &&
+        detail::rank_verdict::read(verdicts.data() + me * detail::rank_verdict::size).code != 0) {
+      // The step's status met a NaN or infinity: its error, read now (the step is dropped).
+      q.mine = detail::draft(who, q.settings, [&]() -> std::uint64_t {
+        q.raise_non_finite();
+        detail::fail(errc::invalid_argument, who, ": a step's status said a value was not finite; it is not");
+      });
+    }
+    (void)detail::settle(comm_, q.who.c_str(), q.mine, verdicts);
+    traffic_.entries = read[sent_at()];
+
+    // The ranks' drafts passed alike: each reads the same records.
+    std::vector<record> records(ranks);
+    std::memcpy(records.data(), read.data() + records_at(), ranks * sizeof(record));
+    std::uint64_t largest = 0;
+    std::vector<std::uint32_t> faults(ranks);
+    for (std::size_t r = 0; r < ranks; ++r) {
+      faults[r] = records[r].fault;
+      largest = std::max<std::uint64_t>(largest, records[r].largest);
+    }
+    raise_faults(faults);
+    const bool blocks_outgrown = largest > room_;
+    if (q.scatter) {
+      if (blocks_outgrown) return again(largest, capacity_);
+      room_ = shrunk(room_, largest);
+      agreed_ = true;
+      return {};
+    }
+    selection state{};
+    std::memcpy(&state, read.data() + selection_at(), sizeof(state));
     std::uint64_t longest = 0;  // the largest part, the same on every rank
     for (std::size_t r = 0; r < ranks; ++r) {
       longest = std::max<std::uint64_t>(longest, read[starts_at() + r + 1] - read[starts_at() + r]);
     }
-    detail::require(longest <= k, errc::corrupt_message, who, ": a rank's part of the selection exceeds k = ", k);
-    const std::size_t next_capacity = std::min<std::size_t>(k, static_cast<std::size_t>(longest + longest / 8 + 16));
-    if (state.outgrown != 0) {  // a part outgrew the gather: again, with room for the largest, agreed
-      (void)detail::agree(comm_, who, {{"the largest part", longest}}, [&]() -> std::uint64_t {
-        grow(gathered_, ranks * next_capacity);  // room for the next steps' gathers too
-        return 0;
-      });
-      note(detail::rank_verdict::size, (ranks - 1) * detail::rank_verdict::size);
-      gather_selection(static_cast<std::size_t>(longest), k, dense, scale);
-      read_outcome(k);
-      state = read_selection();
-      detail::require(state.outgrown == 0, errc::corrupt_message, who, ": the selection's parts outgrew ", longest,
-                      " entries, their largest");
-    }
+    if (blocks_outgrown) return again(largest, capacity_);  // the parts came from partial sums
+    detail::require(longest <= q.k, errc::corrupt_message, who, ": a rank's part of the selection exceeds k = ", q.k);
+    if (state.outgrown != 0) return again(room_, longest);
+    detail::require(state.refused == 0, errc::corrupt_message, who, ": a rank's record holds a fault it cannot have");
     detail::require(state.broken == 0, errc::corrupt_message, who, ": the gathered global selection is corrupt");
-    bounds_.assign(read, read + ranks + 1);
-    capacity_ = next_capacity;
+    bounds_.assign(read.begin(), read.begin() + static_cast<std::ptrdiff_t>(ranks + 1));
+    room_ = shrunk(room_, largest);
+    capacity_ = std::min(q.k, shrunk(capacity_, longest));
+    agreed_ = true;
     selected_ = state.take;
-    return std::span<const std::uint32_t>(read + slots_at(), selected_);
+    return read.subspan(slots_at(), selected_);
   }
 
-  // The gather of the selection's parts with room for `capacity` entries each (the same
-  // on every rank): assembled in rank order where every part fits, then checked, added
-  // to `dense` and cut into the next regions, each where the selection is usable.
-  void gather_selection(std::size_t capacity, std::size_t k, view<float> dense, float scale) {
-    namespace top = detail::global_topk;
-    const backend_type& be = compressor_.backend();
-    const auto ranks = static_cast<std::size_t>(comm_.size());
-    std::uint32_t* words = outcome_.data();
-    auto* at = reinterpret_cast<selection*>(words + selection_at());
-    const std::uint32_t* starts = words + starts_at();
-    std::uint32_t* slots = words + slots_at();
-    be.for_each(1, top::parts_fit{starts, ranks, capacity, at});
-    if (capacity != 0) {
-      const std::size_t bytes = capacity * sizeof(sparse_entry);
-      comm_.all_gather(view<const std::byte>(reinterpret_cast<const std::byte*>(part_.data()), bytes),
-                       view<std::byte>(reinterpret_cast<std::byte*>(gathered_.data()), ranks * bytes));
-      note(bytes, (ranks - 1) * bytes);
-      be.for_each(ranks * capacity,
-                  top::assemble<sparse_entry>{gathered_.data(), capacity, k, starts, at, slots, values_.data()});
-    }
-    be.reduce_or(k, top::selection_faults{slots, values_.data(), compressor_.size(), at}, &at->broken);
-    be.for_each(k, top::add_selection{slots, values_.data(), at, scale, detail::raw(dense).data()});
-    be.for_each(ranks + 1, top::next_regions{slots, ranks, compressor_.size(), at, words});
-  }
-  // outcome_ read into outcome_host_ (sized in the agreement), up to the k index slots.
-  void read_outcome(std::size_t k) {
-    compressor_.backend().to_host(static_cast<const std::uint32_t*>(outcome_.data()), slots_at() + k,
-                                  outcome_host_.data());
-  }
-  [[nodiscard]] selection read_selection() const {
-    selection state{};
-    std::memcpy(&state, outcome_host_.data() + selection_at(), sizeof(state));
-    return state;
-  }
-
-  // Steps 1-3 of both collectives, where the compressor's memory is: this rank stages
-  // its step and finds where each region's entries start in its selection (`prepare()`,
-  // which checks the arguments and grows what the caller needs, returns the regions'
-  // W + 1 bounds in that memory), which it reads back with the step's verdict; the
-  // ranks agree (on `settings`, a disagreement reported as `who_agrees`', and that
-  // `prepare`, every stage and the workspace's growth passed: what may fail on one rank
-  // only goes there, so that no rank waits) and learn each other's counts for each
-  // region in the same all-gather, so that each knows what every rank receives. Each
-  // rank sends region j's entries to rank j, which checks them and sums them in rank
-  // order into region_sums_ (its region is [begin, end)); fault_ holds the checks' words
-  // (a corrupt part, an overflowed sum). `listed`: the global selection's lists grow
-  // with the room for the entries received. Returns the entries this rank received.
-  template <class Grad, class Prepare>
-  std::size_t sum_in_regions(const Grad& grad, std::span<const detail::setting> settings, const char* who_agrees,
-                             Prepare&& prepare, std::uint32_t begin, std::uint32_t end, bool listed) {
-    namespace sums = detail::region_sums;
-    const auto ranks = static_cast<std::size_t>(comm_.size());
-    const auto me = static_cast<std::size_t>(comm_.rank());
-    const backend_type& be = compressor_.backend();
-    traffic_ = {};
-    send_counts_.assign(ranks, 0);
-    counts_of_all_.resize(ranks * ranks);
-    const std::vector<std::uint64_t> room = detail::agree(
-        comm_, who_agrees, settings,
-        [&]() -> std::uint64_t {
-          const std::uint32_t* regions = prepare();
-          // The workspace allocated here, where a failure is every rank's error.
-          grow(starts_, ranks + 2);
-          grow(region_sums_, end - begin);
-          grow(fault_, 2);
-          const auto out = message_out();
-          const detail::step_status* status = compressor_.stage_queued(be, grad, out);
-          const auto sent = compressor_.staged_selection();
-          be.for_each(ranks + 2,
-                      sums::region_starts{detail::raw(sent.index).data(), status, regions, ranks, starts_.data()});
-          first_.resize(ranks + 2);
-          be.to_host(static_cast<const std::uint64_t*>(starts_.data()), ranks + 2, first_.data());
-          if (first_[ranks + 1] != 0) {  // a value was not finite: its error, read now (the step is dropped)
-            (void)compressor_.staged_message(be, grad, out);
-            detail::fail(errc::invalid_argument, who, ": a step's status said a value was not finite; it is not");
-          }
-          for (std::size_t j = 0; j < ranks; ++j) send_counts_[j] = first_[j + 1] - first_[j];
-          grow_roomy(packed_, static_cast<std::size_t>(first_[ranks]));
-          return listed ? std::min(room_, listed_) : room_;
-        },
-        std::as_writable_bytes(std::span(send_counts_)), std::as_writable_bytes(std::span(counts_of_all_)));
-    note(detail::rank_verdict::size + detail::region_sums::counts_bytes(ranks),
-         (ranks - 1) * (detail::rank_verdict::size + detail::region_sums::counts_bytes(ranks)));
-    const auto count = static_cast<std::size_t>(first_[ranks]);
-    const auto sent = compressor_.staged_selection();
-    traffic_.entries = count;
-    recv_counts_.resize(ranks);
-    for (std::size_t r = 0; r < ranks; ++r) recv_counts_[r] = counts_of_all_[r * ranks + me];
-    const std::size_t received = make_room(room, listed);
-
-    // The entries packed where the compressor's memory is and exchanged there.
-    be.for_each(count, sums::pack<sparse_entry>{detail::raw(sent.index).data(), detail::raw(sent.values).data(),
-                                                packed_.data()});
-    bytes_of(send_counts_, send_sizes_);
-    bytes_of(recv_counts_, recv_sizes_);
-    comm_.all_to_all_v(view<const std::byte>(reinterpret_cast<const std::byte*>(packed_.data()), 8 * count),
-                       send_sizes_, view<std::byte>(reinterpret_cast<std::byte*>(received_on_.data()), 8 * received),
-                       recv_sizes_);
-    note(sizeof(sparse_entry) * (count - send_counts_[me]), sizeof(sparse_entry) * (received - recv_counts_[me]));
-
-    // The parts received, rank after rank: checked (fault word 0), then summed in rank
-    // order and the sums checked (word 1).
-    const sparse_entry* parts = received_on_.data();
-    std::uint32_t* checked = fault_.data();
-    std::uint32_t* summed = fault_.data() + 1;
-    be.for_each(end - begin, sums::mark_unsent{region_sums_.data()});
-    be.clear(fault_.data(), 2);
-    for (std::size_t r = 0, at = 0; r < ranks; at += recv_counts_[r], ++r) {
-      be.reduce_or(recv_counts_[r], sums::part_faults<sparse_entry>{parts + at, begin, end}, checked);
-    }
-    for (std::size_t r = 0, at = 0; r < ranks; at += recv_counts_[r], ++r) {
-      be.for_each(recv_counts_[r], sums::add_part<sparse_entry>{parts + at, begin, checked, region_sums_.data()});
-    }
-    be.reduce_or(received, sums::sum_faults<sparse_entry>{parts, begin, checked, region_sums_.data()}, summed);
-    return received;
+  // The exchange again, at once, with room for `room` entries in each block and
+  // `capacity` in each part of the gather (an eighth more and 16 where they grow),
+  // agreed as the ranks grow what their collectives move; twice at most (the blocks,
+  // then the parts that came of their sums).
+  std::span<const std::uint32_t> again(std::size_t room, std::size_t capacity) {
+    queued& q = *queued_;
+    detail::require(q.reruns < 2, errc::corrupt_message, who, ": the exchange outgrew the room it agreed on ",
+                    "after running again with room for it");
+    ++q.reruns;
+    const std::size_t ranks = this->ranks();
+    const std::size_t grown_room = room > room_ ? roomy(room) : room_;
+    const std::size_t grown_capacity = capacity > capacity_ ? std::min(q.k, roomy(capacity)) : capacity_;
+    const std::size_t region = q.end - q.begin;
+    const std::size_t listed = q.scatter ? 0 : std::min(region, ranks * grown_room);
+    (void)detail::agree(comm_, who, {{"the blocks' room", grown_room}, {"the gather's capacity", grown_capacity}},
+                        [&]() -> std::uint64_t {
+                          grow(packed_, ranks * (grown_room + 1));
+                          grow(received_on_, ranks * (grown_room + 1));
+                          grow(part_, grown_capacity);
+                          grow(gathered_, ranks * grown_capacity);
+                          if (listed > listed_) {  // the lists grow with the room, as the draft grows them
+                            for (auto* b : {&list_, &chosen_, &ties_}) grow(*b, listed);
+                            listed_ = listed;
+                          }
+                          return 0;
+                        });
+    note(detail::rank_verdict::size, (ranks - 1) * detail::rank_verdict::size);
+    room_ = grown_room;
+    capacity_ = grown_capacity;
+    agreed_ = true;
+    exchange();
+    return settle(read_outcome());
   }
 
-  // Every rank's verdict on what it received (0, corrupt or overflow; this rank's is
-  // `mine`), summed over the ranks; then raise_faults.
-  void agree_on_sums(std::uint32_t mine) {
-    const auto ranks = static_cast<std::size_t>(comm_.size());
-    verdicts_.assign(ranks, 0);
-    verdicts_[static_cast<std::size_t>(comm_.rank())] = mine;
-    comm_.all_reduce_sum(std::span<std::uint32_t>(verdicts_), detail::region_sums::overflow);
-    note(4 * verdicts_.size(), 4 * verdicts_.size());
-    raise_faults(verdicts_);
+  // Room for `need` entries, with an eighth more and 16, so that a size creeping up
+  // does not make the exchange run again at every step.
+  static std::size_t roomy(std::size_t need) noexcept { return need + need / 8 + 16; }
+  // A size the ranks' needs fell far below shrinks to them (roomy): nothing allocated.
+  static std::size_t shrunk(std::size_t size, std::size_t need) noexcept {
+    return roomy(need) < size / 2 ? roomy(need) : size;
   }
+
   // Every rank raises alike for a rank's fault (`faults`: every rank's, in rank order).
   void raise_faults(std::span<const std::uint32_t> faults) const {
     const std::size_t ranks = faults.size();
     for (std::size_t r = 0; r < ranks; ++r) {
-      detail::require(faults[r] != detail::region_sums::corrupt, errc::corrupt_message, who, ": rank ", r, " of ",
+      detail::require((faults[r] & detail::region_sums::corrupt) == 0, errc::corrupt_message, who, ": rank ", r, " of ",
                       ranks, " received entries outside its region or out of order");
-      detail::require(faults[r] != detail::region_sums::overflow, errc::invalid_argument, who, ": a sum in rank ", r,
-                      " of ", ranks, "'s region overflows (not finite)");
+      detail::require((faults[r] & detail::region_sums::overflow) == 0, errc::invalid_argument, who, ": a sum in rank ",
+                      r, " of ", ranks, "'s region overflows (not finite)");
     }
   }
 
-  // Room for the entries this rank receives now, whose number it returns: `room` holds
-  // every rank's (from the agreement), so where one lacks it every rank knows, and the
-  // ranks agree again while those grow theirs (an eighth more than they need): the
-  // first call, a larger selection, a workspace given back. A rank that cannot allocate
-  // it fails that agreement, and every rank raises its error. What grows with it: the
-  // entries received, and where `listed`, the lists of the global selection and their
-  // compactions' workspace.
-  std::size_t make_room(std::span<const std::uint64_t> room, bool listed) {
-    const auto ranks = static_cast<std::size_t>(comm_.size());
-    const auto me = static_cast<std::size_t>(comm_.rank());
-    bool short_of_room = false;
-    std::uint64_t mine = 0;
-    for (std::size_t j = 0; j < ranks; ++j) {
-      std::uint64_t total = 0;
-      for (std::size_t r = 0; r < ranks; ++r) total = detail::saturating_add(total, counts_of_all_[r * ranks + j]);
-      short_of_room = short_of_room || total > room[j];
-      if (j == me) mine = total;
-    }
-    if (short_of_room) {
-      (void)detail::agree(comm_, who, {}, [&]() -> std::uint64_t {
-        const auto need = static_cast<std::size_t>(mine);
-        const std::size_t roomy = need + need / 8;
-        if (need > room_) {
-          grow(received_on_, roomy);
-          room_ = roomy;
-        }
-        if (listed && need > listed_) {
-          for (auto* b : {&list_, &chosen_, &ties_}) grow(*b, roomy);
-          grow(compaction_, compaction_bytes(std::max<std::size_t>(roomy, region_sums_.size())));
-          listed_ = roomy;
-        }
-        return 0;
-      });
-      note(detail::rank_verdict::size, (ranks - 1) * detail::rank_verdict::size);
-    }
-    return static_cast<std::size_t>(mine);
-  }
   // Workspace bytes of the compactions of up to `count` items (the region's sums, the
   // lists of received entries).
   [[nodiscard]] std::size_t compaction_bytes(std::size_t count) const {
@@ -569,23 +705,16 @@ class sparse_allreduce {
   void grow(buffer<T>& b, std::size_t count) {
     if (static_cast<std::size_t>(b.size()) < count) b = detail::allocate_scratch<T>(compressor_.backend(), count);
   }
-  // grow() for a count that changes from call to call (the entries sent): an eighth
-  // more, so that a count creeping up does not allocate at every call.
-  template <class T>
-  void grow_roomy(buffer<T>& b, std::size_t count) {
-    if (static_cast<std::size_t>(b.size()) < count) grow(b, count + count / 8);
-  }
 
-  [[nodiscard]] std::uint64_t regions_fingerprint() const {
+  // The sizes the collectives move and the regions, which every rank must hold alike,
+  // and whether they are agreed: an exchange that takes part at another's sizes never
+  // passes for one that agreed them.
+  [[nodiscard]] std::uint64_t sizes_fingerprint() const {
     detail::fingerprint f;
     for (const std::uint32_t b : bounds_) f.add(b);
-    return f.add(capacity_).value();
+    return f.add(room_).add(capacity_).add(agreed_ ? 1 : 0).value();
   }
 
-  static void bytes_of(const std::vector<std::uint64_t>& counts, std::vector<std::uint64_t>& bytes) {
-    bytes.resize(counts.size());
-    for (std::size_t j = 0; j < counts.size(); ++j) bytes[j] = sizeof(sparse_entry) * counts[j];
-  }
   void note(std::uint64_t sent, std::uint64_t received) noexcept {
     traffic_.sent += sent;
     traffic_.received += received;
@@ -600,11 +729,10 @@ class sparse_allreduce {
   std::size_t k_;
   buffer<std::byte> message_;  // this rank's message, in the compressor's memory
   // In the compressor's memory: where each region's entries start in the selection, the
-  // entries packed, those received, the region's sums, the checks' fault words,
-  // reduce_scatter's shards, the global selection's lists (the region's sums, the ties,
-  // the chosen), the histograms, the compactions' workspace, and outcome_ (the regions,
-  // the records, the selection's state, the parts' starts and the selection's indices:
-  // see records_at()).
+  // blocks sent and received, the region's sums, the checks' words (the blocks', the
+  // sums', the largest header count), reduce_scatter's shards, the global selection's
+  // lists (the region's sums, the ties, the chosen), the histograms, the compactions'
+  // workspace, and outcome_ (see records_at()).
   buffer<std::uint64_t> starts_;
   buffer<sparse_entry> packed_, received_on_;
   buffer<float> region_sums_;
@@ -613,15 +741,16 @@ class sparse_allreduce {
   buffer<float> values_;                  // the selection's sums, in slot order
   buffer<std::byte> compaction_;
   buffer<std::uint32_t> outcome_;
-  std::size_t room_ = 0;      // entries received_on_ holds
+  std::size_t room_ = 0;      // entries each block holds beside its header (the same on every rank)
+  std::size_t capacity_ = 0;  // entries of each part of the selection's gather (the same on every rank)
+  bool agreed_ = false;       // whether every rank's exchange holds room_ and capacity_ (and the regions) alike
   std::size_t listed_ = 0;    // entries the global selection's lists hold
   std::size_t selected_ = 0;  // the last step's global selection's size
-  std::size_t capacity_ = 0;  // entries of each part of the selection's gather (the same on every rank)
   std::uint64_t policies_;
   std::vector<std::uint32_t> bounds_;  // the W + 1 region bounds, as outcome_ holds them
   std::vector<std::uint32_t> outcome_host_;
-  std::vector<std::uint64_t> first_, counts_of_all_, send_counts_, recv_counts_, send_sizes_, recv_sizes_;
-  std::vector<std::uint32_t> verdicts_;
+  std::vector<std::uint64_t> send_sizes_;
+  std::optional<queued> queued_;
   comm::traffic traffic_;
 };
 

@@ -5,11 +5,12 @@
 /// region's sums listed, the k-th largest magnitude found digit by digit with each
 /// digit's histogram summed over the ranks and the digit picked where the histogram is,
 /// the ties at it split in rank order, and each rank's part of the selection gathered
-/// in parts of a fixed capacity (the last step's largest part and an eighth more) and
-/// assembled in rank order; a part that outgrows the capacity is gathered again,
-/// larger, once the host has read the parts' sizes. Not API.
+/// in parts of a capacity the ranks agreed before the step and assembled in rank order;
+/// where a part outgrows the capacity nothing is added, and the exchange runs again
+/// with room for it once the host has read the parts' sizes. Not API.
 #pragma once
 
+#include <gradcomp/comm/agreement.hpp>
 #include <gradcomp/config.hpp>
 #include <gradcomp/detail/comm/region_sums.hpp>
 #include <gradcomp/detail/core/bits.hpp>
@@ -36,9 +37,9 @@ struct selection {
   std::uint32_t tie_count;  ///< the listed sums at the k-th key (the compaction's count)
   std::uint32_t tie_limit;  ///< list positions below this may take a tie (the last taken + 1)
   std::uint32_t chosen;     ///< the listed sums this rank's region contributes
-  std::uint32_t refused;    ///< a rank's region was corrupt or overflowed: nothing is added
-  std::uint32_t outgrown;   ///< a rank's part outgrew the gather's capacity: gathered again
-  std::uint32_t broken;     ///< the assembled selection is not ascending below n (a broken transport)
+  std::uint32_t refused;  ///< a region was corrupt, overflowed or outgrew its blocks, or a frame refused: nothing added
+  std::uint32_t outgrown;  ///< a rank's part outgrew the gather's capacity: the exchange runs again
+  std::uint32_t broken;    ///< the assembled selection is not ascending below n (a broken transport)
 };
 static_assert(sizeof(selection) == 48);
 
@@ -117,30 +118,33 @@ struct key_class {
 
 /// What each rank tells the others of its region (uint32 words, all-gathered).
 struct record {
-  std::uint32_t above;  ///< sums above the k-th key
-  std::uint32_t ties;   ///< sums at it
-  std::uint32_t fault;  ///< region_sums::corrupt or overflow, or 0
+  std::uint32_t above;    ///< sums above the k-th key
+  std::uint32_t ties;     ///< sums at it
+  std::uint32_t fault;    ///< region_sums' bits: corrupt, overflow, outgrown
+  std::uint32_t largest;  ///< the most entries a rank had for the region (the room the blocks need)
 };
-static_assert(sizeof(record) == 12);
+static_assert(sizeof(record) == 16);
 
 /// One item: this rank's record, from the class histogram and the region's fault words.
 struct record_of {
   const std::uint32_t* classes;
-  const std::uint32_t* faults;  ///< {corrupt part, overflowed sum}
+  const std::uint32_t* faults;  ///< {the blocks' checks, the sums' check, the largest header count}
   record* out;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t) const {
-    const std::uint32_t fault = faults[0] != 0 ? region_sums::corrupt : faults[1] != 0 ? region_sums::overflow : 0u;
-    *out = record{classes[2], classes[1], fault};
+    *out = record{classes[2], classes[1], faults[0] | faults[1], faults[2]};
   }
 };
 
 /// One item: the ties at the k-th key go to the lowest ranks' regions first (which hold
 /// the lower indices); where each rank's part starts in the selection (starts[0..W],
 /// starts[W] = take where the records are sound), this rank's share of the ties, and
-/// whether any rank's region failed its checks.
+/// whether the selection is refused: a rank's region failed its checks or outgrew its
+/// blocks, or a rank's frame says an error or other settings than `digest`, this rank's.
 struct split_ties {
   const record* all;
   std::size_t ranks, me;
+  const std::byte* frames;  ///< every rank's detail::frame, in rank order
+  std::uint64_t digest;
   selection* at;
   std::uint32_t* starts;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t) const {
@@ -155,7 +159,7 @@ struct split_ties {
       refused |= all[r].fault;
     }
     starts[ranks] = start;
-    at->refused = refused;
+    at->refused = refused | (frames_alike(frames, ranks, digest) ? 0u : 8u);
     if (start != at->take) at->broken = 1;  // parts that do not add up to the selection: records a transport broke
   }
 };
@@ -206,8 +210,9 @@ struct is_selected {
   }
 };
 
-/// This rank's j-th selected sum, as the gather's entry j (room for k: a sound part has
-/// at most k).
+/// This rank's j-th selected sum, as the gather's entry j, for j below `k`: what the part
+/// holds (the capacity, at most k; a sound part has at most k, and one that outgrows the
+/// capacity is flagged by parts_fit).
 template <class Entry>
 struct place {
   const std::uint32_t* chosen;  ///< list positions, ascending
@@ -226,7 +231,7 @@ struct place {
 
 /// Gathered entry j (rank j / capacity's i-th) in the selection's slot starts[r] + i:
 /// its index in the first k slots, its sum in `values`; nothing where the parts
-/// outgrew the capacity (they are gathered again) or past the rank's part.
+/// outgrew the capacity (the exchange runs again) or past the rank's part.
 template <class Entry>
 struct assemble {
   const Entry* gathered;
