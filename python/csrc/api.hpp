@@ -221,6 +221,13 @@ class sparse_exchange {
   /// the exchange's (a DDP hook's, a disagreement reported as `who`'s).
   virtual void stage(const void* grad, element type, float* dense, std::size_t n, float scale,
                      std::span<const gradcomp::detail::setting> also, const char* who) = 0;
+  /// stage() up to its one read (comm::sparse_allreduce::queue): returns the outcome to
+  /// read (the compressor's memory) before settle(); `grad` and `dense` stay valid until
+  /// then.
+  virtual std::span<const std::byte> queue(const void* grad, element type, float* dense, std::size_t n, float scale,
+                                           std::span<const gradcomp::detail::setting> also, const char* who) = 0;
+  /// Completes the queued step from its outcome, read.
+  virtual void settle(std::span<const std::byte> outcome) = 0;
   virtual void accept() = 0;
   virtual void drop() noexcept = 0;
   /// FSDP's sparse reduce-scatter: `shard` (n / W floats) = scale * this rank's shard of

@@ -314,6 +314,8 @@ class compressor_handle {
 
 class cyclic_handle {
  public:
+  /// What the DDP hook calls this exchange in its errors.
+  static constexpr const char* name = "cyclic exchange";
   cyclic_handle(compressor_handle& c, const py::object& group, double leader_density)
       : cyclic_handle(c, gradcomp_py::transport_of(gradcomp_py::group_of(group), c.device(), c.impl().stream()),
                       leader_density) {}
@@ -409,6 +411,8 @@ class cyclic_handle {
 /// (gradcomp._C.SparseAllreduce; comm::sparse_allreduce).
 class sparse_handle {
  public:
+  /// What the DDP hook calls this exchange in its errors.
+  static constexpr const char* name = "sparse_allreduce";
   sparse_handle(compressor_handle& c, const py::object& group, std::size_t k)
       : sparse_handle(c, gradcomp_py::transport_of(gradcomp_py::group_of(group), c.device(), c.impl().stream()), k) {}
 
@@ -422,11 +426,11 @@ class sparse_handle {
   std::uint64_t entries() {
     return c_.exclusive([&] { return x_->entries(); });
   }
-  /// The global selection's size.
   /// Bytes the exchange holds beside its compressor's.
   std::uint64_t memory_bytes() {
     return c_.exclusive([&] { return static_cast<std::uint64_t>(x_->memory_bytes()); });
   }
+  /// The global selection's size.
   std::size_t k() {
     return c_.exclusive([&] { return x_->k(); });
   }
@@ -474,6 +478,30 @@ class sparse_handle {
   void step(const torch::Tensor& grad, torch::Tensor& dense, double scale) {
     stage(grad, dense, scale);
     accept();
+  }
+  /// stage() up to its one read (the DDP hook's step, comm::sparse_allreduce::queue):
+  /// `also` the settings the ranks must share beside the exchange's (reported as
+  /// `who`'s). Returns the outcome, a tensor over the exchange's memory that settle()
+  /// takes read; `grad` and `dense` must live until then.
+  torch::Tensor queue(const torch::Tensor& grad_in, torch::Tensor& dense, double scale,
+                      const std::vector<gc::detail::setting>& also, const char* who) {
+    const element type = check_gradient("sparse_allreduce", "grad", grad_in, c_.device(), -1);
+    check_tensor("sparse_allreduce", "dense", dense, torch::kFloat, c_.device());
+    gradcomp_py::check_written("sparse_allreduce", "dense", dense);
+    const torch::Tensor grad = values_of(grad_in);
+    return c_.exclusive([&] {
+      std::span<const std::byte> outcome;
+      c_.on_own_stream([&] {
+        outcome = x_->queue(grad.data_ptr(), type, dense.data_ptr<float>(), static_cast<std::size_t>(dense.numel()),
+                            static_cast<float>(scale), also, who);
+      });
+      return torch::from_blob(const_cast<std::byte*>(outcome.data()), {static_cast<std::int64_t>(outcome.size())},
+                              torch::TensorOptions().dtype(torch::kUInt8).device(c_.device()));
+    });
+  }
+  /// Completes the step queue() queued from its outcome, read to the host.
+  void settle(std::span<const std::byte> outcome) {
+    c_.exclusive([&] { c_.on_own_stream([&] { x_->settle(outcome); }); });
   }
   /// The next step runs at the sizes the ranks agree then (every rank alike).
   void forget_agreed_sizes() {

@@ -278,6 +278,14 @@ class sparse_exchange_of final : public sparse_exchange {
     with_gradient<Compressor>(grad, n, type,
                               [&](auto g) { (void)exchange_.stage(g, view<float>(dense, n), scale, also, who); });
   }
+  std::span<const std::byte> queue(const void* grad, element type, float* dense, std::size_t n, float scale,
+                                   std::span<const gc::detail::setting> also, const char* who) override {
+    with_gradient<Compressor>(grad, n, type,
+                              [&](auto g) { exchange_.queue(g, view<float>(dense, n), scale, also, who); });
+    const auto outcome = exchange_.outcome();
+    return {outcome.data(), outcome.size()};
+  }
+  void settle(std::span<const std::byte> outcome) override { (void)exchange_.settle(outcome); }
   void accept() override { exchange_.accept_staged(); }
   void reduce_scatter(const void* grad, element type, std::size_t n, float* shard, std::size_t shard_n,
                       float scale) override {

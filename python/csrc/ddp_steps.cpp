@@ -393,11 +393,13 @@ struct hook_steps::deferred_bucket : pending_bucket {
   [[nodiscard]] std::size_t frame_bytes() const { return gc::detail::rank_verdict::size + bound; }
 };
 
-/// A bucket of ScaleCom's cyclic exchange: queued, its outcome read at the step's end.
-struct hook_steps::cyclic_bucket : pending_bucket {
-  std::shared_ptr<cyclic_handle> exchange;  // null where this rank met an error before
-  torch::Tensor flat;                       // the bucket in float32, as the exchange reads it
-  torch::Tensor outcome;                    // the exchange's outcome, to read at the step's end
+/// A bucket of an exchange of its own (ScaleCom's, Ok-Topk's): queued, its outcome read
+/// at the step's end.
+template <class Handle>
+struct hook_steps::exchange_bucket : pending_bucket {
+  std::shared_ptr<Handle> exchange;  // null where this rank met an error before
+  torch::Tensor flat;                // the bucket as the exchange reads it
+  torch::Tensor outcome;             // the exchange's outcome, to read at the step's end
   /// A rank without its exchange takes part as a stand-in: its draft (its error) and the
   /// verdicts it read, which settle at the step's end as the others' outcomes do.
   std::optional<gc::detail::rank_draft> stand_in;
@@ -721,12 +723,12 @@ std::span<std::byte> writable(const torch::Tensor& x) {
 }
 
 /// A rank without its exchange (it met an error before it had one) sends its verdict
-/// (`mine`, its error) in the exchange's first collective, the frames (detail::frame),
+/// (`mine`, its error) in the exchange's first collective, the frames (detail::sized_frame),
 /// with no sizes, and reads every rank's at once (an error's path): the sizes the other
 /// ranks' exchanges agreed, at which it takes part in their later collectives, and the
 /// verdicts, which it settles with them at the end.
 std::vector<std::byte> gather_frames(transport& t, const torch::Device& device, const gc::detail::rank_draft& mine) {
-  using frame = gc::detail::frame;
+  using frame = gc::detail::sized_frame;
   const auto ranks = static_cast<std::size_t>(t.size());
   std::vector<std::byte> own(frame::size, std::byte{0});
   mine.verdict.write(own.data());
@@ -741,7 +743,7 @@ std::vector<std::byte> gather_frames(transport& t, const torch::Device& device, 
 
 /// The sizes the first rank's frame that has them carries (not both 0), or zeros.
 std::array<std::uint64_t, 2> sizes_in(std::span<const std::byte> frames) {
-  using frame = gc::detail::frame;
+  using frame = gc::detail::sized_frame;
   for (std::size_t at = 0; at + frame::size <= frames.size(); at += frame::size) {
     const std::array<std::uint64_t, 2> sizes{
         gc::detail::load_le<std::uint64_t>(frames.data() + at + frame::sizes_at),
@@ -753,7 +755,7 @@ std::array<std::uint64_t, 2> sizes_in(std::span<const std::byte> frames) {
 
 /// The verdicts in every rank's frame.
 std::vector<std::byte> verdicts_in(std::span<const std::byte> frames) {
-  using frame = gc::detail::frame;
+  using frame = gc::detail::sized_frame;
   std::vector<std::byte> verdicts;
   for (std::size_t at = 0; at + frame::size <= frames.size(); at += frame::size) {
     verdicts.insert(verdicts.end(), frames.begin() + static_cast<std::ptrdiff_t>(at),
@@ -786,113 +788,104 @@ void stand_in(const group_ptr& group, hook_steps::cyclic_bucket& d, const gc::de
   d.verdicts = verdicts_in(frames);
 }
 
-/// A rank without its sparse exchange takes part in comm::sparse_allreduce::stage's
-/// collectives, sending nothing: the frames, then at the sizes the others' frames carry
-/// (the blocks' room + 1 and the gather's capacity) the blocks of entries, the radix
-/// select's histograms, the records and the gather; then settles the verdicts with them
-/// (every rank raises the first error). `n`: the bucket's elements.
-[[noreturn]] void sparse_stand_in(const group_ptr& group, transport& host, const torch::Device& device, std::size_t n,
-                                  const gc::detail::rank_draft& mine) {
+/// A rank without its sparse exchange takes part in comm::sparse_allreduce's collectives,
+/// sending nothing: the frames, then at the sizes the others' frames carry (the blocks'
+/// room + 1 and the gather's capacity) the blocks of entries, the radix select's
+/// histograms, the records and the gather; and keeps the verdicts to settle at the step's
+/// end with the others.
+void stand_in(const group_ptr& group, hook_steps::sparse_bucket& d, const gc::detail::rank_draft& mine) {
+  const torch::Device device = d.bucket.device();
   transport t = transport_of(group, device, nullptr);
+  const counting_into counting(t, d.counts);
   const auto ranks = static_cast<std::size_t>(t.size());
-  try {
-    const std::vector<std::byte> frames = gather_frames(t, device, mine);
-    const auto [room_plus_one, capacity] = sizes_in(frames);
-    const std::size_t block = 8 * std::max<std::uint64_t>(room_plus_one, 1);
-    const auto zeros = [&](std::size_t bytes) {
-      return torch::zeros({static_cast<std::int64_t>(bytes)},
-                          torch::TensorOptions().dtype(torch::kUInt8).device(device));
-    };
-    torch::Tensor sent = zeros(ranks * block);
-    torch::Tensor got = zeros(ranks * block);
-    const std::vector<std::uint64_t> sizes(ranks, block);
-    t.all_to_all_v_in_memory(bytes_of(sent), sizes, writable(got), sizes);
-    for (std::size_t d = 0; d < gc::detail::collective_digits.size(); ++d) {
-      const std::size_t count = (std::size_t{1} << gc::detail::collective_digits[d].bits) + (d == 0 ? 1 : 0);
-      torch::Tensor bins = zeros(4 * count);
-      t.all_reduce_sum_in_memory(std::span<std::uint32_t>(reinterpret_cast<std::uint32_t*>(bins.data_ptr()), count), n);
-    }
-    const std::size_t record = sizeof(gc::detail::global_topk::record);
-    t.all_gather_in_memory(bytes_of(zeros(record)), writable(zeros(ranks * record)));
-    if (capacity != 0) {
-      const std::size_t part = capacity * sizeof(gc::comm::sparse_entry);
-      t.all_gather_in_memory(bytes_of(zeros(part)), writable(zeros(ranks * part)));
-    }
-    *host.sent += *t.sent;
-    *host.received += *t.received;
-    *host.issued += *t.issued;
-    (void)gc::detail::settle(host, who, mine, verdicts_in(frames));
-  } catch (...) {
-    *host.sent += *t.sent;
-    *host.received += *t.received;
-    *host.issued += *t.issued;
-    throw;
+  const std::vector<std::byte> frames = gather_frames(t, device, mine);
+  const auto [room_plus_one, capacity] = sizes_in(frames);
+  const std::size_t block = sizeof(gc::comm::sparse_entry) * std::max<std::uint64_t>(room_plus_one, 1);
+  const auto zeros = [&](std::size_t bytes) {
+    return torch::zeros({static_cast<std::int64_t>(bytes)}, torch::TensorOptions().dtype(torch::kUInt8).device(device));
+  };
+  const std::vector<std::uint64_t> sizes(ranks, block);
+  t.all_to_all_v_in_memory(bytes_of(zeros(ranks * block)), sizes, writable(zeros(ranks * block)), sizes);
+  for (std::size_t digit = 0; digit < gc::detail::collective_digits.size(); ++digit) {
+    const std::size_t count = (std::size_t{1} << gc::detail::collective_digits[digit].bits) + (digit == 0 ? 1 : 0);
+    const torch::Tensor bins = zeros(4 * count);
+    t.all_reduce_sum_in_memory(std::span<std::uint32_t>(reinterpret_cast<std::uint32_t*>(bins.data_ptr()), count),
+                               static_cast<std::uint64_t>(d.bucket.numel()));  // the bound the exchange passes: n
   }
-  invalid(who, ": a rank without its exchange settled it");  // settle() threw its error
+  const std::size_t record = sizeof(gc::detail::global_topk::record);
+  t.all_gather_in_memory(bytes_of(zeros(record)), writable(zeros(ranks * record)));
+  if (capacity != 0) {
+    const std::size_t part = capacity * sizeof(gc::comm::sparse_entry);
+    t.all_gather_in_memory(bytes_of(zeros(part)), writable(zeros(ranks * part)));
+  }
+  d.stand_in = mine;
+  d.verdicts = verdicts_in(frames);
 }
 
 }  // namespace
 
-py::object hook_steps::cyclic(std::int64_t index, std::shared_ptr<cyclic_handle> exchange,
-                              std::vector<gc::detail::setting> settings, const reported_error& error,
-                              const torch::Tensor& bucket, bool last) {
-  return pending<cyclic_bucket>(index, bucket, last, &shared::cyclic, &hook_steps::finish_cyclic,
-                                [exchange = std::move(exchange), settings = std::move(settings), error](
-                                    const group_ptr& group, shared& state, cyclic_bucket& d) mutable {
-                                  d.exchange = std::move(exchange);
-                                  transport t = transport_of(group, torch::kCPU, nullptr);
-                                  const counting_into counting(t, d.counts);
-                                  const auto check = [&] {
-                                    rethrow(error);
-                                    if (!d.exchange) invalid(who, ": no cyclic exchange for bucket ", d.index);
-                                  };
-                                  // A bucket's first step (or the first after a refused one): the ranks agree on
-                                  // the hook's settings on the host first, so that a rank on another path (another
-                                  // method) or without its exchange fails with the others before the exchange's
-                                  // collectives, and the exchanges run at the sizes they then agree (a rank's may
-                                  // be new). After that, the settings travel in the exchange's first collective.
-                                  const auto prepare = [&]() -> std::uint64_t {
-                                    check();
-                                    d.flat = d.bucket.to(torch::kFloat);
-                                    d.mean = torch::zeros({d.flat.numel()}, d.flat.options());
-                                    return 0;
-                                  };
-                                  const bool agreed = state.agreed.count(d.index) != 0;
-                                  if (!agreed) {
-                                    (void)gc::detail::agree(t, who, settings, prepare);
-                                    d.exchange->forget_agreed_sizes();
-                                  }
-                                  // A failure here (this rank's error, or its memory) goes in its verdict.
-                                  const gc::detail::rank_draft mine =
-                                      agreed ? gc::detail::draft(who, settings, prepare) : gc::detail::rank_draft{};
-                                  if (mine.report.code != 0) {
-                                    stand_in(group, d, mine);
-                                    return;
-                                  }
-                                  const exchange_traffic<cyclic_handle> traffic(t, *d.exchange);
-                                  d.outcome = d.exchange->queue(d.flat, d.mean, 1.0 / static_cast<double>(t.size()),
-                                                                settings, who);
-                                  d.accept = [x = d.exchange] { x->accept(); };
-                                });
+template <class Handle, auto Waiting>
+py::object hook_steps::exchanged(std::int64_t index, std::shared_ptr<Handle> exchange,
+                                 std::vector<gc::detail::setting> settings, const reported_error& error,
+                                 const torch::Tensor& bucket, bool last) {
+  using Bucket = exchange_bucket<Handle>;
+  return pending<Bucket>(
+      index, bucket, last, Waiting, &hook_steps::finish_exchange<Handle, Waiting>,
+      [exchange = std::move(exchange), settings = std::move(settings), error](const group_ptr& group, shared& state,
+                                                                              Bucket& d) mutable {
+        d.exchange = std::move(exchange);
+        transport t = transport_of(group, torch::kCPU, nullptr);
+        const counting_into counting(t, d.counts);
+        // A bucket's first step (or the first after a refused one): the ranks agree on the
+        // hook's settings on the host first, so that a rank on another path (another
+        // method) or without its exchange fails with the others before the exchange's
+        // collectives, and the exchanges run at the sizes they then agree (a rank's may be
+        // new). After that, the settings travel in the exchange's first collective.
+        const auto prepare = [&]() -> std::uint64_t {
+          rethrow(error);
+          if (!d.exchange) invalid(who, ": no ", Handle::name, " for bucket ", d.index);
+          // ScaleCom's exchange reads float32; Ok-Topk's what its compressor takes.
+          d.flat = std::is_same_v<Handle, cyclic_handle> ? d.bucket.to(torch::kFloat) : compressible(d.bucket);
+          d.mean = torch::zeros({d.flat.numel()}, d.flat.options().dtype(torch::kFloat));
+          return 0;
+        };
+        const bool agreed = state.agreed.count(d.index) != 0;
+        if (!agreed) {
+          (void)gc::detail::agree(t, who, settings, prepare);
+          d.exchange->forget_agreed_sizes();
+        }
+        // A failure here (this rank's error, or its memory) goes in its verdict.
+        const gc::detail::rank_draft mine =
+            agreed ? gc::detail::draft(who, settings, prepare) : gc::detail::rank_draft{};
+        if (mine.report.code != 0) {
+          stand_in(group, d, mine);
+          return;
+        }
+        const exchange_traffic<Handle> traffic(t, *d.exchange);
+        d.outcome = d.exchange->queue(d.flat, d.mean, 1.0 / static_cast<double>(t.size()), settings, who);
+        d.accept = [x = d.exchange] { x->accept(); };
+      });
 }
 
-void hook_steps::finish_cyclic(const group_ptr& group, const std::shared_ptr<shared>& state, bool skip_non_finite) {
-  std::vector<std::shared_ptr<cyclic_bucket>> buckets;
-  buckets.swap(state->cyclic);
+template <class Handle, auto Waiting>
+void hook_steps::finish_exchange(const group_ptr& group, const std::shared_ptr<shared>& state, bool skip_non_finite) {
+  std::vector<std::shared_ptr<exchange_bucket<Handle>>> buckets;
+  buckets.swap((*state).*Waiting);
   const auto start = clock::now();
   const on_stream_of guard(buckets.back()->stream);
 
   // The step's one read: every queued exchange's outcome (a stand-in's read its own).
-  const torch::Tensor read = read_together(buckets, [](const cyclic_bucket& d, std::vector<torch::Tensor>& outcomes) {
-    if (d.outcome.defined()) outcomes.push_back(d.outcome);
-  });
+  const torch::Tensor read =
+      read_together(buckets, [](const exchange_bucket<Handle>& d, std::vector<torch::Tensor>& outcomes) {
+        if (d.outcome.defined()) outcomes.push_back(d.outcome);
+      });
   const auto* at = read.defined() ? reinterpret_cast<const std::byte*>(read.data_ptr<std::uint8_t>()) : nullptr;
 
   // Each bucket settled in the order the ranks queued them: every rank throws alike, or
-  // none does; a step the ranks must run again (the first, a new count) runs at once.
+  // none does; a step the ranks must run again (the first; sizes that grew) runs at once.
   transport t = transport_of(group, torch::kCPU, nullptr);
   for (const auto& bucket : buckets) {
-    cyclic_bucket& d = *bucket;
+    exchange_bucket<Handle>& d = *bucket;
     if (d.failure) continue;
     const on_stream_of bucket_stream(d.stream);
     const counting_into counting(t, d.counts);
@@ -904,7 +897,7 @@ void hook_steps::finish_cyclic(const group_ptr& group, const std::shared_ptr<sha
       const auto size = static_cast<std::size_t>(d.outcome.numel());
       const std::span<const std::byte> outcome(at, size);
       at += size;
-      const exchange_traffic<cyclic_handle> traffic(t, *d.exchange);
+      const exchange_traffic<Handle> traffic(t, *d.exchange);
       d.exchange->settle(outcome);
       d.counts.entries = d.exchange->entries();
       state->agreed.insert(d.index);
@@ -921,51 +914,19 @@ py::object hook_steps::compressed(std::int64_t index, std::shared_ptr<compressor
                                   const std::string& aggregation, const py::object& exchange,
                                   const torch::Tensor& bucket, const std::vector<named_value>& settings,
                                   const reported_error& error, bool last) {
-  std::vector<gc::detail::setting> shared = settings_of(settings);
+  std::vector<gc::detail::setting> agreed = settings_of(settings);  // the settings every rank must share
   if (aggregation == "sparse_allreduce") {
-    return submit(bucket, last, true,
-                  [group = group_, state = shared_, shared, sparse = exchange_of<sparse_handle>(exchange), error,
-                   index](transport& t, const torch::Tensor& b, hook_counts& counts) {
-                    torch::Tensor flat, mean;
-                    const auto prepare = [&]() -> std::uint64_t {
-                      rethrow(error);
-                      if (!sparse) invalid(who, ": no sparse_allreduce for bucket ", index);
-                      flat = compressible(b);
-                      mean = torch::zeros({flat.numel()}, flat.options().dtype(torch::kFloat));
-                      return 0;
-                    };
-                    try {
-                      // As hook_steps::cyclic: the host agreement on a bucket's first
-                      // step, then the exchanges run at the sizes they agree; after that
-                      // the hook's settings ride in the exchange's frames, where a rank
-                      // that failed before it tells its error.
-                      const bool agreed = state->agreed.count(index) != 0;
-                      if (!agreed) {
-                        (void)gc::detail::agree(t, who, shared, prepare);
-                        sparse->forget_agreed_sizes();
-                      }
-                      const gc::detail::rank_draft mine =
-                          agreed ? gc::detail::draft(who, shared, prepare) : gc::detail::rank_draft{};
-                      if (mine.report.code != 0) {
-                        sparse_stand_in(group, t, b.device(), static_cast<std::size_t>(b.numel()), mine);
-                      }
-                      const exchange_traffic<sparse_handle> traffic(t, *sparse);
-                      sparse->stage(flat, mean, 1.0 / t.size(), shared, who);
-                    } catch (...) {  // every rank alike: the agreement's or the exchange's error
-                      state->agreed.erase(index);
-                      throw;
-                    }
-                    state->agreed.insert(index);
-                    counts.entries = sparse->entries();
-                    state->staged.push_back([sparse] { sparse->accept(); });
-                    return in_dtype_of(b, mean);
-                  });
+    return exchanged<sparse_handle, &shared::sparse>(index, exchange_of<sparse_handle>(exchange), std::move(agreed),
+                                                     error, bucket, last);
   }
-  if (aggregation == "cyclic") return cyclic(index, exchange_of<cyclic_handle>(exchange), shared, error, bucket, last);
+  if (aggregation == "cyclic") {
+    return exchanged<cyclic_handle, &shared::cyclic>(index, exchange_of<cyclic_handle>(exchange), std::move(agreed),
+                                                     error, bucket, last);
+  }
   if (aggregation != "allgather")
     invalid(who, ": aggregation must be allgather, cyclic or sparse_allreduce, got ", aggregation);
-  if (c) shared.emplace_back("the policies", c->signature());
-  return deferred(index, std::move(c), std::move(shared), error, bucket, last);
+  if (c) agreed.emplace_back("the policies", c->signature());
+  return deferred(index, std::move(c), std::move(agreed), error, bucket, last);
 }
 
 }  // namespace gradcomp_py

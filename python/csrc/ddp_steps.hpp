@@ -84,11 +84,10 @@ class hook_steps {
                          const reported_error& error, bool last);
 
   /// A compressed step of bucket `index`, exchanged by `aggregation`: "cyclic" (ScaleCom:
-  /// `exchange` a CyclicExchange) its verdicts, broadcast and reduce, read at the step's
-  /// end (hook_steps::cyclic);
-  /// "sparse_allreduce" (Ok-Topk's global top-k: `exchange` a SparseAllreduce) an
-  /// agreement on the hook's settings, then comm::sparse_allreduce, the commit staged like
-  /// the others'; "allgather": `c` stages its step and the messages are gathered in one
+  /// `exchange` a CyclicExchange) its frames, broadcast and reduce, or "sparse_allreduce"
+  /// (Ok-Topk's global top-k: `exchange` a SparseAllreduce) its frames, blocks of entries,
+  /// histograms, records and gather, queued, their outcome read at the step's end with
+  /// every bucket's (hook_steps::exchanged); "allgather": `c` stages its step and the messages are gathered in one
   /// all-gather padded to the bucket's bound (gradcomp/comm/frames.hpp). `error`: what this rank
   /// met before (then `c` and `exchange` may be None), told to every rank in the exchange.
   /// The Future's value is the mean of the ranks' messages, in the bucket's dtype; its
@@ -98,10 +97,13 @@ class hook_steps {
                               const std::vector<named_value>& settings, const reported_error& error, bool last);
 
   /// A bucket waiting for its step's last (ddp_steps.cpp): of the all-gather exchange,
-  /// or of ScaleCom's cyclic exchange.
+  /// or of an exchange of its own (ScaleCom's cyclic exchange, Ok-Topk's global top-k).
   struct pending_bucket;
   struct deferred_bucket;
-  struct cyclic_bucket;
+  template <class Handle>
+  struct exchange_bucket;
+  using cyclic_bucket = exchange_bucket<cyclic_handle>;
+  using sparse_bucket = exchange_bucket<sparse_handle>;
 
   /// Every step's counts, summed (read at any time).
   [[nodiscard]] hook_counts totals() const;
@@ -116,9 +118,10 @@ class hook_steps {
     std::vector<std::function<void()>> staged;               // this step's staged buckets' accepts
     std::vector<std::shared_ptr<deferred_bucket>> deferred;  // this step's all-gather buckets so far
     std::vector<std::shared_ptr<cyclic_bucket>> cyclic;      // this step's cyclic buckets so far
+    std::vector<std::shared_ptr<sparse_bucket>> sparse;      // this step's sparse_allreduce buckets so far
     // The buckets whose last step of an exchange of their own (cyclic, sparse_allreduce)
     // every rank settled: their next step's agreement on the hook's settings travels in
-    // the exchange's first collective (ddp_steps.cpp, hook_steps::cyclic).
+    // the exchange's first collective (ddp_steps.cpp, hook_steps::exchanged).
     std::set<std::int64_t> agreed;
     bool step_failed = false;
     mutable std::mutex lock;
@@ -132,8 +135,10 @@ class hook_steps {
   static void add_counts(shared& state, const hook_counts& counts, bool last);
   /// The step's end of its all-gather buckets (`state.deferred`), on the worker's thread.
   static void finish_deferred(const group_ptr& group, const std::shared_ptr<shared>& state, bool skip_non_finite);
-  /// The step's end of its cyclic buckets (`state.cyclic`), on the worker's thread.
-  static void finish_cyclic(const group_ptr& group, const std::shared_ptr<shared>& state, bool skip_non_finite);
+  /// The step's end of its buckets of an exchange of their own (`state.*Waiting`, of
+  /// Handle's exchanges), on the worker's thread.
+  template <class Handle, auto Waiting>
+  static void finish_exchange(const group_ptr& group, const std::shared_ptr<shared>& state, bool skip_non_finite);
   /// The step's end of settled `buckets`: their staged steps accepted together or none,
   /// then their Futures completed.
   static void complete_step(shared& state, std::vector<std::shared_ptr<pending_bucket>> buckets, bool skip_non_finite,
@@ -160,12 +165,14 @@ class hook_steps {
   pybind11::object deferred(std::int64_t index, std::shared_ptr<compressor_handle> c,
                             std::vector<gradcomp::detail::setting> settings, const reported_error& error,
                             const torch::Tensor& bucket, bool last);
-  /// ScaleCom's exchange of a bucket, in the bucket's memory: queued (on a bucket's
-  /// first step after the ranks agreed on the host), the outcome read at the step's last
-  /// bucket with every bucket's in one copy, then each settled (finish_cyclic).
-  pybind11::object cyclic(std::int64_t index, std::shared_ptr<cyclic_handle> exchange,
-                          std::vector<gradcomp::detail::setting> settings, const reported_error& error,
-                          const torch::Tensor& bucket, bool last);
+  /// A bucket's exchange of its own (ScaleCom's cyclic exchange, Ok-Topk's global
+  /// top-k), in the bucket's memory: queued (on a bucket's first step after the ranks
+  /// agreed on the host), the outcome read at the step's last bucket with every bucket's
+  /// in one copy, then each settled (finish_exchange).
+  template <class Handle, auto Waiting>
+  pybind11::object exchanged(std::int64_t index, std::shared_ptr<Handle> exchange,
+                             std::vector<gradcomp::detail::setting> settings, const reported_error& error,
+                             const torch::Tensor& bucket, bool last);
 
   group_ptr group_;
   group_ptr ddp_group_;

@@ -93,7 +93,7 @@ struct rank_verdict {
 /// them at the sizes the others sent. An exchange with no sizes to offer (a rank without
 /// one, an exchange that agreed none) sends 0 in both; one that has them never does
 /// (each exchange says how it encodes its sizes).
-struct frame {
+struct sized_frame {
   static constexpr std::size_t size = rank_verdict::size + 16;
   static constexpr std::size_t sizes_at = rank_verdict::size;  ///< the two sizes, u64 each
 };
@@ -102,7 +102,7 @@ struct frame {
 /// met on the host, 1 + errc), or where that is 0, non_finite's if `status` (its step's,
 /// null after an error) met a NaN or infinity; its own value, the count of `own` (null:
 /// 0, and 0 after an error); the settings' digest; then `sizes`.
-struct frame_byte {
+struct sized_frame_byte {
   std::uint32_t code;
   std::uint64_t digest;
   const step_status* status;
@@ -110,9 +110,9 @@ struct frame_byte {
   std::uint64_t sizes[2];
   std::byte* out;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t i) const {
-    if (i >= frame::sizes_at) {
-      const std::uint64_t word = sizes[(i - frame::sizes_at) / 8];
-      out[i] = static_cast<std::byte>((word >> (8 * ((i - frame::sizes_at) % 8))) & 0xFF);
+    if (i >= sized_frame::sizes_at) {
+      const std::uint64_t word = sizes[(i - sized_frame::sizes_at) / 8];
+      out[i] = static_cast<std::byte>((word >> (8 * ((i - sized_frame::sizes_at) % 8))) & 0xFF);
       return;
     }
     const std::uint32_t verdict =
@@ -124,12 +124,12 @@ struct frame_byte {
   }
 };
 
-/// Whether every rank's frame (`frames`, frame::size bytes each, in rank order) says no
+/// Whether every rank's frame (`frames`, sized_frame::size bytes each, in rank order) says no
 /// error and the settings' digest `digest` (this rank's).
 GRADCOMP_HOST_DEVICE inline bool frames_alike(const std::byte* frames, std::size_t ranks, std::uint64_t digest) {
   bool alike = true;
   for (std::size_t r = 0; r < ranks; ++r) {
-    const std::byte* v = frames + r * frame::size;
+    const std::byte* v = frames + r * sized_frame::size;
     alike = alike && load_le<std::uint32_t>(v) == 0 && load_le<std::uint64_t>(v + 16) == digest;
   }
   return alike;

@@ -40,7 +40,7 @@ namespace cyclic {
 /// error or other settings than this rank's (`digest`), the leader chose another count
 /// than the exchange moved, or the indices failed their check on some rank (`faults`).
 struct refusal {
-  /// every rank's detail::frame, in rank order; its sizes: the count of indices the
+  /// every rank's detail::sized_frame, in rank order; its sizes: the count of indices the
   /// later collectives move and their root + 1
   const std::byte* frames;
   std::size_t ranks;
@@ -50,7 +50,7 @@ struct refusal {
   const float* faults;  ///< the ranks whose indices failed their check, summed with the values
   std::uint32_t* refused;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t) const {
-    const bool no = *faults != 0.0f || load_le<std::uint64_t>(frames + leader * frame::size + 8) != count ||
+    const bool no = *faults != 0.0f || load_le<std::uint64_t>(frames + leader * sized_frame::size + 8) != count ||
                     !frames_alike(frames, ranks, digest);
     *refused = no ? 1u : 0u;
   }
@@ -141,7 +141,7 @@ class cyclic_topk {
         index_(allocate<std::uint32_t>(leader_selector.max_selected(compressor.size()))),
         sums_(allocate<float>(leader_selector.max_selected(compressor.size()) + 1)),
         message_(allocate<std::byte>(compressor.max_message_bytes())),
-        verdict_(allocate<std::byte>(detail::frame::size)),
+        verdict_(allocate<std::byte>(detail::sized_frame::size)),
         outcome_(allocate<std::byte>(outcome_bytes())),
         refused_(allocate<std::uint32_t>(1)),
         outcome_host_(outcome_bytes()),
@@ -262,7 +262,7 @@ class cyclic_topk {
   }
 
  private:
-  static constexpr std::size_t frame_bytes = detail::frame::size;
+  static constexpr std::size_t frame_bytes = detail::sized_frame::size;
 
   // What the host reads at the end of an exchange, in one copy: every rank's frame, then
   // this rank's step's status and the indices' check (a fault word).
@@ -340,12 +340,12 @@ class cyclic_topk {
     });
     const std::size_t count = q.count;
     const std::uint64_t digest = q.mine.verdict.digest;
-    be.for_each(frame_bytes, detail::frame_byte{q.mine.report.code,
-                                                digest,
-                                                preview,
-                                                chosen,
-                                                {count, static_cast<std::uint64_t>(root) + 1},
-                                                verdict_.data()});
+    be.for_each(frame_bytes, detail::sized_frame_byte{q.mine.report.code,
+                                                      digest,
+                                                      preview,
+                                                      chosen,
+                                                      {count, static_cast<std::uint64_t>(root) + 1},
+                                                      verdict_.data()});
     comm_.all_gather(view<const std::byte>(verdict_.data(), frame_bytes),
                      view<std::byte>(outcome_.data(), ranks * frame_bytes));
     be.clear(outcome_.data() + ranks * frame_bytes, sizeof(detail::step_status) + 8);

@@ -28,6 +28,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <initializer_list>
 #include <limits>
 #include <span>
@@ -66,7 +67,7 @@ static_assert(sizeof(sparse_entry) == 8);
 /// work of both collectives runs where that memory is (detail/comm/region_sums.hpp,
 /// detail/comm/global_topk.hpp), and every collective moves that memory, at sizes the
 /// ranks agreed before the step: the first all-gathers each rank's frame (its verdict on
-/// its arguments and its step, and a digest of its settings: detail::frame), the entries
+/// its arguments and its step, and a digest of its settings: detail::sized_frame), the entries
 /// travel in blocks of an agreed room (an all-to-all of equal parts, each block headed by
 /// how many entries its sender had for the region), and the selection's parts in an
 /// agreed capacity. The host reads once, at the end: every rank's frame and record (its
@@ -148,18 +149,55 @@ class sparse_allreduce {
   template <gradient_view<backend_type> Grad>
   std::span<const std::uint32_t> stage(const Grad& grad, view<float> dense, float scale,
                                        std::span<const detail::setting> also = {},
-                                       const char* who_agrees = "sparse_allreduce") {
+                                       std::string_view who_agrees = "sparse_allreduce") {
+    queue(grad, dense, scale, also, who_agrees);
+    return settle_now();
+  }
+
+  /// stage() up to its one read: everything queued where the memory is, the outcome
+  /// (outcome()) left for the caller to read, with other exchanges' outcomes, before it
+  /// calls settle(). `grad` and `dense` must stay valid until settle() returns.
+  /// \throws gradcomp::error only where this rank cannot queue (nothing staged then):
+  ///         the errors step() raises alike on every rank come from settle().
+  template <gradient_view<backend_type> Grad>
+  void queue(const Grad& grad, view<float> dense, float scale, std::span<const detail::setting> also = {},
+             std::string_view who_agrees = "sparse_allreduce") {
     const std::size_t n = compressor_.size();
     const std::size_t k = this->k();
     std::vector<detail::setting> settings{{"n", n}, {"k", k}, {"the policies", policies_}};
     settings.insert(settings.end(), also.begin(), also.end());
-    return run(grad, dense, scale, false, std::move(settings), who_agrees, [&] {
+    queue_exchange(grad, dense, scale, false, std::move(settings), who_agrees, [&] {
       detail::require(dense.size() == n, errc::invalid_argument, who, ": dense.size() = ", dense.size(),
                       " does not match n = ", n);
       detail::require(std::isfinite(scale), errc::invalid_argument, who, ": scale must be finite, got ", scale);
       grow_outcome(k);
       grow(values_, k);
       return static_cast<const std::uint32_t*>(outcome_.data());
+    });
+  }
+
+  /// The bytes queue() left for the host to read, in the compressor's memory.
+  /// \throws gradcomp::error (invalid_argument) if no exchange is queued.
+  [[nodiscard]] view<const std::byte> outcome() const {
+    detail::require(queued_.has_value(), errc::invalid_argument, who, ": outcome without a queued exchange");
+    return {reinterpret_cast<const std::byte*>(outcome_.data()), 4 * outcome_words()};
+  }
+
+  /// Completes the exchange queue() queued, from its outcome as the host read it: throws
+  /// as step() does, or where blocks or parts outgrew their room runs it again at once
+  /// (reading its outcome itself).
+  /// \returns the global selection, as stage()
+  /// \throws gradcomp::error as step() does (nothing staged then); (invalid_argument) if
+  ///         no exchange is queued or `outcome` is not outcome()'s size.
+  std::span<const std::uint32_t> settle(std::span<const std::byte> outcome) {
+    detail::require(queued_.has_value(), errc::invalid_argument, who, ": settle without a queued exchange");
+    return settle_with([&] {
+      const std::size_t words = outcome_words();
+      detail::require(outcome.size() == 4 * words, errc::invalid_argument, who, ": settle: the outcome has ",
+                      outcome.size(), " bytes, not ", 4 * words);
+      outcome_host_.resize(words);
+      std::memcpy(outcome_host_.data(), outcome.data(), outcome.size());
+      return std::span<const std::uint32_t>(outcome_host_);
     });
   }
   /// Commits of the compressor's staged step what the global selection kept (read where
@@ -188,7 +226,7 @@ class sparse_allreduce {
     const std::size_t n = compressor_.size();
     const auto ranks = static_cast<std::size_t>(comm_.size());
     const backend_type& be = compressor_.backend();
-    (void)run(grad, shard, scale, true, {{"n", n}, {"the policies", policies_}}, who, [&] {
+    queue_exchange(grad, shard, scale, true, {{"n", n}, {"the policies", policies_}}, who, [&] {
       detail::require(n % ranks == 0, errc::invalid_argument, who, ": reduce_scatter needs n = ", n,
                       " to be a multiple of the ranks, ", ranks);
       detail::require(shard.size() == n / ranks, errc::invalid_argument, who, ": shard.size() = ", shard.size(),
@@ -198,6 +236,7 @@ class sparse_allreduce {
       be.for_each(ranks + 1, detail::region_sums::equal_regions{n, ranks, shards_.data()});
       return static_cast<const std::uint32_t*>(shards_.data());
     });
+    (void)settle_now();
     be.for_each(shard.size(), detail::region_sums::write_shard{region_sums_.data(), scale, detail::raw(shard).data()});
     compressor_.accept_staged();
   }
@@ -264,8 +303,8 @@ class sparse_allreduce {
   using selection = detail::global_topk::selection;
   using record = detail::global_topk::record;
   static constexpr std::size_t record_words = sizeof(record) / 4;
-  static constexpr std::size_t frame_words = detail::frame::size / 4;
-  static_assert(detail::frame::size % 4 == 0);
+  static constexpr std::size_t frame_words = detail::sized_frame::size / 4;
+  static_assert(detail::sized_frame::size % 4 == 0);
 
   // outcome_, in uint32 words: the step's regions (W + 1, kept from step to step), every
   // rank's record and frame (all-gathered), the selection's state, this rank's record,
@@ -298,15 +337,12 @@ class sparse_allreduce {
     int reruns = 0;
   };
 
-  // Queues the exchange (`prepare`: the caller's checks and growth, returning the regions'
-  // W + 1 bounds in the compressor's memory), reads its outcome and settles it: every
-  // rank returns, or every rank throws alike and nothing is staged.
-  template <class Grad, class Prepare>
-  std::span<const std::uint32_t> run(const Grad& grad, view<float> out, float scale, bool scatter,
-                                     std::vector<detail::setting> settings, const char* who_agrees, Prepare&& prepare) {
+  // The queued exchange settled from its outcome as `read()` gives it: every rank
+  // returns, or every rank throws alike and nothing is staged.
+  template <class Read>
+  std::span<const std::uint32_t> settle_with(Read&& read) {
     try {
-      queue(grad, out, scale, scatter, std::move(settings), who_agrees, prepare);
-      const auto selected = settle(read_outcome());
+      const auto selected = settle_outcome(read());
       queued_.reset();
       return selected;
     } catch (...) {
@@ -315,12 +351,30 @@ class sparse_allreduce {
       throw;
     }
   }
+  // The queued exchange's outcome read now and settled.
+  std::span<const std::uint32_t> settle_now() {
+    return settle_with([&] { return read_outcome(); });
+  }
 
   // This rank's draft (its checks, its workspace, its step staged with where each
-  // region's entries start in its selection), then the exchange's collectives.
+  // region's entries start in its selection: `prepare`, the caller's checks and growth,
+  // returns the regions' W + 1 bounds in the compressor's memory), then the exchange's
+  // collectives; nothing staged where this throws.
   template <class Grad, class Prepare>
-  void queue(const Grad& grad, view<float> out, float scale, bool scatter, std::vector<detail::setting> settings,
-             const char* who_agrees, Prepare& prepare) {
+  void queue_exchange(const Grad& grad, view<float> out, float scale, bool scatter,
+                      std::vector<detail::setting> settings, std::string_view who_agrees, Prepare&& prepare) {
+    try {
+      queue_draft(grad, out, scale, scatter, std::move(settings), who_agrees, prepare);
+      exchange();
+    } catch (...) {
+      queued_.reset();
+      compressor_.drop_staged();
+      throw;
+    }
+  }
+  template <class Grad, class Prepare>
+  void queue_draft(const Grad& grad, view<float> out, float scale, bool scatter, std::vector<detail::setting> settings,
+                   std::string_view who_agrees, Prepare& prepare) {
     const backend_type& be = compressor_.backend();
     const std::size_t n = compressor_.size();
     const std::size_t me = static_cast<std::size_t>(comm_.rank());
@@ -336,7 +390,7 @@ class sparse_allreduce {
     q.settings.emplace_back("the sizes the collectives move", sizes_fingerprint());
     q.begin = scatter ? static_cast<std::uint32_t>(me * (n / ranks())) : bounds_[me];
     q.end = scatter ? static_cast<std::uint32_t>((me + 1) * (n / ranks())) : bounds_[me + 1];
-    q.mine = detail::draft(who_agrees, q.settings, [&]() -> std::uint64_t {
+    q.mine = detail::draft(q.who.c_str(), q.settings, [&]() -> std::uint64_t {
       const std::uint32_t* regions = prepare();
       // The workspace of this rank's own passes (what the collectives move is held).
       const std::size_t region = q.end - q.begin;
@@ -360,7 +414,6 @@ class sparse_allreduce {
                                                                   starts_.data()});
       return 0;
     });
-    exchange();
   }
 
   // The queued exchange's collectives at the sizes agreed, and the local passes between
@@ -377,15 +430,15 @@ class sparse_allreduce {
     // (the room + 1 and the capacity, or 0 and 0 from an exchange whose sizes are not
     // agreed).
     const std::uint64_t sizes[2] = {agreed_ ? room_ + 1 : 0, agreed_ ? capacity_ : 0};
-    be.for_each(detail::frame::size, detail::frame_byte{q.mine.report.code,
-                                                        q.mine.verdict.digest,
-                                                        ok ? q.status : nullptr,
-                                                        nullptr,
-                                                        {sizes[0], sizes[1]},
-                                                        bytes_at(own_frame_at())});
-    comm_.all_gather(view<const std::byte>(bytes_at(own_frame_at()), detail::frame::size),
-                     view<std::byte>(bytes_at(frames_at()), ranks * detail::frame::size));
-    note(detail::frame::size, (ranks - 1) * detail::frame::size);
+    be.for_each(detail::sized_frame::size, detail::sized_frame_byte{q.mine.report.code,
+                                                                    q.mine.verdict.digest,
+                                                                    ok ? q.status : nullptr,
+                                                                    nullptr,
+                                                                    {sizes[0], sizes[1]},
+                                                                    bytes_at(own_frame_at())});
+    comm_.all_gather(view<const std::byte>(bytes_at(own_frame_at()), detail::sized_frame::size),
+                     view<std::byte>(bytes_at(frames_at()), ranks * detail::sized_frame::size));
+    note(detail::sized_frame::size, (ranks - 1) * detail::sized_frame::size);
     if (!agreed_ && take_agreed_sizes()) ok = false;  // it takes part only: its settings' digest differs
 
     // 2. The entries, in blocks of the room agreed, each checked and summed by its
@@ -439,10 +492,10 @@ class sparse_allreduce {
   // takes, forgetting every rank's sizes alike.)
   bool take_agreed_sizes() {
     const std::size_t ranks = this->ranks();
-    std::vector<std::byte> frames(ranks * detail::frame::size);
+    std::vector<std::byte> frames(ranks * detail::sized_frame::size);
     compressor_.backend().to_host(static_cast<const std::byte*>(bytes_at(frames_at())), frames.size(), frames.data());
     for (std::size_t r = 0; r < ranks; ++r) {
-      const std::byte* sizes = frames.data() + r * detail::frame::size + detail::frame::sizes_at;
+      const std::byte* sizes = frames.data() + r * detail::sized_frame::size + detail::sized_frame::sizes_at;
       const auto room_plus_one = detail::load_le<std::uint64_t>(sizes);
       if (room_plus_one == 0) continue;  // sizes not agreed
       // No more than the compressor's n: larger sizes come only from a broken transport.
@@ -548,11 +601,15 @@ class sparse_allreduce {
     note(sizeof(record), (ranks - 1) * sizeof(record));
   }
 
-  // outcome_ read into outcome_host_: up to the slots, and the k index slots of a step
+  // What the host reads of outcome_: up to the slots, and the k index slots of a step
   // whose draft passed (which grew outcome_ to hold them).
-  std::span<const std::uint32_t> read_outcome() {
+  [[nodiscard]] std::size_t outcome_words() const {
     const queued& q = *queued_;
-    const std::size_t words = slots_at() + (q.mine.report.code == 0 ? q.k : 0);
+    return slots_at() + (q.mine.report.code == 0 ? q.k : 0);
+  }
+  // outcome_ read into outcome_host_.
+  std::span<const std::uint32_t> read_outcome() {
+    const std::size_t words = outcome_words();
     outcome_host_.resize(words);
     compressor_.backend().to_host(static_cast<const std::uint32_t*>(outcome_.data()), words, outcome_host_.data());
     return outcome_host_;
@@ -561,14 +618,14 @@ class sparse_allreduce {
   // The queued exchange settled from its outcome, read: every rank judges the same
   // frames, records and selection, and throws alike, runs the exchange again with room
   // for what outgrew it, or returns the selection.
-  std::span<const std::uint32_t> settle(std::span<const std::uint32_t> read) {
+  std::span<const std::uint32_t> settle_outcome(std::span<const std::uint32_t> read) {
     queued& q = *queued_;
     const std::size_t ranks = this->ranks();
     const std::size_t me = static_cast<std::size_t>(comm_.rank());
     const auto* frames = reinterpret_cast<const std::byte*>(read.data() + frames_at());
     std::vector<std::byte> verdicts(ranks * detail::rank_verdict::size);
     for (std::size_t r = 0; r < ranks; ++r) {
-      std::memcpy(verdicts.data() + r * detail::rank_verdict::size, frames + r * detail::frame::size,
+      std::memcpy(verdicts.data() + r * detail::rank_verdict::size, frames + r * detail::sized_frame::size,
                   detail::rank_verdict::size);
     }
     if (q.mine.report.code == 0 &&
@@ -649,7 +706,7 @@ class sparse_allreduce {
     capacity_ = grown_capacity;
     agreed_ = true;
     exchange();
-    return settle(read_outcome());
+    return settle_outcome(read_outcome());
   }
 
   // Room for `need` entries, with an eighth more and 16, so that a size creeping up

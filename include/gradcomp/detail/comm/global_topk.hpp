@@ -143,7 +143,7 @@ struct record_of {
 struct split_ties {
   const record* all;
   std::size_t ranks, me;
-  const std::byte* frames;  ///< every rank's detail::frame, in rank order
+  const std::byte* frames;  ///< every rank's detail::sized_frame, in rank order
   std::uint64_t digest;
   selection* at;
   std::uint32_t* starts;
