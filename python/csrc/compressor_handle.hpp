@@ -483,12 +483,13 @@ class sparse_handle {
   /// `also` the settings the ranks must share beside the exchange's (reported as
   /// `who`'s). Returns the outcome, a tensor over the exchange's memory that settle()
   /// takes read; `grad` and `dense` must live until then.
-  torch::Tensor queue(const torch::Tensor& grad_in, torch::Tensor& dense, double scale,
+  torch::Tensor queue(const torch::Tensor& grad, torch::Tensor& dense, double scale,
                       const std::vector<gc::detail::setting>& also, const char* who) {
-    const element type = check_gradient("sparse_allreduce", "grad", grad_in, c_.device(), -1);
+    const element type = check_gradient("sparse_allreduce", "grad", grad, c_.device(), -1);
     check_tensor("sparse_allreduce", "dense", dense, torch::kFloat, c_.device());
     gradcomp_py::check_written("sparse_allreduce", "dense", dense);
-    const torch::Tensor grad = values_of(grad_in);
+    // The exchange reads `grad` until settle(): the caller's own values, no copy of ours.
+    if (grad.is_neg()) gc::detail::fail(gc::errc::invalid_argument, "sparse_allreduce: queue takes no negated view");
     return c_.exclusive([&] {
       std::span<const std::byte> outcome;
       c_.on_own_stream([&] {

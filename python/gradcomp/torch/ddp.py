@@ -17,7 +17,9 @@ PowerSGD hook does. Then each bucket is compressed:
   global top-k (the C++ ``comm::sparse_allreduce``): each rank sends each index region's
   entries to the region's rank, which sums them; the k largest sums over all regions are
   all-gathered. About 2k entries per rank whatever the world size; each rank keeps in
-  its memory what it sent and the global selection dropped.
+  its memory what it sent and the global selection dropped. Its entries travel in
+  blocks of a room the ranks agreed before the step, and the step's last bucket reads
+  every bucket's outcome at once.
 - every other method: each rank compresses its bucket and all-gathers, in one
   collective in the steady state, its verdict (the agreement) and its message padded to
   a bound the ranks agreed on in the previous step; every rank returns the mean of the
@@ -452,12 +454,13 @@ def _reported(e):
 def hook(state: "State", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The communication hook: ``model.register_comm_hook(state, hook)``.
 
-    Returns at once a Future that completes when the bucket's exchange has (with the
-    all-gather aggregation, when the step's last bucket's has: the step reads its
-    buckets' outcomes together): the bucket goes to a job that runs, one after another in
-    the order DDP calls the hook (the same on every rank), on a thread of the process
-    group's own, so that backward computes the next buckets while this one's bytes travel
-    and every rank issues its collectives in the same order. Called by hand, call it for
+    Returns at once a Future that completes when the step's last bucket's exchange has
+    (with the all-gather aggregation, ScaleCom's and Ok-Topk's: the step reads its
+    buckets' outcomes together; a dense bucket's when its own has): the bucket goes to
+    a job that runs, one after another in the order DDP calls the hook (the same on
+    every rank), on a thread of the process group's own, so that backward computes the
+    next buckets while this one's bytes travel and every rank issues its collectives in
+    the same order. Called by hand, call it for
     every bucket of a step (the last with ``is_last()`` true) before waiting.
 
     Every step of every bucket carries the ranks' agreement: each rank's verdict on its
