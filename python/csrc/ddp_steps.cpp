@@ -717,11 +717,6 @@ void hook_steps::complete_step(shared& state, std::vector<std::shared_ptr<pendin
 
 namespace {
 
-/// A tensor's bytes, to be written.
-std::span<std::byte> writable(const torch::Tensor& x) {
-  return {reinterpret_cast<std::byte*>(x.data_ptr()), static_cast<std::size_t>(x.nbytes())};
-}
-
 /// A rank without its exchange (it met an error before it had one) sends its verdict
 /// (`mine`, its error) in the exchange's first collective, the frames (detail::sized_frame),
 /// with no sizes, and reads every rank's at once (an error's path): the sizes the other

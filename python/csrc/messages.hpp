@@ -16,6 +16,10 @@ namespace gradcomp_py {
 inline std::span<const std::byte> bytes_of(const torch::Tensor& t) {
   return {reinterpret_cast<const std::byte*>(t.data_ptr<std::uint8_t>()), static_cast<std::size_t>(t.numel())};
 }
+/// bytes_of(), to be written.
+inline std::span<std::byte> writable(const torch::Tensor& t) {
+  return {reinterpret_cast<std::byte*>(t.data_ptr<std::uint8_t>()), static_cast<std::size_t>(t.numel())};
+}
 
 /// gradcomp.torch.decode: (indices int64, values float32, n) on the message's device.
 pybind11::tuple decode(const torch::Tensor& message);
