@@ -13,7 +13,8 @@ measures at once, so the ranks share the machine's cores as they do in training:
 - single collectives over the rate-limited links, a few sizes each: all_reduce (float32
   and float16), all_gather, broadcast, all_to_all_single (the seconds of the slowest
   rank, median of the repeats), to which experiments/plan_report.py fits each
-  collective's latency and efficiency.
+  collective's latency and efficiency, and the processor seconds a rank spends in each
+  (gloo computes on the cores backward needs).
 
     bash experiments/cluster.sh --ranks 4 --rate 1gbit -- \\
         build/venv/bin/python -m experiments.plan_calibrate --out calibration-1gbit.json
@@ -21,6 +22,7 @@ measures at once, so the ranks share the machine's cores as they do in training:
 import argparse
 import json
 import math
+import os
 import statistics
 import time
 
@@ -131,43 +133,52 @@ def fp16_costs(bucket_shapes, world, repeats):
     return {"compress": [casts_of(numel(s)) for s in bucket_shapes]}
 
 
-def step_seconds(args, group, state, hook, steps):
-    """Median seconds of the MLP's training step under DDP over ``group`` with ``hook``."""
+def training_step(args, group, state, hook):
+    """One step of the MLP's training under DDP over ``group`` with ``hook``: a function
+    that runs a step and returns its seconds."""
     torch.manual_seed(0)
     net = torch.nn.parallel.DistributedDataParallel(mlp(), process_group=group, bucket_cap_mb=args.bucket_mb)
     net.register_comm_hook(state, hook)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
     x, y = torch.randn(args.batch, 1, 28, 28), torch.randint(0, 10, (args.batch,))
-    seconds = []
-    for step in range(steps):
+
+    def step():
         dist.barrier()
         start = time.perf_counter()
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(net(x), y).backward()
         optimizer.step()
-        if step >= 4:
-            seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds)
+        return time.perf_counter() - start
+
+    return step
 
 
 def powersgd_costs(args, own_group):
     """What torch's PowerSGD hook adds to the step, in one bucket (how it runs on gloo),
-    measured on a group of this rank alone (its collectives cost nothing there)."""
+    measured on a group of this rank alone (its collectives cost nothing there): the
+    median over steps of a PowerSGD step less the step without communication taken
+    right after it. Taken in turns, so that what the shared machine does meanwhile falls
+    on both (a difference of two medians taken apart moved by half between calibrations)."""
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
     one_bucket = args.bucket_mb
     args.bucket_mb = 1024.0
     dist._DEFAULT_FIRST_BUCKET_BYTES = int(args.bucket_mb * 2**20)
-    none = step_seconds(args, own_group, None, no_communication, args.hook_steps)
-    costs = {}
+    none = training_step(args, own_group, None, no_communication)
+    hooked = {}
     for r in (1, 4):
         state = powerSGD_hook.PowerSGDState(process_group=own_group, matrix_approximation_rank=r,
                                             start_powerSGD_iter=2, min_compression_rate=1.0,
                                             use_error_feedback=True, warm_start=True)
-        added = step_seconds(args, own_group, state, powerSGD_hook.powerSGD_hook, args.hook_steps) - none
-        costs[f"powersgd{r}-onebucket"] = {"compress": [max(0.0, added)]}
+        hooked[r] = training_step(args, own_group, state, powerSGD_hook.powerSGD_hook)
+    added = {r: [] for r in hooked}
+    for step in range(args.hook_steps):
+        for r, hooked_step in hooked.items():
+            took, without = hooked_step(), none()
+            if step >= 4:  # past PowerSGD's dense steps and its first compressed one
+                added[r].append(took - without)
     args.bucket_mb = one_bucket
-    return costs
+    return {f"powersgd{r}-onebucket": {"compress": [max(0.0, statistics.median(a))]} for r, a in added.items()}
 
 
 def no_communication(state, bucket):
@@ -197,21 +208,27 @@ def probe_seconds(args):
 
 
 def collectives(repeats):
-    """Seconds of single collectives (the slowest rank's, median over repeats)."""
+    """Seconds of single collectives (the slowest rank's, median over repeats), and the
+    processor seconds a rank spent in them (its process's, every thread: gloo's copies,
+    sums and socket calls; the mean over ranks, median over repeats)."""
     world, rank = dist.get_world_size(), dist.get_rank()
     rows = []
 
     def measure(name, nbytes, action):
         action()
-        seconds = []
+        seconds, busy = [], []
         for _ in range(repeats):
             dist.barrier()
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             action()
             took = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+            cpu = torch.tensor([time.process_time() - start_cpu], dtype=torch.float64)
             dist.all_reduce(took, op=dist.ReduceOp.MAX)
+            dist.all_reduce(cpu)
             seconds.append(took.item())
-        rows.append({"collective": name, "bytes": nbytes, "seconds": statistics.median(seconds)})
+            busy.append(cpu.item() / world)
+        rows.append({"collective": name, "bytes": nbytes, "seconds": statistics.median(seconds),
+                     "cpu_seconds": statistics.median(busy)})
 
     # Gradient-like values, not zeros: gloo's float16 sums take 1.7x longer on them (16 MB
     # on 4 ranks at 1 Gbit/s: 0.49 s against 0.29 s of zeros). Small enough that the
@@ -247,7 +264,8 @@ def main():
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     world = dist.get_world_size()
-    result = {"world": world, "torch": torch.__version__, "density": args.density, **timeline(args)}
+    result = {"world": world, "cores": len(os.sched_getaffinity(0)), "torch": torch.__version__,
+              "density": args.density, **timeline(args)}
     shapes = result["buckets"]
     costs = {name: gradcomp_costs(name, shapes, world, args.density, args.repeats) for name in GRADCOMP_METHODS}
     costs["fp16"] = fp16_costs(shapes, world, args.repeats)

@@ -16,7 +16,7 @@ checked against what the emulated cluster measured, then asked about GPU cluster
    run recorded none: a backward of two thirds of the step making the buckets ready in
    proportion to their floats), and links of 10 µs per message at 90% of their rate.
 
-    python3 -m experiments.plan_report docs/data/plan-2026-11-27/* \\
+    python3 -m experiments.plan_report docs/data/plan-2026-11-29-cores/*/ \\
         --step-cost docs/data/step_cost-h100-2026-11-27-device-exchange.json
 """
 import argparse
@@ -52,19 +52,30 @@ def fit(rate, rows, world):
     return best[1], best[2]
 
 
-def fit_link(rate, rows, world):
+def fit_link(rate, rows, world, cores=None):
     """The link with each measured collective's own latency and efficiency (gloo's
     collectives on two cores differ: its all-gather and all-to-all copy more than its
-    all-reduce, and it sums float16 slowly), and each kind's floor, the least one of its
+    all-reduce, and it sums float16 slowly), each kind's floor, the least one of its
     collectives took: on ranks that share cores a collective of a few KB takes what each
     of its hops waits for a process to run (a 4 KB all-reduce at 8 ranks on 1 Gbit/s,
     21 ms, longer than one of 256 KB, 18 ms), which the fit, dominated by the large ones,
-    misses."""
+    misses; and the share of each kind's seconds its transport computes on the rank's
+    cores: the processor seconds measured in its collectives over their seconds, as a
+    share of the cores a rank has (``cores`` shared by ``world`` ranks; a calibration
+    without processor seconds: what the efficiency takes from the rate)."""
     kinds = sorted({r["collective"] for r in rows})
     floors = {k: min(r["seconds"] for r in rows if r["collective"] == k) for k in kinds}
-    return plan.Link(rate, *fit(rate, rows, world),
-                     fitted={k: fit(rate, [r for r in rows if r["collective"] == k], world) for k in kinds},
-                     transport_computes=True, tree_all_reduce=False, floors=floors)
+    fitted = {k: fit(rate, [r for r in rows if r["collective"] == k], world) for k in kinds}
+
+    def busy(kind):
+        of_kind = [r for r in rows if r["collective"] == kind]
+        if any("cpu_seconds" not in r for r in of_kind):
+            return 1.0 - fitted[kind][1]
+        share = sum(r["cpu_seconds"] for r in of_kind) / sum(r["seconds"] for r in of_kind)
+        return min(1.0, share * world / min(world, cores))
+
+    return plan.Link(rate, *fit(rate, rows, world), fitted=fitted, tree_all_reduce=False, floors=floors,
+                     busy={k: busy(k) for k in kinds})
 
 
 def cluster_workload(calibration, compute_step, one_bucket=False):
@@ -101,16 +112,18 @@ def validate(runs):
     for directory in runs:
         c = json.load(open(os.path.join(directory, "calibration.json")))
         world, rate_name = c["world"], os.path.basename(directory.rstrip("/")).split("-")[0]
-        link = fit_link(plan.parse_rate(rate_name), c["collectives"], world)
+        link = fit_link(plan.parse_rate(rate_name), c["collectives"], world, c.get("cores", world))
         fitted = [(r, plan.collective_seconds(link, world, r["collective"], r["bytes"])) for r in c["collectives"]]
         spread = max(abs(p / r["seconds"] - 1) for r, p in fitted)
         none = json.load(open(os.path.join(directory, "none.json")))
         compute = statistics.median(none["step_seconds"])
         each = ", ".join(f"{k} {lat * 1e6:.0f} µs and {eff:.0%}" for k, (lat, eff) in link.fitted.items())
         floors = ", ".join(f"{k} {t * 1e3:.1f} ms" for k, t in link.floors.items())
+        busy = ", ".join(f"{k} {share:.0%}" for k, share in link.busy.items())
         lines += [f"**{rate_name}, {world} ranks.** The link fitted to {len(fitted)} single collectives, each kind "
                   f"apart (latency per message, share of the rate): {each}; each kind's floor (the least one "
-                  f"of its collectives took): {floors}; the worst collective off by {spread:.0%}. Step without "
+                  f"of its collectives took): {floors}; the share of each kind's seconds its transport computes "
+                  f"on the rank's cores: {busy}; the worst collective off by {spread:.0%}. Step without "
                   f"communication: {compute:.3f} s (the `none` run's).", "",
                   "| hook | measured step | predicted | error | measured communication alone | predicted | error |",
                   "|---|---:|---:|---:|---:|---:|---:|"]

@@ -9,8 +9,9 @@ buys at scale", validates it against the emulated cluster and tables it for two 
   compression, its collectives, its decoding. One bucket's work starts when the bucket is
   ready and the previous bucket's is done (DDP's collectives run in bucket order, and
   gradcomp's hook runs each bucket's exchange on one thread);
-- compression and decoding (and, where ``Link.transport_computes``, the transport's own
-  copies and sums) compute on the processor backward runs on (the GPU, or the
+- compression and decoding (and the share of a collective the transport itself computes
+  there, ``Link.busy``: gloo's copies and sums on CPU ranks) compute on the processor
+  backward runs on (the GPU, or the
   CPU cores of a CPU rank), so they take their time from backward: one queue, served in
   the order work becomes ready, before backward (which goes on in the gaps). The
   collectives run on the network meanwhile;
@@ -28,7 +29,8 @@ collective less than the least its kind was measured to take (``Link.floors``).
 What each method puts on the wire per bucket of n floats (docs/communication.md):
 dense all-reduces 4n bytes; fp16 2n; PowerSGD of rank r all-reduces its vectors, then
 P (rows x r per matrix) and Q (columns x r); gradcomp's top-k methods all-gather one
-message of k entries (k = ceil(density * n)) with the step's 24-byte verdict; ScaleCom
+message of k entries (k = ceil(density * n)) with the step's 24-byte verdict, padded to
+the bound the ranks agreed (an eighth above the longest message, in 64 bytes); ScaleCom
 all-gathers 40-byte frames, broadcasts the leader's k indices and reduces and broadcasts
 k values; the global top-k (``sparse_allreduce``) all-gathers 40-byte frames, sends about
 k entries in an all-to-all of blocks of equal room, and all-gathers the k selected ones
@@ -77,10 +79,11 @@ class Link:
     fitted: Dict[str, Tuple[float, float]] = field(default_factory=dict, compare=False)
     """(latency, efficiency) of the collectives measured apart, by name: where a transport's
     collectives differ from one another (gloo on a few cores); the others take the link's."""
-    transport_computes: bool = False
-    """Whether what the efficiency takes from the rate is the transport's computation on the
-    processor backward runs on (gloo's copies and sums on CPU ranks), which then waits for
-    it; NCCL's runs beside backward."""
+    busy: Dict[str, float] = field(default_factory=dict, compare=False)
+    """The share of a collective's seconds that the transport computes on the processor
+    backward runs on, by name (measured: gloo's copies, sums and socket calls on CPU
+    ranks), which backward then waits for; none where it is not named (NCCL's runs
+    beside backward)."""
     tree_all_reduce: bool = True
     """Whether an all-reduce of few bytes among many ranks may take a tree (NCCL picks one);
     gloo's all-reduce is a ring whatever its size."""
@@ -96,6 +99,9 @@ class Link:
             raise InvalidArgumentError(f"Link: latency must be >= 0 seconds, got {self.latency}")
         if not 0 < self.efficiency <= 1:
             raise InvalidArgumentError(f"Link: efficiency must be in (0, 1], got {self.efficiency}")
+        for name, share in self.busy.items():
+            if not 0 <= share <= 1:
+                raise InvalidArgumentError(f"Link: busy[{name!r}] must be in [0, 1], got {share}")
 
     def seconds(self, nbytes: float) -> float:
         """One message of ``nbytes``."""
@@ -104,17 +110,21 @@ class Link:
     def of(self, collective: str) -> "Link":
         """The link as ``collective`` sees it."""
         fitted = self.fitted.get(collective) or self.fitted.get(collective.split("_fp16")[0])
-        return Link(self.bits_per_second, *fitted, transport_computes=self.transport_computes,
-                    tree_all_reduce=self.tree_all_reduce, floors=self.floors) if fitted else self
+        return Link(self.bits_per_second, *fitted, tree_all_reduce=self.tree_all_reduce, floors=self.floors,
+                    busy=self.busy) if fitted else self
 
     def floor(self, collective: str) -> float:
         """The least seconds `collective` takes (0 where none was measured)."""
-        return self.floors.get(collective, self.floors.get(collective.split("_fp16")[0], 0.0))
+        return _by_kind(self.floors, collective)
 
     def computing(self, collective: str, seconds: float) -> float:
         """Of a collective's ``seconds``, those the transport computes on the processor."""
-        link = self.of(collective)
-        return seconds * (1.0 - link.efficiency) if self.transport_computes else 0.0
+        return seconds * _by_kind(self.busy, collective)
+
+
+def _by_kind(values: Dict[str, float], collective: str) -> float:
+    """A collective's value, or its kind's (float16's all-reduce: the all-reduce's), or 0."""
+    return values.get(collective, values.get(collective.split("_fp16")[0], 0.0))
 
 
 def parse_rate(text: str) -> float:
@@ -221,7 +231,10 @@ def traffic(method: str, bucket: Bucket, world: int, density: float, entry_bytes
         return [c for c in sent if c[1] > 0], 0
     k = count(density, n)
     if method in ALLGATHER_METHODS:
-        return [("all_gather", VERDICT_BYTES + MESSAGE_HEADER_BYTES + k * entry_bytes)], world * k
+        # A frame: the verdict, then the message padded to the bound the ranks agreed
+        # from the last step's longest message (an eighth more, rounded up to 64 bytes).
+        bound = math.ceil((MESSAGE_HEADER_BYTES + k * entry_bytes) * 9 / 8 / 64) * 64
+        return [("all_gather", VERDICT_BYTES + bound)], world * k
     if method == "scalecom":
         # The frames (the verdicts with the sizes the collectives move), the leader's
         # indices, then the values reduced to the leader and broadcast.

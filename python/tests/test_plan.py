@@ -65,7 +65,9 @@ def test_traffic_of_each_method():
     assert sent[1:] == [("all_reduce", 4 * 4040), ("all_reduce", 4 * 4040)]
     k = math.ceil(0.01 * b.numel)
     sent, decoded = plan.traffic("topk_ef", b, 4, 0.01, entry_bytes=6)
-    assert sent == [("all_gather", 24 + 56 + 6 * k)] and decoded == 4 * k
+    # the verdict, then the message padded to the bound: an eighth more, in 64 bytes
+    assert sent == [("all_gather", 24 + 64 * math.ceil((56 + 6 * k) * 1.125 / 64))] and decoded == 4 * k
+    assert plan.traffic("topk_ef", plan.Bucket(800, 0.0), 4, 0.01, entry_bytes=8) == ([("all_gather", 24 + 192)], 32)
     sent, decoded = plan.traffic("sparse_allreduce", b, 4, 0.01)
     assert sent[0] == ("all_gather", 40) and decoded == 2 * k and len(sent) == 8  # the frames
     # the blocks: a header and a rank's entries for each region, with an eighth of room and 16
@@ -84,7 +86,7 @@ def test_one_bucket_at_the_end_of_backward_exposes_everything():
     assert dense.step == pytest.approx(0.1 + 0.3 + 6 * 1e-3 + 0.05)
     k = 10_000
     p = plan.predict(w, "topk_ef", 4, link, density=0.01)
-    network = 3 * (24 + 56 + 8 * k) / 1e9
+    network = 3 * (24 + 90_112) / 1e9  # the frame: the verdict and 80,056 bytes' bound
     assert p.step == pytest.approx(0.45 + 0.02 + network + 4 * k * 1e-8)
     assert p.network == pytest.approx(network)
     assert p.exposed == pytest.approx(network)
@@ -96,11 +98,28 @@ def test_hook_work_takes_the_processor_from_backward():
                       {"topk_ef": plan.Costs((0.02, 0.02), 1e-8, 8.0)})
     # Bucket 0: ready at 0.1, compressed until 0.12, decoded on arrival (0.12 + network)
     # for 4e-4 s; backward's remaining 0.2 s end 0.0204 late; bucket 1 as the last above.
-    network = 3 * (24 + 56 + 8 * 10_000) / 1e9
+    network = 3 * (24 + 90_112) / 1e9
     assert plan.predict(w, "topk_ef", 4, link, 0.01).step == pytest.approx(
         0.1 + 0.3 + 0.02 + 4e-4 + 0.02 + network + 4e-4 + 0.05)
     # dense: bucket 0's all-reduce (6 ms) hides behind backward; bucket 1's does not.
     assert plan.predict(w, "dense", 4, link).step == pytest.approx(0.1 + 0.3 + 6e-3 + 0.05)
+
+
+def test_the_transports_computation_takes_the_processor_from_backward():
+    w = plan.Workload(0.1, 0.3, 0.05, (plan.Bucket(1_000_000, 0.1), plan.Bucket(1_000_000, 0.3)))
+    ring = 6 * 4e6 / 4 / 1e9  # dense's all-reduce of 4 MB on 4 ranks at 1 GB/s: 6 ms
+    # Half of each all-reduce is the transport's computation (gloo's sums): bucket 0's
+    # 3 ms hold backward back; bucket 1's come after backward with the rest of its ring.
+    link = plan.Link(8e9, latency=0.0, busy={"all_reduce": 0.5})
+    p = plan.predict(w, "dense", 4, link)
+    assert p.step == pytest.approx(0.1 + 0.3 + ring / 2 + ring + 0.05)
+    assert p.hook_computation == pytest.approx(ring)
+    # float16's all-reduce takes the all-reduce's share where it has none of its own.
+    assert link.computing("all_reduce_fp16", 0.01) == pytest.approx(0.005)
+    assert link.computing("all_gather", 0.01) == 0.0
+    assert plan.Link(8e9, busy={"all_reduce_fp16": 0.9}).computing("all_reduce_fp16", 0.01) == pytest.approx(0.009)
+    with pytest.raises(gradcomp.InvalidArgumentError, match=r"busy\['all_gather'\] must be in \[0, 1\], got 1.5"):
+        plan.Link(8e9, busy={"all_gather": 1.5})
 
 
 def simulated_step(workload, method, world, link, density, tick):
@@ -194,9 +213,8 @@ def test_bad_input_is_named():
 def test_the_report_in_the_docs_is_what_its_data_gives():
     """docs/results.md's tables ("What it buys at scale") come from the committed runs."""
     root = os.path.join(os.path.dirname(__file__), "..", "..")
-    data = os.path.join("docs", "data", "plan-2026-11-29")  # its 8-rank run, with the 4-rank runs of 2026-11-27
-    runs = [os.path.join("docs", "data", "plan-2026-11-27", run) for run in ("1gbit-w4", "10gbit-w4")]
-    runs.append(os.path.join(data, "1gbit-w8"))
+    data = os.path.join("docs", "data", "plan-2026-11-29-cores")
+    runs = [os.path.join(data, run) for run in ("1gbit-w4", "10gbit-w4", "1gbit-w8")]
     printed = subprocess.run([sys.executable, "-m", "experiments.plan_report", *runs], cwd=root, capture_output=True,
                              text=True, timeout=120, check=True).stdout
     with open(os.path.join(root, data, "report.md")) as f:
