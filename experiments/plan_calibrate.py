@@ -7,8 +7,9 @@ measures at once, so the ranks share the machine's cores as they do in training:
   each bucket's floats and matrix shapes;
 - what each method computes per bucket, timed on random gradients of the buckets' sizes:
   gradcomp's compression of a bucket and its decoding of W messages (per entry);
-  fp16's casts; torch's PowerSGD hook (ranks 1 and 4, one bucket), as what it adds to the
-  step of DDP over a group of this rank alone;
+  fp16's casts; torch's PowerSGD hook (ranks 1 and 4, one bucket) and gradcomp's DDP
+  hooks, as what each adds to the step of DDP over a group of this rank alone (the way
+  experiments/gpu_step_cost.py measures them on a GPU);
 - the computation in experiments/ddp_cluster.py's "communication alone" step;
 - single collectives over the rate-limited links, a few sizes each: all_reduce (float32
   and float16), all_gather, broadcast, all_to_all_single (the seconds of the slowest
@@ -153,15 +154,26 @@ def training_step(args, group, state, hook):
     return step
 
 
+def added_in_turns(without, hooked, steps):
+    """Per hook, the median over ``steps`` of its step less the step ``without`` it taken
+    right after, past the first 4 (a hook's dense steps and its first compressed one).
+    Taken in turns, so that what the shared machine does meanwhile falls on both (a
+    difference of two medians taken apart moved by half between calibrations)."""
+    added = {name: [] for name in hooked}
+    for step in range(steps):
+        for name, hooked_step in hooked.items():
+            took, without_it = hooked_step(), without()
+            if step >= 4:
+                added[name].append(took - without_it)
+    return {name: max(0.0, statistics.median(a)) for name, a in added.items()}
+
+
 def powersgd_costs(args, own_group):
     """What torch's PowerSGD hook adds to the step, in one bucket (how it runs on gloo),
-    measured on a group of this rank alone (its collectives cost nothing there): the
-    median over steps of a PowerSGD step less the step without communication taken
-    right after it. Taken in turns, so that what the shared machine does meanwhile falls
-    on both (a difference of two medians taken apart moved by half between calibrations)."""
+    measured on a group of this rank alone (its collectives cost nothing there)."""
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
-    one_bucket = args.bucket_mb
+    one_bucket, first_bucket = args.bucket_mb, dist._DEFAULT_FIRST_BUCKET_BYTES
     args.bucket_mb = 1024.0
     dist._DEFAULT_FIRST_BUCKET_BYTES = int(args.bucket_mb * 2**20)
     none = training_step(args, own_group, None, no_communication)
@@ -170,15 +182,35 @@ def powersgd_costs(args, own_group):
         state = powerSGD_hook.PowerSGDState(process_group=own_group, matrix_approximation_rank=r,
                                             start_powerSGD_iter=2, min_compression_rate=1.0,
                                             use_error_feedback=True, warm_start=True)
-        hooked[r] = training_step(args, own_group, state, powerSGD_hook.powerSGD_hook)
-    added = {r: [] for r in hooked}
-    for step in range(args.hook_steps):
-        for r, hooked_step in hooked.items():
-            took, without = hooked_step(), none()
-            if step >= 4:  # past PowerSGD's dense steps and its first compressed one
-                added[r].append(took - without)
-    args.bucket_mb = one_bucket
-    return {f"powersgd{r}-onebucket": {"compress": [max(0.0, statistics.median(a))]} for r, a in added.items()}
+        hooked[f"powersgd{r}-onebucket"] = training_step(args, own_group, state, powerSGD_hook.powerSGD_hook)
+    added = added_in_turns(none, hooked, args.hook_steps)
+    args.bucket_mb, dist._DEFAULT_FIRST_BUCKET_BYTES = one_bucket, first_bucket
+    return {name: {"compress": [seconds]} for name, seconds in added.items()}
+
+
+def gradcomp_hook_costs(args, own_group, world, costs, shapes):
+    """What gradcomp's DDP hooks add to the step on a group of this rank alone, as
+    experiments/gpu_step_cost.py measures them on one GPU for the GPU predictions:
+    spread over the buckets by their floats, less the decoding of the one message a rank
+    alone adds (the model adds W). Its decoding per entry is the compressor's own."""
+    from gradcomp.torch import ddp as gddp
+
+    none = training_step(args, own_group, None, no_communication)
+    made = {"topk_ef": dict(method="topk_ef"), "dgc": dict(method="dgc", max_norm=5.0, workers=world),
+            "scalecom": dict(method="scalecom"), "ok_topk": dict(method="topk_ef", aggregation="sparse_allreduce")}
+    hooked = {name: training_step(args, own_group, gddp.State(own_group, density=args.density, start_iter=2, **kw),
+                                  gddp.hook)
+              for name, kw in made.items()}
+    added = added_in_turns(none, hooked, args.hook_steps)
+    sizes = [numel(s) for s in shapes]
+    result = {}
+    for name, seconds in added.items():
+        own = costs["topk_ef" if name == "ok_topk" else name]
+        per_bucket = [max(0.0, seconds * n / sum(sizes) - own["decode_per_entry"] * math.ceil(args.density * n))
+                      for n in sizes]
+        result[f"{name}-hook"] = {"compress": per_bucket, "decode_per_entry": own["decode_per_entry"],
+                                  "entry_bytes": own["entry_bytes"]}
+    return result
 
 
 def no_communication(state, bucket):
@@ -257,7 +289,7 @@ def main():
     parser.add_argument("--bucket-mb", type=float, default=4.0)
     parser.add_argument("--density", type=float, default=0.01)
     parser.add_argument("--steps", type=int, default=14)
-    parser.add_argument("--hook-steps", type=int, default=30, help="steps timing torch's PowerSGD hook")
+    parser.add_argument("--hook-steps", type=int, default=30, help="steps timing the hooks on one rank")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -271,6 +303,7 @@ def main():
     costs["fp16"] = fp16_costs(shapes, world, args.repeats)
     own_group = [dist.new_group([r]) for r in range(world)][dist.get_rank()]
     costs.update(powersgd_costs(args, own_group))
+    costs.update(gradcomp_hook_costs(args, own_group, world, costs, shapes))
     result["probe"] = probe_seconds(args)
     # Every rank's costs, the median over ranks: they shared the cores.
     every = [None] * world
