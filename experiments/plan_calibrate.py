@@ -156,9 +156,10 @@ def training_step(args, group, state, hook):
 
 def added_in_turns(without, hooked, steps):
     """Per hook, the median over ``steps`` of its step less the step ``without`` it taken
-    right after, past the first 4 (a hook's dense steps and its first compressed one).
-    Taken in turns, so that what the shared machine does meanwhile falls on both (a
-    difference of two medians taken apart moved by half between calibrations)."""
+    right after (always in that order), past the first 4 (the hooks start compressing at
+    their third step; their first compressed one has no bounds yet). Taken in turns, so
+    that what the shared machine does meanwhile falls on both (a difference of two
+    medians taken apart moved by half between calibrations)."""
     added = {name: [] for name in hooked}
     for step in range(steps):
         for name, hooked_step in hooked.items():
@@ -191,8 +192,9 @@ def powersgd_costs(args, own_group):
 def gradcomp_hook_costs(args, own_group, world, costs, shapes):
     """What gradcomp's DDP hooks add to the step on a group of this rank alone, as
     experiments/gpu_step_cost.py measures them on one GPU for the GPU predictions:
-    spread over the buckets by their floats, less the decoding of the one message a rank
-    alone adds (the model adds W). Its decoding per entry is the compressor's own."""
+    spread over the buckets by their floats, less the decoding of the k entries a rank
+    alone adds (the model adds what the method decodes among W ranks). Its decoding per
+    entry is the compressor's own."""
     from gradcomp.torch import ddp as gddp
 
     none = training_step(args, own_group, None, no_communication)

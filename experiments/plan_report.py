@@ -72,7 +72,7 @@ def fit_link(rate, rows, world, cores=None):
         if any("cpu_seconds" not in r for r in of_kind):
             return 1.0 - fitted[kind][1]
         share = sum(r["cpu_seconds"] for r in of_kind) / sum(r["seconds"] for r in of_kind)
-        return min(1.0, share * world / min(world, cores))
+        return min(1.0, share * world / min(world, cores or world))
 
     return plan.Link(rate, *fit(rate, rows, world), fitted=fitted, tree_all_reduce=False, floors=floors,
                      busy={k: busy(k) for k in kinds})

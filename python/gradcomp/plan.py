@@ -232,8 +232,11 @@ def traffic(method: str, bucket: Bucket, world: int, density: float, entry_bytes
     k = count(density, n)
     if method in ALLGATHER_METHODS:
         # A frame: the verdict, then the message padded to the bound the ranks agreed
-        # from the last step's longest message (an eighth more, rounded up to 64 bytes).
-        bound = math.ceil((MESSAGE_HEADER_BYTES + k * entry_bytes) * 9 / 8 / 64) * 64
+        # from the last step's longest message (comm/frames.hpp, next_frame_bound: an
+        # eighth more, rounded up to 64 bytes; here of the mean message, and without the
+        # policies' largest message as its cap).
+        message = math.ceil(MESSAGE_HEADER_BYTES + k * entry_bytes)
+        bound = (message + message // 8 + 63) // 64 * 64
         return [("all_gather", VERDICT_BYTES + bound)], world * k
     if method == "scalecom":
         # The frames (the verdicts with the sizes the collectives move), the leader's

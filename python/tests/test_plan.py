@@ -66,8 +66,11 @@ def test_traffic_of_each_method():
     k = math.ceil(0.01 * b.numel)
     sent, decoded = plan.traffic("topk_ef", b, 4, 0.01, entry_bytes=6)
     # the verdict, then the message padded to the bound: an eighth more, in 64 bytes
-    assert sent == [("all_gather", 24 + 64 * math.ceil((56 + 6 * k) * 1.125 / 64))] and decoded == 4 * k
+    # (k = 10,002: 60,068 bytes and 7,508)
+    assert k == 10_002 and sent == [("all_gather", 24 + 67_584)] and decoded == 4 * k
     assert plan.traffic("topk_ef", plan.Bucket(800, 0.0), 4, 0.01, entry_bytes=8) == ([("all_gather", 24 + 192)], 32)
+    # comm/frames.hpp's bound rounds an eighth down: 626 bytes + 78 is 704, not 768
+    assert plan.traffic("topk_ef", plan.Bucket(9500, 0.0), 4, 0.01, entry_bytes=6) == ([("all_gather", 24 + 704)], 380)
     sent, decoded = plan.traffic("sparse_allreduce", b, 4, 0.01)
     assert sent[0] == ("all_gather", 40) and decoded == 2 * k and len(sent) == 8  # the frames
     # the blocks: a header and a rank's entries for each region, with an eighth of room and 16
@@ -208,6 +211,46 @@ def test_bad_input_is_named():
         plan.traffic("gzip", w.buckets[0], 2, 0.1)
     with pytest.raises(ValueError, match="ready in order, within backward"):
         plan.predict(plan.Workload(0.0, 0.1, 0.0, (plan.Bucket(10, 0.2),)), "dense", 2, plan.Link(1e9))
+
+
+def experiments_module(name):
+    """experiments/<name>.py, imported from the repository's root."""
+    import importlib
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    return importlib.import_module(f"experiments.{name}")
+
+
+def test_the_transports_share_is_its_processor_seconds_over_a_ranks_cores():
+    report = experiments_module("plan_report")
+    rows = [{"collective": "all_reduce", "bytes": 1e6, "seconds": 0.1, "cpu_seconds": 0.02},
+            {"collective": "all_reduce", "bytes": 4e6, "seconds": 0.3, "cpu_seconds": 0.04},
+            {"collective": "broadcast", "bytes": 1e6, "seconds": 0.1, "cpu_seconds": 0.09}]
+    # 4 ranks on 2 cores: 0.06 of 0.4 s is 15% of a core, 30% of a rank's half; the
+    # broadcast's 90% of a core is more than a rank's half: all of it.
+    link = report.fit_link(1e9, rows, 4, cores=2)
+    assert link.busy["all_reduce"] == pytest.approx(0.3) and link.busy["broadcast"] == 1.0
+    assert report.fit_link(1e9, rows, 4).busy["all_reduce"] == pytest.approx(0.15)  # a core per rank
+    # A calibration without processor seconds: what the efficiency takes from the rate.
+    old = report.fit_link(1e9, [{k: v for k, v in r.items() if k != "cpu_seconds"} for r in rows], 4)
+    assert old.busy["all_reduce"] == pytest.approx(1.0 - old.fitted["all_reduce"][1])
+
+
+def test_a_hooks_cost_is_its_step_less_the_step_without_it_right_after():
+    calibrate = experiments_module("plan_calibrate")
+    calls, clock = [], iter(range(1000))
+
+    def step(name, seconds):
+        def run():
+            calls.append(name)
+            return seconds + 0.001 * next(clock)  # the machine slows down as it goes
+        return run
+
+    added = calibrate.added_in_turns(step("none", 1.0), {"a": step("a", 1.5), "b": step("b", 1.25)}, 10)
+    assert calls[:4] == ["a", "none", "b", "none"] and len(calls) == 40
+    # each difference is taken one tick apart: 0.5 - 0.001 and 0.25 - 0.001
+    assert added == {"a": pytest.approx(0.499), "b": pytest.approx(0.249)}
 
 
 def test_the_report_in_the_docs_is_what_its_data_gives():
