@@ -3,13 +3,13 @@
 # (experiments/cluster.sh), for each rate and rank count, the measurements the step-time
 # model takes (experiments/plan_calibrate.py), then short runs of the MLP of
 # experiments/ddp_cluster.py under each hook whose step time it must predict, then the
-# report (experiments/plan_report.py): the validation and the GPU predictions. About 25
+# report (experiments/plan_report.py): the validation and the GPU predictions. About 40
 # minutes on this machine (2 cores). Environment:
-#   RUNS   rate-wRANKS pairs (default "1gbit-w4 10gbit-w4 1gbit-w8")
+#   RUNS   rate-wRANKS pairs (default "1gbit-w4 10gbit-w4 1gbit-w8 10gbit-w8")
 #   STEPS  training steps per run, the first 10 dense (default 40)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-runs=${RUNS:-"1gbit-w4 10gbit-w4 1gbit-w8"}
+runs=${RUNS:-"1gbit-w4 10gbit-w4 1gbit-w8 10gbit-w8"}
 steps=${STEPS:-40}
 bash scripts/setup.sh results
 /usr/bin/python3 -m venv --system-site-packages build/venv
