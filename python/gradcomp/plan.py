@@ -99,9 +99,12 @@ class Link:
             raise InvalidArgumentError(f"Link: latency must be >= 0 seconds, got {self.latency}")
         if not 0 < self.efficiency <= 1:
             raise InvalidArgumentError(f"Link: efficiency must be in (0, 1], got {self.efficiency}")
+        if not isinstance(self.busy, dict):
+            raise InvalidArgumentError(f"Link: busy must be a dict of shares by collective, got "
+                                       f"{type(self.busy).__name__}")
         for name, share in self.busy.items():
-            if not 0 <= share <= 1:
-                raise InvalidArgumentError(f"Link: busy[{name!r}] must be in [0, 1], got {share}")
+            if not (isinstance(share, (int, float)) and 0 <= share <= 1):
+                raise InvalidArgumentError(f"Link: busy[{name!r}] must be in [0, 1], got {share!r}")
 
     def seconds(self, nbytes: float) -> float:
         """One message of ``nbytes``."""

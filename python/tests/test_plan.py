@@ -123,6 +123,10 @@ def test_the_transports_computation_takes_the_processor_from_backward():
     assert plan.Link(8e9, busy={"all_reduce_fp16": 0.9}).computing("all_reduce_fp16", 0.01) == pytest.approx(0.009)
     with pytest.raises(gradcomp.InvalidArgumentError, match=r"busy\['all_gather'\] must be in \[0, 1\], got 1.5"):
         plan.Link(8e9, busy={"all_gather": 1.5})
+    with pytest.raises(gradcomp.InvalidArgumentError, match=r"busy\['all_gather'\] must be in \[0, 1\], got '0.5'"):
+        plan.Link(8e9, busy={"all_gather": "0.5"})
+    with pytest.raises(gradcomp.InvalidArgumentError, match="busy must be a dict of shares by collective, got list"):
+        plan.Link(8e9, busy=[0.5])
 
 
 def simulated_step(workload, method, world, link, density, tick):
