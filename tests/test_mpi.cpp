@@ -919,42 +919,186 @@ TEST_CASE("sparse_allreduce::reduce_scatter on a memory the host may not read (t
 // and runs again once with room for its blocks (read again). Three collectives: the
 // frames, the entries, the records. Its workspace is scratch (no wait), grown while the
 // residual's first steps make the selection grow, then no more. The same shards and
-// residuals as on backend::host.
-TEST_CASE("sparse_allreduce::reduce_scatter on a device reads back its outcome once, not its entries") {
+// residuals as on backend::host. Queued (queue_reduce_scatter, after a first call), it
+// waits for nothing, and settle() from the outcome the caller read for nothing more.
+TEST_CASE("sparse_allreduce::reduce_scatter on a device reads back its outcome once, not its entries; queued, none") {
   mpi_of_opaque_memory comm;
   gc::comm::mpi host_comm;
   const auto w = static_cast<std::size_t>(comm.size());
   const std::size_t n = 4001 * w;
-  auto on_device = gc::presets::threshold_ef(counted_device{}, n, {.tau = 1.5f});
-  auto on_host = gc::presets::threshold_ef(gc::backend::host{}, n, {.tau = 1.5f});
-  gc::comm::sparse_allreduce device_exchange(comm, on_device);
-  gc::comm::sparse_allreduce host_exchange(host_comm, on_host);
-  std::vector<float> device_shard(n / w), host_shard(n / w);
-  for (int t = 0; t < 6; ++t) {
-    auto g = gradient_of(comm.rank(), n, t);
-    (void)counted_device::reset();
-    device_exchange.reduce_scatter(view_as<counted_device, const float>(g),
-                                   view_as<counted_device, float>(device_shard), 0.5f);
-    const device_waits waits = counted_device::reset();
-    host_exchange.reduce_scatter(g, host_shard, 0.5f);
-    CHECK(device_shard == host_shard);
-    CHECK(checkpoint(on_device) == checkpoint(on_host));
-    CHECK(device_exchange.last_traffic().sent == host_exchange.last_traffic().sent);
-    CAPTURE(t);
-    CHECK(waits.reads == 0);
-    // A call that ran again (its blocks outgrew their room as the selection grew) made
-    // an agreement and its three collectives once more, and read once more.
-    const std::uint64_t again = (device_exchange.last_traffic().collectives - 3) / 4;
-    CHECK(device_exchange.last_traffic().collectives == 3 + 4 * again);
-    CHECK(again <= 1);
-    CHECK(waits.to_host == (t == 0 ? 2 : 1) + again);
-    CHECK(waits.to_device == 0);
-    CHECK(waits.allocations == 0);  // its workspace is scratch
-    if (t >= 2) {
-      CHECK(waits.scratch == 0);
-      CHECK(again == 0);
+  const auto on_device = [&] { return gc::presets::threshold_ef(counted_device{}, n, {.tau = 1.5f}); };
+  const auto on_host = [&] { return gc::presets::threshold_ef(gc::backend::host{}, n, {.tau = 1.5f}); };
+  for (const bool queued : {false, true}) {
+    CAPTURE(queued);
+    auto device_compressor = on_device();
+    auto host_compressor = on_host();
+    gc::comm::sparse_allreduce device_exchange(comm, device_compressor);
+    gc::comm::sparse_allreduce host_exchange(host_comm, host_compressor);
+    std::vector<float> device_shard(n / w), host_shard(n / w);
+    for (int t = 0; t < 6; ++t) {
+      CAPTURE(t);
+      auto g = gradient_of(comm.rank(), n, t);
+      const auto device_g = view_as<counted_device, const float>(g);
+      (void)counted_device::reset();
+      if (queued && t > 0) {
+        device_exchange.queue_reduce_scatter(device_g, view_as<counted_device, float>(device_shard), 0.5f);
+        // Nothing read, copied or allocated but scratch (kept_ and the blocks as they grow).
+        const auto waits_for_nothing = [] {
+          const device_waits waits = counted_device::reset();
+          return waits.reads == 0 && waits.to_host == 0 && waits.to_device == 0 && waits.allocations == 0;
+        };
+        CHECK(waits_for_nothing());
+        const auto outcome = device_exchange.outcome();
+        (void)device_exchange.settle(std::vector<std::byte>(outcome.data(), outcome.data() + outcome.size()));
+        CHECK(waits_for_nothing());
+        host_exchange.queue_reduce_scatter(g, host_shard, 0.5f);
+        (void)host_exchange.settle(host_exchange.outcome());
+      } else {
+        device_exchange.reduce_scatter(device_g, view_as<counted_device, float>(device_shard), 0.5f);
+        const device_waits waits = counted_device::reset();
+        host_exchange.reduce_scatter(g, host_shard, 0.5f);
+        CHECK(waits.reads == 0);
+        // A call that ran again (its blocks outgrew their room as the selection grew) made
+        // an agreement and its three collectives once more, and read once more.
+        const std::uint64_t again = (device_exchange.last_traffic().collectives - 3) / 4;
+        CHECK(device_exchange.last_traffic().collectives == 3 + 4 * again);
+        CHECK(again <= 1);
+        CHECK(waits.to_host == (t == 0 ? 2 : 1) + again);
+        CHECK(waits.to_device == 0);
+        CHECK(waits.allocations == 0);  // its workspace is scratch
+        if (t >= 2) {
+          CHECK(waits.scratch == 0);
+          CHECK(again == 0);
+        }
+      }
+      CHECK(device_shard == host_shard);
+      CHECK(checkpoint(device_compressor) == checkpoint(host_compressor));
+      CHECK(device_exchange.last_traffic().sent == host_exchange.last_traffic().sent);
     }
   }
+}
+
+// queue_reduce_scatter on compressors of Backend over transport Comm, against the
+// reference: after a first call (reduce_scatter, which agrees the blocks' room), each
+// queued call writes the shard before anything is read; a rank's block for a region
+// carries the first `room` of its entries there (ascending) and settle() commits only
+// those, the rest staying in its residual, then grows the room for the next call (the
+// density triples at step 2, so that every region outgrows its block). A NaN on one rank
+// zeros every shard and raises the same error on every rank at settle(), the residual
+// unchanged; the calls then go on.
+template <class Backend, class Comm>
+void queued_reduce_scatter_matches_reference() {
+  Comm comm;
+  const int ranks = comm.size();
+  const auto w = static_cast<std::size_t>(ranks);
+  const std::size_t n = 2003 * w;
+  const std::size_t shard_n = n / w;
+  const std::size_t begin = shard_n * static_cast<std::size_t>(comm.rank());
+  auto mine = gc::compressor{Backend{}, n, gc::select::exact_topk{.density = 0.01}, gc::correct::error_feedback{},
+                             gc::encode::index_value{}};
+  gc::comm::sparse_allreduce exchange(comm, mine);
+  std::vector<std::vector<float>> e(w, std::vector<float>(n, 0.0f));
+  std::vector<float> shard(shard_n, 7.0f);
+  const auto roomy = [](std::size_t need) { return need + need / 8 + 16; };
+  std::size_t room = 0;  // the blocks' room, as the ranks agree it
+  bool carried_part = false;
+  // One step of every rank, blocks of `room` (none: all); the shard expected of it and
+  // the most entries a rank had for a region.
+  const auto reference_step = [&](int t, std::size_t k, std::optional<std::size_t> cap) {
+    std::vector<float> sum(n, 0.0f);
+    std::vector<bool> any(n, false);
+    std::size_t largest = 0;
+    for (int r = 0; r < ranks; ++r) {
+      auto& er = e[static_cast<std::size_t>(r)];
+      const auto g = sparse_gradient(r, n, t, false);
+      for (std::size_t i = 0; i < n; ++i) er[i] = er[i] + g[i];
+      auto chosen = reference::top_k(er, k);
+      std::sort(chosen.begin(), chosen.end());
+      std::vector<std::size_t> in_region(w, 0);
+      for (const std::uint32_t i : chosen) {
+        const std::size_t j = i / shard_n;
+        largest = std::max(largest, ++in_region[j]);
+        if (cap && in_region[j] > *cap) {
+          carried_part = true;
+          continue;  // not carried: it stays in the residual
+        }
+        sum[i] = any[i] ? sum[i] + er[i] : er[i];
+        any[i] = true;
+        er[i] -= er[i];
+      }
+    }
+    std::vector<float> expected(shard_n, 0.0f);
+    for (std::size_t i = 0; i < shard_n; ++i) expected[i] = any[begin + i] ? 0.5f * sum[begin + i] : 0.0f;
+    return std::pair{expected, largest};
+  };
+  const auto settle = [&] {
+    const auto outcome = exchange.outcome();
+    (void)exchange.settle(std::vector<std::byte>(outcome.data(), outcome.data() + outcome.size()));
+  };
+  for (int t = 0; t < 5; ++t) {
+    mine.set_density(t < 2 ? 0.01 : 0.03);
+    const std::size_t k = mine.selector().max_selected(n);
+    auto g = sparse_gradient(comm.rank(), n, t, false);
+    const auto [expected, largest] = reference_step(t, k, t == 0 ? std::nullopt : std::optional{room});
+    CAPTURE(t);
+    if (t == 0) {
+      CHECK_FALSE(exchange.sizes_agreed());
+      exchange.reduce_scatter(view_as<Backend, const float>(g), view_as<Backend, float>(shard), 0.5f);
+      room = roomy(largest);  // ran again at once with room for its blocks
+    } else {
+      CHECK(exchange.sizes_agreed());
+      const auto before = checkpoint(mine);
+      exchange.queue_reduce_scatter(view_as<Backend, const float>(g), view_as<Backend, float>(shard), 0.5f);
+      CHECK(shard == expected);           // written before the host read anything
+      CHECK(checkpoint(mine) == before);  // committed at the settle
+      settle();
+      room = largest > room ? roomy(largest) : roomy(largest) < room / 2 ? roomy(largest) : room;
+    }
+    CHECK(shard == expected);
+    const auto residual = mine.corrector_state(0);
+    CHECK(std::vector<float>(residual.begin(), residual.end()) == e[static_cast<std::size_t>(comm.rank())]);
+  }
+  CHECK(carried_part);  // some block was outgrown and carried what fit
+  // A NaN in the last rank's gradient: zeros in every shard, its error on every rank at
+  // the settle, the residual unchanged.
+  const auto before = checkpoint(mine);
+  auto g = sparse_gradient(comm.rank(), n, 9, false);
+  if (comm.rank() == ranks - 1) g[7] = NAN;
+  exchange.queue_reduce_scatter(view_as<Backend, const float>(g), view_as<Backend, float>(shard), 1.0f);
+  CHECK(shard == std::vector<float>(shard_n, 0.0f));
+  every_rank_throws(comm, settle,
+                    "gradcomp: compress: grad (or its error feedback) holds a NaN or infinity (rank " +
+                        std::to_string(ranks - 1) + " of " + std::to_string(ranks) + ")");
+  CHECK_FALSE(mine.has_staged());
+  CHECK(checkpoint(mine) == before);
+  // This rank's own bad argument: the shard is left as it is, the error on every rank.
+  std::vector<float> short_shard(shard_n - 1, 7.0f);
+  g = sparse_gradient(comm.rank(), n, 5, false);
+  exchange.queue_reduce_scatter(view_as<Backend, const float>(g),
+                                view_as<Backend, float>(comm.rank() == 0 ? short_shard : shard), 1.0f);
+  if (comm.rank() == 0) CHECK(short_shard == std::vector<float>(shard_n - 1, 7.0f));
+  every_rank_throws(comm, settle,
+                    "gradcomp: sparse_allreduce: shard.size() = " + std::to_string(shard_n - 1) +
+                        " does not match n / ranks = " + std::to_string(shard_n) + " (rank 0 of " +
+                        std::to_string(ranks) + ")");
+  CHECK(checkpoint(mine) == before);
+  // The calls go on from the residual the refused ones left.
+  const auto [expected, largest] = reference_step(5, mine.selector().max_selected(n), room);
+  exchange.queue_reduce_scatter(view_as<Backend, const float>(g), view_as<Backend, float>(shard), 0.5f);
+  settle();
+  CHECK(shard == expected);
+  const auto residual = mine.corrector_state(0);
+  CHECK(std::vector<float>(residual.begin(), residual.end()) == e[static_cast<std::size_t>(comm.rank())]);
+}
+
+TEST_CASE(
+    "sparse_allreduce::queue_reduce_scatter: the shard written before any read, blocks carrying what fits and "
+    "settle() committing only that; refusals alike at settle()") {
+  queued_reduce_scatter_matches_reference<gc::backend::host, gc::comm::mpi>();
+}
+
+TEST_CASE("sparse_allreduce::queue_reduce_scatter on a memory the host may not read (the path backend::cuda takes)") {
+  queued_reduce_scatter_matches_reference<opaque_host, mpi_of_opaque_memory>();
 }
 
 // What sparse_allreduce::step (Ok-Topk's global top-k, the DDP hook's sparse_allreduce

@@ -235,6 +235,13 @@ class sparse_exchange {
   /// the compressor's whole step is committed.
   virtual void reduce_scatter(const void* grad, element type, std::size_t n, float* shard, std::size_t shard_n,
                               float scale) = 0;
+  /// reduce_scatter() up to its one read (comm::sparse_allreduce::queue_reduce_scatter):
+  /// `shard` written as queued, the outcome returned (the compressor's memory) to read
+  /// before settle(), which commits; `grad` need not outlive the call.
+  virtual std::span<const std::byte> queue_reduce_scatter(const void* grad, element type, std::size_t n, float* shard,
+                                                          std::size_t shard_n, float scale) = 0;
+  /// Whether the ranks agreed the sizes the collectives move (after a first call).
+  [[nodiscard]] virtual bool sizes_agreed() const = 0;
   /// The global selection's size.
   [[nodiscard]] virtual std::size_t k() const = 0;
   /// Entries of this rank's message in the last step.

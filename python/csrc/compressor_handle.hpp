@@ -474,6 +474,36 @@ class sparse_handle {
       });
     });
   }
+  /// reduce_scatter() up to its one read (FSDP's calls settled once a step): `shard`
+  /// written as queued (zeros where the ranks refuse the step), the outcome returned, a
+  /// tensor over the exchange's memory that settle() takes read; settle() commits.
+  torch::Tensor queue_reduce_scatter(const torch::Tensor& grad_in, torch::Tensor& shard, double scale) {
+    const element type = check_gradient("reduce_scatter", "input", grad_in, c_.device(), -1);
+    check_tensor("reduce_scatter", "output", shard, torch::kFloat, c_.device());
+    gradcomp_py::check_written("reduce_scatter", "output", shard);
+    const torch::Tensor grad = values_of(grad_in);
+    return c_.exclusive([&] {
+      std::span<const std::byte> outcome;
+      c_.on_own_stream([&] {
+        outcome = x_->queue_reduce_scatter(grad.data_ptr(), type, static_cast<std::size_t>(grad.numel()),
+                                           shard.data_ptr<float>(), static_cast<std::size_t>(shard.numel()),
+                                           static_cast<float>(scale));
+      });
+      return torch::from_blob(const_cast<std::byte*>(outcome.data()), {static_cast<std::int64_t>(outcome.size())},
+                              torch::TensorOptions().dtype(torch::kUInt8).device(c_.device()));
+    });
+  }
+  /// settle() from the outcome read into `read` (uint8, on the CPU, contiguous).
+  void settle_read(const torch::Tensor& read) {
+    check_tensor("sparse_allreduce settle", "read", read, torch::kUInt8, torch::Device(torch::kCPU));
+    settle({reinterpret_cast<const std::byte*>(read.data_ptr<std::uint8_t>()), static_cast<std::size_t>(read.numel())});
+  }
+  /// Drops a queued exchange's staged step (one that will not be settled).
+  void drop() {
+    c_.exclusive([&] { x_->drop(); });
+  }
+  /// Whether the ranks agreed the sizes the collectives move (after a first call).
+  [[nodiscard]] bool sizes_agreed() const { return x_->sizes_agreed(); }
   /// stage() then accept().
   void step(const torch::Tensor& grad, torch::Tensor& dense, double scale) {
     stage(grad, dense, scale);

@@ -292,6 +292,14 @@ class sparse_exchange_of final : public sparse_exchange {
     with_gradient<Compressor>(grad, n, type,
                               [&](auto g) { exchange_.reduce_scatter(g, view<float>(shard, shard_n), scale); });
   }
+  std::span<const std::byte> queue_reduce_scatter(const void* grad, element type, std::size_t n, float* shard,
+                                                  std::size_t shard_n, float scale) override {
+    with_gradient<Compressor>(grad, n, type,
+                              [&](auto g) { exchange_.queue_reduce_scatter(g, view<float>(shard, shard_n), scale); });
+    const auto outcome = exchange_.outcome();
+    return {outcome.data(), outcome.size()};
+  }
+  [[nodiscard]] bool sizes_agreed() const override { return exchange_.sizes_agreed(); }
   void drop() noexcept override { exchange_.drop_staged(); }
   [[nodiscard]] std::size_t k() const override { return exchange_.k(); }
   [[nodiscard]] std::uint64_t entries() const override { return exchange_.last_traffic().entries; }

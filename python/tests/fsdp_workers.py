@@ -211,6 +211,107 @@ def check_set_density(rank, world):
     assert later.stats()["entries_sent"] == reference.k_for(0.04, n)
 
 
+def in_one_backward(body):
+    """Runs ``body()`` from a tensor hook, inside a backward pass (as FSDP calls its
+    reduce-scatters), and returns once the backward pass ended."""
+    def hook(grad):
+        body()  # the hook returns None: the gradient stays as it is
+
+    x = torch.zeros(1, requires_grad=True)
+    y = x * 2.0
+    y.register_hook(hook)
+    y.sum().backward()
+
+
+def check_settled_by_step(rank, world):
+    """settle="step": calls in a backward pass write their shards before anything is
+    read and commit at its end. Against the reference: after a first call (settled at
+    once, agreeing the blocks' room), a rank's block for a shard carries the first
+    `room` of its entries (ascending), only those are committed and the rest stay in its
+    residual, and the room grows (the density triples at step 2, so that the shards
+    outgrow their blocks). A NaN on one rank zeros every shard of that backward pass and
+    raises the same error on every rank from backward(), the residuals unchanged; the
+    calls then go on. A call outside a backward pass settles at once."""
+    shard_n = 1301
+    n = shard_n * world
+    group = dist.group.WORLD
+    rs = fsdp.ReduceScatter(method="topk_ef", density=0.01, settle="step")
+    twin = fsdp.ReduceScatter(method="topk_ef", density=0.01, settle="step")  # a second group in the same passes
+    e = [np.zeros(n, dtype=np.float32) for _ in range(world)]
+    roomy = lambda need: need + need // 8 + 16  # noqa: E731
+    room, carried_part = None, False
+
+    def expected(step, density, cap):
+        """The shard of a step at `density` with blocks of `cap` entries (None: all), and
+        the most entries a rank had for a shard; `e` updated."""
+        nonlocal carried_part
+        k = reference.k_for(density, n)
+        sums, seen, largest = np.zeros(n, dtype=np.float32), np.zeros(n, dtype=bool), 0
+        for r in range(world):
+            e[r] = (e[r] + grad_of(r, step, n).numpy()).astype(np.float32)
+            counts = [0] * world
+            for i in reference.top_k(e[r], k):
+                j = i // shard_n
+                counts[j] += 1
+                largest = max(largest, counts[j])
+                if cap is not None and counts[j] > cap:
+                    carried_part = True
+                    continue
+                sums[i] = np.float32(sums[i] + e[r][i]) if seen[i] else e[r][i]
+                seen[i] = True
+                e[r][i] = 0.0
+        return np.float32(1.0 / world) * sums[rank * shard_n:(rank + 1) * shard_n], largest
+
+    for step in range(5):
+        density = 0.01 if step < 2 else 0.03
+        rs.set_density(density)
+        twin.set_density(density)
+        want, largest = expected(step, density, room)
+        out = torch.full((shard_n,), 7.0)
+        committed = rs.compressor.step if rs.compressor is not None else 0
+
+        def call(out=out, step=step, want=want, committed=committed):  # run in this iteration's backward
+            rs(out, grad_of(rank, step, n), group, dist.ReduceOp.AVG)
+            twin(torch.empty(shard_n), grad_of(rank, step, n), group, dist.ReduceOp.AVG)
+            if step > 0:  # written, not yet committed
+                np.testing.assert_array_equal(out.numpy(), want)
+                assert rs.compressor.step == committed and twin.compressor.step == committed
+
+        in_one_backward(call)
+        np.testing.assert_array_equal(out.numpy(), want)
+        np.testing.assert_array_equal(rs.compressor.corrector_state(0).numpy(), e[rank])
+        assert rs.compressor.step == committed + 1
+        room = roomy(largest) if room is None or largest > room or roomy(largest) < room // 2 else room
+    assert carried_part
+    assert torch.equal(rs.compressor.corrector_state(0), twin.compressor.corrector_state(0))
+
+    # A NaN on the last rank: zeros in the shards, the same error on every rank from
+    # backward(), nothing committed; then the calls go on.
+    memory = rs.compressor.corrector_state(0).clone()
+    bad = grad_of(rank, 9, n)
+    if rank == world - 1:
+        bad[5] = float("nan")
+    out = torch.full((shard_n,), 7.0)
+    expect_error(lambda: in_one_backward(lambda: rs(out, bad, group, dist.ReduceOp.AVG)), gradcomp.NonFiniteError,
+                 f"gradcomp: compress: grad (or its error feedback) holds a NaN or infinity (rank {world - 1} of "
+                 f"{world})")
+    assert torch.equal(out, torch.zeros(shard_n))
+    assert torch.equal(rs.compressor.corrector_state(0), memory)
+    want, largest = expected(5, 0.03, room)
+    out = torch.empty(shard_n)
+    in_one_backward(lambda: rs(out, grad_of(rank, 5, n), group, dist.ReduceOp.AVG))
+    np.testing.assert_array_equal(out.numpy(), want)
+    np.testing.assert_array_equal(rs.compressor.corrector_state(0).numpy(), e[rank])
+    # Outside a backward pass a call settles before it returns (running again where a
+    # block is outgrown).
+    want, _ = expected(6, 0.03, None)
+    rs(out, grad_of(rank, 6, n), group, dist.ReduceOp.AVG)
+    np.testing.assert_array_equal(out.numpy(), want)
+    np.testing.assert_array_equal(rs.compressor.corrector_state(0).numpy(), e[rank])
+    expect_error(lambda: fsdp.ReduceScatter(settle="later"), gradcomp.InvalidArgumentError,
+                 "gradcomp: fsdp ReduceScatter: settle must be 'step', 'call' or None, got 'later'")
+
+
 class Net(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -315,6 +416,44 @@ def check_fully_shard_training(rank, world):
     state = sum(s.memory_bytes()["state"] for s in scatters)
     assert params + params // 64 <= state <= params + params // 64 + len(scatters), (state, params)
     assert all(s.memory_bytes()["total"] >= s.memory_bytes()["state"] for s in scatters)
+
+
+def check_training_settled_by_step(rank, world):
+    """FSDP2 training with settle="step" (one read at each backward pass's end): at
+    density 1 the parameters follow single-process SGD on the mean gradient; at density
+    0.05 the loss falls, also after a NaN on one rank, which makes backward() raise the
+    same error on every rank and adds nothing to the gradients."""
+    queued = []  # the calls queued for their backward pass's end: all but each group's first
+    settle_at_end = fsdp._settle_at_backward_end
+    fsdp._settle_at_backward_end = lambda *call: (queued.append(call[0]), settle_at_end(*call))
+    try:
+        model, scatters = sharded(lambda: fsdp.ReduceScatter(method="topk_ef", density=1.0, settle="step"))
+        layers = follows_single_process_sgd(model, rank, world, 5, world, rtol=1e-5, atol=1e-6)
+    finally:
+        fsdp._settle_at_backward_end = settle_at_end
+    assert sum(s.stats()["calls"] for s in scatters) == 5 * layers and len(queued) == 4 * layers
+
+    model, scatters = sharded(lambda: fsdp.ReduceScatter(method="topk_ef", density=0.05, settle="step"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    losses = []
+    for step in range(40):
+        x, y = batch_of(rank, step % 8)
+        if step == 3 and rank == world - 1:
+            x = x.clone()
+            x[0, 0] = float("nan")
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        if step == 3:
+            text = expect_error(loss.backward, gradcomp.NonFiniteError, "gradcomp: compress: grad (or its error")
+            assert text.endswith(f"(rank {world - 1} of {world})"), text
+            for p in model.parameters():  # the refused calls' shards were zeros
+                assert p.grad is None or torch.equal(p.grad.to_local(), torch.zeros_like(p.grad.to_local()))
+            opt.zero_grad()
+            continue
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    assert np.mean(losses[-8:]) < 0.85 * np.mean(losses[:8]), losses
 
 
 def check_compiled_training(rank, world):
@@ -521,6 +660,27 @@ def check_on_device(device):
         assert torch.equal(out.cpu(), torch.full((shard_n,), 7.0))
         assert torch.equal(rs.compressor.corrector_state(0), memory)
 
+        # Settled by step (the default on CUDA) inside backward passes, against CPU tensors
+        # settled by step, bit for bit: the shards written before the read, the residuals
+        # committed at the end, the blocks outgrown at step 2 (the density triples).
+        on_device = fsdp.ReduceScatter(method="topk_ef", density=0.01)
+        on_cpu = fsdp.ReduceScatter(method="topk_ef", density=0.01, settle="step")
+        for step in range(4):
+            for instance in (on_device, on_cpu):
+                instance.set_density(0.01 if step < 2 else 0.03)
+            g = grad_of(rank, step, n)
+            got, want = torch.empty(shard_n, device=device), torch.empty(shard_n)
+            in_one_backward(lambda got=got, want=want, g=g: (on_device(got, g.to(device), group, dist.ReduceOp.AVG),
+                                                             on_cpu(want, g, group, dist.ReduceOp.AVG)))
+            assert torch.equal(got.cpu(), want), ("settled by step", step)
+            assert torch.equal(on_device.compressor.corrector_state(0).cpu(), on_cpu.compressor.corrector_state(0))
+        memory = on_device.compressor.corrector_state(0).clone()
+        out = torch.full((shard_n,), 7.0, device=device)
+        expect_error(lambda: in_one_backward(lambda: on_device(out, bad.to(device), group, dist.ReduceOp.AVG)),
+                     gradcomp.NonFiniteError, "gradcomp: compress: grad (or its error feedback) holds a NaN")
+        assert torch.equal(out.cpu(), torch.zeros(shard_n))
+        assert torch.equal(on_device.compressor.corrector_state(0), memory)
+
         # HSDP's compressed all-reduce across replicas (here: all ranks one replicate group).
         on_device = fsdp.AllReduce(group, method="topk_ef", density=0.05)
         on_cpu = fsdp.AllReduce(group, method="topk_ef", density=0.05)
@@ -545,6 +705,8 @@ SCENARIOS = {
     "divide-factor": check_divide_factor_and_bf16_reduce,
     "compile": check_compiled_training,
     "hsdp": check_hsdp_replicas_compressed,
+    "settled-by-step": check_settled_by_step,
+    "training-settled-by-step": check_training_settled_by_step,
     "cuda": check_on_device("cuda"),
 }
 

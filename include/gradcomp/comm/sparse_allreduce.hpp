@@ -75,10 +75,11 @@ static_assert(sizeof(sparse_entry) == 8);
 /// step's regions. Where blocks or parts outgrew their room (the first step; a selection
 /// that grows), nothing was added, and the exchange runs again at once with room for
 /// them (an eighth more and 16), agreed as it grows; sizes that the ranks' needs fell far
-/// below shrink to them. Every rank makes the same call (step or stage, or
-/// reduce_scatter) with an exchange that took part in the same steps as the others'
-/// (or one that has agreed no sizes yet, or forgot them: forget_agreed_sizes()).
-/// `grad`, `dense` and `shard` are in the compressor's memory (std::span, device_span).
+/// below shrink to them. (A queued reduce-scatter reads nothing before its settle: its
+/// blocks carry what fits, and what did not stays in the sender's memory.) Every rank makes the same call (step or
+/// stage, or reduce_scatter) with an exchange that took part in the same steps as the others' (or one that has agreed
+/// no sizes yet, or forgot them: forget_agreed_sizes()). `grad`, `dense` and `shard` are in the compressor's memory
+/// (std::span, device_span).
 template <class Compressor, transport Comm>
 class sparse_allreduce {
   static_assert(std::is_same_v<typename Comm::memory, typename Compressor::backend_type::memory>,
@@ -166,7 +167,7 @@ class sparse_allreduce {
     const std::size_t k = this->k();
     std::vector<detail::setting> settings{{"n", n}, {"k", k}, {"the policies", policies_}};
     settings.insert(settings.end(), also.begin(), also.end());
-    queue_exchange(grad, dense, scale, false, std::move(settings), who_agrees, [&] {
+    queue_exchange(grad, dense, scale, kind::selection, std::move(settings), who_agrees, [&] {
       detail::require(dense.size() == n, errc::invalid_argument, who, ": dense.size() = ", dense.size(),
                       " does not match n = ", n);
       detail::require(std::isfinite(scale), errc::invalid_argument, who, ": scale must be finite, got ", scale);
@@ -183,11 +184,14 @@ class sparse_allreduce {
     return {reinterpret_cast<const std::byte*>(outcome_.data()), 4 * outcome_words()};
   }
 
-  /// Completes the exchange queue() queued, from its outcome as the host read it: throws
-  /// as step() does, or where blocks or parts outgrew their room runs it again at once
-  /// (reading its outcome itself).
-  /// \returns the global selection, as stage()
-  /// \throws gradcomp::error as step() does (nothing staged then); (invalid_argument) if
+  /// Completes the exchange queue() (or queue_reduce_scatter()) queued, from its outcome
+  /// as the host read it: throws as step() does, or where blocks or parts outgrew their
+  /// room runs it again at once (reading its outcome itself); a queued reduce-scatter
+  /// is committed here, of what it sent, and grows its blocks' room where they were
+  /// outgrown.
+  /// \returns the global selection, as stage() (nothing for a reduce-scatter)
+  /// \throws gradcomp::error as step() (or reduce_scatter()) does (nothing staged then);
+  ///         (invalid_argument) if
   ///         no exchange is queued or `outcome` is not outcome()'s size.
   std::span<const std::uint32_t> settle(std::span<const std::byte> outcome) {
     detail::require(queued_.has_value(), errc::invalid_argument, who, ": settle without a queued exchange");
@@ -213,9 +217,11 @@ class sparse_allreduce {
   /// equal shards (n a multiple of W), rank j owning [j·n/W, (j+1)·n/W); each rank sends
   /// each shard's entries of its step to the shard's owner (steps 1-2 above), which
   /// writes `shard[i - j·n/W] = scale * s_i` for the sums of its shard and 0 elsewhere.
-  /// There is no global selection: every rank commits its whole step. On a device
-  /// backend the shard's write and the commit are queued on the compressor's stream
-  /// (its backend's) when this returns: work on another stream waits for it.
+  /// There is no global selection: every rank commits its whole step. Where a rank had
+  /// more entries for a shard than the blocks hold, the exchange runs again at once with
+  /// room for them. On a device backend the shard's write and the commit are queued on
+  /// the compressor's stream (its backend's) when this returns: work on another stream
+  /// waits for it.
   /// \throws gradcomp::error on every rank alike, changing no compressor and no shard, if
   ///         n is not a multiple of W or shard.size() != n / W on any rank, `scale` is not
   ///         finite, a step is rejected, what a rank received is corrupt, a sum overflows,
@@ -223,23 +229,34 @@ class sparse_allreduce {
   ///         policies.
   template <gradient_view<backend_type> Grad>
   void reduce_scatter(const Grad& grad, view<float> shard, float scale) {
-    const std::size_t n = compressor_.size();
-    const auto ranks = static_cast<std::size_t>(comm_.size());
-    const backend_type& be = compressor_.backend();
-    queue_exchange(grad, shard, scale, true, {{"n", n}, {"the policies", policies_}}, who, [&] {
-      detail::require(n % ranks == 0, errc::invalid_argument, who, ": reduce_scatter needs n = ", n,
-                      " to be a multiple of the ranks, ", ranks);
-      detail::require(shard.size() == n / ranks, errc::invalid_argument, who, ": shard.size() = ", shard.size(),
-                      " does not match n / ranks = ", n / ranks);
-      detail::require(std::isfinite(scale), errc::invalid_argument, who, ": scale must be finite, got ", scale);
-      grow(shards_, ranks + 1);
-      be.for_each(ranks + 1, detail::region_sums::equal_regions{n, ranks, shards_.data()});
-      return static_cast<const std::uint32_t*>(shards_.data());
-    });
+    queue_scatter(grad, shard, scale, kind::scatter_now);
     (void)settle_now();
-    be.for_each(shard.size(), detail::region_sums::write_shard{region_sums_.data(), scale, detail::raw(shard).data()});
-    compressor_.accept_staged();
   }
+
+  /// reduce_scatter() with nothing read by the host: the shard's write is queued where
+  /// the memory is, predicated on the ranks' verdict reduced there (the sums where every
+  /// rank's step passed, zeros where the ranks refused it; left as it is where this
+  /// rank's own arguments are refused), and the outcome (outcome()) is left for the
+  /// caller to read, with other exchanges' outcomes, before it calls settle(), which
+  /// commits the step or throws. Where a rank has more entries for a shard than the
+  /// blocks agreed hold, the blocks carry the first of them (the lowest indices) and no
+  /// more, nothing runs again, and settle() commits only what was sent: the rest stays in
+  /// the rank's memory (its error feedback) for the next step, and the room grows (by an
+  /// agreement among the ranks, settle()'s only collective). A rank whose exchange has no
+  /// sizes agreed yet (sizes_agreed()) sends nothing but the counts: its first call is
+  /// best reduce_scatter(). `grad` need not outlive the call (a NaN in it is reported
+  /// without its index); `shard` is written when this returns, on the compressor's
+  /// stream on a device backend.
+  /// \throws gradcomp::error only where this rank cannot queue (nothing staged then):
+  ///         the errors reduce_scatter() raises alike on every rank come from settle().
+  template <gradient_view<backend_type> Grad>
+  void queue_reduce_scatter(const Grad& grad, view<float> shard, float scale) {
+    queue_scatter(grad, shard, scale, kind::scatter_queued);
+  }
+
+  /// Whether the ranks agreed the sizes the collectives move (after a first step, until
+  /// forget_agreed_sizes()).
+  [[nodiscard]] bool sizes_agreed() const noexcept { return agreed_; }
 
   /// Makes the exchange forget the sizes its collectives move (the blocks' room, the
   /// gather's capacity) and the regions, as the ranks last agreed them: its next step
@@ -272,7 +289,7 @@ class sparse_allreduce {
   void release_workspace() {
     compressor_.release_workspace();
     const auto give_back = [](auto&... v) { ((v = std::remove_reference_t<decltype(v)>{}), ...); };
-    give_back(message_, starts_, region_sums_, shards_, list_, chosen_, ties_, compaction_, values_);
+    give_back(message_, starts_, region_sums_, shards_, list_, chosen_, ties_, compaction_, values_, kept_);
     give_back(outcome_host_);
     listed_ = 0;
     selected_ = 0;
@@ -294,8 +311,8 @@ class sparse_allreduce {
   /// for the regions and the selection's indices (a few words and k).
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
     return detail::bytes_held(message_, starts_, packed_, received_on_, region_sums_, fault_, shards_, list_, chosen_,
-                              ties_, bins_, compaction_, part_, gathered_, values_, outcome_, outcome_host_, bounds_,
-                              send_sizes_);
+                              ties_, bins_, compaction_, part_, gathered_, values_, kept_, outcome_, outcome_host_,
+                              bounds_, send_sizes_);
   }
 
  private:
@@ -322,10 +339,19 @@ class sparse_allreduce {
   [[nodiscard]] std::size_t slots_at() const noexcept { return starts_at() + ranks() + 1; }
   std::byte* bytes_at(std::size_t word) noexcept { return reinterpret_cast<std::byte*>(outcome_.data() + word); }
 
+  // What an exchange computes: the global selection (step, stage, queue), or the shards
+  // of a reduce-scatter that runs again at once where blocks outgrew their room
+  // (reduce_scatter) or whose blocks carry what fits (queue_reduce_scatter).
+  enum class kind { selection, scatter_now, scatter_queued };
+
   // The exchange a step queued, from its arguments to its outcome's read.
   struct queued {
-    bool scatter = false;  // reduce_scatter's (no global selection)
-    view<float> out;       // dense, or the shard
+    bool scatter = false;   // a reduce-scatter's (no global selection)
+    bool deferred = false;  // queue_reduce_scatter's: blocks carry what fits, the shard is written as queued
+    // The faults that stop the adds (and refuse a reduce-scatter): every fault, or, where
+    // blocks carry what fits, a corrupt block only.
+    std::uint32_t stops = detail::region_sums::corrupt | detail::region_sums::outgrown;
+    view<float> out;  // dense, or the shard
     float scale = 0;
     std::size_t k = 0;  // the global selection's size
     std::vector<detail::setting> settings;
@@ -336,6 +362,24 @@ class sparse_allreduce {
     std::function<void()> raise_non_finite;       // the staged step's error, where its status met a NaN
     int reruns = 0;
   };
+
+  // reduce_scatter() or queue_reduce_scatter() (`how`) up to the read.
+  template <class Grad>
+  void queue_scatter(const Grad& grad, view<float> shard, float scale, kind how) {
+    const std::size_t n = compressor_.size();
+    const auto ranks = static_cast<std::size_t>(comm_.size());
+    const backend_type& be = compressor_.backend();
+    queue_exchange(grad, shard, scale, how, {{"n", n}, {"the policies", policies_}}, who, [&] {
+      detail::require(n % ranks == 0, errc::invalid_argument, who, ": reduce_scatter needs n = ", n,
+                      " to be a multiple of the ranks, ", ranks);
+      detail::require(shard.size() == n / ranks, errc::invalid_argument, who, ": shard.size() = ", shard.size(),
+                      " does not match n / ranks = ", n / ranks);
+      detail::require(std::isfinite(scale), errc::invalid_argument, who, ": scale must be finite, got ", scale);
+      grow(shards_, ranks + 1);
+      be.for_each(ranks + 1, detail::region_sums::equal_regions{n, ranks, shards_.data()});
+      return static_cast<const std::uint32_t*>(shards_.data());
+    });
+  }
 
   // The queued exchange settled from its outcome as `read()` gives it: every rank
   // returns, or every rank throws alike and nothing is staged.
@@ -361,10 +405,10 @@ class sparse_allreduce {
   // returns the regions' W + 1 bounds in the compressor's memory), then the exchange's
   // collectives; nothing staged where this throws.
   template <class Grad, class Prepare>
-  void queue_exchange(const Grad& grad, view<float> out, float scale, bool scatter,
-                      std::vector<detail::setting> settings, std::string_view who_agrees, Prepare&& prepare) {
+  void queue_exchange(const Grad& grad, view<float> out, float scale, kind how, std::vector<detail::setting> settings,
+                      std::string_view who_agrees, Prepare&& prepare) {
     try {
-      queue_draft(grad, out, scale, scatter, std::move(settings), who_agrees, prepare);
+      queue_draft(grad, out, scale, how, std::move(settings), who_agrees, prepare);
       exchange();
     } catch (...) {
       queued_.reset();
@@ -373,7 +417,7 @@ class sparse_allreduce {
     }
   }
   template <class Grad, class Prepare>
-  void queue_draft(const Grad& grad, view<float> out, float scale, bool scatter, std::vector<detail::setting> settings,
+  void queue_draft(const Grad& grad, view<float> out, float scale, kind how, std::vector<detail::setting> settings,
                    std::string_view who_agrees, Prepare& prepare) {
     const backend_type& be = compressor_.backend();
     const std::size_t n = compressor_.size();
@@ -381,7 +425,10 @@ class sparse_allreduce {
     traffic_ = {};
     queued_.emplace();
     queued& q = *queued_;
+    const bool scatter = how != kind::selection;
     q.scatter = scatter;
+    q.deferred = how == kind::scatter_queued;
+    if (q.deferred) q.stops = detail::region_sums::corrupt;
     q.out = out;
     q.scale = scale;
     q.k = scatter ? 0 : k();
@@ -406,10 +453,17 @@ class sparse_allreduce {
       }
       const auto message = message_out();
       q.status = compressor_.stage_queued(be, grad, message);
-      q.raise_non_finite = [this, grad, message] {
-        (void)compressor_.staged_message(compressor_.backend(), grad, message);
-      };
+      if (q.deferred) {  // `grad` is gone by the settle: the error without its index
+        q.raise_non_finite = [] {
+          detail::fail(errc::non_finite, "compress: grad (or its error feedback) holds a NaN or infinity");
+        };
+      } else {
+        q.raise_non_finite = [this, grad, message] {
+          (void)compressor_.staged_message(compressor_.backend(), grad, message);
+        };
+      }
       const auto sent = compressor_.staged_selection();
+      if (q.deferred) grow(kept_, sent.index.size());  // what it sent, listed where blocks carry part
       be.for_each(ranks() + 1, detail::region_sums::region_starts{detail::raw(sent.index).data(), q.status, regions,
                                                                   starts_.data()});
       return 0;
@@ -450,6 +504,7 @@ class sparse_allreduce {
                   sums::pack_blocks<sparse_entry>{detail::raw(sent.index).data(), detail::raw(sent.values).data(),
                                                   starts_.data(), q.status, room_, packed_.data()});
       be.for_each(1, sums::entries_sent{starts_.data(), ranks, outcome_.data() + sent_at()});
+      if (q.scatter) be.for_each(1, sums::kept_starts{starts_.data(), ranks, room_, outcome_.data() + starts_at()});
     } else {
       be.clear(packed_.data(), ranks * block);
     }
@@ -467,16 +522,23 @@ class sparse_allreduce {
       be.reduce_or(ranks * block, sums::block_faults<sparse_entry>{received, room_, q.begin, q.end}, checked);
       be.reduce_max(ranks, sums::header_count<sparse_entry>{received, room_}, fault_.data() + 2);
       for (std::size_t r = 0; r < ranks; ++r) {
-        be.for_each(room_,
-                    sums::add_block<sparse_entry>{received + r * block, room_, q.begin, checked, region_sums_.data()});
+        be.for_each(room_, sums::add_block<sparse_entry>{received + r * block, room_, q.begin, checked, q.stops,
+                                                         region_sums_.data()});
       }
       be.reduce_or(ranks * block,
-                   sums::sum_faults<sparse_entry>{received, room_, q.begin, checked, region_sums_.data()}, summed);
+                   sums::sum_faults<sparse_entry>{received, room_, q.begin, checked, q.stops, region_sums_.data()},
+                   summed);
     }
     if (q.scatter) {
       std::uint32_t* classes = bins_.data() + top_bins + 1;
       be.clear(classes, 3);
       gather_records(ok);
+      std::uint32_t* refused = &reinterpret_cast<selection*>(outcome_.data() + selection_at())->refused;
+      be.for_each(1, detail::global_topk::scatter_verdict{
+                         reinterpret_cast<const record*>(outcome_.data() + records_at()), ranks, bytes_at(frames_at()),
+                         q.mine.verdict.digest, q.stops, refused});
+      // Where this rank's arguments passed, the shard is its own to write (a queued one now).
+      if (q.deferred && q.mine.report.code == 0) write_shard();
       return;
     }
     select_globally(ok);
@@ -651,8 +713,14 @@ class sparse_allreduce {
     raise_faults(faults);
     const bool blocks_outgrown = largest > room_;
     if (q.scatter) {
-      if (blocks_outgrown) return again(largest, capacity_);
-      room_ = shrunk(room_, largest);
+      if (blocks_outgrown && !q.deferred) return again(largest, capacity_);
+      traffic_.entries = read[starts_at() + ranks];  // what its blocks carried
+      commit_scatter(read[sent_at()], read[starts_at() + ranks]);
+      if (blocks_outgrown) {
+        grow_agreed(roomy(largest), capacity_);
+      } else {
+        room_ = shrunk(room_, largest);
+      }
       agreed_ = true;
       return {};
     }
@@ -684,17 +752,25 @@ class sparse_allreduce {
     detail::require(q.reruns < 2, errc::corrupt_message, who, ": the exchange outgrew the room it agreed on ",
                     "after running again with room for it");
     ++q.reruns;
+    grow_agreed(room > room_ ? roomy(room) : room_, capacity > capacity_ ? std::min(q.k, roomy(capacity)) : capacity_);
+    exchange();
+    return settle_outcome(read_outcome());
+  }
+
+  // The blocks' room and the gather's capacity grown to `room` and `capacity`, agreed
+  // as the ranks grow what their collectives move (every rank alike, or every rank
+  // throws).
+  void grow_agreed(std::size_t room, std::size_t capacity) {
+    const queued& q = *queued_;
     const std::size_t ranks = this->ranks();
-    const std::size_t grown_room = room > room_ ? roomy(room) : room_;
-    const std::size_t grown_capacity = capacity > capacity_ ? std::min(q.k, roomy(capacity)) : capacity_;
     const std::size_t region = q.end - q.begin;
-    const std::size_t listed = q.scatter ? 0 : std::min(region, ranks * grown_room);
-    (void)detail::agree(comm_, who, {{"the blocks' room", grown_room}, {"the gather's capacity", grown_capacity}},
+    const std::size_t listed = q.scatter ? 0 : std::min(region, ranks * room);
+    (void)detail::agree(comm_, who, {{"the blocks' room", room}, {"the gather's capacity", capacity}},
                         [&]() -> std::uint64_t {
-                          grow(packed_, ranks * (grown_room + 1));
-                          grow(received_on_, ranks * (grown_room + 1));
-                          grow(part_, grown_capacity);
-                          grow(gathered_, ranks * grown_capacity);
+                          grow(packed_, ranks * (room + 1));
+                          grow(received_on_, ranks * (room + 1));
+                          grow(part_, capacity);
+                          grow(gathered_, ranks * capacity);
                           if (listed > listed_) {  // the lists grow with the room, as the draft grows them
                             for (auto* b : {&list_, &chosen_, &ties_}) grow(*b, listed);
                             listed_ = listed;
@@ -702,11 +778,34 @@ class sparse_allreduce {
                           return 0;
                         });
     note(detail::rank_verdict::size, (ranks - 1) * detail::rank_verdict::size);
-    room_ = grown_room;
-    capacity_ = grown_capacity;
+    room_ = room;
+    capacity_ = capacity;
     agreed_ = true;
-    exchange();
-    return settle_outcome(read_outcome());
+  }
+
+  // The queued reduce-scatter's shard, written where the ranks' verdict (scatter_verdict)
+  // passed, zeros where it refused.
+  void write_shard() {
+    const queued& q = *queued_;
+    const auto* at = reinterpret_cast<const selection*>(outcome_.data() + selection_at());
+    compressor_.backend().for_each(
+        q.out.size(),
+        detail::region_sums::write_shard{region_sums_.data(), q.scale, &at->refused, detail::raw(q.out).data()});
+  }
+
+  // The settled reduce-scatter's commit (its shard written first where it was not as it
+  // was queued): the whole step where its blocks carried all `sent` entries, or the
+  // `kept` its blocks carried, listed where they are (kept_starts, keep_sent), the rest
+  // staying in the compressor's memory.
+  void commit_scatter(std::size_t sent, std::size_t kept) {
+    const queued& q = *queued_;
+    if (!q.deferred) write_shard();
+    if (kept == sent) return compressor_.accept_staged();
+    const auto staged = compressor_.staged_selection();
+    compressor_.backend().for_each(
+        sent, detail::region_sums::keep_sent{detail::raw(staged.index).data(), starts_.data(),
+                                             outcome_.data() + starts_at(), q.out.size(), room_, kept_.data()});
+    compressor_.accept_staged(view<const std::uint32_t>(kept_.data(), kept));
   }
 
   // Room for `need` entries, with an eighth more and 16, so that a size creeping up
@@ -796,6 +895,7 @@ class sparse_allreduce {
   buffer<std::uint32_t> fault_, shards_, list_, chosen_, ties_, bins_;
   buffer<sparse_entry> part_, gathered_;  // this rank's part of the selection, every rank's as gathered
   buffer<float> values_;                  // the selection's sums, in slot order
+  buffer<std::uint32_t> kept_;            // what a queued reduce-scatter's blocks carried of its selection
   buffer<std::byte> compaction_;
   buffer<std::uint32_t> outcome_;
   std::size_t room_ = 0;      // entries each block holds beside its header (the same on every rank)

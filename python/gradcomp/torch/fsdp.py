@@ -49,11 +49,26 @@ method or error memory, another group size) make every rank raise the same
 :class:`gradcomp.Error` (nothing changes, no rank waits); the density may differ by rank
 (each rank sends its own k entries). On CUDA tensors the local work runs on the device
 (each shard's entries located in the selection, packed, and the owner's checks and
-sums), and over NCCL the entries travel as device tensors; the shard starts and the
-checks' two fault words cross to the host. Tested on CPU tensors over gloo;
-the CUDA tests (CUDA against CPU tensors bit for bit) are written and not yet run on a
-GPU. FSDP2's custom reduce-scatter needs a torch that has
+sums), and over NCCL the entries travel as device tensors. Tested on CPU tensors over
+gloo; the CUDA tests (CUDA against CPU tensors bit for bit) are written and not yet run
+on a GPU. FSDP2's custom reduce-scatter needs a torch that has
 ``FSDPModule.set_custom_reduce_scatter`` (checked when an instance is made).
+
+Settled once a step (``settle="step"``, the default for CUDA tensors): a call in a
+backward pass reads nothing from the device. Its shard is written where the memory is,
+predicated on the ranks' verdicts reduced there (the sums where every rank's step
+passed, zeros where the ranks refuse it, so that FSDP adds nothing to the gradient),
+and the compressor's step stays staged. At the backward pass's end (an autograd final
+callback, after FSDP's own) one read brings every call's outcome to the host: each
+call's step is committed, or every rank raises the same error from ``backward()``,
+before the optimizer can step, the refused calls' memories unchanged. Where a rank has
+more entries for a shard than the blocks the ranks agreed hold, the blocks carry the
+first of them and only those are committed: the rest stay in that rank's error feedback
+for the next step, and the blocks grow (the ranks agree on it then). The first call of
+an instance, and any call outside a backward pass, settles before it returns
+(``settle="call"``, the default for CPU tensors, where a read costs nothing and each
+call's workspace is given back at once; settled by step, a rank holds every queued
+call's workspace until the end of the backward pass).
 """
 
 import math
@@ -62,7 +77,7 @@ from typing import Any, Dict, Optional, Sequence, Union
 import torch
 import torch.distributed as dist
 
-from .. import _C
+from .. import _C, Error
 from .. import _arguments as check
 from . import Compressor, _held_by
 
@@ -98,6 +113,82 @@ def _factor_of(who: str, op: Any, world: int) -> float:
             return factor
         check.fail(who, f"PREMUL_SUM's factor must be a finite float or a one-element tensor, got {factor!r}")
     check.fail(who, f"reduce op {op} is not supported (AVG, SUM or PREMUL_SUM)")
+
+
+def _graph_task() -> int:
+    """The backward pass the calling thread runs (autograd's graph task), -1 outside one."""
+    current = getattr(torch._C, "_current_graph_task_id", None)
+    return -1 if current is None else current()
+
+
+class _BackwardSettlement:
+    """The reduce-scatters queued in one backward pass, settled at its end, after every
+    other hook (an autograd final callback queued at its first call), by one read of all
+    their outcomes: every rank raises alike there, before the optimizer can step."""
+
+    def __init__(self, task: int) -> None:
+        self.task = task
+        self.queued = []  # (instance, exchange, outcome, event), in the order the ranks queued them
+        torch.autograd.Variable._execution_engine.queue_callback(self.settle)
+
+    def holds(self, exchange) -> bool:
+        return any(x is exchange for _, x, _, _ in self.queued)
+
+    def drop(self) -> None:
+        """Drops every queued step: a backward pass that ended before its end (it raised)."""
+        queued, self.queued = self.queued, []
+        for instance, exchange, outcome, _ in queued:
+            exchange.drop()
+            instance._release(exchange, outcome.device)
+
+    def settle(self) -> None:
+        global _settlement
+        if _settlement is self:
+            _settlement = None
+        if not self.queued:
+            return
+        try:
+            for _, _, outcome, event in self.queued:
+                if event is not None:  # written on the stream current at its call
+                    torch.cuda.current_stream(outcome.device).wait_event(event)
+            read = torch.cat([outcome for _, _, outcome, _ in self.queued]).cpu()  # the backward's one read
+        except BaseException:
+            self.drop()
+            raise
+        queued, self.queued = self.queued, []
+        first_error, at = None, 0
+        for instance, exchange, outcome, _ in queued:
+            part = read[at:at + outcome.numel()]
+            at += outcome.numel()
+            try:
+                if first_error is None or isinstance(first_error, Error):
+                    exchange.settle(part)  # commits, or raises alike on every rank
+                else:
+                    exchange.drop()  # after a failure the ranks may not share, nothing more is settled
+            except BaseException as error:
+                first_error = first_error or error
+            instance._release(exchange, outcome.device)
+        if first_error is not None:
+            raise first_error
+
+
+_settlement: Optional[_BackwardSettlement] = None
+
+
+def _settle_at_backward_end(instance, exchange, outcome: torch.Tensor) -> None:
+    """Queues `exchange`'s outcome for the settlement of the running backward pass."""
+    global _settlement
+    task = _graph_task()
+    if _settlement is not None and _settlement.task != task:
+        _settlement.drop()  # its backward pass raised before its end
+        _settlement = None
+    if _settlement is None:
+        _settlement = _BackwardSettlement(task)
+    event = None
+    if outcome.is_cuda:
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(outcome.device))
+    _settlement.queued.append((instance, exchange, outcome, event))
 
 
 def _completed_work() -> "dist.Work":
@@ -245,7 +336,10 @@ class ReduceScatter(_GroupCompressor, _ReduceScatterBase):
     ``method``, ``density`` and ``**options`` are those of
     :class:`gradcomp.torch.Compressor` (checked here). ``keep_workspace``: whether each
     call keeps its workspace for the next (None: given back on the CPU, kept on CUDA;
-    module docstring, "Memory").
+    module docstring, "Memory"). ``settle``: ``"step"`` settles the calls of a backward
+    pass together at its end, by one read of the device; ``"call"`` settles each call
+    before it returns; None (the default): ``"step"`` for CUDA tensors, ``"call"`` for CPU
+    ones (module docstring, "Settled once a step").
     ``bytes_sent`` counts the bytes
     this rank has put into the collectives, ``collectives`` the collectives.
     ``state_dict()`` / ``load_state_dict()`` keep the compressor's memory.
@@ -257,9 +351,24 @@ class ReduceScatter(_GroupCompressor, _ReduceScatterBase):
     _WHO = "fsdp ReduceScatter"
 
     def __init__(self, method: str = "topk_ef", density: Optional[float] = None, *,
-                 keep_workspace: Optional[bool] = None, **options: Union[bool, int, float, str, dict]) -> None:
+                 keep_workspace: Optional[bool] = None, settle: Optional[str] = None,
+                 **options: Union[bool, int, float, str, dict]) -> None:
         _require(self._WHO, "set_custom_reduce_scatter")
+        if settle is not None and check.text(self._WHO, "settle", settle) not in ("step", "call"):
+            check.fail(self._WHO, f"settle must be 'step', 'call' or None, got {settle!r}")
         super().__init__(method, density, keep_workspace, options)
+        self.settle = settle
+
+    def _settles_at_backward_end(self, exchange, device: torch.device) -> bool:
+        """Whether this call's step is queued for the end of the backward pass: where it
+        settles by step, runs in a backward pass, and the ranks agreed the sizes their
+        collectives move (the first call agrees them, reading as it goes)."""
+        by_step = self.settle == "step" or (self.settle is None and device.type == "cuda")
+        if not by_step or _graph_task() == -1 or not exchange.sizes_agreed:
+            return False
+        if _settlement is not None and _settlement.task == _graph_task() and _settlement.holds(exchange):
+            _settlement.settle()  # a second call in one backward pass: the first settles now
+        return True
 
     def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """FSDP's buffers: plain tensors."""
@@ -268,8 +377,9 @@ class ReduceScatter(_GroupCompressor, _ReduceScatterBase):
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup, op: Any,
                  async_op: bool = False) -> Optional["dist.Work"]:
         """``output_tensor`` (this rank's shard) = the reduce of the ranks' compressed
-        ``input_tensor`` chunks for this rank. Runs to completion on the calling thread;
-        with ``async_op`` returns a Work that is already complete, else None."""
+        ``input_tensor`` chunks for this rank. Queues its work or runs it to completion on
+        the calling thread (``settle``); with ``async_op`` returns a Work that is already
+        complete, else None."""
         # FSDP hands every rank tensors of the same kinds, so a refusal here is every rank's.
         check.tensor(self._WHO, "output_tensor", output_tensor)
         check.tensor(self._WHO, "input_tensor", input_tensor)
@@ -281,8 +391,13 @@ class ReduceScatter(_GroupCompressor, _ReduceScatterBase):
         widened = output_tensor.dtype != torch.float32 or not output_tensor.is_contiguous()
         shard = torch.empty(output_tensor.numel(), dtype=torch.float32, device=output_tensor.device) \
             if widened else output_tensor.view(-1)
-        exchange.reduce_scatter(grad, shard, scale)  # writes the shard only once every rank's step passed
-        self._release(exchange, grad.device)
+        if self._settles_at_backward_end(exchange, grad.device):
+            # The shard written where the memory is, zeros where the ranks refuse the step
+            # (FSDP adds nothing then): the backward pass's end settles, and raises.
+            _settle_at_backward_end(self, exchange, exchange.queue_reduce_scatter(grad, shard, scale))
+        else:
+            exchange.reduce_scatter(grad, shard, scale)  # writes the shard only once every rank's step passed
+            self._release(exchange, grad.device)
         if widened:
             output_tensor.copy_(shard.view_as(output_tensor))
         self._calls += 1

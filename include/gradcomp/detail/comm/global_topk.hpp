@@ -164,6 +164,23 @@ struct split_ties {
   }
 };
 
+/// One item: reduce_scatter's verdict, on which its shard's write waits (*refused: the
+/// bits of `stops` among any rank's record's faults, or 8 where a rank's frame says an
+/// error or other settings than `digest`, this rank's).
+struct scatter_verdict {
+  const record* all;
+  std::size_t ranks;
+  const std::byte* frames;  ///< every rank's detail::sized_frame, in rank order
+  std::uint64_t digest;
+  std::uint32_t stops;
+  std::uint32_t* refused;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t) const {
+    std::uint32_t faults = 0;
+    for (std::size_t r = 0; r < ranks; ++r) faults |= all[r].fault;
+    *refused = (faults & stops) | (frames_alike(frames, ranks, digest) ? 0u : 8u);
+  }
+};
+
 /// One item: whether a rank's part (starts[r + 1] - starts[r]) outgrows `capacity`.
 struct parts_fit {
   const std::uint32_t* starts;

@@ -59,6 +59,41 @@ struct entries_sent {
   GRADCOMP_HOST_DEVICE void operator()(std::size_t) const { *sent = static_cast<std::uint32_t>(first[ranks]); }
 };
 
+/// One item: at[j] (j <= W) = the entries that blocks of `room` carry of the regions
+/// before j, min(first[i + 1] - first[i], room) summed over i < j: where region j's
+/// entries start among those a rank sent (at[W]: how many it sent), when a region has
+/// more than its block holds and only the first `room` travel.
+struct kept_starts {
+  const std::uint64_t* first;
+  std::uint64_t ranks, room;
+  std::uint32_t* at;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t) const {
+    std::uint64_t total = 0;
+    for (std::uint64_t j = 0; j < ranks; ++j) {
+      at[j] = static_cast<std::uint32_t>(total);  // <= the selection's count < 2^32
+      const std::uint64_t count = first[j + 1] - first[j];
+      total += count < room ? count : room;
+    }
+    at[ranks] = static_cast<std::uint32_t>(total);
+  }
+};
+
+/// Item p < first[W] of the selection: its index copied to kept[at[j] + p - first[j]]
+/// where its block carried it (p - first[j] < room; j its region, of `length` indices
+/// each: reduce_scatter's equal shards), so that `kept` lists, ascending, what the rank
+/// sent (kept_starts wrote `at`).
+struct keep_sent {
+  const std::uint32_t* index;
+  const std::uint64_t* first;
+  const std::uint32_t* at;
+  std::uint64_t length, room;
+  std::uint32_t* kept;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t p) const {
+    const std::uint64_t j = index[p] / length;
+    if (p - first[j] < room) kept[at[j] + (p - first[j])] = index[p];
+  }
+};
+
 /// The all-to-all's W blocks of `room` + 1 entries each, block j for rank j: a header
 /// whose index is how many entries this rank has for region j (also where that is more
 /// than the block holds, or 0 after a step that met a NaN), then the first min(count,
@@ -136,7 +171,9 @@ struct mark_unsent {
 };
 
 /// Adds entry i of one rank's block to the region's sums, once every block's checks
-/// found no fault (the word is final: the checks ran before on the same stream). The
+/// found none of the faults in `stops` (the word is final: the checks ran before on the
+/// same stream; where `stops` leaves out `outgrown`, an outgrown block's first `room`
+/// entries are added). The
 /// first value an index receives is its sum as it is (so that -0 stays -0, as in a
 /// sum that starts from the first term), each later one is added: with the blocks
 /// added rank after rank, each index's values are summed in rank order. Within a sound
@@ -147,9 +184,10 @@ struct add_block {
   std::uint64_t room;
   std::uint32_t begin;
   const std::uint32_t* fault;
+  std::uint32_t stops;
   float* sums;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t i) const {
-    if (*fault != 0 || i >= entries_in(block, room)) return;
+    if ((*fault & stops) != 0 || i >= entries_in(block, room)) return;
     const Entry e = block[1 + i];
     float& sum = sums[e.index - begin];
     sum = bits_of(sum) == unsent ? e.value : sum + e.value;
@@ -158,28 +196,37 @@ struct add_block {
 
 /// An overflow: the sum of the index of item t of the received blocks is not finite
 /// (looked at from every entry that went into it, so that only the entries, not the
-/// region, are read; nothing once a block was found at fault, whose entries were not
-/// added).
+/// region, are read; nothing once a block was found at one of the faults in `stops`,
+/// whose entries were not added).
 template <class Entry>
 struct sum_faults {
   const Entry* received;
   std::uint64_t room;
   std::uint32_t begin;
   const std::uint32_t* fault;
+  std::uint32_t stops;
   const float* sums;
   GRADCOMP_HOST_DEVICE std::uint32_t operator()(std::size_t t) const {
     const std::uint64_t i = t % (room + 1);
-    if (*fault != 0 || i == 0 || i > entries_in(received + (t - i), room)) return 0u;
+    if ((*fault & stops) != 0 || i == 0 || i > entries_in(received + (t - i), room)) return 0u;
     return magnitude_key(sums[received[t].index - begin]) >= non_finite_key ? overflow : 0u;
   }
 };
 
-/// shard[i] = scale · the sum of index begin + i, or 0 where no rank sent it.
+/// shard[i] = scale · the sum of index begin + i, or 0 where no rank sent it; 0
+/// everywhere where the ranks refused the step (*refused != 0: the word is final,
+/// written before on the same stream), so that a refused step adds nothing where the
+/// shard is added to a gradient.
 struct write_shard {
   const float* sums;
   float scale;
+  const std::uint32_t* refused;
   float* shard;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t i) const {
+    if (*refused != 0) {
+      shard[i] = 0.0f;
+      return;
+    }
     const float sum = sums[i];
     shard[i] = bits_of(sum) == unsent ? 0.0f : scale * sum;
   }
