@@ -3,7 +3,9 @@ giving its workspace back between calls costs there. FSDP2 skips the reduce-scat
 a world of one, so the calls are made as FSDP makes them, one per parameter group in
 backward's order, over the groups of a GPT-2-small-shaped transformer under
 ``fully_shard`` (each block, then the root's embeddings; float32 gradients, FSDP's
-``reduce_dtype``), world 1 over NCCL (the exchange runs, the wire is empty). Per
+``reduce_dtype``), inside a backward pass as FSDP makes them (so that gradcomp's calls
+settle once at its end, their default on CUDA), world 1 over NCCL (the exchange runs,
+the wire is empty). Per
 reduce-scatter, per step (every group's call once):
 
 - the step's time (median of the timed steps; the calls queued, then the device waited
@@ -14,7 +16,8 @@ reduce-scatter, per step (every group's call once):
   and the GPU time of gradcomp's kernels (experiments/gpu_step_cost.py's ``profiled``).
 
 The reduce-scatters: ``dense`` (``reduce_scatter_tensor``, what FSDP runs), ``topk_ef``
-(``keep_workspace=True``, the default on CUDA), ``topk_ef-release``
+(``keep_workspace=True`` and ``settle="step"``, the defaults on CUDA), ``topk_ef-call``
+(``settle="call"``: each call reads its outcome before it returns), ``topk_ef-release``
 (``keep_workspace=False``: each call gives its workspace back to torch's caching
 allocator and takes it again at the next), ``topk_ef_m8`` (the error memory in 8 bits,
 workspace kept).
@@ -34,7 +37,7 @@ import torch.distributed as dist
 
 from experiments.gpu_step_cost import print_sync_sites, profiled, save, world_of_one
 
-SCATTERS = ["dense", "topk_ef", "topk_ef-release", "topk_ef_m8"]
+SCATTERS = ["dense", "topk_ef", "topk_ef-call", "topk_ef-release", "topk_ef_m8"]
 
 
 def reduce_scatter_of(name, density):
@@ -43,8 +46,22 @@ def reduce_scatter_of(name, density):
         return None
     from gradcomp.torch import fsdp
     options = {"memory_bits": 8} if name == "topk_ef_m8" else {}
+    if name == "topk_ef-call":
+        options["settle"] = "call"
     keep = name != "topk_ef-release"
     return fsdp.ReduceScatter(method="topk_ef", density=density, keep_workspace=keep, **options)
+
+
+def in_backward(calls):
+    """Runs ``calls()`` from a tensor hook inside a backward pass, as FSDP runs its
+    reduce-scatters (its post-backward hooks), and returns once the pass ended."""
+    def hook(grad):
+        calls()  # returns None: the gradient stays as it is
+
+    x = torch.zeros(1, requires_grad=True)
+    y = x * 2.0
+    y.register_hook(hook)
+    y.sum().backward()
 
 
 def group_sizes(small):
@@ -66,12 +83,15 @@ def run(name, args, device):
     group = dist.group.WORLD
     cuda = device.type == "cuda"
 
-    def step():
+    def calls():
         for rs, grad, shard in zip(scatters, grads, shards):
             if rs is None:
                 dist.reduce_scatter_tensor(shard, grad, op=dist.ReduceOp.AVG, group=group)
             else:
                 rs(shard, grad, group, dist.ReduceOp.AVG)
+
+    def step():
+        in_backward(calls)
         if cuda:
             torch.cuda.synchronize()
 
