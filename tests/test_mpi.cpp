@@ -1071,6 +1071,18 @@ void queued_reduce_scatter_matches_reference() {
                         std::to_string(ranks - 1) + " of " + std::to_string(ranks) + ")");
   CHECK_FALSE(mine.has_staged());
   CHECK(checkpoint(mine) == before);
+  if (ranks > 1) {
+    // Every rank sends 3e38 at index 5 (rank 0's sum overflows): zeros in every shard,
+    // not the infinity, and the error on every rank at the settle.
+    g = sparse_gradient(comm.rank(), n, 9, false);
+    g[5] = 3e38f;
+    exchange.queue_reduce_scatter(view_as<Backend, const float>(g), view_as<Backend, float>(shard), 1.0f);
+    CHECK(shard == std::vector<float>(shard_n, 0.0f));
+    every_rank_throws(
+        comm, settle,
+        "gradcomp: sparse_allreduce: a sum in rank 0 of " + std::to_string(ranks) + "'s region overflows (not finite)");
+    CHECK(checkpoint(mine) == before);
+  }
   // This rank's own bad argument: the shard is left as it is, the error on every rank.
   std::vector<float> short_shard(shard_n - 1, 7.0f);
   g = sparse_gradient(comm.rank(), n, 5, false);

@@ -297,11 +297,36 @@ def check_settled_by_step(rank, world):
                  f"{world})")
     assert torch.equal(out, torch.zeros(shard_n))
     assert torch.equal(rs.compressor.corrector_state(0), memory)
+    # A backward pass that raises after a call was queued never reaches its end: the
+    # call's step is dropped when the instance is called again, nothing committed.
+    def call_then_raise():
+        rs(torch.empty(shard_n), grad_of(rank, 8, n), group, dist.ReduceOp.AVG)
+        raise RuntimeError("a later hook failed")
+
+    try:
+        in_one_backward(call_then_raise)
+        raise AssertionError("the backward pass did not raise")
+    except RuntimeError as error:
+        assert "a later hook failed" in str(error), error
+    assert torch.equal(rs.compressor.corrector_state(0), memory)
+    # A backward pass nested in another (a reentrant checkpoint's recomputation): the
+    # inner pass's call settles at the inner end, the outer's at the outer end.
     want, largest = expected(5, 0.03, room)
-    out = torch.empty(shard_n)
-    in_one_backward(lambda: rs(out, grad_of(rank, 5, n), group, dist.ReduceOp.AVG))
-    np.testing.assert_array_equal(out.numpy(), want)
-    np.testing.assert_array_equal(rs.compressor.corrector_state(0).numpy(), e[rank])
+    out, inner_out = torch.empty(shard_n), torch.empty(shard_n)
+
+    def inner(t):
+        u = t * 3.0
+        if u.requires_grad:  # the recomputation, in the backward pass
+            u.register_hook(lambda g: twin(inner_out, grad_of(rank, 5, n), group, dist.ReduceOp.AVG))
+        return u
+
+    x = torch.zeros(1, requires_grad=True)
+    z = torch.utils.checkpoint.checkpoint(inner, x * 2.0, use_reentrant=True) * 5.0
+    z.register_hook(lambda g: rs(out, grad_of(rank, 5, n), group, dist.ReduceOp.AVG))
+    z.sum().backward()
+    for instance, shard in ((rs, out), (twin, inner_out)):
+        np.testing.assert_array_equal(shard.numpy(), want)
+        np.testing.assert_array_equal(instance.compressor.corrector_state(0).numpy(), e[rank])
     # Outside a backward pass a call settles before it returns (running again where a
     # block is outgrown).
     want, _ = expected(6, 0.03, None)

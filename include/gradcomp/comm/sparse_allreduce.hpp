@@ -235,18 +235,19 @@ class sparse_allreduce {
 
   /// reduce_scatter() with nothing read by the host: the shard's write is queued where
   /// the memory is, predicated on the ranks' verdict reduced there (the sums where every
-  /// rank's step passed, zeros where the ranks refused it; left as it is where this
-  /// rank's own arguments are refused), and the outcome (outcome()) is left for the
-  /// caller to read, with other exchanges' outcomes, before it calls settle(), which
-  /// commits the step or throws. Where a rank has more entries for a shard than the
+  /// rank's step passed, zeros where the ranks refused it or a sum overflowed; left as it
+  /// is where this rank's own arguments are refused), and the outcome (outcome()) is left
+  /// for the caller to read, with other exchanges' outcomes, before it calls settle(),
+  /// which commits the step or throws. Where a rank has more entries for a shard than the
   /// blocks agreed hold, the blocks carry the first of them (the lowest indices) and no
   /// more, nothing runs again, and settle() commits only what was sent: the rest stays in
   /// the rank's memory (its error feedback) for the next step, and the room grows (by an
-  /// agreement among the ranks, settle()'s only collective). A rank whose exchange has no
-  /// sizes agreed yet (sizes_agreed()) sends nothing but the counts: its first call is
-  /// best reduce_scatter(). `grad` need not outlive the call (a NaN in it is reported
-  /// without its index); `shard` is written when this returns, on the compressor's
-  /// stream on a device backend.
+  /// agreement among the ranks, settle()'s only collective; where a rank cannot allocate
+  /// it, every rank keeps the room it had). A rank whose exchange has no sizes agreed yet
+  /// (sizes_agreed()) sends nothing but the counts: its first call is best
+  /// reduce_scatter(). `grad` need not outlive the call (a NaN in it is reported without
+  /// its index); `shard` is written when this returns, on the compressor's stream on a
+  /// device backend.
   /// \throws gradcomp::error only where this rank cannot queue (nothing staged then):
   ///         the errors reduce_scatter() raises alike on every rank come from settle().
   template <gradient_view<backend_type> Grad>
@@ -348,10 +349,11 @@ class sparse_allreduce {
   struct queued {
     bool scatter = false;   // a reduce-scatter's (no global selection)
     bool deferred = false;  // queue_reduce_scatter's: blocks carry what fits, the shard is written as queued
-    // The faults that stop the adds (and refuse a reduce-scatter): every fault, or, where
-    // blocks carry what fits, a corrupt block only.
+    // The faults that stop the adds: every fault, or, where blocks carry what fits, a
+    // corrupt block only.
     std::uint32_t stops = detail::region_sums::corrupt | detail::region_sums::outgrown;
-    view<float> out;  // dense, or the shard
+    std::size_t room = 0;  // the blocks' room of its last run (room_ then)
+    view<float> out;       // dense, or the shard
     float scale = 0;
     std::size_t k = 0;  // the global selection's size
     std::vector<detail::setting> settings;
@@ -494,6 +496,7 @@ class sparse_allreduce {
                      view<std::byte>(bytes_at(frames_at()), ranks * detail::sized_frame::size));
     note(detail::sized_frame::size, (ranks - 1) * detail::sized_frame::size);
     if (!agreed_ && take_agreed_sizes()) ok = false;  // it takes part only: its settings' digest differs
+    q.room = room_;                                   // what the blocks below hold, as its settle reads them
 
     // 2. The entries, in blocks of the room agreed, each checked and summed by its
     // region's owner in rank order.
@@ -536,7 +539,7 @@ class sparse_allreduce {
       std::uint32_t* refused = &reinterpret_cast<selection*>(outcome_.data() + selection_at())->refused;
       be.for_each(1, detail::global_topk::scatter_verdict{
                          reinterpret_cast<const record*>(outcome_.data() + records_at()), ranks, bytes_at(frames_at()),
-                         q.mine.verdict.digest, q.stops, refused});
+                         q.mine.verdict.digest, q.stops | detail::region_sums::overflow, refused});
       // Where this rank's arguments passed, the shard is its own to write (a queued one now).
       if (q.deferred && q.mine.report.code == 0) write_shard();
       return;
@@ -711,15 +714,20 @@ class sparse_allreduce {
       largest = std::max<std::uint64_t>(largest, records[r].largest);
     }
     raise_faults(faults);
-    const bool blocks_outgrown = largest > room_;
+    const bool blocks_outgrown = largest > q.room;
     if (q.scatter) {
       if (blocks_outgrown && !q.deferred) return again(largest, capacity_);
       traffic_.entries = read[starts_at() + ranks];  // what its blocks carried
       commit_scatter(read[sent_at()], read[starts_at() + ranks]);
-      if (blocks_outgrown) {
-        grow_agreed(roomy(largest), capacity_);
+      if (!blocks_outgrown) {
+        room_ = shrunk(q.room, largest);
       } else {
-        room_ = shrunk(room_, largest);
+        try {
+          grow_agreed(roomy(largest), capacity_);
+        } catch (const error&) {
+          // Every rank keeps the room alike (the agreement failed alike): the step is
+          // committed, and the next call carries what fits again and grows then.
+        }
       }
       agreed_ = true;
       return {};
@@ -804,7 +812,7 @@ class sparse_allreduce {
     const auto staged = compressor_.staged_selection();
     compressor_.backend().for_each(
         sent, detail::region_sums::keep_sent{detail::raw(staged.index).data(), starts_.data(),
-                                             outcome_.data() + starts_at(), q.out.size(), room_, kept_.data()});
+                                             outcome_.data() + starts_at(), q.out.size(), q.room, kept_.data()});
     compressor_.accept_staged(view<const std::uint32_t>(kept_.data(), kept));
   }
 

@@ -122,9 +122,10 @@ def _graph_task() -> int:
 
 
 class _BackwardSettlement:
-    """The reduce-scatters queued in one backward pass, settled at its end, after every
-    other hook (an autograd final callback queued at its first call), by one read of all
-    their outcomes: every rank raises alike there, before the optimizer can step."""
+    """The reduce-scatters queued in one backward pass (autograd graph task), settled at
+    its end, after every other hook (an autograd final callback queued at its first
+    call), by one read of all their outcomes (one per device): every rank raises alike
+    there, before the optimizer can step."""
 
     def __init__(self, task: int) -> None:
         self.task = task
@@ -135,31 +136,38 @@ class _BackwardSettlement:
         return any(x is exchange for _, x, _, _ in self.queued)
 
     def drop(self) -> None:
-        """Drops every queued step: a backward pass that ended before its end (it raised)."""
+        """Drops every queued step: a backward pass that ended before its end (it raised),
+        whose gradients are thrown away; what the steps would have committed stays in
+        the memories."""
+        _settlements.pop(self.task, None)
         queued, self.queued = self.queued, []
         for instance, exchange, outcome, _ in queued:
             exchange.drop()
             instance._release(exchange, outcome.device)
 
     def settle(self) -> None:
-        global _settlement
-        if _settlement is self:
-            _settlement = None
+        _settlements.pop(self.task, None)
         if not self.queued:
             return
         try:
-            for _, _, outcome, event in self.queued:
-                if event is not None:  # written on the stream current at its call
-                    torch.cuda.current_stream(outcome.device).wait_event(event)
-            read = torch.cat([outcome for _, _, outcome, _ in self.queued]).cpu()  # the backward's one read
+            reads = {}  # device: its outcomes, read in one copy
+            for device in dict.fromkeys(outcome.device for _, _, outcome, _ in self.queued):
+                outcomes = []
+                for _, _, outcome, event in self.queued:
+                    if outcome.device == device:
+                        if event is not None:  # written on the stream current at its call
+                            torch.cuda.current_stream(device).wait_event(event)
+                        outcomes.append(outcome)
+                reads[device] = [torch.cat(outcomes).cpu(), 0]  # the backward pass's one read of the device
         except BaseException:
             self.drop()
             raise
         queued, self.queued = self.queued, []
-        first_error, at = None, 0
+        first_error = None
         for instance, exchange, outcome, _ in queued:
-            part = read[at:at + outcome.numel()]
-            at += outcome.numel()
+            read = reads[outcome.device]
+            part = read[0][read[1]:read[1] + outcome.numel()]
+            read[1] += outcome.numel()
             try:
                 if first_error is None or isinstance(first_error, Error):
                     exchange.settle(part)  # commits, or raises alike on every rank
@@ -172,23 +180,36 @@ class _BackwardSettlement:
             raise first_error
 
 
-_settlement: Optional[_BackwardSettlement] = None
+# The settlements of the backward passes running (one per graph task: a reentrant
+# checkpoint's backward nests one in another), and of those that raised before their
+# end, until one of their exchanges is called again.
+_settlements: Dict[int, _BackwardSettlement] = {}
+
+
+def _clear_for(exchange, task: int) -> None:
+    """Settles or drops a step of `exchange` that waits for a backward pass's end,
+    before `exchange` queues another in `task`'s: in the same pass (a second call), it
+    settles now; in another, that pass raised before its end, and its steps are
+    dropped."""
+    for settlement in list(_settlements.values()):
+        if settlement.holds(exchange):
+            if settlement.task == task:
+                settlement.settle()
+            else:
+                settlement.drop()
 
 
 def _settle_at_backward_end(instance, exchange, outcome: torch.Tensor) -> None:
     """Queues `exchange`'s outcome for the settlement of the running backward pass."""
-    global _settlement
     task = _graph_task()
-    if _settlement is not None and _settlement.task != task:
-        _settlement.drop()  # its backward pass raised before its end
-        _settlement = None
-    if _settlement is None:
-        _settlement = _BackwardSettlement(task)
+    settlement = _settlements.get(task)
+    if settlement is None:
+        settlement = _settlements[task] = _BackwardSettlement(task)
     event = None
     if outcome.is_cuda:
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(outcome.device))
-    _settlement.queued.append((instance, exchange, outcome, event))
+    settlement.queued.append((instance, exchange, outcome, event))
 
 
 def _completed_work() -> "dist.Work":
@@ -363,12 +384,10 @@ class ReduceScatter(_GroupCompressor, _ReduceScatterBase):
         """Whether this call's step is queued for the end of the backward pass: where it
         settles by step, runs in a backward pass, and the ranks agreed the sizes their
         collectives move (the first call agrees them, reading as it goes)."""
+        task = _graph_task()
+        _clear_for(exchange, task)  # before anything of this call is staged
         by_step = self.settle == "step" or (self.settle is None and device.type == "cuda")
-        if not by_step or _graph_task() == -1 or not exchange.sizes_agreed:
-            return False
-        if _settlement is not None and _settlement.task == _graph_task() and _settlement.holds(exchange):
-            _settlement.settle()  # a second call in one backward pass: the first settles now
-        return True
+        return by_step and task != -1 and exchange.sizes_agreed
 
     def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """FSDP's buffers: plain tensors."""
