@@ -1076,6 +1076,7 @@ void queued_reduce_scatter_matches_reference() {
     // not the infinity, and the error on every rank at the settle.
     g = sparse_gradient(comm.rank(), n, 9, false);
     g[5] = 3e38f;
+    shard.assign(shard_n, 7.0f);
     exchange.queue_reduce_scatter(view_as<Backend, const float>(g), view_as<Backend, float>(shard), 1.0f);
     CHECK(shard == std::vector<float>(shard_n, 0.0f));
     every_rank_throws(

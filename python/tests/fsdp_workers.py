@@ -327,10 +327,30 @@ def check_settled_by_step(rank, world):
     for instance, shard in ((rs, out), (twin, inner_out)):
         np.testing.assert_array_equal(shard.numpy(), want)
         np.testing.assert_array_equal(instance.compressor.corrector_state(0).numpy(), e[rank])
+    room = roomy(largest) if largest > room or roomy(largest) < room // 2 else room
+    # A nested pass that calls an instance the outer pass queued: the outer pass's step
+    # settles then (it is still running), the nested one's at the nested end.
+    outer_want, largest = expected(10, 0.03, room)
+    room = roomy(largest) if largest > room or roomy(largest) < room // 2 else room
+    inner_want, _ = expected(11, 0.03, room)
+
+    def inner_again(t):
+        u = t * 3.0
+        if u.requires_grad:
+            u.register_hook(lambda g: rs(inner_out, grad_of(rank, 11, n), group, dist.ReduceOp.AVG))
+        return u
+
+    x = torch.zeros(1, requires_grad=True)
+    z = torch.utils.checkpoint.checkpoint(inner_again, x * 2.0, use_reentrant=True) * 5.0
+    z.register_hook(lambda g: rs(out, grad_of(rank, 10, n), group, dist.ReduceOp.AVG))
+    z.sum().backward()
+    np.testing.assert_array_equal(out.numpy(), outer_want)
+    np.testing.assert_array_equal(inner_out.numpy(), inner_want)
+    np.testing.assert_array_equal(rs.compressor.corrector_state(0).numpy(), e[rank])
     # Outside a backward pass a call settles before it returns (running again where a
     # block is outgrown).
-    want, _ = expected(6, 0.03, None)
-    rs(out, grad_of(rank, 6, n), group, dist.ReduceOp.AVG)
+    want, _ = expected(12, 0.03, None)
+    rs(out, grad_of(rank, 12, n), group, dist.ReduceOp.AVG)
     np.testing.assert_array_equal(out.numpy(), want)
     np.testing.assert_array_equal(rs.compressor.corrector_state(0).numpy(), e[rank])
     expect_error(lambda: fsdp.ReduceScatter(settle="later"), gradcomp.InvalidArgumentError,

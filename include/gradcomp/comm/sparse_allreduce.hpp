@@ -724,9 +724,11 @@ class sparse_allreduce {
       } else {
         try {
           grow_agreed(roomy(largest), capacity_);
-        } catch (const error&) {
-          // Every rank keeps the room alike (the agreement failed alike): the step is
-          // committed, and the next call carries what fits again and grows then.
+        } catch (const error& e) {
+          // A rank could not allocate the room (errc::device, raised alike on every rank
+          // by the agreement): every rank keeps the room it had, the step committed, and
+          // the next call carries what fits again and grows then.
+          if (e.code() != errc::device) throw;
         }
       }
       agreed_ = true;

@@ -72,6 +72,7 @@ call's workspace until the end of the backward pass).
 """
 
 import math
+import weakref
 from typing import Any, Dict, Optional, Sequence, Union
 
 import torch
@@ -130,23 +131,35 @@ class _BackwardSettlement:
     def __init__(self, task: int) -> None:
         self.task = task
         self.queued = []  # (instance, exchange, outcome, event), in the order the ranks queued them
-        torch.autograd.Variable._execution_engine.queue_callback(self.settle)
+        at_end = _AtBackwardEnd(self)
+        # Autograd holds the callback until the pass ends: once it is gone, a settlement
+        # still queued belongs to a pass that raised before its end.
+        self._at_end = weakref.ref(at_end)
+        torch.autograd.Variable._execution_engine.queue_callback(at_end)
 
     def holds(self, exchange) -> bool:
         return any(x is exchange for _, x, _, _ in self.queued)
+
+    def running(self) -> bool:
+        """Whether its backward pass has not ended yet (it may be running a nested one)."""
+        return self._at_end() is not None
+
+    def _forget(self) -> None:
+        if _settlements.get(self.task) is self:
+            del _settlements[self.task]
 
     def drop(self) -> None:
         """Drops every queued step: a backward pass that ended before its end (it raised),
         whose gradients are thrown away; what the steps would have committed stays in
         the memories."""
-        _settlements.pop(self.task, None)
+        self._forget()
         queued, self.queued = self.queued, []
         for instance, exchange, outcome, _ in queued:
             exchange.drop()
             instance._release(exchange, outcome.device)
 
     def settle(self) -> None:
-        _settlements.pop(self.task, None)
+        self._forget()
         if not self.queued:
             return
         try:
@@ -180,6 +193,16 @@ class _BackwardSettlement:
             raise first_error
 
 
+class _AtBackwardEnd:
+    """A backward pass's final callback: settles what the pass queued."""
+
+    def __init__(self, settlement: _BackwardSettlement) -> None:
+        self.settlement = settlement
+
+    def __call__(self) -> None:
+        self.settlement.settle()
+
+
 # The settlements of the backward passes running (one per graph task: a reentrant
 # checkpoint's backward nests one in another), and of those that raised before their
 # end, until one of their exchanges is called again.
@@ -188,12 +211,13 @@ _settlements: Dict[int, _BackwardSettlement] = {}
 
 def _clear_for(exchange, task: int) -> None:
     """Settles or drops a step of `exchange` that waits for a backward pass's end,
-    before `exchange` queues another in `task`'s: in the same pass (a second call), it
-    settles now; in another, that pass raised before its end, and its steps are
-    dropped."""
+    before `exchange` stages another: where that pass is still running (this call is a
+    second one in it, or in a pass nested in it) it settles now, as every rank does;
+    where it raised before its end its steps are dropped (no collective: a pass may
+    raise on one rank alone)."""
     for settlement in list(_settlements.values()):
         if settlement.holds(exchange):
-            if settlement.task == task:
+            if settlement.task == task or settlement.running():
                 settlement.settle()
             else:
                 settlement.drop()
