@@ -223,6 +223,22 @@ def in_one_backward(body):
     y.sum().backward()
 
 
+def in_nested_backward(outer, inner):
+    """Runs ``outer()`` from a hook of a backward pass, then ``inner()`` from a hook of a
+    backward pass nested in it (a reentrant checkpoint's recomputation), and returns once
+    both ended."""
+    def recomputed(t):
+        u = t * 3.0
+        if u.requires_grad:  # the recomputation, in the outer backward pass
+            u.register_hook(lambda g: inner() and None)
+        return u
+
+    x = torch.zeros(1, requires_grad=True)
+    z = torch.utils.checkpoint.checkpoint(recomputed, x * 2.0, use_reentrant=True) * 5.0
+    z.register_hook(lambda g: outer() and None)
+    z.sum().backward()
+
+
 def check_settled_by_step(rank, world):
     """settle="step": calls in a backward pass write their shards before anything is
     read and commit at its end. Against the reference: after a first call (settled at
@@ -314,16 +330,8 @@ def check_settled_by_step(rank, world):
     want, largest = expected(5, 0.03, room)
     out, inner_out = torch.empty(shard_n), torch.empty(shard_n)
 
-    def inner(t):
-        u = t * 3.0
-        if u.requires_grad:  # the recomputation, in the backward pass
-            u.register_hook(lambda g: twin(inner_out, grad_of(rank, 5, n), group, dist.ReduceOp.AVG))
-        return u
-
-    x = torch.zeros(1, requires_grad=True)
-    z = torch.utils.checkpoint.checkpoint(inner, x * 2.0, use_reentrant=True) * 5.0
-    z.register_hook(lambda g: rs(out, grad_of(rank, 5, n), group, dist.ReduceOp.AVG))
-    z.sum().backward()
+    in_nested_backward(lambda: rs(out, grad_of(rank, 5, n), group, dist.ReduceOp.AVG),
+                       lambda: twin(inner_out, grad_of(rank, 5, n), group, dist.ReduceOp.AVG))
     for instance, shard in ((rs, out), (twin, inner_out)):
         np.testing.assert_array_equal(shard.numpy(), want)
         np.testing.assert_array_equal(instance.compressor.corrector_state(0).numpy(), e[rank])
@@ -333,17 +341,8 @@ def check_settled_by_step(rank, world):
     outer_want, largest = expected(10, 0.03, room)
     room = roomy(largest) if largest > room or roomy(largest) < room // 2 else room
     inner_want, _ = expected(11, 0.03, room)
-
-    def inner_again(t):
-        u = t * 3.0
-        if u.requires_grad:
-            u.register_hook(lambda g: rs(inner_out, grad_of(rank, 11, n), group, dist.ReduceOp.AVG))
-        return u
-
-    x = torch.zeros(1, requires_grad=True)
-    z = torch.utils.checkpoint.checkpoint(inner_again, x * 2.0, use_reentrant=True) * 5.0
-    z.register_hook(lambda g: rs(out, grad_of(rank, 10, n), group, dist.ReduceOp.AVG))
-    z.sum().backward()
+    in_nested_backward(lambda: rs(out, grad_of(rank, 10, n), group, dist.ReduceOp.AVG),
+                       lambda: rs(inner_out, grad_of(rank, 11, n), group, dist.ReduceOp.AVG))
     np.testing.assert_array_equal(out.numpy(), outer_want)
     np.testing.assert_array_equal(inner_out.numpy(), inner_want)
     np.testing.assert_array_equal(rs.compressor.corrector_state(0).numpy(), e[rank])
