@@ -128,7 +128,8 @@ if [ "$built" = 0 ]; then
   # What each hook adds to a bf16 training step of a ResNet-50 and a GPT-2 small (#40, item 4)
   [ "${STEP_COST:-1}" = 1 ] && step step_cost bench.log 200 env PYTHONPATH="$root:$PYTHONPATH" PYTHONUNBUFFERED=1 "$python" \
     -m experiments.gpu_step_cost --out "$out/step_cost.json"
-  # What FSDP2's compressed reduce-scatter costs per step, the workspace kept or given back (#40, items 2 and 4)
+  # What FSDP2's compressed reduce-scatter costs per step, settled once a step or per call, the workspace kept or
+  # given back (#40, items 2 and 4)
   [ "${FSDP_COST:-1}" = 1 ] && step fsdp_cost bench.log 120 env PYTHONPATH="$root:$PYTHONPATH" PYTHONUNBUFFERED=1 \
     "$python" -m experiments.fsdp_gpu_cost --out "$out/fsdp_cost.json"
   [ -s "$out/pytest_cuda.log" ] && tail -5 "$out/pytest_cuda.log"
