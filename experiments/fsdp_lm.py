@@ -204,7 +204,8 @@ def train(args, rank, world):
                 scatter = Int4ReduceScatter()
             else:
                 scatter = gradcomp.torch.fsdp.ReduceScatter(method="topk_ef", density=args.density,
-                                                            keep_workspace=args.keep_workspace, **options)
+                                                            keep_workspace=args.keep_workspace, settle=args.settle,
+                                                            **options)
             module.set_custom_reduce_scatter(scatter)
             scatters.append(scatter)
     optimizer = torch.optim.AdamW(net.parameters(), lr=args.lr, weight_decay=0.0)
@@ -257,6 +258,9 @@ def main():
     parser.add_argument("--density", type=float, default=0.05)
     parser.add_argument("--keep-workspace", action="store_true",
                         help="gradcomp's reduce-scatters keep their workspace between calls (default: given back)")
+    parser.add_argument("--settle", choices=["call", "step"], default=None,
+                        help="gradcomp's reduce-scatters settle per call or once per backward pass (default: by "
+                             "device, per call on the CPU)")
     parser.add_argument("--eval-every", type=int, default=20)
     parser.add_argument("--val-windows", type=int, default=64)
     parser.add_argument("--corpus-bytes", type=int, default=32 << 20)
