@@ -788,16 +788,25 @@ TEST_CASE(
                        "gradcomp: sparse_allreduce: k = 7002 exceeds the compressor's n = 7001", gc::error);
 }
 
+// The reduce-scatter tests' layout over `comm`'s ranks: W shards of 2003 indices, this
+// rank's starting at `begin`.
+struct scatter_layout {
+  int ranks;
+  std::size_t w, n, shard_n, begin;
+  explicit scatter_layout(const auto& comm)
+      : ranks(comm.size()),
+        w(static_cast<std::size_t>(ranks)),
+        n(2003 * w),
+        shard_n(2003),
+        begin(2003 * static_cast<std::size_t>(comm.rank())) {}
+};
+
 // reduce_scatter on compressors of Backend over transport Comm, against the reference:
 // each rank's shard and residual bit for bit; bad shapes refused on every rank alike.
 template <class Backend, class Comm>
 void reduce_scatter_matches_reference() {
   Comm comm;
-  const int ranks = comm.size();
-  const auto w = static_cast<std::size_t>(ranks);
-  const std::size_t n = 2003 * w;
-  const std::size_t shard_n = n / w;
-  const std::size_t begin = shard_n * static_cast<std::size_t>(comm.rank());
+  const auto [ranks, w, n, shard_n, begin] = scatter_layout(comm);
   const auto make = [](int rank, std::size_t size) {
     return gc::compressor{Backend{}, size, gc::select::exact_topk{.density = 0.01 * (1 + rank % 3)},
                           gc::correct::error_feedback{}, gc::encode::index_value{}};
@@ -989,11 +998,7 @@ TEST_CASE("sparse_allreduce::reduce_scatter on a device reads back its outcome o
 template <class Backend, class Comm>
 void queued_reduce_scatter_matches_reference() {
   Comm comm;
-  const int ranks = comm.size();
-  const auto w = static_cast<std::size_t>(ranks);
-  const std::size_t n = 2003 * w;
-  const std::size_t shard_n = n / w;
-  const std::size_t begin = shard_n * static_cast<std::size_t>(comm.rank());
+  const auto [ranks, w, n, shard_n, begin] = scatter_layout(comm);
   auto mine = gc::compressor{Backend{}, n, gc::select::exact_topk{.density = 0.01}, gc::correct::error_feedback{},
                              gc::encode::index_value{}};
   gc::comm::sparse_allreduce exchange(comm, mine);

@@ -312,6 +312,13 @@ class compressor_handle {
 #endif
 };
 
+/// An exchange's outcome as a uint8 tensor over the exchange's memory on `device`, for
+/// the caller to read with others' before it settles (no copy: valid until then).
+inline torch::Tensor outcome_tensor(std::span<const std::byte> outcome, const torch::Device& device) {
+  return torch::from_blob(const_cast<std::byte*>(outcome.data()), {static_cast<std::int64_t>(outcome.size())},
+                          torch::TensorOptions().dtype(torch::kUInt8).device(device));
+}
+
 class cyclic_handle {
  public:
   /// What the DDP hook calls this exchange in its errors.
@@ -369,8 +376,7 @@ class cyclic_handle {
         outcome = x_->queue(grad.data_ptr<float>(), dense.data_ptr<float>(), static_cast<std::size_t>(dense.numel()),
                             static_cast<float>(scale), also, who);
       });
-      return torch::from_blob(const_cast<std::byte*>(outcome.data()), {static_cast<std::int64_t>(outcome.size())},
-                              torch::TensorOptions().dtype(torch::kUInt8).device(c_.device()));
+      return outcome_tensor(outcome, c_.device());
     });
   }
   /// Completes the step queue() queued from its outcome, read to the host.
@@ -463,35 +469,21 @@ class sparse_handle {
   /// FSDP's sparse reduce-scatter: `shard` = scale * this rank's shard of the ranks'
   /// summed messages of `grad` (W equal shards); the compressor's step is committed.
   void reduce_scatter(const torch::Tensor& grad_in, torch::Tensor& shard, double scale) {
-    const element type = check_gradient("reduce_scatter", "input", grad_in, c_.device(), -1);
-    check_tensor("reduce_scatter", "output", shard, torch::kFloat, c_.device());
-    gradcomp_py::check_written("reduce_scatter", "output", shard);
-    const torch::Tensor grad = values_of(grad_in);
-    c_.exclusive([&] {
-      c_.on_own_stream([&] {
-        x_->reduce_scatter(grad.data_ptr(), type, static_cast<std::size_t>(grad.numel()), shard.data_ptr<float>(),
-                           static_cast<std::size_t>(shard.numel()), static_cast<float>(scale));
-      });
+    scatter(grad_in, shard, [&](const void* grad, element type, std::size_t n) {
+      x_->reduce_scatter(grad, type, n, shard.data_ptr<float>(), static_cast<std::size_t>(shard.numel()),
+                         static_cast<float>(scale));
     });
   }
   /// reduce_scatter() up to its one read (FSDP's calls settled once a step): `shard`
   /// written as queued (zeros where the ranks refuse the step), the outcome returned, a
   /// tensor over the exchange's memory that settle() takes read; settle() commits.
   torch::Tensor queue_reduce_scatter(const torch::Tensor& grad_in, torch::Tensor& shard, double scale) {
-    const element type = check_gradient("reduce_scatter", "input", grad_in, c_.device(), -1);
-    check_tensor("reduce_scatter", "output", shard, torch::kFloat, c_.device());
-    gradcomp_py::check_written("reduce_scatter", "output", shard);
-    const torch::Tensor grad = values_of(grad_in);
-    return c_.exclusive([&] {
-      std::span<const std::byte> outcome;
-      c_.on_own_stream([&] {
-        outcome = x_->queue_reduce_scatter(grad.data_ptr(), type, static_cast<std::size_t>(grad.numel()),
-                                           shard.data_ptr<float>(), static_cast<std::size_t>(shard.numel()),
-                                           static_cast<float>(scale));
-      });
-      return torch::from_blob(const_cast<std::byte*>(outcome.data()), {static_cast<std::int64_t>(outcome.size())},
-                              torch::TensorOptions().dtype(torch::kUInt8).device(c_.device()));
+    std::span<const std::byte> outcome;
+    scatter(grad_in, shard, [&](const void* grad, element type, std::size_t n) {
+      outcome = x_->queue_reduce_scatter(grad, type, n, shard.data_ptr<float>(),
+                                         static_cast<std::size_t>(shard.numel()), static_cast<float>(scale));
     });
+    return outcome_tensor(outcome, c_.device());
   }
   /// settle() from the outcome read into `read` (uint8, on the CPU, contiguous).
   void settle_read(const torch::Tensor& read) {
@@ -526,8 +518,7 @@ class sparse_handle {
         outcome = x_->queue(grad.data_ptr(), type, dense.data_ptr<float>(), static_cast<std::size_t>(dense.numel()),
                             static_cast<float>(scale), also, who);
       });
-      return torch::from_blob(const_cast<std::byte*>(outcome.data()), {static_cast<std::int64_t>(outcome.size())},
-                              torch::TensorOptions().dtype(torch::kUInt8).device(c_.device()));
+      return outcome_tensor(outcome, c_.device());
     });
   }
   /// Completes the step queue() queued from its outcome, read to the host.
@@ -540,6 +531,18 @@ class sparse_handle {
   }
 
  private:
+  // FSDP's input and output checked, then `run(grad, type, n)` on the compressor's own
+  // stream (the reduce-scatter's, at once or queued).
+  template <class Run>
+  void scatter(const torch::Tensor& grad_in, torch::Tensor& shard, Run&& run) {
+    const element type = check_gradient("reduce_scatter", "input", grad_in, c_.device(), -1);
+    check_tensor("reduce_scatter", "output", shard, torch::kFloat, c_.device());
+    gradcomp_py::check_written("reduce_scatter", "output", shard);
+    const torch::Tensor grad = values_of(grad_in);
+    c_.exclusive(
+        [&] { c_.on_own_stream([&] { run(grad.data_ptr(), type, static_cast<std::size_t>(grad.numel())); }); });
+  }
+
   sparse_handle(compressor_handle& c, gradcomp_py::transport t, std::size_t k)
       : c_(c), sent_(t.sent), received_(t.received), issued_(t.issued), x_(c.impl().sparse(std::move(t), k)) {}
 
