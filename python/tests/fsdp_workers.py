@@ -354,6 +354,8 @@ def check_settled_by_step(rank, world):
     np.testing.assert_array_equal(rs.compressor.corrector_state(0).numpy(), e[rank])
     expect_error(lambda: fsdp.ReduceScatter(settle="later"), gradcomp.InvalidArgumentError,
                  "gradcomp: fsdp ReduceScatter: settle must be 'step', 'call' or None, got 'later'")
+    expect_error(lambda: fsdp.ReduceScatter(settle=5), gradcomp.InvalidArgumentError,
+                 "gradcomp: fsdp ReduceScatter: settle must be a str, got an int")
 
 
 class Net(torch.nn.Module):

@@ -384,7 +384,7 @@ class ReduceScatter(_GroupCompressor, _ReduceScatterBase):
     module docstring, "Memory"). ``settle``: ``"step"`` settles the calls of a backward
     pass together at its end, by one read of the device; ``"call"`` settles each call
     before it returns; None (the default): ``"step"`` for CUDA tensors, ``"call"`` for CPU
-    ones (module docstring, "Settled once a step").
+    ones (module docstring, "Settled once a step"); every rank must settle alike.
     ``bytes_sent`` counts the bytes
     this rank has put into the collectives, ``collectives`` the collectives.
     ``state_dict()`` / ``load_state_dict()`` keep the compressor's memory.
