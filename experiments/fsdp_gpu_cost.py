@@ -20,7 +20,9 @@ The reduce-scatters: ``dense`` (``reduce_scatter_tensor``, what FSDP runs), ``to
 (``settle="call"``: each call reads its outcome before it returns), ``topk_ef-release``
 (``keep_workspace=False``: each call gives its workspace back to torch's caching
 allocator and takes it again at the next), ``topk_ef_m8`` (the error memory in 8 bits,
-workspace kept).
+workspace kept), ``topk_ef-hsdp`` (``topk_ef``, each call followed by HSDP's compressed
+all-reduce of its shard across replicas, ``fsdp.AllReduce``, here a replicate group of
+one rank: both settle in the backward pass's one read).
 
     python3 -m experiments.fsdp_gpu_cost [--out fsdp_cost.json]
 
@@ -37,7 +39,7 @@ import torch.distributed as dist
 
 from experiments.gpu_step_cost import print_sync_sites, profiled, save, world_of_one
 
-SCATTERS = ["dense", "topk_ef", "topk_ef-call", "topk_ef-release", "topk_ef_m8"]
+SCATTERS = ["dense", "topk_ef", "topk_ef-call", "topk_ef-release", "topk_ef_m8", "topk_ef-hsdp"]
 
 
 def reduce_scatter_of(name, density):
@@ -81,14 +83,20 @@ def run(name, args, device):
     shards = [torch.empty(n, device=device) for n in sizes]
     scatters = [reduce_scatter_of(name, args.density) for _ in sizes]
     group = dist.group.WORLD
+    replicas = [None] * len(sizes)
+    if name == "topk_ef-hsdp":
+        from gradcomp.torch import fsdp
+        replicas = [fsdp.AllReduce(group, method="topk_ef", density=args.density) for _ in sizes]
     cuda = device.type == "cuda"
 
     def calls():
-        for rs, grad, shard in zip(scatters, grads, shards):
+        for rs, across, grad, shard in zip(scatters, replicas, grads, shards):
             if rs is None:
                 dist.reduce_scatter_tensor(shard, grad, op=dist.ReduceOp.AVG, group=group)
             else:
                 rs(shard, grad, group, dist.ReduceOp.AVG)
+            if across is not None:
+                across(shard)
 
     def step():
         in_backward(calls)
@@ -107,7 +115,7 @@ def run(name, args, device):
     peak = torch.cuda.max_memory_allocated(device) if cuda else 0
     syncs, sites, kernels, ours = profiled(step, device)
     held = {"state": 0, "workspace": 0}
-    for rs in scatters:
+    for rs in scatters + replicas:
         for key in held:
             held[key] += 0 if rs is None else rs.memory_bytes()[key]
     return {"reduce_scatter": name, "step_ms": 1e3 * statistics.median(wall), "groups": len(sizes),

@@ -921,6 +921,15 @@ TEST_CASE("sparse_allreduce::reduce_scatter on a memory the host may not read (t
   reduce_scatter_matches_reference<opaque_host, mpi_of_opaque_memory>();
 }
 
+namespace {
+// Whether counted_device's work since the last reset read, copied or allocated nothing
+// but scratch.
+bool waited_for_nothing() {
+  const device_waits waits = counted_device::reset();
+  return waits.reads == 0 && waits.to_host == 0 && waits.to_device == 0 && waits.allocations == 0;
+}
+}  // namespace
+
 // What reduce_scatter makes the host wait for on a device (support/counted_device.hpp),
 // with a selector that waits for nothing: once, for the frames and records at its end;
 // the entries travel in the compressor's memory, in blocks of the room the ranks agreed.
@@ -952,14 +961,10 @@ TEST_CASE("sparse_allreduce::reduce_scatter on a device reads back its outcome o
       if (queued && t > 0) {
         device_exchange.queue_reduce_scatter(device_g, view_as<counted_device, float>(device_shard), 0.5f);
         // Nothing read, copied or allocated but scratch (kept_ and the blocks as they grow).
-        const auto waits_for_nothing = [] {
-          const device_waits waits = counted_device::reset();
-          return waits.reads == 0 && waits.to_host == 0 && waits.to_device == 0 && waits.allocations == 0;
-        };
-        CHECK(waits_for_nothing());
+        CHECK(waited_for_nothing());
         const auto outcome = device_exchange.outcome();
         (void)device_exchange.settle(std::vector<std::byte>(outcome.data(), outcome.data() + outcome.size()));
-        CHECK(waits_for_nothing());
+        CHECK(waited_for_nothing());
         host_exchange.queue_reduce_scatter(g, host_shard, 0.5f);
         (void)host_exchange.settle(host_exchange.outcome());
       } else {
@@ -984,6 +989,36 @@ TEST_CASE("sparse_allreduce::reduce_scatter on a device reads back its outcome o
       CHECK(checkpoint(device_compressor) == checkpoint(host_compressor));
       CHECK(device_exchange.last_traffic().sent == host_exchange.last_traffic().sent);
     }
+  }
+}
+
+// The refusals a queued exchange meets at settle(), alike on every rank, its compressor
+// unchanged: a NaN in the last rank's gradient `g`; with several ranks, a sum that
+// overflows (every rank sends 3e38 at index 5, in rank 0's region). `queue(g)` queues a
+// call, `unchanged()` says whether its output holds what a refused step leaves there.
+template <class Compressor, class Queue, class Unchanged, class Settle>
+void refused_alike_at_settle(const gc::comm::mpi& comm, const Compressor& mine, const std::vector<float>& g,
+                             Queue&& queue, Unchanged&& unchanged, Settle&& settle) {
+  const int ranks = comm.size();
+  const auto before = checkpoint(mine);
+  auto bad = g;
+  if (comm.rank() == ranks - 1) bad[7] = NAN;
+  queue(bad);
+  CHECK(unchanged());
+  every_rank_throws(comm, settle,
+                    "gradcomp: compress: grad (or its error feedback) holds a NaN or infinity (rank " +
+                        std::to_string(ranks - 1) + " of " + std::to_string(ranks) + ")");
+  CHECK_FALSE(mine.has_staged());
+  CHECK(checkpoint(mine) == before);
+  if (ranks > 1) {
+    bad = g;
+    bad[5] = 3e38f;
+    queue(bad);
+    CHECK(unchanged());
+    every_rank_throws(
+        comm, settle,
+        "gradcomp: sparse_allreduce: a sum in rank 0 of " + std::to_string(ranks) + "'s region overflows (not finite)");
+    CHECK(checkpoint(mine) == before);
   }
 }
 
@@ -1064,34 +1099,18 @@ void queued_reduce_scatter_matches_reference() {
     CHECK(std::vector<float>(residual.begin(), residual.end()) == e[static_cast<std::size_t>(comm.rank())]);
   }
   CHECK(carried_part);  // some block was outgrown and carried what fit
-  // A NaN in the last rank's gradient: zeros in every shard, its error on every rank at
-  // the settle, the residual unchanged.
+  // A NaN, an overflow: zeros in every shard (not the infinity).
   const auto before = checkpoint(mine);
-  auto g = sparse_gradient(comm.rank(), n, 9, false);
-  if (comm.rank() == ranks - 1) g[7] = NAN;
-  exchange.queue_reduce_scatter(view_as<Backend, const float>(g), view_as<Backend, float>(shard), 1.0f);
-  CHECK(shard == std::vector<float>(shard_n, 0.0f));
-  every_rank_throws(comm, settle,
-                    "gradcomp: compress: grad (or its error feedback) holds a NaN or infinity (rank " +
-                        std::to_string(ranks - 1) + " of " + std::to_string(ranks) + ")");
-  CHECK_FALSE(mine.has_staged());
-  CHECK(checkpoint(mine) == before);
-  if (ranks > 1) {
-    // Every rank sends 3e38 at index 5 (rank 0's sum overflows): zeros in every shard,
-    // not the infinity, and the error on every rank at the settle.
-    g = sparse_gradient(comm.rank(), n, 9, false);
-    g[5] = 3e38f;
-    shard.assign(shard_n, 7.0f);
-    exchange.queue_reduce_scatter(view_as<Backend, const float>(g), view_as<Backend, float>(shard), 1.0f);
-    CHECK(shard == std::vector<float>(shard_n, 0.0f));
-    every_rank_throws(
-        comm, settle,
-        "gradcomp: sparse_allreduce: a sum in rank 0 of " + std::to_string(ranks) + "'s region overflows (not finite)");
-    CHECK(checkpoint(mine) == before);
-  }
+  refused_alike_at_settle(
+      comm, mine, sparse_gradient(comm.rank(), n, 9, false),
+      [&](std::vector<float>& g) {
+        shard.assign(shard_n, 7.0f);
+        exchange.queue_reduce_scatter(view_as<Backend, const float>(g), view_as<Backend, float>(shard), 1.0f);
+      },
+      [&] { return shard == std::vector<float>(shard_n, 0.0f); }, settle);
   // This rank's own bad argument: the shard is left as it is, the error on every rank.
   std::vector<float> short_shard(shard_n - 1, 7.0f);
-  g = sparse_gradient(comm.rank(), n, 5, false);
+  auto g = sparse_gradient(comm.rank(), n, 5, false);
   exchange.queue_reduce_scatter(view_as<Backend, const float>(g),
                                 view_as<Backend, float>(comm.rank() == 0 ? short_shard : shard), 1.0f);
   if (comm.rank() == 0) CHECK(short_shard == std::vector<float>(shard_n - 1, 7.0f));
@@ -1117,6 +1136,216 @@ TEST_CASE(
 
 TEST_CASE("sparse_allreduce::queue_reduce_scatter on a memory the host may not read (the path backend::cuda takes)") {
   queued_reduce_scatter_matches_reference<opaque_host, mpi_of_opaque_memory>();
+}
+
+// queue_step on compressors of Backend over transport Comm, against the reference of
+// docs/algorithms.md ("Global top-k", "Carrying what fits"): a rank's block for a
+// region carries the first `room` of its entries there (ascending), the sums are of
+// what was carried, the global top-k of them is cut, region by region, to the first
+// `capacity` of each region's part, and each rank commits only the selected entries it
+// carried. The regions, the room and the capacity follow as the ranks agree them.
+// Refusals: nothing added to dense, the same error on every rank at settle().
+template <class Backend, class Comm>
+void queued_step_matches_reference() {
+  Comm comm;
+  const int ranks = comm.size();
+  const auto w = static_cast<std::size_t>(ranks);
+  const std::size_t n = 20011;
+  auto mine = gc::compressor{Backend{}, n, gc::select::exact_topk{.density = 0.01}, gc::correct::error_feedback{},
+                             gc::encode::index_value{}};
+  gc::comm::sparse_allreduce exchange(comm, mine);
+  std::vector<std::vector<float>> e(w, std::vector<float>(n, 0.0f));
+  std::vector<std::uint32_t> bounds;
+  for (std::size_t j = 0; j <= w; ++j) bounds.push_back(static_cast<std::uint32_t>(j * n / w));
+  const auto roomy = [](std::size_t need) { return need + need / 8 + 16; };
+  const auto shrunk = [&](std::size_t size, std::size_t need) { return roomy(need) < size / 2 ? roomy(need) : size; };
+  std::size_t room = 0, capacity = 0;  // as the ranks agree them
+  bool carried_part = false, cut_part = false, left_out_selected = false;
+  const float scale = 0.5f;
+  // Gradients the ranks largely share; at steps 3 and 4 rank 0's is a hundredth of the
+  // others' and crowds the upper half of the indices, so that its blocks there leave
+  // out entries that the others send, sum and select (which rank 0 must not commit).
+  const auto grad_of = [&](int r, int t) {
+    auto g = gradient_of(0, n, t);
+    const auto own = gradient_of(r + 1, n, t);
+    for (std::size_t i = 0; i < n; ++i) g[i] += 0.25f * own[i];
+    if (r == 0) {
+      for (std::size_t i = 0; i < n; ++i) g[i] *= (t == 3 || t == 4) && i >= n / 2 ? 0.1f : 0.01f;
+    }
+    return g;
+  };
+  // One step of every rank: dense added to, the residuals and the regions updated; the
+  // most entries a rank had for a region and the largest part of the uncut selection.
+  // Without `carry`, blocks and parts hold everything (a step() that runs again).
+  const auto reference_step = [&](int t, std::size_t k, std::vector<float>& dense, bool carry) {
+    const auto region_of = [&](std::uint32_t i) {
+      return static_cast<std::size_t>(std::upper_bound(bounds.begin(), bounds.end(), i) - bounds.begin() - 1);
+    };
+    std::vector<float> sum(n, 0.0f);
+    std::vector<bool> any(n, false);
+    std::vector<std::vector<std::uint32_t>> carried(w), left_out(w);
+    std::size_t largest = 0;
+    for (std::size_t r = 0; r < w; ++r) {
+      const auto g = grad_of(static_cast<int>(r), t);
+      for (std::size_t i = 0; i < n; ++i) e[r][i] = e[r][i] + g[i];
+      std::vector<std::size_t> in_region(w, 0);
+      for (const std::uint32_t i : reference::top_k(e[r], k)) {
+        const std::size_t count = ++in_region[region_of(i)];
+        largest = std::max(largest, count);
+        if (carry && count > room) {
+          carried_part = true;
+          left_out[r].push_back(i);
+          continue;  // not carried: it stays in the residual
+        }
+        sum[i] = any[i] ? sum[i] + e[r][i] : e[r][i];
+        any[i] = true;
+        carried[r].push_back(i);
+      }
+    }
+    std::vector<std::uint32_t> all;
+    for (std::uint32_t i = 0; i < n; ++i) {
+      if (any[i]) all.push_back(i);
+    }
+    std::vector<std::uint32_t> global;
+    std::vector<std::size_t> part(w, 0);
+    std::size_t longest = 0;
+    for (const std::uint32_t i : reference::top_k_of(sum, all, k)) {
+      const std::size_t count = ++part[region_of(i)];
+      longest = std::max(longest, count);
+      if (carry && count > capacity) {
+        cut_part = true;
+        continue;  // the part carries its lowest indices
+      }
+      global.push_back(i);
+    }
+    for (const std::uint32_t i : global) dense[i] += scale * sum[i];
+    for (std::size_t r = 0; r < w; ++r) {
+      for (const std::uint32_t i : carried[r]) {
+        if (std::binary_search(global.begin(), global.end(), i)) e[r][i] -= e[r][i];
+      }
+      for (const std::uint32_t i : left_out[r]) {
+        left_out_selected = left_out_selected || std::binary_search(global.begin(), global.end(), i);
+      }
+    }
+    if (!global.empty()) {
+      for (std::size_t j = 1; j < w; ++j) bounds[j] = global[j * global.size() / w];
+    }
+    return std::pair{largest, longest};
+  };
+  const auto settle = [&] {
+    const auto outcome = exchange.outcome();
+    (void)exchange.settle(std::vector<std::byte>(outcome.data(), outcome.data() + outcome.size()));
+  };
+  std::vector<float> dense(n, 0.0f), expected(n, 0.0f);
+  for (int t = 0; t < 6; ++t) {
+    CAPTURE(t);
+    mine.set_density(t < 2 ? 0.01 : 0.03);
+    const std::size_t k = mine.selector().max_selected(n);
+    auto g = grad_of(comm.rank(), t);
+    const auto [largest, longest] = reference_step(t, k, expected, t != 0);
+    if (t == 0) {
+      CHECK_FALSE(exchange.sizes_agreed());
+      (void)exchange.step(view_as<Backend, const float>(g), view_as<Backend, float>(dense), scale);
+      room = roomy(largest);  // it ran again, with room for its blocks, then for its parts
+      capacity = std::min(k, roomy(longest));
+    } else {
+      const auto before = checkpoint(mine);
+      exchange.queue_step(view_as<Backend, const float>(g), view_as<Backend, float>(dense), scale);
+      CHECK(dense == expected);           // added to before the host read anything
+      CHECK(checkpoint(mine) == before);  // committed at the settle
+      settle();
+      if (largest > room || longest > capacity) {
+        room = largest > room ? roomy(largest) : room;
+        capacity = longest > capacity ? std::min(k, roomy(longest)) : capacity;
+      } else {
+        room = shrunk(room, largest);
+        capacity = std::min(k, shrunk(capacity, longest));
+      }
+    }
+    CHECK(dense == expected);
+    const auto residual = mine.corrector_state(0);
+    CHECK(std::vector<float>(residual.begin(), residual.end()) == e[static_cast<std::size_t>(comm.rank())]);
+    const auto regions = exchange.regions();
+    CHECK(std::vector<std::uint32_t>(regions.begin(), regions.end()) == bounds);
+  }
+  CHECK(carried_part);  // some block was outgrown and carried what fit
+  CHECK(cut_part);      // some part of the selection outgrew the gather and carried what fit
+  // Some entry a rank's block left out was sent by another, and selected: that rank
+  // did not commit it.
+  CHECK(left_out_selected == (ranks > 1));
+  // A NaN, an overflow: nothing added (not the infinity).
+  const auto before = checkpoint(mine);
+  refused_alike_at_settle(
+      comm, mine, grad_of(comm.rank(), 9),
+      [&](std::vector<float>& g) {
+        exchange.queue_step(view_as<Backend, const float>(g), view_as<Backend, float>(dense), 1.0f);
+      },
+      [&] { return dense == expected; }, settle);
+  // This rank's own bad argument: nothing added, the error on every rank.
+  std::vector<float> short_dense(n - 1, 7.0f);
+  auto g = grad_of(comm.rank(), 6);
+  if (comm.rank() == 0) {
+    exchange.queue_step(view_as<Backend, const float>(g), view_as<Backend, float>(short_dense), 1.0f);
+    CHECK(short_dense == std::vector<float>(n - 1, 7.0f));
+  } else {
+    exchange.queue_step(view_as<Backend, const float>(g), view_as<Backend, float>(dense), 1.0f);
+  }
+  every_rank_throws(comm, settle,
+                    "gradcomp: sparse_allreduce: dense.size() = " + std::to_string(n - 1) +
+                        " does not match n = " + std::to_string(n) + " (rank 0 of " + std::to_string(ranks) + ")");
+  CHECK(dense == expected);
+  CHECK(checkpoint(mine) == before);
+  // The calls go on from the residual the refused ones left.
+  (void)reference_step(6, mine.selector().max_selected(n), expected, true);
+  exchange.queue_step(view_as<Backend, const float>(g), view_as<Backend, float>(dense), scale);
+  settle();
+  CHECK(dense == expected);
+  const auto residual = mine.corrector_state(0);
+  CHECK(std::vector<float>(residual.begin(), residual.end()) == e[static_cast<std::size_t>(comm.rank())]);
+}
+
+TEST_CASE(
+    "sparse_allreduce::queue_step: dense added to before any read, blocks and parts carrying what fits and "
+    "settle() committing only that; refusals alike at settle()") {
+  queued_step_matches_reference<gc::backend::host, gc::comm::mpi>();
+}
+
+TEST_CASE("sparse_allreduce::queue_step on a memory the host may not read (the path backend::cuda takes)") {
+  queued_step_matches_reference<opaque_host, mpi_of_opaque_memory>();
+}
+
+// queue_step on a device, with a selector that waits for nothing: nothing read, copied or
+// allocated but scratch until the outcome, and settle() from it reads nothing more; the
+// same dense sums and checkpoints as on backend::host.
+TEST_CASE("sparse_allreduce::queue_step on a device reads nothing until its outcome, and equals the host's") {
+  mpi_of_opaque_memory comm;
+  gc::comm::mpi host_comm;
+  const std::size_t n = 12007;
+  auto device_compressor = gc::presets::threshold_ef(counted_device{}, n, {.tau = 1.5f});
+  auto host_compressor = gc::presets::threshold_ef(gc::backend::host{}, n, {.tau = 1.5f});
+  gc::comm::sparse_allreduce device_exchange(comm, device_compressor, 300);
+  gc::comm::sparse_allreduce host_exchange(host_comm, host_compressor, 300);
+  std::vector<float> device_dense(n, 0.0f), host_dense(n, 0.0f);
+  for (int t = 0; t < 6; ++t) {
+    CAPTURE(t);
+    auto g = gradient_of(comm.rank(), n, t);
+    const auto device_g = view_as<counted_device, const float>(g);
+    if (t == 0) {
+      (void)device_exchange.step(device_g, view_as<counted_device, float>(device_dense), 0.5f);
+      (void)host_exchange.step(g, host_dense, 0.5f);
+    } else {
+      (void)counted_device::reset();
+      device_exchange.queue_step(device_g, view_as<counted_device, float>(device_dense), 0.5f);
+      CHECK(waited_for_nothing());
+      const auto outcome = device_exchange.outcome();
+      (void)device_exchange.settle(std::vector<std::byte>(outcome.data(), outcome.data() + outcome.size()));
+      CHECK(waited_for_nothing());
+      host_exchange.queue_step(g, host_dense, 0.5f);
+      (void)host_exchange.settle(host_exchange.outcome());
+    }
+    CHECK(device_dense == host_dense);
+    CHECK(checkpoint(device_compressor) == checkpoint(host_compressor));
+  }
 }
 
 // What sparse_allreduce::step (Ok-Topk's global top-k, the DDP hook's sparse_allreduce

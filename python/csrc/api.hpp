@@ -226,6 +226,12 @@ class sparse_exchange {
   /// then.
   virtual std::span<const std::byte> queue(const void* grad, element type, float* dense, std::size_t n, float scale,
                                            std::span<const gradcomp::detail::setting> also, const char* who) = 0;
+  /// step() up to its one read (comm::sparse_allreduce::queue_step): `dense` added to as
+  /// queued (nothing where the ranks refuse the step), the outcome returned (the
+  /// compressor's memory) to read before settle(), which commits; `grad` need not
+  /// outlive the call.
+  virtual std::span<const std::byte> queue_step(const void* grad, element type, float* dense, std::size_t n,
+                                                float scale) = 0;
   /// Completes the queued step from its outcome, read.
   virtual void settle(std::span<const std::byte> outcome) = 0;
   virtual void accept() = 0;

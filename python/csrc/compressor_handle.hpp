@@ -451,10 +451,7 @@ class sparse_handle {
   /// `who`'s).
   void stage(const torch::Tensor& grad_in, torch::Tensor& dense, double scale,
              const std::vector<gc::detail::setting>& also = {}, const char* who = "sparse_allreduce") {
-    // Sizes are the exchange's to check (every rank alike).
-    const element type = check_gradient("sparse_allreduce", "grad", grad_in, c_.device(), -1);
-    check_tensor("sparse_allreduce", "dense", dense, torch::kFloat, c_.device());
-    gradcomp_py::check_written("sparse_allreduce", "dense", dense);
+    const element type = checked_selection(grad_in, dense);
     const torch::Tensor grad = values_of(grad_in);
     c_.exclusive([&] {
       c_.on_own_stream([&] {
@@ -501,15 +498,28 @@ class sparse_handle {
     stage(grad, dense, scale);
     accept();
   }
+  /// step() up to its one read (HSDP's all-reduce settled once a step): `dense` added to
+  /// as queued (nothing where the ranks refuse the step), the outcome returned, a tensor
+  /// over the exchange's memory that settle() takes read; settle() commits.
+  torch::Tensor queue_step(const torch::Tensor& grad_in, torch::Tensor& dense, double scale) {
+    const element type = checked_selection(grad_in, dense);
+    const torch::Tensor grad = values_of(grad_in);
+    return c_.exclusive([&] {
+      std::span<const std::byte> outcome;
+      c_.on_own_stream([&] {
+        outcome = x_->queue_step(grad.data_ptr(), type, dense.data_ptr<float>(),
+                                 static_cast<std::size_t>(dense.numel()), static_cast<float>(scale));
+      });
+      return outcome_tensor(outcome, c_.device());
+    });
+  }
   /// stage() up to its one read (the DDP hook's step, comm::sparse_allreduce::queue):
   /// `also` the settings the ranks must share beside the exchange's (reported as
   /// `who`'s). Returns the outcome, a tensor over the exchange's memory that settle()
   /// takes read; `grad` and `dense` must live until then.
   torch::Tensor queue(const torch::Tensor& grad, torch::Tensor& dense, double scale,
                       const std::vector<gc::detail::setting>& also, const char* who) {
-    const element type = check_gradient("sparse_allreduce", "grad", grad, c_.device(), -1);
-    check_tensor("sparse_allreduce", "dense", dense, torch::kFloat, c_.device());
-    gradcomp_py::check_written("sparse_allreduce", "dense", dense);
+    const element type = checked_selection(grad, dense);
     // The exchange reads `grad` until settle(): the caller's own values, no copy of ours.
     if (grad.is_neg()) gc::detail::fail(gc::errc::invalid_argument, "sparse_allreduce: queue takes no negated view");
     return c_.exclusive([&] {
@@ -531,6 +541,15 @@ class sparse_handle {
   }
 
  private:
+  // The global selection's gradient and `dense` checked (sizes are the exchange's to
+  // check, every rank alike); the gradient's element type.
+  element checked_selection(const torch::Tensor& grad, const torch::Tensor& dense) {
+    const element type = check_gradient("sparse_allreduce", "grad", grad, c_.device(), -1);
+    check_tensor("sparse_allreduce", "dense", dense, torch::kFloat, c_.device());
+    gradcomp_py::check_written("sparse_allreduce", "dense", dense);
+    return type;
+  }
+
   // FSDP's input and output checked, then `run(grad, type, n)` on the compressor's own
   // stream (the reduce-scatter's, at once or queued).
   template <class Run>

@@ -285,6 +285,12 @@ class sparse_exchange_of final : public sparse_exchange {
     const auto outcome = exchange_.outcome();
     return {outcome.data(), outcome.size()};
   }
+  std::span<const std::byte> queue_step(const void* grad, element type, float* dense, std::size_t n,
+                                        float scale) override {
+    with_gradient<Compressor>(grad, n, type, [&](auto g) { exchange_.queue_step(g, view<float>(dense, n), scale); });
+    const auto outcome = exchange_.outcome();
+    return {outcome.data(), outcome.size()};
+  }
   void settle(std::span<const std::byte> outcome) override { (void)exchange_.settle(outcome); }
   void accept() override { exchange_.accept_staged(); }
   void reduce_scatter(const void* grad, element type, std::size_t n, float* shard, std::size_t shard_n,

@@ -112,6 +112,7 @@ PYBIND11_MODULE(_C, m) {
       .def("step", &sparse_handle::step)
       .def("reduce_scatter", &sparse_handle::reduce_scatter)
       .def("queue_reduce_scatter", &sparse_handle::queue_reduce_scatter)
+      .def("queue_step", &sparse_handle::queue_step)
       .def("settle", &sparse_handle::settle_read)
       .def("drop", &sparse_handle::drop)
       .def_property_readonly("sizes_agreed", &sparse_handle::sizes_agreed)

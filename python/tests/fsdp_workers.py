@@ -533,21 +533,30 @@ def check_hsdp_replicas_compressed(rank, world):
     each FSDPModule sharded over its replica's ranks with gradcomp's reduce-scatter and
     an AllReduce hook over the replicate group. At density 1 the parameters follow
     single-process SGD on the mean gradient of all ranks; at density 0.05 the loss
-    falls, the replicas stay identical, and a NaN on one rank is every rank's error."""
+    falls, the replicas stay identical, and a NaN on one rank is every rank's error.
+    Settled by step (each backward pass's calls of both kinds settled at its end) the
+    same."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule
 
     mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
     replicas = mesh["replicate"].get_group()
 
-    def hybrid(density):
-        model, _ = sharded(lambda: fsdp.ReduceScatter(method="topk_ef", density=density), mesh=mesh["shard"])
+    def hybrid(density, settle=None):
+        model, _ = sharded(lambda: fsdp.ReduceScatter(method="topk_ef", density=density, settle=settle),
+                           mesh=mesh["shard"])
         hooks = []
         for module in model.modules():
             if isinstance(module, FSDPModule):
-                hooks.append(fsdp.AllReduce(replicas, method="topk_ef", density=density))
+                hooks.append(fsdp.AllReduce(replicas, method="topk_ef", density=density, settle=settle))
                 module.set_all_reduce_hook(hooks[-1])
         return model, hooks
+
+    def replicas_equal(model):
+        mine = full_parameters(model).detach()
+        every = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(every, mine)
+        return all(torch.equal(p, every[0]) for p in every)
 
     model, hooks = hybrid(1.0)
     layers = follows_single_process_sgd(model, rank, world, 4, world, rtol=1e-5, atol=1e-6)
@@ -555,10 +564,21 @@ def check_hsdp_replicas_compressed(rank, world):
 
     model, hooks = hybrid(0.05)
     loss_falls(model, rank, 30)
-    mine = full_parameters(model).detach()
-    every = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(every, mine)
-    assert all(torch.equal(p, every[0]) for p in every)
+    assert replicas_equal(model)
+
+    queued = []  # the all-reduces queued for their backward pass's end: all but each group's first
+    settle_at_end = fsdp._settle_at_backward_end
+    fsdp._settle_at_backward_end = lambda *call: (queued.append(call[0]), settle_at_end(*call))
+    try:
+        model, step_hooks = hybrid(1.0, settle="step")
+        assert follows_single_process_sgd(model, rank, world, 4, world, rtol=1e-5, atol=1e-6) == layers
+    finally:
+        fsdp._settle_at_backward_end = settle_at_end
+    assert sum(isinstance(call, fsdp.AllReduce) for call in queued) == 3 * layers
+    assert sum(h.stats()["calls"] for h in step_hooks) == 4 * layers
+    model, step_hooks = hybrid(0.05, settle="step")
+    loss_falls(model, rank, 30)
+    assert replicas_equal(model)
 
     hook = hooks[1]  # the first layer's (the root holds no parameter)
     shard = torch.ones(hook.compressor.numel)
@@ -569,6 +589,132 @@ def check_hsdp_replicas_compressed(rank, world):
                  "gradcomp: compress: grad[3] = inf is not finite (rank 0 of 2)")
     assert torch.equal(hook.compressor.corrector_state(0), before) and shard[0] == 1.0
 
+
+
+def check_all_reduce_settled_by_step(rank, world):
+    """AllReduce(settle="step") called in backward passes, against the reference of the
+    global top-k with blocks and parts carrying what fits (docs/algorithms.md, "Carrying
+    what fits"): after a first call (settled at once, agreeing the room and the
+    capacity), a rank's block for a region carries the first `room` of its entries
+    there, the selection is the top-k of the carried sums cut to the first `capacity`
+    of each region's part, and each rank commits only the selected entries it carried;
+    the output is written before anything is read and the step committed at the pass's
+    end. A NaN on one rank zeros the output and raises the same error on every rank from
+    backward(), the residuals unchanged."""
+    import bisect
+
+    n = 6007
+    group = dist.group.WORLD
+    hook = fsdp.AllReduce(group, method="topk_ef", density=0.01, settle="step")
+    e = [np.zeros(n, dtype=np.float32) for _ in range(world)]
+    bounds = [j * n // world for j in range(world + 1)]
+    roomy = lambda need: need + need // 8 + 16  # noqa: E731
+    sizes = {"room": 0, "capacity": 0}
+    seen_cases = set()
+
+    def grad(r, step):
+        """Gradients the ranks largely share; rank 0's a hundredth of the others', at
+        steps 3 and 4 crowding the upper half (its blocks leave out entries that others
+        send, sum and select)."""
+        g = grad_of(0, step, n) + 0.25 * grad_of(r + 1, step, n)
+        if r == 0:
+            g = g * torch.where(torch.arange(n) >= n // 2, 0.1 if step in (3, 4) else 0.01, 0.01).float()
+        return g
+
+    def expected(step, k, carry):
+        """The output of a step with `k` selected (blocks and parts carrying what fits
+        where `carry`), `e` and the regions updated; the most entries a rank had for a
+        region and the largest part of the uncut selection."""
+        region_of = lambda i: bisect.bisect_right(bounds, i) - 1  # noqa: E731
+        sums, seen = np.zeros(n, dtype=np.float32), np.zeros(n, dtype=bool)
+        carried, left_out, largest = [[] for _ in range(world)], [[] for _ in range(world)], 0
+        for r in range(world):
+            e[r] = (e[r] + grad(r, step).numpy()).astype(np.float32)
+            counts = [0] * world
+            for i in reference.top_k(e[r], k):
+                j = region_of(i)
+                counts[j] += 1
+                largest = max(largest, counts[j])
+                if carry and counts[j] > sizes["room"]:
+                    left_out[r].append(i)
+                    continue
+                sums[i] = np.float32(sums[i] + e[r][i]) if seen[i] else e[r][i]
+                seen[i] = True
+                carried[r].append(i)
+        union = np.flatnonzero(seen)
+        full = np.sort(union[np.lexsort((union, -np.abs(sums[union].astype(np.float64))))[:k]])
+        parts, longest, chosen = [0] * world, 0, []
+        for i in full:
+            j = region_of(i)
+            parts[j] += 1
+            longest = max(longest, parts[j])
+            if carry and parts[j] > sizes["capacity"]:
+                seen_cases.add("part cut")
+                continue
+            chosen.append(int(i))
+        out = np.zeros(n, dtype=np.float32)
+        out[chosen] = np.float32(1.0 / world) * sums[chosen]
+        kept = set(chosen)
+        for r in range(world):
+            for i in carried[r]:
+                if i in kept:
+                    e[r][i] = 0.0
+            if any(i in kept for i in left_out[r]):
+                seen_cases.add("left-out entry selected")
+            if left_out[r]:
+                seen_cases.add("block carried part")
+        if chosen:
+            for j in range(1, world):
+                bounds[j] = chosen[j * len(chosen) // world]
+        return out, largest, longest
+
+    for step in range(6):
+        density = 0.01 if step < 2 else 0.03
+        hook.set_density(density)
+        k = reference.k_for(density, n)
+        want, largest, longest = expected(step, k, step > 0)
+        out = grad(rank, step)
+        committed = hook.compressor.step if hook.compressor is not None else 0
+
+        def call(out=out, want=want, committed=committed, step=step):  # run in this iteration's backward
+            hook(out)
+            if step > 0:  # written, not yet committed
+                np.testing.assert_array_equal(out.numpy(), want)
+                assert hook.compressor.step == committed
+
+        in_one_backward(call)
+        np.testing.assert_array_equal(out.numpy(), want)
+        np.testing.assert_array_equal(hook.compressor.corrector_state(0).numpy(), e[rank])
+        assert hook.compressor.step == committed + 1
+        if step == 0:  # settled at once, running again with room for its blocks, then its parts
+            sizes["room"], sizes["capacity"] = roomy(largest), min(k, roomy(longest))
+        elif largest > sizes["room"] or longest > sizes["capacity"]:
+            if largest > sizes["room"]:
+                sizes["room"] = roomy(largest)
+            if longest > sizes["capacity"]:
+                sizes["capacity"] = min(k, roomy(longest))
+        else:
+            if roomy(largest) < sizes["room"] // 2:
+                sizes["room"] = roomy(largest)
+            if roomy(longest) < sizes["capacity"] // 2:
+                sizes["capacity"] = min(k, roomy(longest))
+    assert {"block carried part", "part cut"} <= seen_cases, seen_cases
+    if world > 1:
+        assert "left-out entry selected" in seen_cases, seen_cases
+
+    # A NaN on the last rank: zeros out, the same error on every rank from backward(),
+    # nothing committed.
+    memory = hook.compressor.corrector_state(0).clone()
+    bad = grad(rank, 9)
+    if rank == world - 1:
+        bad[5] = float("nan")
+    expect_error(lambda: in_one_backward(lambda: hook(bad)), gradcomp.NonFiniteError,
+                 f"gradcomp: compress: grad (or its error feedback) holds a NaN or infinity (rank {world - 1} of "
+                 f"{world})")
+    assert torch.equal(bad, torch.zeros(n))
+    assert torch.equal(hook.compressor.corrector_state(0), memory)
+    expect_error(lambda: fsdp.AllReduce(group, settle="later"), gradcomp.InvalidArgumentError,
+                 "gradcomp: fsdp AllReduce: settle must be 'step', 'call' or None, got 'later'")
 
 def check_workspace_given_back(rank, world):
     """Each call gives its workspace back (the default): the shards and the residuals are
@@ -736,6 +882,17 @@ def check_on_device(device):
             on_cpu(want)
             assert torch.equal(got.cpu(), want), ("AllReduce", step)
             assert torch.equal(on_device.compressor.corrector_state(0).cpu(), on_cpu.compressor.corrector_state(0))
+        # ... settled by step, in backward passes, as the density grows (blocks and parts
+        # carrying what fits).
+        on_device = fsdp.AllReduce(group, method="topk_ef", density=0.02, settle="step")
+        on_cpu = fsdp.AllReduce(group, method="topk_ef", density=0.02, settle="step")
+        for step in range(4):
+            for instance in (on_device, on_cpu):
+                instance.set_density(0.02 if step < 2 else 0.06)
+            got, want = grad_of(rank, step, shard_n).to(device), grad_of(rank, step, shard_n)
+            in_one_backward(lambda got=got, want=want: (on_device(got), on_cpu(want)))
+            assert torch.equal(got.cpu(), want), ("AllReduce settled by step", step)
+            assert torch.equal(on_device.compressor.corrector_state(0).cpu(), on_cpu.compressor.corrector_state(0))
     return check
 
 
@@ -752,6 +909,7 @@ SCENARIOS = {
     "compile": check_compiled_training,
     "hsdp": check_hsdp_replicas_compressed,
     "settled-by-step": check_settled_by_step,
+    "all-reduce-settled-by-step": check_all_reduce_settled_by_step,
     "training-settled-by-step": check_training_settled_by_step,
     "cuda": check_on_device("cuda"),
 }

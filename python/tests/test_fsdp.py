@@ -37,7 +37,7 @@ def test_a_torch_without_fsdp2_is_refused_when_made(monkeypatch):
 @pytest.mark.parametrize("world", [2, 4])
 def test_reduce_scatter_against_reference(world, tmp_path):
     spawn(world, ["reduce-scatter", "compressed-memory", "disagreement", "16-bit", "one-instance", "set-density",
-                  "workspace", "settled-by-step"], tmp_path)
+                  "workspace", "settled-by-step", "all-reduce-settled-by-step"], tmp_path)
 
 
 @needs_fsdp2

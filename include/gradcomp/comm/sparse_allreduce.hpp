@@ -75,8 +75,9 @@ static_assert(sizeof(sparse_entry) == 8);
 /// step's regions. Where blocks or parts outgrew their room (the first step; a selection
 /// that grows), nothing was added, and the exchange runs again at once with room for
 /// them (an eighth more and 16), agreed as it grows; sizes that the ranks' needs fell far
-/// below shrink to them. (A queued reduce-scatter reads nothing before its settle: its
-/// blocks carry what fits, and what did not stays in the sender's memory.) Every rank makes the same call (step or
+/// below shrink to them. (queue_step and queue_reduce_scatter read nothing before their
+/// settle: their blocks and parts carry what fits, and what did not stays in the
+/// sender's memory.) Every rank makes the same call (step or
 /// stage, or reduce_scatter) with an exchange that took part in the same steps as the others' (or one that has agreed
 /// no sizes yet, or forgot them: forget_agreed_sizes()). `grad`, `dense` and `shard` are in the compressor's memory
 /// (std::span, device_span).
@@ -163,18 +164,32 @@ class sparse_allreduce {
   template <gradient_view<backend_type> Grad>
   void queue(const Grad& grad, view<float> dense, float scale, std::span<const detail::setting> also = {},
              std::string_view who_agrees = "sparse_allreduce") {
-    const std::size_t n = compressor_.size();
-    const std::size_t k = this->k();
-    std::vector<detail::setting> settings{{"n", n}, {"k", k}, {"the policies", policies_}};
-    settings.insert(settings.end(), also.begin(), also.end());
-    queue_exchange(grad, dense, scale, kind::selection, std::move(settings), who_agrees, [&] {
-      detail::require(dense.size() == n, errc::invalid_argument, who, ": dense.size() = ", dense.size(),
-                      " does not match n = ", n);
-      detail::require(std::isfinite(scale), errc::invalid_argument, who, ": scale must be finite, got ", scale);
-      grow_outcome(k);
-      grow(values_, k);
-      return static_cast<const std::uint32_t*>(outcome_.data());
-    });
+    queue_selection(grad, dense, scale, also, who_agrees, kind::selection);
+  }
+
+  /// step() with nothing read by the host (HSDP's all-reduce across replicas, settled
+  /// once a backward pass): `dense` is added to as queued, predicated on the ranks'
+  /// verdict reduced where the memory is (nothing added where the ranks refuse the
+  /// step; nothing either where this rank's own arguments are refused), and the outcome
+  /// (outcome()) is left for the caller to read, with other exchanges' outcomes, before
+  /// it calls settle(), which commits the step or throws. Nothing runs again: where a
+  /// rank has more entries for a region than the blocks agreed hold, its block carries
+  /// the first of them (the lowest indices), and where a region's part of the selection
+  /// outgrows the gather's capacity, the part carries its lowest indices; the selection
+  /// is then the global top-k of what the blocks carried, cut to what the parts carried,
+  /// and settle() commits of each rank's step only the selected entries its blocks
+  /// carried (the rest stays in its memory, its error feedback, for the next step). The
+  /// room and the capacity grow at settle(), by an agreement among the ranks (its only
+  /// collective; where a rank cannot allocate them, every rank keeps what it had). A
+  /// rank whose exchange has no sizes agreed yet (sizes_agreed()) carries nothing: its
+  /// first call is best step(). `grad` need not outlive the call (a NaN in it is
+  /// reported without its index); `dense` is written when this returns, on the
+  /// compressor's stream on a device backend.
+  /// \throws gradcomp::error only where this rank cannot queue (nothing staged then):
+  ///         the errors step() raises alike on every rank come from settle().
+  template <gradient_view<backend_type> Grad>
+  void queue_step(const Grad& grad, view<float> dense, float scale) {
+    queue_selection(grad, dense, scale, {}, "sparse_allreduce", kind::selection_queued);
   }
 
   /// The bytes queue() left for the host to read, in the compressor's memory.
@@ -184,12 +199,13 @@ class sparse_allreduce {
     return {reinterpret_cast<const std::byte*>(outcome_.data()), 4 * outcome_words()};
   }
 
-  /// Completes the exchange queue() (or queue_reduce_scatter()) queued, from its outcome
-  /// as the host read it: throws as step() does, or where blocks or parts outgrew their
-  /// room runs it again at once (reading its outcome itself); a queued reduce-scatter
-  /// is committed here, of what it sent, and grows its blocks' room where they were
-  /// outgrown.
-  /// \returns the global selection, as stage() (nothing for a reduce-scatter)
+  /// Completes the exchange queue() (or queue_step(), queue_reduce_scatter()) queued,
+  /// from its outcome as the host read it: throws as step() does, or where blocks or
+  /// parts outgrew their room runs queue()'s again at once (reading its outcome itself);
+  /// queue_step()'s and queue_reduce_scatter()'s are committed here, of what they sent,
+  /// and grow their room where it was outgrown.
+  /// \returns the global selection, as stage() (nothing for a reduce-scatter; where
+  ///          queue_step()'s parts carried what fit, what they carried)
   /// \throws gradcomp::error as step() (or reduce_scatter()) does (nothing staged then);
   ///         (invalid_argument) if
   ///         no exchange is queued or `outcome` is not outcome()'s size.
@@ -337,18 +353,20 @@ class sparse_allreduce {
   [[nodiscard]] std::size_t own_frame_at() const noexcept { return mine_at() + record_words; }
   [[nodiscard]] std::size_t sent_at() const noexcept { return own_frame_at() + frame_words; }
   [[nodiscard]] std::size_t starts_at() const noexcept { return sent_at() + 1; }
-  [[nodiscard]] std::size_t slots_at() const noexcept { return starts_at() + ranks() + 1; }
+  [[nodiscard]] std::size_t fitted_at() const noexcept { return starts_at() + ranks() + 1; }
+  [[nodiscard]] std::size_t carried_at() const noexcept { return fitted_at() + ranks() + 1; }
+  [[nodiscard]] std::size_t slots_at() const noexcept { return carried_at() + ranks() + 1; }
   std::byte* bytes_at(std::size_t word) noexcept { return reinterpret_cast<std::byte*>(outcome_.data() + word); }
 
-  // What an exchange computes: the global selection (step, stage, queue), or the shards
-  // of a reduce-scatter that runs again at once where blocks outgrew their room
-  // (reduce_scatter) or whose blocks carry what fits (queue_reduce_scatter).
-  enum class kind { selection, scatter_now, scatter_queued };
+  // What an exchange computes: the global selection, run again at once where blocks or
+  // parts outgrew their room (step, stage, queue) or carrying what fits (queue_step), or
+  // the shards of a reduce-scatter, likewise (reduce_scatter, queue_reduce_scatter).
+  enum class kind { selection, selection_queued, scatter_now, scatter_queued };
 
   // The exchange a step queued, from its arguments to its outcome's read.
   struct queued {
     bool scatter = false;   // a reduce-scatter's (no global selection)
-    bool deferred = false;  // queue_reduce_scatter's: blocks carry what fits, the shard is written as queued
+    bool deferred = false;  // queue_step's, queue_reduce_scatter's: blocks (and parts) carry what fits
     // The faults that stop the adds: every fault, or, where blocks carry what fits, a
     // corrupt block only.
     std::uint32_t stops = detail::region_sums::corrupt | detail::region_sums::outgrown;
@@ -364,6 +382,24 @@ class sparse_allreduce {
     std::function<void()> raise_non_finite;       // the staged step's error, where its status met a NaN
     int reruns = 0;
   };
+
+  // queue() or queue_step() (`how`).
+  template <class Grad>
+  void queue_selection(const Grad& grad, view<float> dense, float scale, std::span<const detail::setting> also,
+                       std::string_view who_agrees, kind how) {
+    const std::size_t n = compressor_.size();
+    const std::size_t k = this->k();
+    std::vector<detail::setting> settings{{"n", n}, {"k", k}, {"the policies", policies_}};
+    settings.insert(settings.end(), also.begin(), also.end());
+    queue_exchange(grad, dense, scale, how, std::move(settings), who_agrees, [&] {
+      detail::require(dense.size() == n, errc::invalid_argument, who, ": dense.size() = ", dense.size(),
+                      " does not match n = ", n);
+      detail::require(std::isfinite(scale), errc::invalid_argument, who, ": scale must be finite, got ", scale);
+      grow_outcome(k);
+      grow(values_, k);
+      return static_cast<const std::uint32_t*>(outcome_.data());
+    });
+  }
 
   // reduce_scatter() or queue_reduce_scatter() (`how`) up to the read.
   template <class Grad>
@@ -427,9 +463,9 @@ class sparse_allreduce {
     traffic_ = {};
     queued_.emplace();
     queued& q = *queued_;
-    const bool scatter = how != kind::selection;
+    const bool scatter = how == kind::scatter_now || how == kind::scatter_queued;
     q.scatter = scatter;
-    q.deferred = how == kind::scatter_queued;
+    q.deferred = how == kind::selection_queued || how == kind::scatter_queued;
     if (q.deferred) q.stops = detail::region_sums::corrupt;
     q.out = out;
     q.scale = scale;
@@ -465,7 +501,7 @@ class sparse_allreduce {
         };
       }
       const auto sent = compressor_.staged_selection();
-      if (q.deferred) grow(kept_, sent.index.size());  // what it sent, listed where blocks carry part
+      if (q.deferred) grow(kept_, scatter ? sent.index.size() : q.k);  // what it may commit, listed
       be.for_each(ranks() + 1, detail::region_sums::region_starts{detail::raw(sent.index).data(), q.status, regions,
                                                                   starts_.data()});
       return 0;
@@ -618,16 +654,22 @@ class sparse_allreduce {
     if (ok) be.histogram(listed, top::key_class{sums, list, at}, classes);
     gather_records(ok);
     std::uint32_t* starts = words + starts_at();
-    const std::size_t placed = std::min(q.k, capacity_);  // what a part holds (no more than k)
+    std::uint32_t* fitted = q.deferred ? words + fitted_at() : starts;  // where the parts gathered start
+    const std::size_t placed = std::min(q.k, capacity_);                // what a part holds (no more than k)
     if (ok) {
-      be.for_each(1, top::split_ties{reinterpret_cast<const record*>(words + records_at()), ranks, me,
-                                     bytes_at(frames_at()), q.mine.verdict.digest, at, starts});
+      be.for_each(
+          1, top::split_ties{reinterpret_cast<const record*>(words + records_at()), ranks, me, bytes_at(frames_at()),
+                             q.mine.verdict.digest, q.stops | detail::region_sums::overflow, at, starts});
       if (listed != 0) {
         be.compact(listed, top::is_tie{sums, list, at}, ties_.data(), compaction(), &at->tie_count);
         be.for_each(1, top::last_tie{ties_.data(), at});
         be.compact(listed, top::is_selected{sums, list, at}, chosen_.data(), compaction(), &at->chosen);
       }
-      be.for_each(1, top::parts_fit{starts, ranks, capacity_, at});
+      if (q.deferred) {  // the parts carry what fits: the selection is what they carry
+        be.for_each(1, top::fit_parts{starts, ranks, capacity_, at, fitted});
+      } else {
+        be.for_each(1, top::parts_fit{starts, ranks, capacity_, at});
+      }
       be.for_each(listed,
                   top::place<sparse_entry>{chosen_.data(), &at->chosen, list, sums, q.begin, placed, part_.data()});
     } else if (capacity_ != 0) {
@@ -643,11 +685,19 @@ class sparse_allreduce {
     std::uint32_t* slots = words + slots_at();
     if (capacity_ != 0) {
       be.for_each(ranks * capacity_,
-                  top::assemble<sparse_entry>{gathered_.data(), capacity_, q.k, starts, at, slots, values_.data()});
+                  top::assemble<sparse_entry>{gathered_.data(), capacity_, q.k, fitted, at, slots, values_.data()});
     }
     be.reduce_or(q.k, top::selection_faults{slots, values_.data(), compressor_.size(), at}, &at->broken);
     be.for_each(q.k, top::add_selection{slots, values_.data(), at, q.scale, detail::raw(q.out).data()});
     be.for_each(ranks + 1, top::next_regions{slots, ranks, compressor_.size(), at, words});
+    if (q.deferred) {  // what of the selection this rank's blocks carried, for settle's commit
+      const auto sent = compressor_.staged_selection();
+      be.for_each(1, top::kept_parts{detail::raw(sent.index).data(), starts_.data(), room_, slots, fitted, ranks, at,
+                                     words + carried_at()});
+      if (capacity_ != 0) {
+        be.for_each(ranks * capacity_, top::keep_carried{slots, fitted, words + carried_at(), capacity_, kept_.data()});
+      }
+    }
   }
 
   // Every rank's record (its region's checks and the most entries a rank had for it;
@@ -719,19 +769,7 @@ class sparse_allreduce {
       if (blocks_outgrown && !q.deferred) return again(largest, capacity_);
       traffic_.entries = read[starts_at() + ranks];  // what its blocks carried
       commit_scatter(read[sent_at()], read[starts_at() + ranks]);
-      if (!blocks_outgrown) {
-        room_ = shrunk(q.room, largest);
-      } else {
-        try {
-          grow_agreed(roomy(largest), capacity_);
-        } catch (const error& e) {
-          // A rank could not allocate the room (errc::device, raised alike on every rank
-          // by the agreement): every rank keeps the room it had, the step committed, and
-          // the next call carries what fits again and grows then.
-          if (e.code() != errc::device) throw;
-        }
-      }
-      agreed_ = true;
+      fit_room(blocks_outgrown, largest, capacity_, capacity_);
       return {};
     }
     selection state{};
@@ -740,17 +778,46 @@ class sparse_allreduce {
     for (std::size_t r = 0; r < ranks; ++r) {
       longest = std::max<std::uint64_t>(longest, read[starts_at() + r + 1] - read[starts_at() + r]);
     }
-    if (blocks_outgrown) return again(largest, capacity_);  // the parts came from partial sums
+    if (blocks_outgrown && !q.deferred) return again(largest, capacity_);  // the parts came from partial sums
     detail::require(longest <= q.k, errc::corrupt_message, who, ": a rank's part of the selection exceeds k = ", q.k);
-    if (state.outgrown != 0) return again(room_, longest);
+    if (state.outgrown != 0) return again(room_, longest);  // never where the parts carry what fits
     detail::require(state.refused == 0, errc::corrupt_message, who, ": a rank's record holds a fault it cannot have");
     detail::require(state.broken == 0, errc::corrupt_message, who, ": the gathered global selection is corrupt");
     bounds_.assign(read.begin(), read.begin() + static_cast<std::ptrdiff_t>(ranks + 1));
-    room_ = shrunk(room_, largest);
-    capacity_ = std::min(q.k, shrunk(capacity_, longest));
-    agreed_ = true;
     selected_ = state.take;
+    if (q.deferred) {  // of its step, the selected entries its blocks carried
+      compressor_.accept_staged(view<const std::uint32_t>(kept_.data(), read[carried_at() + ranks]));
+      fit_room(blocks_outgrown || longest > capacity_, largest,
+               longest > capacity_ ? std::min(q.k, roomy(longest)) : capacity_,
+               std::min(q.k, shrunk(capacity_, longest)));
+    } else {
+      room_ = shrunk(room_, largest);
+      capacity_ = std::min(q.k, shrunk(capacity_, longest));
+      agreed_ = true;
+    }
     return read.subspan(slots_at(), selected_);
+  }
+
+  // After a committed step that carried what fit (queue_step, queue_reduce_scatter): the
+  // room and the capacity grown where a block or part was `outgrown` (to `largest` in a
+  // block, and to `capacity`), agreed among the ranks, or shrunk to what the ranks
+  // needed (`largest`, `fewer`) where they fell far below it.
+  void fit_room(bool outgrown, std::size_t largest, std::size_t capacity, std::size_t fewer) {
+    const queued& q = *queued_;
+    agreed_ = true;
+    if (!outgrown) {
+      room_ = shrunk(q.room, largest);
+      capacity_ = fewer;
+      return;
+    }
+    try {
+      grow_agreed(largest > q.room ? roomy(largest) : q.room, capacity);
+    } catch (const error& e) {
+      // A rank could not allocate them (errc::device, raised alike on every rank by the
+      // agreement): every rank keeps what it had, the step committed, and the next call
+      // carries what fits again and grows then.
+      if (e.code() != errc::device) throw;
+    }
   }
 
   // The exchange again, at once, with room for `room` entries in each block and

@@ -68,7 +68,11 @@ for the next step, and the blocks grow (the ranks agree on it then). The first c
 an instance, and any call outside a backward pass, settles before it returns
 (``settle="call"``, the default for CPU tensors, where a read costs nothing and each
 call's workspace is given back at once; settled by step, a rank holds every queued
-call's workspace until the end of the backward pass).
+call's workspace until the end of the backward pass). :class:`AllReduce` settles the
+same way, in the same read: its output is the replicas' mean as queued (zeros where the
+ranks refuse the step), and where a rank's entries for a region, or a region's part of
+the global selection, outgrow the room the ranks agreed, they carry the lowest indices
+that fit and the rest stays in the error feedback.
 """
 
 import math
@@ -123,10 +127,10 @@ def _graph_task() -> int:
 
 
 class _BackwardSettlement:
-    """The reduce-scatters queued in one backward pass (autograd graph task), settled at
-    its end, after every other hook (an autograd final callback queued at its first
-    call), by one read of all their outcomes (one per device): every rank raises alike
-    there, before the optimizer can step."""
+    """The calls (reduce-scatters, all-reduces) queued in one backward pass (autograd
+    graph task), settled at its end, after every other hook (an autograd final callback
+    queued at its first call), by one read of all their outcomes (one per device): every
+    rank raises alike there, before the optimizer can step."""
 
     def __init__(self, task: int) -> None:
         self.task = task
@@ -251,8 +255,11 @@ class _GroupCompressor:
 
     _WHO = "fsdp"
 
-    def __init__(self, method: str, density: Optional[float], keep_workspace: Optional[bool],
+    def __init__(self, method: str, density: Optional[float], keep_workspace: Optional[bool], settle: Optional[str],
                  options: Dict[str, Any]) -> None:
+        if settle is not None and check.text(self._WHO, "settle", settle) not in ("step", "call"):
+            check.fail(self._WHO, f"settle must be 'step', 'call' or None, got {settle!r}")
+        self.settle = settle
         self.method = check.text(self._WHO, "method", method)
         self.keep_workspace = None if keep_workspace is None else check.boolean(self._WHO, "keep_workspace",
                                                                                 keep_workspace)
@@ -284,6 +291,15 @@ class _GroupCompressor:
             self._exchange = _C.SparseAllreduce(self.compressor._impl, group, 0)
             self._group = group
         return self._exchange
+
+    def _settles_at_backward_end(self, exchange, device: torch.device) -> bool:
+        """Whether this call's step is queued for the end of the backward pass: where it
+        settles by step, runs in a backward pass, and the ranks agreed the sizes their
+        collectives move (the first call agrees them, reading as it goes)."""
+        task = _graph_task()
+        _clear_for(exchange, task)  # before anything of this call is staged
+        by_step = self.settle == "step" or (self.settle is None and device.type == "cuda")
+        return by_step and task != -1 and exchange.sizes_agreed
 
     def _release(self, exchange, device: torch.device) -> None:
         """Gives the call's workspace back unless this instance keeps it (by default on
@@ -399,19 +415,7 @@ class ReduceScatter(_GroupCompressor, _ReduceScatterBase):
                  keep_workspace: Optional[bool] = None, settle: Optional[str] = None,
                  **options: Union[bool, int, float, str, dict]) -> None:
         _require(self._WHO, "set_custom_reduce_scatter")
-        if settle is not None and check.text(self._WHO, "settle", settle) not in ("step", "call"):
-            check.fail(self._WHO, f"settle must be 'step', 'call' or None, got {settle!r}")
-        super().__init__(method, density, keep_workspace, options)
-        self.settle = settle
-
-    def _settles_at_backward_end(self, exchange, device: torch.device) -> bool:
-        """Whether this call's step is queued for the end of the backward pass: where it
-        settles by step, runs in a backward pass, and the ranks agreed the sizes their
-        collectives move (the first call agrees them, reading as it goes)."""
-        task = _graph_task()
-        _clear_for(exchange, task)  # before anything of this call is staged
-        by_step = self.settle == "step" or (self.settle is None and device.type == "cuda")
-        return by_step and task != -1 and exchange.sizes_agreed
+        super().__init__(method, density, keep_workspace, settle, options)
 
     def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """FSDP's buffers: plain tensors."""
@@ -456,7 +460,13 @@ class AllReduce(_GroupCompressor):
     of the global top-k of their compressed sums (Ok-Topk: ``comm::sparse_allreduce``,
     docs/algorithms.md, "Global top-k"), each replica keeping what it did not send in its
     error feedback. One instance per FSDPModule; ``method``, ``density``,
-    ``keep_workspace`` and ``**options`` as for :class:`ReduceScatter`.
+    ``keep_workspace``, ``settle`` and ``**options`` as for :class:`ReduceScatter`.
+    Settled by step, a call in a backward pass adds to the output as queued, nothing
+    where the ranks refuse the step (the output is then zeros, and every rank raises
+    from ``backward()``), and reads nothing; where a rank's entries for a region, or a
+    region's part of the selection, outgrow the room the ranks agreed, they carry what
+    fits (the lowest indices) and the rest stays in the ranks' error feedback
+    (docs/algorithms.md, "Carrying what fits").
 
     Raises :class:`gradcomp.InvalidArgumentError` where torch has no
     ``FSDPModule.set_all_reduce_hook``.
@@ -465,11 +475,12 @@ class AllReduce(_GroupCompressor):
     _WHO = "fsdp AllReduce"
 
     def __init__(self, group: dist.ProcessGroup, method: str = "topk_ef", density: Optional[float] = None, *,
-                 keep_workspace: Optional[bool] = None, **options: Union[bool, int, float, str, dict]) -> None:
+                 keep_workspace: Optional[bool] = None, settle: Optional[str] = None,
+                 **options: Union[bool, int, float, str, dict]) -> None:
         _require(self._WHO, "set_all_reduce_hook")
         if not isinstance(group, dist.ProcessGroup):
             check.fail(self._WHO, f"group must be a torch.distributed ProcessGroup, got {check.kind(group)}")
-        super().__init__(method, density, keep_workspace, options)
+        super().__init__(method, density, keep_workspace, settle, options)
         self.group = group
 
     def __call__(self, reduce_output: torch.Tensor) -> None:
@@ -479,8 +490,14 @@ class AllReduce(_GroupCompressor):
         grad = reduce_output.reshape(-1)
         exchange = self._exchange_for(grad, self.group)
         mean = torch.zeros(grad.numel(), dtype=torch.float32, device=grad.device)
-        exchange.step(grad, mean, 1.0 / self.group.size())
-        self._release(exchange, grad.device)
+        scale = 1.0 / self.group.size()
+        if self._settles_at_backward_end(exchange, grad.device):
+            # Added to as queued, nothing where the ranks refuse the step (zeros then):
+            # the backward pass's end settles, and raises.
+            _settle_at_backward_end(self, exchange, exchange.queue_step(grad, mean, scale))
+        else:
+            exchange.step(grad, mean, scale)
+            self._release(exchange, grad.device)
         reduce_output.copy_(mean.view_as(reduce_output))
         self._calls += 1
         self._elements = grad.numel()

@@ -7,7 +7,9 @@
 /// the ties at it split in rank order, and each rank's part of the selection gathered
 /// in parts of a capacity the ranks agreed before the step and assembled in rank order;
 /// where a part outgrows the capacity nothing is added, and the exchange runs again
-/// with room for it once the host has read the parts' sizes. Not API.
+/// with room for it once the host has read the parts' sizes (a queued step's parts and
+/// blocks carry what fits instead, and each rank lists the selected entries it carried).
+/// Not API.
 #pragma once
 
 #include <gradcomp/comm/agreement.hpp>
@@ -16,6 +18,7 @@
 #include <gradcomp/detail/core/bits.hpp>
 #include <gradcomp/detail/core/fixed_order_sum.hpp>
 #include <gradcomp/detail/core/radix_select.hpp>
+#include <gradcomp/detail/core/sorted_search.hpp>
 #include <gradcomp/message.hpp>
 
 #include <cstddef>
@@ -138,13 +141,15 @@ struct record_of {
 /// One item: the ties at the k-th key go to the lowest ranks' regions first (which hold
 /// the lower indices); where each rank's part starts in the selection (starts[0..W],
 /// starts[W] = take where the records are sound), this rank's share of the ties, and
-/// whether the selection is refused: a rank's region failed its checks or outgrew its
-/// blocks, or a rank's frame says an error or other settings than `digest`, this rank's.
+/// whether the selection is refused: a rank's record holds a fault among `stops` (its
+/// region failed its checks, or outgrew its blocks where blocks do not carry what fits),
+/// or a rank's frame says an error or other settings than `digest`, this rank's.
 struct split_ties {
   const record* all;
   std::size_t ranks, me;
   const std::byte* frames;  ///< every rank's detail::sized_frame, in rank order
   std::uint64_t digest;
+  std::uint32_t stops;
   selection* at;
   std::uint32_t* starts;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t) const {
@@ -156,7 +161,7 @@ struct split_ties {
       starts[r] = start;
       start += at->take == 0 ? 0 : all[r].above + taken;
       if (r == me) at->ties = taken;
-      refused |= all[r].fault;
+      refused |= all[r].fault & stops;
     }
     starts[ranks] = start;
     at->refused = refused | (frames_alike(frames, ranks, digest) ? 0u : 8u);
@@ -191,6 +196,29 @@ struct parts_fit {
     std::uint32_t outgrown = 0;
     for (std::size_t r = 0; r < ranks; ++r) outgrown |= starts[r + 1] - starts[r] > capacity ? 1u : 0u;
     at->outgrown = outgrown;
+  }
+};
+
+/// One item, where the gather's parts carry what fits (a queued step): fitted[r] =
+/// where rank r's part starts among the entries the gather carries (min(its part,
+/// `capacity`) each: the lowest indices of its region's selection), fitted[W] their
+/// number, which becomes the selection's size; no part outgrows the capacity then.
+struct fit_parts {
+  const std::uint32_t* starts;  ///< the parts' starts (split_ties)
+  std::size_t ranks;
+  std::uint64_t capacity;
+  selection* at;
+  std::uint32_t* fitted;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t) const {
+    std::uint32_t total = 0;
+    for (std::size_t r = 0; r < ranks; ++r) {
+      fitted[r] = total;
+      const std::uint32_t part = starts[r + 1] - starts[r];
+      total += part < capacity ? part : static_cast<std::uint32_t>(capacity);
+    }
+    fitted[ranks] = total;
+    at->take = total;
+    at->outgrown = 0;
   }
 };
 
@@ -322,6 +350,50 @@ struct next_regions {
     } else {
       bounds[j] = slots[j * at->take / ranks];
     }
+  }
+};
+
+/// One item, where blocks carry what fits (a queued step): kept[r] = where part r's
+/// slots that this rank carried start among them, kept[W] their number (none where the
+/// selection is not usable). Part r's slots are region r's, ascending; this rank's block
+/// to region r carried its entries there below the one at first[r] + room of its
+/// selection (all of them where the block held them), so it carried the part's slots
+/// below that index.
+struct kept_parts {
+  const std::uint32_t* index;  ///< this rank's selection, ascending
+  const std::uint64_t* first;  ///< where each region's entries start in it (region_sums::region_starts)
+  std::uint64_t room;
+  const std::uint32_t* slots;   ///< the assembled selection
+  const std::uint32_t* fitted;  ///< where each part starts in it (fit_parts)
+  std::size_t ranks;
+  const selection* at;
+  std::uint32_t* kept;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t) const {
+    std::uint32_t total = 0;
+    for (std::size_t r = 0; r < ranks; ++r) {
+      kept[r] = total;
+      std::uint32_t carried = usable(at) ? fitted[r + 1] - fitted[r] : 0u;
+      if (first[r + 1] - first[r] > room) {
+        carried = static_cast<std::uint32_t>(first_not_below(slots + fitted[r], carried, index[first[r] + room]));
+      }
+      total += carried;
+    }
+    kept[ranks] = total;
+  }
+};
+
+/// Item j of the gather's W parts of `capacity` (rank j / capacity's i-th): its slot
+/// copied to kept_slots[kept[r] + i] where this rank carried it (kept_parts), so that
+/// `kept_slots` lists, ascending, the selected indices this rank may commit.
+struct keep_carried {
+  const std::uint32_t* slots;
+  const std::uint32_t* fitted;
+  const std::uint32_t* kept;
+  std::uint64_t capacity;
+  std::uint32_t* kept_slots;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
+    const std::size_t r = j / capacity, i = j % capacity;
+    if (i < kept[r + 1] - kept[r]) kept_slots[kept[r] + i] = slots[fitted[r] + i];
   }
 };
 
