@@ -16,6 +16,13 @@ of English (Debian's dict-gcide), with one reduce-scatter per run:
   coding (a float32 scale per block, 4 bits an entry), no error feedback
   (:class:`Int4ReduceScatter`).
 
+With ``--replicas R`` (R dividing the world) the model is sharded hybridly (HSDP): over
+each replica's W/R ranks, the replicas' shards then all-reduced. ``dense`` and ``int4``
+leave that all-reduce to FSDP (native HSDP: ``fully_shard`` over the 2-D mesh, float32
+over gloo); the gradcomp methods shard over each replica's ranks and compress the
+replicas' all-reduce too (``gradcomp.torch.fsdp.AllReduce``, Ok-Topk's global top-k with
+error feedback, at the same density, settled as ``--settle`` says).
+
 experiments/fsdp_lm_cluster.sh runs it on the ranks of experiments/cluster.sh (which sets
 RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and GLOO_SOCKET_IFNAME). The same
 initialisation and the same batches for every method. Per step (a barrier before each):
@@ -191,10 +198,20 @@ def train(args, rank, world):
     net = LanguageModel(args.context, args.width, args.layers, args.heads)
     parameters = sum(p.numel() for p in net.parameters())
     precision = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for block in net.blocks:
-        fully_shard(block, mp_policy=precision)
-    fully_shard(net, mp_policy=precision)
     options = METHODS[args.method]
+    mesh, replicas = None, None
+    if args.replicas > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+        if world % args.replicas != 0:
+            raise ValueError(f"--replicas {args.replicas} does not divide the world, {world}")
+        hybrid = init_device_mesh("cpu", (args.replicas, world // args.replicas),
+                                  mesh_dim_names=("replicate", "shard"))
+        # Native HSDP over the 2-D mesh; gradcomp's over each replica's ranks, its own all-reduce.
+        mesh = hybrid if options is None else hybrid["shard"]
+        replicas = hybrid["replicate"].get_group()
+    for block in net.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=precision)
+    fully_shard(net, mesh=mesh, mp_policy=precision)
     scatters = []
     for module in net.modules():
         if isinstance(module, FSDPModule):
@@ -208,6 +225,12 @@ def train(args, rank, world):
                                                             **options)
             module.set_custom_reduce_scatter(scatter)
             scatters.append(scatter)
+            if replicas is not None and options is not None:
+                across = gradcomp.torch.fsdp.AllReduce(replicas, method="topk_ef", density=args.density,
+                                                       keep_workspace=args.keep_workspace, settle=args.settle,
+                                                       **options)
+                module.set_all_reduce_hook(across)
+                scatters.append(across)
     optimizer = torch.optim.AdamW(net.parameters(), lr=args.lr, weight_decay=0.0)
     batches = torch.Generator().manual_seed(1000 + rank)  # each rank its own data, the same for every method
 
@@ -237,11 +260,12 @@ def train(args, rank, world):
             if not math.isfinite(loss):
                 raise RuntimeError(f"{args.method}: the validation loss is {loss} at step {step + 1}")
     held = [s.memory_bytes()["total"] for s in scatters if hasattr(s, "memory_bytes")]
+    groups = sum(not isinstance(s, gradcomp.torch.fsdp.AllReduce) for s in scatters)
     return {"parameters": parameters, "step_seconds": step_seconds, "link_sent_bytes": step_sent,
             "link_received_bytes": step_received, "curve": curve,
             "peak_resident_mib": resident_mib("VmHWM"),
             "before_model_resident_mib": before_model_mib, "gradcomp_held_bytes": sum(held),
-            "fsdp_groups": len(scatters)}
+            "fsdp_groups": groups}
 
 
 def main():
@@ -261,6 +285,8 @@ def main():
     parser.add_argument("--settle", choices=["call", "step"], default=None,
                         help="gradcomp's reduce-scatters settle per call or once per backward pass (default: by "
                              "device, per call on the CPU)")
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="hybrid sharding: replicas of the model, each sharded over world / replicas ranks")
     parser.add_argument("--eval-every", type=int, default=20)
     parser.add_argument("--val-windows", type=int, default=64)
     parser.add_argument("--corpus-bytes", type=int, default=32 << 20)

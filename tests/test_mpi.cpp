@@ -1295,6 +1295,13 @@ void queued_step_matches_reference() {
                         " does not match n = " + std::to_string(n) + " (rank 0 of " + std::to_string(ranks) + ")");
   CHECK(dense == expected);
   CHECK(checkpoint(mine) == before);
+  // A step queued and dropped unsettled (a backward pass that raised before its end):
+  // nothing committed, the regions its selection cut for the next step put back.
+  auto dropped = grad_of(comm.rank(), 7);
+  exchange.queue_step(view_as<Backend, const float>(dropped), view_as<Backend, float>(dense), scale);
+  exchange.drop_staged();
+  CHECK(checkpoint(mine) == before);
+  dense = expected;  // what the dropped step added is the caller's to throw away
   // The calls go on from the residual the refused ones left.
   (void)reference_step(6, mine.selector().max_selected(n), expected, true);
   exchange.queue_step(view_as<Backend, const float>(g), view_as<Backend, float>(dense), scale);
@@ -1302,6 +1309,8 @@ void queued_step_matches_reference() {
   CHECK(dense == expected);
   const auto residual = mine.corrector_state(0);
   CHECK(std::vector<float>(residual.begin(), residual.end()) == e[static_cast<std::size_t>(comm.rank())]);
+  const auto regions = exchange.regions();
+  CHECK(std::vector<std::uint32_t>(regions.begin(), regions.end()) == bounds);
 }
 
 TEST_CASE(

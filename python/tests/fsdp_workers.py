@@ -702,6 +702,27 @@ def check_all_reduce_settled_by_step(rank, world):
     if world > 1:
         assert "left-out entry selected" in seen_cases, seen_cases
 
+    # A backward pass that raises after a call was queued never reaches its end: the
+    # call's step is dropped when the instance is called again, nothing committed, and
+    # the calls go on as if it had not been made (the regions it cut put back).
+    memory = hook.compressor.corrector_state(0).clone()
+
+    def call_then_raise():
+        hook(grad(rank, 8))
+        raise RuntimeError("a later hook failed")
+
+    try:
+        in_one_backward(call_then_raise)
+        raise AssertionError("the backward pass did not raise")
+    except RuntimeError as error:
+        assert "a later hook failed" in str(error), error
+    assert torch.equal(hook.compressor.corrector_state(0), memory)
+    want, _, _ = expected(10, k, True)
+    out = grad(rank, 10)
+    in_one_backward(lambda: hook(out))
+    np.testing.assert_array_equal(out.numpy(), want)
+    np.testing.assert_array_equal(hook.compressor.corrector_state(0).numpy(), e[rank])
+
     # A NaN on the last rank: zeros out, the same error on every rank from backward(),
     # nothing committed.
     memory = hook.compressor.corrector_state(0).clone()

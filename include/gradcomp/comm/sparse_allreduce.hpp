@@ -226,8 +226,18 @@ class sparse_allreduce {
   void accept_staged() {
     compressor_.accept_staged(view<const std::uint32_t>(outcome_.data() + slots_at(), selected_));
   }
-  /// Drops the compressor's staged step.
-  void drop_staged() noexcept { compressor_.drop_staged(); }
+  /// Drops the compressor's staged step, and an exchange queued and not settled (the
+  /// regions its selection cut for the next step on the device put back as they were).
+  void drop_staged() noexcept {
+    compressor_.drop_staged();
+    if (queued_.has_value() && !queued_->scatter) {
+      try {
+        compressor_.backend().to_device(bounds_.data(), bounds_.size(), outcome_.data());
+      } catch (...) {  // a device that cannot copy: this exchange's steps fail alike from now on
+      }
+    }
+    queued_.reset();
+  }
 
   /// A sparse reduce-scatter (FSDP's, gradcomp.torch.fsdp): the n indices are cut into W
   /// equal shards (n a multiple of W), rank j owning [j·n/W, (j+1)·n/W); each rank sends
@@ -352,7 +362,7 @@ class sparse_allreduce {
   [[nodiscard]] std::size_t mine_at() const noexcept { return selection_at() + sizeof(selection) / 4; }
   [[nodiscard]] std::size_t own_frame_at() const noexcept { return mine_at() + record_words; }
   [[nodiscard]] std::size_t sent_at() const noexcept { return own_frame_at() + frame_words; }
-  [[nodiscard]] std::size_t starts_at() const noexcept { return sent_at() + 1; }
+  [[nodiscard]] std::size_t starts_at() const noexcept { return sent_at() + 2; }
   [[nodiscard]] std::size_t fitted_at() const noexcept { return starts_at() + ranks() + 1; }
   [[nodiscard]] std::size_t carried_at() const noexcept { return fitted_at() + ranks() + 1; }
   [[nodiscard]] std::size_t slots_at() const noexcept { return carried_at() + ranks() + 1; }
@@ -542,7 +552,7 @@ class sparse_allreduce {
       be.for_each(ranks * block,
                   sums::pack_blocks<sparse_entry>{detail::raw(sent.index).data(), detail::raw(sent.values).data(),
                                                   starts_.data(), q.status, room_, packed_.data()});
-      be.for_each(1, sums::entries_sent{starts_.data(), ranks, outcome_.data() + sent_at()});
+      be.for_each(1, sums::entries_sent{starts_.data(), ranks, room_, outcome_.data() + sent_at()});
       if (q.scatter) be.for_each(1, sums::kept_starts{starts_.data(), ranks, room_, outcome_.data() + starts_at()});
     } else {
       be.clear(packed_.data(), ranks * block);
@@ -659,7 +669,7 @@ class sparse_allreduce {
     if (ok) {
       be.for_each(
           1, top::split_ties{reinterpret_cast<const record*>(words + records_at()), ranks, me, bytes_at(frames_at()),
-                             q.mine.verdict.digest, q.stops | detail::region_sums::overflow, at, starts});
+                             q.mine.verdict.digest, q.deferred ? ~detail::region_sums::outgrown : ~0u, at, starts});
       if (listed != 0) {
         be.compact(listed, top::is_tie{sums, list, at}, ties_.data(), compaction(), &at->tie_count);
         be.for_each(1, top::last_tie{ties_.data(), at});
@@ -752,7 +762,7 @@ class sparse_allreduce {
       });
     }
     (void)detail::settle(comm_, q.who.c_str(), q.mine, verdicts);
-    traffic_.entries = read[sent_at()];
+    traffic_.entries = read[sent_at() + 1];  // what its blocks carried
 
     // The ranks' drafts passed alike: each reads the same records.
     std::vector<record> records(ranks);
@@ -767,7 +777,6 @@ class sparse_allreduce {
     const bool blocks_outgrown = largest > q.room;
     if (q.scatter) {
       if (blocks_outgrown && !q.deferred) return again(largest, capacity_);
-      traffic_.entries = read[starts_at() + ranks];  // what its blocks carried
       commit_scatter(read[sent_at()], read[starts_at() + ranks]);
       fit_room(blocks_outgrown, largest, capacity_, capacity_);
       return {};
@@ -916,12 +925,14 @@ class sparse_allreduce {
   std::span<std::byte> compaction() noexcept {
     return {compaction_.data(), static_cast<std::size_t>(compaction_.size())};
   }
-  // outcome_ with room for k indices, its regions kept.
+  // outcome_ with room for k indices, its regions kept (and the words only a step that
+  // carries what fits writes zeroed, so that the host never reads what nothing wrote).
   void grow_outcome(std::size_t k) {
     const std::size_t words = slots_at() + k;
     if (static_cast<std::size_t>(outcome_.size()) >= words) return;
     auto grown = detail::allocate_scratch<std::uint32_t>(compressor_.backend(), words);
     compressor_.backend().for_each(bounds_.size(), detail::copy_elements<std::uint32_t>{outcome_.data(), grown.data()});
+    compressor_.backend().clear(grown.data() + fitted_at(), slots_at() - fitted_at());
     outcome_ = std::move(grown);
   }
   // This rank's message buffer, room for the compressor's largest message.

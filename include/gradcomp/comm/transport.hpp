@@ -72,7 +72,9 @@ struct traffic {
   std::uint64_t sent = 0;         ///< bytes this rank handed to the transport
   std::uint64_t received = 0;     ///< bytes delivered to this rank from the others
   std::uint32_t collectives = 0;  ///< collectives this rank took part in
-  std::uint64_t entries = 0;      ///< entries of this rank's own message (its compressor's selection)
+  /// entries of this rank's own message (its compressor's selection; of a sparse_allreduce
+  /// whose blocks carried what fits, what they carried)
+  std::uint64_t entries = 0;
 };
 
 }  // namespace comm

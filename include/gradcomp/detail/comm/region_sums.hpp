@@ -51,12 +51,22 @@ struct region_starts {
   }
 };
 
-/// One item: *sent = the entries this rank's step has for all regions, first[W].
+/// One item: sent[0] = the entries this rank's step has for all regions, first[W];
+/// sent[1] = those that blocks of `room` carry, min(first[j + 1] - first[j], room)
+/// summed over the regions.
 struct entries_sent {
   const std::uint64_t* first;
-  std::uint64_t ranks;
+  std::uint64_t ranks, room;
   std::uint32_t* sent;
-  GRADCOMP_HOST_DEVICE void operator()(std::size_t) const { *sent = static_cast<std::uint32_t>(first[ranks]); }
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t) const {
+    std::uint64_t carried = 0;
+    for (std::uint64_t j = 0; j < ranks; ++j) {
+      const std::uint64_t count = first[j + 1] - first[j];
+      carried += count < room ? count : room;
+    }
+    sent[0] = static_cast<std::uint32_t>(first[ranks]);  // <= the selection's count < 2^32
+    sent[1] = static_cast<std::uint32_t>(carried);
+  }
 };
 
 /// One item: at[j] (j <= W) = the entries that blocks of `room` carry of the regions
