@@ -21,7 +21,10 @@ each replica's W/R ranks, the replicas' shards then all-reduced. ``dense`` and `
 leave that all-reduce to FSDP (native HSDP: ``fully_shard`` over the 2-D mesh, float32
 over gloo); the gradcomp methods shard over each replica's ranks and compress the
 replicas' all-reduce too (``gradcomp.torch.fsdp.AllReduce``, Ok-Topk's global top-k with
-error feedback, at the same density, settled as ``--settle`` says).
+error feedback, at the same density, settled as ``--settle`` says);
+``across_topk_ef_m8`` reduce-scatters densely within each replica and compresses only the
+replicas' all-reduce (the usual HSDP layout: a fast link within a node, a slow one
+across).
 
 experiments/fsdp_lm_cluster.sh runs it on the ranks of experiments/cluster.sh (which sets
 RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and GLOO_SOCKET_IFNAME). The same
@@ -54,7 +57,7 @@ from experiments.fsdp_fashion_mnist import DenseReduceScatter
 
 CORPUS = "/usr/share/dictd/gcide.dict.dz"  # dict-gcide; dictzip is gzip with an index
 METHODS = {"dense": None, "topk_ef": {}, "topk_ef_m8": {"memory_bits": 8}, "topk_ef_m4": {"memory_bits": 4},
-           "int4": None}
+           "int4": None, "across_topk_ef_m8": {"memory_bits": 8}}
 
 
 def corpus_bytes(limit):
@@ -200,6 +203,8 @@ def train(args, rank, world):
     precision = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     options = METHODS[args.method]
     mesh, replicas = None, None
+    if args.method.startswith("across_") and args.replicas < 2:
+        raise ValueError(f"--method {args.method} compresses the replicas' all-reduce: give --replicas 2 or more")
     if args.replicas > 1:
         from torch.distributed.device_mesh import init_device_mesh
         if world % args.replicas != 0:
@@ -215,7 +220,7 @@ def train(args, rank, world):
     scatters = []
     for module in net.modules():
         if isinstance(module, FSDPModule):
-            if args.method == "dense":
+            if args.method in ("dense", "across_topk_ef_m8"):
                 scatter = DenseReduceScatter()
             elif args.method == "int4":
                 scatter = Int4ReduceScatter()
