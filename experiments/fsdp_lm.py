@@ -26,6 +26,9 @@ error feedback, at the same density, settled as ``--settle`` says);
 replicas' all-reduce (the usual HSDP layout: a fast link within a node, a slow one
 across).
 
+``--density-warmup S`` starts gradcomp's methods with DGC's warm-up of the density (25% of
+the entries, then a quarter of that every S steps, smoothly, down to ``--density``).
+
 experiments/fsdp_lm_cluster.sh runs it on the ranks of experiments/cluster.sh (which sets
 RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and GLOO_SOCKET_IFNAME). The same
 initialisation and the same batches for every method. Per step (a barrier before each):
@@ -238,6 +241,9 @@ def train(args, rank, world):
                 scatters.append(across)
     optimizer = torch.optim.AdamW(net.parameters(), lr=args.lr, weight_decay=0.0)
     batches = torch.Generator().manual_seed(1000 + rank)  # each rank its own data, the same for every method
+    ours = (gradcomp.torch.fsdp.ReduceScatter, gradcomp.torch.fsdp.AllReduce)
+    compressing = [s for s in scatters if isinstance(s, ours)]
+    warmup = gradcomp.torch.Warmup(final_density=args.density) if args.density_warmup else None
 
     step_seconds, step_sent, step_received, curve, clock = [], [], [], [], 0.0
     for step in range(args.steps):
@@ -245,6 +251,9 @@ def train(args, rank, world):
         lr = args.lr * min(1.0, (step + 1) / args.warmup)
         for group in optimizer.param_groups:
             group["lr"] = lr
+        if warmup is not None:  # DGC's warm-up, an "epoch" of --density-warmup steps
+            for s in compressing:
+                s.set_density(warmup.by_step(step, args.density_warmup))
         dist.barrier()
         sent, received = link_bytes()
         start = time.perf_counter()
@@ -285,6 +294,9 @@ def main():
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--warmup", type=int, default=20, help="steps of linear learning-rate warmup")
     parser.add_argument("--density", type=float, default=0.05)
+    parser.add_argument("--density-warmup", type=int, default=0,
+                        help="DGC's density warm-up (gradcomp.torch.Warmup: 25%%, then a quarter per 'epoch' of "
+                             "this many steps, down to --density); 0: --density from the first step")
     parser.add_argument("--keep-workspace", action="store_true",
                         help="gradcomp's reduce-scatters keep their workspace between calls (default: given back)")
     parser.add_argument("--settle", choices=["call", "step"], default=None,
