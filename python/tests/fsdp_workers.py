@@ -223,6 +223,20 @@ def in_one_backward(body):
     y.sum().backward()
 
 
+def in_raising_backward(body):
+    """Runs ``body()`` from a tensor hook of a backward pass that then raises (a later
+    hook's error), so that the pass never reaches its end; checks that it raised."""
+    def call_then_raise():
+        body()
+        raise RuntimeError("a later hook failed")
+
+    try:
+        in_one_backward(call_then_raise)
+        raise AssertionError("the backward pass did not raise")
+    except RuntimeError as error:
+        assert "a later hook failed" in str(error), error
+
+
 def in_nested_backward(outer, inner):
     """Runs ``outer()`` from a hook of a backward pass, then ``inner()`` from a hook of a
     backward pass nested in it (a reentrant checkpoint's recomputation), and returns once
@@ -315,15 +329,7 @@ def check_settled_by_step(rank, world):
     assert torch.equal(rs.compressor.corrector_state(0), memory)
     # A backward pass that raises after a call was queued never reaches its end: the
     # call's step is dropped when the instance is called again, nothing committed.
-    def call_then_raise():
-        rs(torch.empty(shard_n), grad_of(rank, 8, n), group, dist.ReduceOp.AVG)
-        raise RuntimeError("a later hook failed")
-
-    try:
-        in_one_backward(call_then_raise)
-        raise AssertionError("the backward pass did not raise")
-    except RuntimeError as error:
-        assert "a later hook failed" in str(error), error
+    in_raising_backward(lambda: rs(torch.empty(shard_n), grad_of(rank, 8, n), group, dist.ReduceOp.AVG))
     assert torch.equal(rs.compressor.corrector_state(0), memory)
     # A backward pass nested in another (a reentrant checkpoint's recomputation): the
     # inner pass's call settles at the inner end, the outer's at the outer end.
@@ -706,16 +712,7 @@ def check_all_reduce_settled_by_step(rank, world):
     # call's step is dropped when the instance is called again, nothing committed, and
     # the calls go on as if it had not been made (the regions it cut put back).
     memory = hook.compressor.corrector_state(0).clone()
-
-    def call_then_raise():
-        hook(grad(rank, 8))
-        raise RuntimeError("a later hook failed")
-
-    try:
-        in_one_backward(call_then_raise)
-        raise AssertionError("the backward pass did not raise")
-    except RuntimeError as error:
-        assert "a later hook failed" in str(error), error
+    in_raising_backward(lambda: hook(grad(rank, 8)))
     assert torch.equal(hook.compressor.corrector_state(0), memory)
     want, _, _ = expected(10, k, True)
     out = grad(rank, 10)
