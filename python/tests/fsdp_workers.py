@@ -720,6 +720,21 @@ def check_all_reduce_settled_by_step(rank, world):
     np.testing.assert_array_equal(out.numpy(), want)
     np.testing.assert_array_equal(hook.compressor.corrector_state(0).numpy(), e[rank])
 
+    # Ranks that disagree on the global selection's size (a density set on the last rank
+    # alone, the exchange's k following it): zeros out, the same error on every rank from
+    # backward(), nothing committed.
+    if world > 1:
+        memory = hook.compressor.corrector_state(0).clone()
+        if rank == world - 1:
+            hook.set_density(0.02)
+        out = grad(rank, 11)
+        expect_error(lambda: in_one_backward(lambda: hook(out)), gradcomp.InvalidArgumentError,
+                     f"gradcomp: sparse_allreduce: ranks disagree on k: rank 0 has {k}, rank {world - 1} has "
+                     f"{reference.k_for(0.02, n)}")
+        assert torch.equal(out, torch.zeros(n))
+        assert torch.equal(hook.compressor.corrector_state(0), memory)
+        hook.set_density(0.03)
+
     # A NaN on the last rank: zeros out, the same error on every rank from backward(),
     # nothing committed.
     memory = hook.compressor.corrector_state(0).clone()
