@@ -292,11 +292,11 @@ TEST_CASE("a queued step waits for nothing on a device; compress() reads its sta
     CHECK(w.queued == none);
     CHECK(w.compress == status_read);
   }
-  SUBCASE("random-k: the host's draw, copied over") {
+  SUBCASE("random-k: the host's draw, copied over in stream order") {
     const auto w =
         waits_of_steps([&](auto be) { return gc::presets::randomk_ef(be, n, {.density = 0.01, .seed = 3}); });
-    CHECK(w.queued == device_waits{.to_device = 1});
-    CHECK(w.compress == device_waits{.reads = 1, .to_device = 1});
+    CHECK(w.queued == device_waits{.uploads = 1});
+    CHECK(w.compress == device_waits{.reads = 1, .uploads = 1});
   }
   SUBCASE("8-bit memory: the step's float32 arrays, scratch allocated for the step, waited for before they go") {
     const auto w = waits_of_steps([&](auto be) {

@@ -238,6 +238,41 @@ typename B::template buffer<T> allocate_scratch(const B& be, std::size_t count) 
     return be.template allocate<T>(count);
   }
 }
+/// Host memory that the host fills for a copy to `B`'s memory (upload()): `B`'s own
+/// staging where it has one (backend::cuda: pinned memory, copied in stream order), else
+/// a std::vector, copied with to_device().
+template <class B, class T>
+struct staging_type {
+  using type = std::vector<T>;
+};
+template <class B, class T>
+  requires requires { typename B::template staging<T>; }
+struct staging_type<B, T> {
+  using type = typename B::template staging<T>;
+};
+template <class B, class T>
+using staging_of = typename staging_type<B, T>::type;
+/// Where the host writes `from` (waiting first, where the backend stages, for the
+/// copy still reading it).
+template <class Staging>
+auto* writable(Staging& from) {
+  if constexpr (requires { from.writable(); }) {
+    return from.writable();
+  } else {
+    return from.data();
+  }
+}
+/// The first `count` elements of `from` copied to `to` in `be`'s memory: queued where
+/// the backend stages, nothing waited for; else with to_device(), which returns when
+/// `from` may be written again.
+template <class B, class T>
+void upload(const B& be, staging_of<B, T>& from, std::size_t count, T* to) {
+  if constexpr (requires { be.upload(from, count, to); }) {
+    be.upload(from, count, to);
+  } else {
+    be.to_device(from.data(), count, to);
+  }
+}
 /// Throws unless `be`'s device is current (a device backend's memory is its device's).
 template <class B>
 void require_current_device(const B& be, const char* who) {

@@ -494,4 +494,96 @@ TEST_CASE(
   CHECK(ef.memory_bytes().workspace == before.workspace);  // steps allocate nothing
 }
 
+namespace {
+// Holds a stream until the host opens it (or ten seconds pass, so that a call that waits
+// for the stream ends too): a call that returns while the gate still holds waited for
+// nothing queued on that stream.
+__global__ void gate_kernel(const volatile int* open) {
+  const auto now = [] {
+    unsigned long long ns = 0;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+    return ns;
+  };
+  const unsigned long long start = now();
+  while (*open == 0 && now() - start < 10'000'000'000ULL) {
+  }
+}
+class stream_gate {
+ public:
+  stream_gate() {
+    gc::detail::cuda_check(cudaHostAlloc(reinterpret_cast<void**>(&open_), sizeof(int), cudaHostAllocMapped),
+                           "cudaHostAlloc");
+    gc::detail::cuda_check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&seen_), open_, 0),
+                           "cudaHostGetDevicePointer");
+  }
+  stream_gate(const stream_gate&) = delete;
+  stream_gate& operator=(const stream_gate&) = delete;
+  ~stream_gate() { cudaFreeHost(open_); }
+  /// Queues the gate on `stream`, shut.
+  void shut(cudaStream_t stream) {
+    *static_cast<volatile int*>(open_) = 0;
+    gate_kernel<<<1, 1, 0, stream>>>(seen_);
+    gc::detail::cuda_check(cudaGetLastError(), "gate_kernel (launch)");
+  }
+  void open() { *static_cast<volatile int*>(open_) = 1; }
+
+ private:
+  int* open_ = nullptr;  // mapped host memory, read by the kernel
+  int* seen_ = nullptr;  // its device address
+};
+
+// Stages a step of each of `make(be)`'s compressors on a stream the gate holds: the call
+// and the commit must return with the gate still shut, and the message then equal
+// backend::host's.
+template <class Make>
+void queued_steps_wait_for_nothing(std::size_t n, Make make) {
+  cudaStream_t stream = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  const gc::backend::cuda on{.stream = stream};
+  auto gpu = make(on);
+  auto host = make(gc::backend::host{});
+  thrust::device_vector<std::byte> out(gpu.max_message_bytes());
+  std::vector<std::byte> want_bytes(host.max_message_bytes());
+  stream_gate gate;
+  for (std::uint64_t t = 0; t < 4; ++t) {
+    CAPTURE(t);
+    auto g = device::copy_of(inputs::make(inputs::shape::student_t3, n, 80 + t));
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    if (t > 0) gate.shut(stream);  // the first step allocates what it keeps (and waits for that)
+    (void)gpu.stage_queued(on, device::span_of(g), device::span_of(out));
+    gpu.accept_staged(on);
+    const cudaError_t held = cudaStreamQuery(stream);
+    (void)cudaGetLastError();  // not ready is no error, but the runtime keeps it as the last one
+    gate.open();
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    if (t > 0) CHECK(held == cudaErrorNotReady);
+    const auto want = host.compress(inputs::make(inputs::shape::student_t3, n, 80 + t), want_bytes);
+    const auto got = device::host_copy(out);
+    CHECK(std::equal(want.bytes().begin(), want.bytes().end(), got.begin()));
+  }
+  REQUIRE(cudaStreamDestroy(stream) == cudaSuccess);
+}
+}  // namespace
+
+// What tests/test_state.cpp counts on the CPU ("a queued step waits for nothing on a
+// device"), here on the GPU: a bucket's step in the DDP hook must not hold the host up
+// while the backward pass's kernels are queued before it.
+TEST_CASE("cuda: a queued step and its commit wait for nothing queued before them") {
+  const std::size_t n = 70'001;
+  SUBCASE("DGC") {
+    queued_steps_wait_for_nothing(n,
+                                  [&](auto be) { return gc::presets::dgc(be, n, {.density = 0.01, .max_norm = 1}); });
+  }
+  SUBCASE("a fixed threshold") {
+    queued_steps_wait_for_nothing(n, [&](auto be) { return gc::presets::threshold_ef(be, n, {.tau = 1.5f}); });
+  }
+  SUBCASE("random-k: the host's draw, copied from pinned memory") {
+    queued_steps_wait_for_nothing(
+        n, [&](auto be) { return gc::presets::randomk_ef(be, n, {.density = 0.01, .seed = 3}); });
+  }
+  SUBCASE("exact top-k") {
+    queued_steps_wait_for_nothing(n, [&](auto be) { return gc::presets::topk_ef(be, n, {.density = 0.01}); });
+  }
+}
+
 int main(int argc, char** argv) { return device::run_tests(argc, argv); }

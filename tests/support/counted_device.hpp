@@ -2,7 +2,8 @@
 // too, as backend::cuda has them, counting every call after which backend::cuda's host
 // waits for the device: read() and the copies each way (cudaMemcpyAsync, then
 // cudaStreamSynchronize), and allocate() (a new buffer is zeroed and waited for; a
-// step's scratch, allocate_scratch(), is neither). The generic algorithms take the path
+// step's scratch, allocate_scratch(), is neither; nor is an upload() from its staging,
+// pinned memory copied in stream order). The generic algorithms take the path
 // they take on backend::cuda, so a test counts on the CPU the host synchronizations a
 // step or an exchange costs on a GPU, for every engine backend::cuda does not replace
 // with its own (exact_topk's and chunk_local's selections).
@@ -14,6 +15,7 @@
 #include <cstddef>
 #include <ostream>
 #include <utility>
+#include <vector>
 
 #include "opaque_host.hpp"
 
@@ -24,11 +26,12 @@ struct device_waits {
   std::size_t to_device = 0;    ///< copies from the host
   std::size_t allocations = 0;  ///< new buffers
   std::size_t scratch = 0;      ///< new scratch buffers (allocate_scratch: no wait, counted apart)
+  std::size_t uploads = 0;      ///< copies queued from the staging (upload: no wait, counted apart)
 
   bool operator==(const device_waits&) const = default;
   friend std::ostream& operator<<(std::ostream& out, const device_waits& w) {
     return out << "{reads " << w.reads << ", to_host " << w.to_host << ", to_device " << w.to_device << ", allocations "
-               << w.allocations << ", scratch " << w.scratch << "}";
+               << w.allocations << ", scratch " << w.scratch << ", uploads " << w.uploads << "}";
   }
 };
 
@@ -57,6 +60,14 @@ struct counted_device : opaque_backend<counted_device> {
   void to_device(const T* from, std::size_t count, T* to) const {
     ++counted().to_device;
     std::copy(from, from + count, to);
+  }
+  /// backend::cuda's staging: host memory copied over in stream order, nothing waited for.
+  template <class T>
+  using staging = std::vector<T>;
+  template <class T>
+  void upload(staging<T>& from, std::size_t count, T* to) const {
+    ++counted().uploads;
+    std::copy_n(from.data(), count, to);
   }
   template <class T>
   [[nodiscard]] buffer<T> allocate(std::size_t count) const {

@@ -9,6 +9,7 @@
 #include <gradcomp/detail/cuda/compaction.cuh>
 #include <gradcomp/detail/cuda/device_buffer.cuh>
 #include <gradcomp/detail/cuda/launch.cuh>
+#include <gradcomp/detail/cuda/pinned_staging.cuh>
 #include <gradcomp/error.hpp>
 #include <gradcomp/memory.hpp>
 
@@ -237,6 +238,18 @@ struct cuda {
     std::vector<T> host(device.size());
     to_host(device.data(), device.size(), host.data());
     return host;
+  }
+
+  /// Host memory the host fills for upload(): pinned, so that the copy is queued and
+  /// nothing waited for (detail::staging_of).
+  template <class T>
+  using staging = detail::pinned_staging<T>;
+  /// Queues the copy of the first `count` elements of `from` to device address `to` and
+  /// returns at once (`from`'s writable() waits for the copy before the host writes
+  /// again).
+  template <class T>
+  void upload(staging<T>& from, std::size_t count, T* to) const {
+    from.queue_copy(count, to, stream);
   }
 
   /// Copies `count` host elements to device address `to`; returns when `from` may be

@@ -2,8 +2,9 @@
 /// select::random_k's algorithm, on every backend. The index set depends on (seed,
 /// step) alone, never on the data, so the host draws it (Floyd's algorithm, O(k) draws
 /// over a bitmap of n bits) while the backend runs the corrector's pass, straight into
-/// the index workspace where the host may write it, else into host memory that is then
-/// copied over. Every backend picks the same set by construction. Not API.
+/// the index workspace where the host may write it, else into the backend's staging,
+/// copied over in stream order (backend::cuda: nothing waited for). Every backend picks
+/// the same set by construction. Not API.
 #pragma once
 
 #include <gradcomp/concepts.hpp>
@@ -74,8 +75,8 @@ class random_k_selection {
     if constexpr (Backend::host_accessible) {
       random_k_indices(policy.seed, in.step, n_, k, taken_.data(), out.data());
     } else {
-      random_k_indices(policy.seed, in.step, n_, k, taken_.data(), drawn_.data());
-      be.to_device(drawn_.data(), k, out.data());
+      random_k_indices(policy.seed, in.step, n_, k, taken_.data(), writable(drawn_));
+      upload(be, drawn_, k, out.data());
     }
     queue_count(be, status, k);
     return {policy.value_scale(n_)};
@@ -85,8 +86,8 @@ class random_k_selection {
 
  private:
   std::size_t n_;
-  std::vector<std::uint64_t> taken_;  // Floyd's bitmap, all zeros between steps
-  std::vector<std::uint32_t> drawn_;  // the draw, where out is not host memory
+  std::vector<std::uint64_t> taken_;          // Floyd's bitmap, all zeros between steps
+  staging_of<Backend, std::uint32_t> drawn_;  // the draw, where out is not host memory
 };
 
 /// Every backend runs the one above.
