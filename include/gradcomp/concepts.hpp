@@ -10,6 +10,7 @@
 #include <gradcomp/detail/core/step_input.hpp>
 #include <gradcomp/memory.hpp>
 
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -236,6 +237,41 @@ typename B::template buffer<T> allocate_scratch(const B& be, std::size_t count) 
     return be.template allocate_scratch<T>(count);
   } else {
     return be.template allocate<T>(count);
+  }
+}
+/// `count` elements of `be`'s memory for one step's work queued on `be`, written before
+/// they are read and given back with release_after_stream(): stream-ordered where the
+/// backend can (backend::cuda: neither waits), else allocate_scratch().
+template <class T, class B>
+typename B::template buffer<T> allocate_for_stream(const B& be, std::size_t count) {
+  if constexpr (requires { be.template allocate_for_stream<T>(count); }) {
+    return be.template allocate_for_stream<T>(count);
+  } else {
+    return allocate_scratch<T>(be, count);
+  }
+}
+/// Gives `buffers` back once the work queued on `be` so far is done: in stream order
+/// where the backend can (backend::cuda), else at once on the host and, on a device,
+/// once read() has waited for that work. False, the rest kept (their work may still read
+/// them), where waiting fails.
+template <class B, class Buffer>
+bool release_after_stream(const B& be, std::span<Buffer> buffers) noexcept {
+  if constexpr (requires {
+                  { be.release_after_stream(buffers) } -> std::same_as<bool>;
+                }) {
+    return be.release_after_stream(buffers);
+  } else {
+    if constexpr (!B::host_accessible) {
+      const auto held = std::find_if(buffers.begin(), buffers.end(), [](const Buffer& b) { return b.size() != 0; });
+      if (held == buffers.end()) return true;
+      try {
+        (void)be.read(held->data());
+      } catch (...) {
+        return false;
+      }
+    }
+    for (Buffer& b : buffers) b = Buffer{};
+    return true;
   }
 }
 /// Host memory that the host fills for a copy to `B`'s memory (upload()): `B`'s own

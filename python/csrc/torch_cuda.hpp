@@ -23,10 +23,28 @@ namespace gc = gradcomp;
 
 /// backend::cuda's device memory from torch's caching allocator. A block comes free for
 /// torch's current stream only (work of its last owner may still be queued there), and
-/// gradcomp uses it on other streams too, so that stream is waited for: allocations are
-/// made when a compressor is (and on the first 16-bit gradient or preview), not per step.
+/// gradcomp uses its state on other streams too, so that stream is waited for: such
+/// allocations are made when a compressor is (and on the first 16-bit gradient or
+/// preview), not per step. A step's scratch (compressed memory's float32 arrays) on
+/// torch's current stream is stream-ordered, as torch's own tensors are: allocated for
+/// that stream and given back to it (backend::cuda waits first where its last work ran
+/// on another), nothing waited for.
 class torch_allocator final : public gc::backend::device_allocator {
  public:
+  /// Torch pools a block for the stream it was allocated for: stream-ordered for its
+  /// current stream, whose blocks its own tensors share. (A block allocated for another
+  /// stream, gradcomp's own, would stay in that stream's pool, out of torch's reach.)
+  [[nodiscard]] bool stream_ordered(void* stream) const noexcept override {
+    try {
+      return stream == static_cast<void*>(at::cuda::getCurrentCUDAStream().stream());
+    } catch (...) {
+      return false;  // then allocated as the state is
+    }
+  }
+  void* allocate_on(std::size_t bytes, void* stream) override {
+    return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(bytes, static_cast<cudaStream_t>(stream));
+  }
+  void deallocate_on(void* p, std::size_t, void*) noexcept override { c10::cuda::CUDACachingAllocator::raw_delete(p); }
   void* allocate(std::size_t bytes) override {
     void* p = c10::cuda::CUDACachingAllocator::raw_alloc(bytes);
     const cudaError_t synced = cudaStreamSynchronize(at::cuda::getCurrentCUDAStream().stream());

@@ -518,7 +518,11 @@ class stream_gate {
   }
   stream_gate(const stream_gate&) = delete;
   stream_gate& operator=(const stream_gate&) = delete;
-  ~stream_gate() { cudaFreeHost(open_); }
+  ~stream_gate() {  // a gate still shut (a call threw) opened before its memory goes
+    open();
+    (void)cudaDeviceSynchronize();
+    cudaFreeHost(open_);
+  }
   /// Queues the gate on `stream`, shut.
   void shut(cudaStream_t stream) {
     *static_cast<volatile int*>(open_) = 0;
@@ -534,11 +538,12 @@ class stream_gate {
 
 // Stages a step of each of `make(be)`'s compressors on a stream the gate holds: the call
 // and the commit must return with the gate still shut, and the message then equal
-// backend::host's.
+// backend::host's. On a stream of its own, and on the legacy default stream (torch's
+// current one, as a rule), which a synchronous call (cudaMemcpy, cudaFree) waits for.
 template <class Make>
-void queued_steps_wait_for_nothing(std::size_t n, Make make) {
+void queued_steps_on(std::size_t n, Make make, bool legacy) {
   cudaStream_t stream = nullptr;
-  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  if (!legacy) REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
   const gc::backend::cuda on{.stream = stream};
   auto gpu = make(on);
   auto host = make(gc::backend::host{});
@@ -561,7 +566,15 @@ void queued_steps_wait_for_nothing(std::size_t n, Make make) {
     const auto got = device::host_copy(out);
     CHECK(std::equal(want.bytes().begin(), want.bytes().end(), got.begin()));
   }
-  REQUIRE(cudaStreamDestroy(stream) == cudaSuccess);
+  if (!legacy) REQUIRE(cudaStreamDestroy(stream) == cudaSuccess);
+}
+
+template <class Make>
+void queued_steps_wait_for_nothing(std::size_t n, Make make) {
+  for (const bool legacy : {false, true}) {
+    CAPTURE(legacy);
+    queued_steps_on(n, make, legacy);
+  }
 }
 }  // namespace
 
@@ -580,6 +593,11 @@ TEST_CASE("cuda: a queued step and its commit wait for nothing queued before the
   SUBCASE("random-k: the host's draw, copied from pinned memory") {
     queued_steps_wait_for_nothing(
         n, [&](auto be) { return gc::presets::randomk_ef(be, n, {.density = 0.01, .seed = 3}); });
+  }
+  SUBCASE("8-bit memory: the step's float32 arrays allocated and given back in stream order") {
+    queued_steps_wait_for_nothing(n, [&](auto be) {
+      return gc::presets::dgc(be, n, {.density = 0.01, .max_norm = 1}, gc::presets::compact_memory{.bits = 8});
+    });
   }
   SUBCASE("exact top-k") {
     queued_steps_wait_for_nothing(n, [&](auto be) { return gc::presets::topk_ef(be, n, {.density = 0.01}); });

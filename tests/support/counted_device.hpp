@@ -2,8 +2,9 @@
 // too, as backend::cuda has them, counting every call after which backend::cuda's host
 // waits for the device: read() and the copies each way (cudaMemcpyAsync, then
 // cudaStreamSynchronize), and allocate() (a new buffer is zeroed and waited for; a
-// step's scratch, allocate_scratch(), is neither; nor is an upload() from its staging,
-// pinned memory copied in stream order). The generic algorithms take the path
+// step's scratch, allocate_scratch() or allocate_for_stream(), is neither; nor is an
+// upload() from its staging, pinned memory copied in stream order, nor giving back a
+// step's scratch in stream order, release_after_stream()). The generic algorithms take the path
 // they take on backend::cuda, so a test counts on the CPU the host synchronizations a
 // step or an exchange costs on a GPU, for every engine backend::cuda does not replace
 // with its own (exact_topk's and chunk_local's selections).
@@ -14,6 +15,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <ostream>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -27,11 +29,13 @@ struct device_waits {
   std::size_t allocations = 0;  ///< new buffers
   std::size_t scratch = 0;      ///< new scratch buffers (allocate_scratch: no wait, counted apart)
   std::size_t uploads = 0;      ///< copies queued from the staging (upload: no wait, counted apart)
+  std::size_t releases = 0;     ///< scratch given back in stream order (release_after_stream: no wait)
 
   bool operator==(const device_waits&) const = default;
   friend std::ostream& operator<<(std::ostream& out, const device_waits& w) {
     return out << "{reads " << w.reads << ", to_host " << w.to_host << ", to_device " << w.to_device << ", allocations "
-               << w.allocations << ", scratch " << w.scratch << ", uploads " << w.uploads << "}";
+               << w.allocations << ", scratch " << w.scratch << ", uploads " << w.uploads << ", releases " << w.releases
+               << "}";
   }
 };
 
@@ -83,5 +87,20 @@ struct counted_device : opaque_backend<counted_device> {
     buffer<T> b(count);
     std::fill(reinterpret_cast<unsigned char*>(b.data()), reinterpret_cast<unsigned char*>(b.data() + count), 0xFF);
     return b;
+  }
+  /// Scratch for a step's work, stream-ordered as backend::cuda allocates it (counted
+  /// as scratch).
+  template <class T>
+  [[nodiscard]] buffer<T> allocate_for_stream(std::size_t count) const {
+    return allocate_scratch<T>(count);
+  }
+  /// Scratch given back in stream order, as backend::cuda does: nothing waited for.
+  template <class T>
+  bool release_after_stream(std::span<buffer<T>> buffers) const noexcept {
+    for (auto& b : buffers) {
+      if (b.size() != 0) ++counted().releases;
+      b = buffer<T>{};
+    }
+    return true;
   }
 };

@@ -14,8 +14,9 @@ GRADCOMP_NAMESPACE_BEGIN
 namespace backend {
 
 /// Allocates device memory for backend::cuda's state and workspace (the compressor's
-/// constructor, and the workspace of accumulate and the NCCL collectives). Memory is
-/// allocated on the current CUDA device.
+/// constructor, and the workspace of accumulate and the NCCL collectives), and, where
+/// it is stream-ordered, a step's scratch. Memory is allocated on the current CUDA
+/// device.
 class device_allocator {
  public:
   virtual ~device_allocator() = default;
@@ -23,6 +24,21 @@ class device_allocator {
   virtual void* allocate(std::size_t bytes) = 0;
   /// Returns memory from allocate(); no work on it may still be queued.
   virtual void deallocate(void* p, std::size_t bytes) noexcept = 0;
+
+  /// Whether allocate_on(bytes, `stream`) and deallocate_on() are stream-ordered for work
+  /// on `stream` (a cudaStream_t), as the pools of PyTorch and RMM are for a stream whose
+  /// memory they pool: a step's scratch (the float32 arrays of compressed memory) then
+  /// comes from them and goes back with nothing waited for. Otherwise it comes from
+  /// allocate() and goes back once backend::cuda has waited for its work.
+  [[nodiscard]] virtual bool stream_ordered(void* /*stream*/) const noexcept { return false; }
+  /// `bytes` (> 0) for work queued on `stream` from now on: the work of its previous
+  /// owner may still be queued before it on that stream. Called only where
+  /// stream_ordered(`stream`).
+  virtual void* allocate_on(std::size_t bytes, void* /*stream*/) { return allocate(bytes); }
+  /// Returns memory from allocate_on(`bytes`, `stream`) once the work queued on `stream`
+  /// so far is done, without waiting for it: no work on it is queued on another stream
+  /// then, or it is done.
+  virtual void deallocate_on(void* p, std::size_t bytes, void* /*stream*/) noexcept { deallocate(p, bytes); }
 };
 
 namespace detail_allocator {

@@ -197,8 +197,8 @@ struct load {
 
 /// The committed state stored in blocks (correct::compact): codes and exponents are
 /// what stays between steps; the float32 arrays a step writes are allocated by update()
-/// and given back once the step is accepted (after waiting for the step's work where the
-/// backend's memory is a device's).
+/// and given back once the step is accepted, once the step's work is done (backend::cuda:
+/// in stream order, nothing waited for).
 template <class Backend, std::size_t Arrays>
 class compact_state {
   using pointers = elementwise::arrays<Arrays>;
@@ -228,13 +228,13 @@ class compact_state {
     r.block_shift = compact_blocks::shift_of(block_);
     return r;
   }
-  /// The float32 arrays the step writes, allocated for the step as scratch (its update
-  /// pass writes every element before anything reads them: on a device, nothing zeroed
-  /// and nothing waited for).
+  /// The float32 arrays the step writes, allocated for the step's work on `be` (its
+  /// update pass writes every element before anything reads them: on a device, nothing
+  /// zeroed and nothing waited for).
   [[nodiscard]] pointers next(const Backend& be) {
     pointers p{};
     for (std::size_t a = 0; a != Arrays; ++a) {
-      if (static_cast<std::size_t>(next_[a].size()) != n_) next_[a] = allocate_scratch<float>(be, n_);
+      if (static_cast<std::size_t>(next_[a].size()) != n_) next_[a] = allocate_for_stream<float>(be, n_);
       p.at[a] = next_[a].data();
     }
     last_ = be;
@@ -253,16 +253,9 @@ class compact_state {
   }
   /// The blocks hold the step's state already: the float32 arrays go back.
   void accept() noexcept {
-    if constexpr (!Backend::host_accessible) {
-      // The step's passes are queued on last_: its arrays go back once they are done
-      // (kept if waiting fails: they may still be read).
-      try {
-        (void)last_.read(exponents_[0].data());
-      } catch (...) {
-        return;
-      }
-    }
-    for (auto& b : next_) b = buffer<float>{};
+    // The step's passes are queued on last_: its arrays go back once they are done, in
+    // stream order where the backend can (kept if waiting fails: they may still be read).
+    if (!release_after_stream(last_, std::span<buffer<float>>(next_))) return;
     decoded_ = buffer<float>{};
     staging_ = std::vector<float>{};
   }

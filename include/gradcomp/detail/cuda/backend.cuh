@@ -61,6 +61,29 @@ struct cuda {
     return buffer<T>(count, allocator, stream, /*zeroed=*/false);
   }
 
+  /// Allocates `count` elements of device memory for the work of a step queued on the
+  /// stream, which writes them before it reads them, and release_after_stream() gives
+  /// back (detail::allocate_for_stream): stream-ordered where it can be (the device's
+  /// pool, cudaMallocAsync, or an allocator that is stream_ordered() for the stream:
+  /// PyTorch's for its current stream), so that neither waits.
+  /// \throws gradcomp::error (errc::device) if the allocation fails.
+  template <class T>
+  [[nodiscard]] buffer<T> allocate_for_stream(std::size_t count) const {
+    return buffer<T>::for_stream(count, allocator, stream);
+  }
+  /// Gives `buffers` back once the work queued on the stream so far is done: without
+  /// waiting where they came from allocate_for_stream() for this stream (or from the
+  /// device's pool), else after one wait for the stream. False, the rest kept, where
+  /// waiting fails.
+  template <class T>
+  bool release_after_stream(std::span<buffer<T>> buffers) const noexcept {
+    bool waited = false;
+    for (auto& b : buffers) {
+      if (!b.release_after(stream, waited)) return false;
+    }
+    return true;
+  }
+
   /// Queues the zeroing of `count` elements at device address `p`.
   template <class T>
   void clear(T* p, std::size_t count) const {

@@ -56,16 +56,46 @@ class device_buffer {
       cuda_check(zeroed_status, "zeroing a new buffer (cudaMemsetAsync, cudaStreamSynchronize)");
     }
   }
+  /// A step's scratch for work queued on `stream` from now on (or ordered after it):
+  /// `count` T, nothing zeroed and nothing waited for, stream-ordered where its source
+  /// allows: an allocator that is stream_ordered(`stream`), else, with no allocator, the
+  /// device's pool (cudaMallocAsync). Otherwise as the constructor gives it.
+  [[nodiscard]] static device_buffer for_stream(std::size_t count, std::shared_ptr<backend::device_allocator> allocator,
+                                                cudaStream_t stream) {
+    if (!allocator) allocator = backend::current_device_allocator();
+    device_buffer b;
+    if (count == 0) return b;
+    cuda_check(cudaGetDevice(&b.device_), "cudaGetDevice");
+    const bool ordered = allocator ? allocator->stream_ordered(stream) : has_memory_pools(b.device_);
+    if (!ordered) return device_buffer(count, std::move(allocator), stream, /*zeroed=*/false);
+    const std::size_t bytes = count * sizeof(T);
+    if (allocator) {
+      b.data_ = static_cast<T*>(allocator->allocate_on(bytes, stream));
+    } else {
+      cuda_check(cudaMallocAsync(reinterpret_cast<void**>(&b.data_), bytes, stream), "cudaMallocAsync");
+    }
+    b.size_ = count;
+    b.allocator_ = std::move(allocator);
+    b.ordered_ = true;
+    b.stream_ = stream;
+    return b;
+  }
   device_buffer(device_buffer&& other) noexcept
       : data_(std::exchange(other.data_, nullptr)),
         size_(std::exchange(other.size_, 0)),
-        allocator_(std::move(other.allocator_)) {}
+        allocator_(std::move(other.allocator_)),
+        ordered_(std::exchange(other.ordered_, false)),
+        stream_(other.stream_),
+        device_(other.device_) {}
   device_buffer& operator=(device_buffer&& other) noexcept {
     if (this != &other) {
       release();
       data_ = std::exchange(other.data_, nullptr);
       size_ = std::exchange(other.size_, 0);
       allocator_ = std::move(other.allocator_);
+      ordered_ = std::exchange(other.ordered_, false);
+      stream_ = other.stream_;
+      device_ = other.device_;
     }
     return *this;
   }
@@ -77,13 +107,68 @@ class device_buffer {
   [[nodiscard]] const T* data() const noexcept { return data_; }
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
 
+  /// Gives the memory back once the work queued so far on `last`, where its last user
+  /// ran, is done: stream-ordered memory with nothing waited for where `last` is the
+  /// stream it was allocated for, or it is the pool's (cudaMallocAsync); any other once
+  /// `last` has been waited for, unless `waited` says the caller already has (it is set
+  /// then). False, the memory kept, where waiting fails.
+  bool release_after(cudaStream_t last, bool& waited) noexcept {
+    if (data_ == nullptr) return true;
+    if (ordered_ && (!allocator_ || last == stream_)) {
+      if (allocator_) {
+        allocator_->deallocate_on(data_, size_ * sizeof(T), stream_);
+      } else if (cudaFreeAsync(data_, last) != cudaSuccess) {
+        (void)cudaGetLastError();  // reported by nothing here: a later check must not see it
+        return false;
+      }
+    } else {
+      if (!waited && cudaStreamSynchronize(last) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+      }
+      waited = true;
+      free_done(last);
+    }
+    data_ = nullptr;
+    size_ = 0;
+    ordered_ = false;
+    return true;
+  }
+
  private:
+  // Whether `device` allocates from a stream-ordered pool (cudaMallocAsync).
+  static bool has_memory_pools(int device) {
+    int supported = 0;
+    cuda_check(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device), "cudaDeviceGetAttribute");
+    return supported != 0;
+  }
+  // Frees memory whose work is done (`done`: a stream that has none queued on it).
+  void free_done(cudaStream_t done) noexcept {
+    if (ordered_ && allocator_) {
+      allocator_->deallocate_on(data_, size_ * sizeof(T), stream_);
+    } else if (ordered_) {
+      cudaFreeAsync(data_, done);
+    } else if (allocator_) {
+      allocator_->deallocate(data_, size_ * sizeof(T));
+    } else {
+      cudaFree(data_);
+    }
+    (void)cudaGetLastError();  // nothing to report from here
+  }
+  // Where the last user is unknown (a destructor, a buffer replaced), stream-ordered
+  // memory waits for its whole device first: its last work may be queued on any stream
+  // (the stream it was allocated for may be gone), so it goes back on the legacy stream.
   void release() noexcept {
     if (data_ != nullptr) {
-      if (allocator_) {
-        allocator_->deallocate(data_, size_ * sizeof(T));
+      if (ordered_) {
+        int current = 0;
+        (void)cudaGetDevice(&current);
+        (void)cudaSetDevice(device_);
+        (void)cudaDeviceSynchronize();
+        free_done(nullptr);
+        (void)cudaSetDevice(current);
       } else {
-        cudaFree(data_);  // nothing to report from a destructor
+        free_done(nullptr);
       }
     }
     data_ = nullptr;
@@ -91,7 +176,10 @@ class device_buffer {
 
   T* data_ = nullptr;
   std::size_t size_ = 0;
-  std::shared_ptr<backend::device_allocator> allocator_;  // null: cudaMalloc
+  std::shared_ptr<backend::device_allocator> allocator_;  // null: cudaMalloc (cudaMallocAsync where ordered_)
+  bool ordered_ = false;                                  // for_stream(), stream-ordered on stream_
+  cudaStream_t stream_ = nullptr;                         // the stream it was then allocated for
+  int device_ = 0;                                        // and the device
 };
 
 }  // namespace detail

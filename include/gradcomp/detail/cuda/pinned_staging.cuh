@@ -17,8 +17,10 @@ GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 
 /// `size()` T of pinned host memory and the event of its last queued copy: writable()
-/// waits for that copy (long done, as a rule: it was queued a step ago), then the host
-/// writes; queue_copy() queues the next. Movable, not copyable.
+/// waits for that copy (long done, as a rule: it was queued a step ago, and a caller
+/// that leads the device by more than a step of one compressor is rare: the DDP hook
+/// reads every step's outcome), then the host writes; queue_copy() queues the next.
+/// Movable, not copyable.
 template <class T>
 class pinned_staging {
  public:
@@ -87,7 +89,8 @@ class pinned_staging {
       cudaEventSynchronize(copied_);  // the copy reads the memory until it is done
       cudaEventDestroy(copied_);
     }
-    if (data_ != nullptr) cudaFreeHost(data_);  // nothing to report from a destructor
+    if (data_ != nullptr) cudaFreeHost(data_);
+    (void)cudaGetLastError();  // nothing to report from a destructor, nor for a later check to see
     data_ = nullptr;
     size_ = 0;
     copied_ = nullptr;
