@@ -27,8 +27,8 @@ namespace gc = gradcomp;
 /// allocations are made when a compressor is (and on the first 16-bit gradient or
 /// preview), not per step. A step's scratch (compressed memory's float32 arrays) on
 /// torch's current stream is stream-ordered, as torch's own tensors are: allocated for
-/// that stream and given back to it (backend::cuda waits first where its last work ran
-/// on another), nothing waited for.
+/// that stream and given back to it (which first waits on the device for the stream of
+/// the commit where that is another), nothing waited for by the host.
 class torch_allocator final : public gc::backend::device_allocator {
  public:
   /// Torch pools a block for the stream it was allocated for: stream-ordered for its

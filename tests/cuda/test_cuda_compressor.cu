@@ -605,6 +605,84 @@ TEST_CASE("cuda: a queued step and its commit wait for nothing queued before the
   }
 }
 
+namespace {
+// cudaMalloc for state, the device's pool in stream order for a step's scratch, counted.
+class ordered_allocator : public gc::backend::device_allocator {
+ public:
+  void* allocate(std::size_t bytes) override {
+    void* p = nullptr;
+    gc::detail::cuda_check(cudaMalloc(&p, bytes), "cudaMalloc");
+    return p;
+  }
+  void deallocate(void* p, std::size_t) noexcept override { cudaFree(p); }
+  [[nodiscard]] bool stream_ordered(void*) const noexcept override { return true; }
+  void* allocate_on(std::size_t bytes, void* stream) override {
+    void* p = nullptr;
+    gc::detail::cuda_check(cudaMallocAsync(&p, bytes, static_cast<cudaStream_t>(stream)), "cudaMallocAsync");
+    ++ordered;
+    return p;
+  }
+  void deallocate_on(void* p, std::size_t, void* stream) noexcept override {
+    cudaFreeAsync(p, static_cast<cudaStream_t>(stream));
+    ++given_back;
+  }
+  int ordered = 0;
+  int given_back = 0;
+};
+}  // namespace
+
+// A stream-ordered allocator (as PyTorch's caching allocator is for its current stream)
+// serves compressed memory's float32 arrays for the step's stream and takes them back
+// with nothing waited for, also where the commit runs on another stream (ordered after
+// the step by the caller): the step's stream then waits for the commit's on the device.
+TEST_CASE("cuda: compressed memory's arrays from a stream-ordered allocator, back without a wait across streams") {
+  const std::size_t n = 70'001;
+  cudaStream_t staging = nullptr, committing = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&staging, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaStreamCreateWithFlags(&committing, cudaStreamNonBlocking) == cudaSuccess);
+  cudaEvent_t staged = nullptr;
+  REQUIRE(cudaEventCreateWithFlags(&staged, cudaEventDisableTiming) == cudaSuccess);
+  const auto allocator = std::make_shared<ordered_allocator>();
+  const gc::backend::cuda on_staging{.stream = staging, .allocator = allocator};
+  const gc::backend::cuda on_committing{.stream = committing, .allocator = allocator};
+  const gc::presets::dgc_options options{.density = 0.01, .max_norm = 1};
+  const gc::presets::compact_memory memory{.bits = 8};
+  {
+    auto gpu = gc::presets::dgc(on_staging, n, options, memory);
+    auto host = gc::presets::dgc(gc::backend::host{}, n, options, memory);
+    thrust::device_vector<std::byte> out(gpu.max_message_bytes());
+    std::vector<std::byte> want_bytes(host.max_message_bytes());
+    stream_gate gate;
+    for (std::uint64_t t = 0; t < 4; ++t) {
+      CAPTURE(t);
+      auto g = device::copy_of(inputs::make(inputs::shape::student_t3, n, 90 + t));
+      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+      if (t > 0) gate.shut(staging);
+      (void)gpu.stage_queued(on_staging, device::span_of(g), device::span_of(out));
+      REQUIRE(cudaEventRecord(staged, staging) == cudaSuccess);
+      REQUIRE(cudaStreamWaitEvent(committing, staged, 0) == cudaSuccess);
+      gpu.accept_staged(on_committing);
+      const cudaError_t held_staging = cudaStreamQuery(staging);
+      const cudaError_t held_committing = cudaStreamQuery(committing);
+      (void)cudaGetLastError();  // not ready is no error, but the runtime keeps it as the last one
+      gate.open();
+      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+      if (t > 0) {
+        CHECK(held_staging == cudaErrorNotReady);
+        CHECK(held_committing == cudaErrorNotReady);
+      }
+      CHECK(allocator->ordered == 2 * static_cast<int>(t + 1));  // momentum's two arrays a step
+      CHECK(allocator->given_back == allocator->ordered);
+      const auto want = host.compress(inputs::make(inputs::shape::student_t3, n, 90 + t), want_bytes);
+      const auto got = device::host_copy(out);
+      CHECK(std::equal(want.bytes().begin(), want.bytes().end(), got.begin()));
+    }
+  }
+  REQUIRE(cudaEventDestroy(staged) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(staging) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(committing) == cudaSuccess);
+}
+
 int main(int argc, char** argv) {
   // Every kernel loaded when the context is made: loading one lazily, at its first
   // launch, may wait for the device, which the gate of "a queued step ... waits for

@@ -36,8 +36,9 @@ class device_allocator {
   /// stream_ordered(`stream`).
   virtual void* allocate_on(std::size_t bytes, void* /*stream*/) { return allocate(bytes); }
   /// Returns memory from allocate_on(`bytes`, `stream`) once the work queued on `stream`
-  /// so far is done, without waiting for it: no work on it is queued on another stream
-  /// then, or it is done.
+  /// so far is done, without waiting for it: work on it queued on another stream is
+  /// done then, or `stream` waits for it on the device. Called only where
+  /// stream_ordered(`stream`) was, and `stream` must still exist.
   virtual void deallocate_on(void* p, std::size_t bytes, void* /*stream*/) noexcept { deallocate(p, bytes); }
 };
 

@@ -71,15 +71,14 @@ struct cuda {
   [[nodiscard]] buffer<T> allocate_for_stream(std::size_t count) const {
     return buffer<T>::for_stream(count, allocator, stream);
   }
-  /// Gives `buffers` back once the work queued on the stream so far is done: without
-  /// waiting where they came from allocate_for_stream() for this stream (or from the
-  /// device's pool), else after one wait for the stream. False, the rest kept, where
-  /// waiting fails.
+  /// Gives `buffers` back once the work queued on the stream so far is done, waiting for
+  /// nothing where they came from allocate_for_stream() stream-ordered; else after one
+  /// wait for the stream. False, the rest kept, where waiting fails.
   template <class T>
   bool release_after_stream(std::span<buffer<T>> buffers) const noexcept {
-    bool waited = false;
+    detail::after_stream after(stream);
     for (auto& b : buffers) {
-      if (!b.release_after(stream, waited)) return false;
+      if (!b.release_after(after)) return false;
     }
     return true;
   }

@@ -24,6 +24,46 @@ inline void cuda_check(cudaError_t status, const char* what) {
   }
 }
 
+/// Where the buffers of one step are given back after (device_buffer::release_after):
+/// `last`, the stream of their last work, and what has been done so far to order their
+/// release after it, shared by the buffers.
+struct after_stream {
+  explicit after_stream(cudaStream_t stream) noexcept : last(stream) {}
+  after_stream(const after_stream&) = delete;
+  after_stream& operator=(const after_stream&) = delete;
+  ~after_stream() {
+    if (reached != nullptr) cudaEventDestroy(reached);  // its waits stand
+  }
+  /// Makes `other` wait on the device for the work queued on `last` so far.
+  bool order(cudaStream_t other) noexcept {
+    if (reached == nullptr) {
+      if (cudaEventCreateWithFlags(&reached, cudaEventDisableTiming) != cudaSuccess) {
+        reached = nullptr;
+        return cleared();
+      }
+      if (cudaEventRecord(reached, last) != cudaSuccess) return cleared();
+    }
+    return cudaStreamWaitEvent(other, reached, 0) == cudaSuccess || cleared();
+  }
+  /// The host waits for the work queued on `last` so far (once).
+  bool wait() noexcept {
+    if (!waited) waited = cudaStreamSynchronize(last) == cudaSuccess || cleared();
+    return waited;
+  }
+
+  cudaStream_t last;
+  bool waited = false;            // the host has waited for `last`
+  cudaEvent_t reached = nullptr;  // recorded on `last`, where another stream waits for it
+
+ private:
+  // A failure reported by nothing here: false, and the runtime's last error cleared, so
+  // that a later check does not see it.
+  static bool cleared() noexcept {
+    (void)cudaGetLastError();
+    return false;
+  }
+};
+
 /// Owning array of `count` T in device memory, zero-filled (or, for a step's scratch,
 /// left as it is); movable, not copyable. The compressor allocates these in its
 /// constructor (compress allocates only what release_workspace() gave back, and the
@@ -107,27 +147,25 @@ class device_buffer {
   [[nodiscard]] const T* data() const noexcept { return data_; }
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
 
-  /// Gives the memory back once the work queued so far on `last`, where its last user
-  /// ran, is done: stream-ordered memory with nothing waited for where `last` is the
-  /// stream it was allocated for, or it is the pool's (cudaMallocAsync); any other once
-  /// `last` has been waited for, unless `waited` says the caller already has (it is set
-  /// then). False, the memory kept, where waiting fails.
-  bool release_after(cudaStream_t last, bool& waited) noexcept {
+  /// Gives the memory back once the work queued so far on `after.last`, where its last
+  /// user ran, is done, waiting for nothing where it is stream-ordered: the pool's
+  /// (cudaMallocAsync) freed on that stream; an allocator's given back to the stream it
+  /// was allocated for, which first waits on the device for `after.last` where that is
+  /// another. Any other memory once the host has waited for `after.last`. False, the
+  /// memory kept, where waiting fails.
+  bool release_after(after_stream& after) noexcept {
     if (data_ == nullptr) return true;
-    if (ordered_ && (!allocator_ || last == stream_)) {
-      if (allocator_) {
-        allocator_->deallocate_on(data_, size_ * sizeof(T), stream_);
-      } else if (cudaFreeAsync(data_, last) != cudaSuccess) {
+    if (ordered_ && !allocator_) {
+      if (cudaFreeAsync(data_, after.last) != cudaSuccess) {
         (void)cudaGetLastError();  // reported by nothing here: a later check must not see it
         return false;
       }
+    } else if (ordered_) {
+      if (after.last != stream_ && !after.order(stream_) && !after.wait()) return false;
+      allocator_->deallocate_on(data_, size_ * sizeof(T), stream_);
     } else {
-      if (!waited && cudaStreamSynchronize(last) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return false;
-      }
-      waited = true;
-      free_done(last);
+      if (!after.wait()) return false;
+      free_done(after.last);
     }
     data_ = nullptr;
     size_ = 0;
@@ -146,14 +184,11 @@ class device_buffer {
   void free_done(cudaStream_t done) noexcept {
     if (ordered_ && allocator_) {
       allocator_->deallocate_on(data_, size_ * sizeof(T), stream_);
-    } else if (ordered_) {
-      cudaFreeAsync(data_, done);
     } else if (allocator_) {
       allocator_->deallocate(data_, size_ * sizeof(T));
-    } else {
-      cudaFree(data_);
+    } else if ((ordered_ ? cudaFreeAsync(data_, done) : cudaFree(data_)) != cudaSuccess) {
+      (void)cudaGetLastError();  // nothing to report from here, nor for a later check to see
     }
-    (void)cudaGetLastError();  // nothing to report from here
   }
   // Where the last user is unknown (a destructor, a buffer replaced), stream-ordered
   // memory waits for its whole device first: its last work may be queued on any stream

@@ -85,12 +85,13 @@ class pinned_staging {
 
  private:
   void release() noexcept {
+    bool failed = false;
     if (copied_ != nullptr) {
-      cudaEventSynchronize(copied_);  // the copy reads the memory until it is done
-      cudaEventDestroy(copied_);
+      failed |= cudaEventSynchronize(copied_) != cudaSuccess;  // the copy reads the memory until it is done
+      failed |= cudaEventDestroy(copied_) != cudaSuccess;
     }
-    if (data_ != nullptr) cudaFreeHost(data_);
-    (void)cudaGetLastError();  // nothing to report from a destructor, nor for a later check to see
+    if (data_ != nullptr) failed |= cudaFreeHost(data_) != cudaSuccess;
+    if (failed) (void)cudaGetLastError();  // nothing to report from a destructor, nor for a later check to see
     data_ = nullptr;
     size_ = 0;
     copied_ = nullptr;
