@@ -606,15 +606,10 @@ TEST_CASE("cuda: a queued step and its commit wait for nothing queued before the
 }
 
 namespace {
-// cudaMalloc for state, the device's pool in stream order for a step's scratch, counted.
-class ordered_allocator : public gc::backend::device_allocator {
+// counting_allocator for state, the device's pool in stream order for a step's scratch,
+// counted too.
+class ordered_allocator : public counting_allocator {
  public:
-  void* allocate(std::size_t bytes) override {
-    void* p = nullptr;
-    gc::detail::cuda_check(cudaMalloc(&p, bytes), "cudaMalloc");
-    return p;
-  }
-  void deallocate(void* p, std::size_t) noexcept override { cudaFree(p); }
   [[nodiscard]] bool stream_ordered(void*) const noexcept override { return true; }
   void* allocate_on(std::size_t bytes, void* stream) override {
     void* p = nullptr;
