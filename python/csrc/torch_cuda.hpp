@@ -17,6 +17,9 @@
 #include <gradcomp/backend/stream_order.cuh>
 #include <gradcomp/error.hpp>
 
+#include <mutex>
+#include <unordered_map>
+
 namespace gradcomp_py {
 
 namespace gc = gradcomp;
@@ -26,9 +29,10 @@ namespace gc = gradcomp;
 /// gradcomp uses its state on other streams too, so that stream is waited for: such
 /// allocations are made when a compressor is (and on the first 16-bit gradient or
 /// preview), not per step. A step's scratch (compressed memory's float32 arrays) on
-/// torch's current stream is stream-ordered, as torch's own tensors are: allocated for
-/// that stream and given back to it (which first waits on the device for the stream of
-/// the commit where that is another), nothing waited for by the host.
+/// torch's current stream is stream-ordered, as torch's own tensors are: a block of that
+/// stream, and where its last work ran on another (a commit at the end of backward),
+/// torch is told so (recordStream) and reuses it once that work is done. Nothing is
+/// waited for by the host.
 class torch_allocator final : public gc::backend::device_allocator {
  public:
   /// Torch pools a block for the stream it was allocated for: stream-ordered for its
@@ -41,10 +45,23 @@ class torch_allocator final : public gc::backend::device_allocator {
       return false;  // then allocated as the state is
     }
   }
-  void* allocate_on(std::size_t bytes, void* stream) override {
-    return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(bytes, static_cast<cudaStream_t>(stream));
+  /// A block of torch's current stream (`stream`, as stream_ordered() said), its DataPtr
+  /// kept for recordStream.
+  void* allocate_on(std::size_t bytes, void*) override {
+    c10::DataPtr block = c10::cuda::CUDACachingAllocator::get()->allocate(bytes);
+    void* p = block.get();
+    const std::lock_guard<std::mutex> guard(lock_);
+    ordered_.emplace(p, std::move(block));
+    return p;
   }
-  void deallocate_on(void* p, std::size_t, void*) noexcept override { c10::cuda::CUDACachingAllocator::raw_delete(p); }
+  void deallocate_on(void* p, std::size_t, void* last) noexcept override {
+    try {
+      const c10::DataPtr block = take(p);
+      c10::cuda::CUDACachingAllocator::recordStream(
+          block, c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(last), block.device().index()));
+    } catch (...) {  // nothing to report from here: the block goes back as it is
+    }
+  }
   void* allocate(std::size_t bytes) override {
     void* p = c10::cuda::CUDACachingAllocator::raw_alloc(bytes);
     const cudaError_t synced = cudaStreamSynchronize(at::cuda::getCurrentCUDAStream().stream());
@@ -54,7 +71,26 @@ class torch_allocator final : public gc::backend::device_allocator {
     }
     return p;
   }
-  void deallocate(void* p, std::size_t) noexcept override { c10::cuda::CUDACachingAllocator::raw_delete(p); }
+  void deallocate(void* p, std::size_t) noexcept override {
+    try {
+      if (take(p).get() == nullptr) c10::cuda::CUDACachingAllocator::raw_delete(p);
+    } catch (...) {  // nothing to report from a destructor
+    }
+  }
+
+ private:
+  // The DataPtr of a block from allocate_on(), no longer recorded (empty if `p` is not one).
+  c10::DataPtr take(void* p) {
+    const std::lock_guard<std::mutex> guard(lock_);
+    const auto at = ordered_.find(p);
+    if (at == ordered_.end()) return {};
+    c10::DataPtr block = std::move(at->second);
+    ordered_.erase(at);
+    return block;
+  }
+
+  std::mutex lock_;
+  std::unordered_map<void*, c10::DataPtr> ordered_;  // allocate_on()'s blocks, freed with their DataPtr
 };
 
 /// torch's current stream on CUDA device `device`.

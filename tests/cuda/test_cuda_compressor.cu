@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <limits>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -607,29 +608,35 @@ TEST_CASE("cuda: a queued step and its commit wait for nothing queued before the
 
 namespace {
 // counting_allocator for state, the device's pool in stream order for a step's scratch,
-// counted too.
+// counted too, with the streams it is given back after.
 class ordered_allocator : public counting_allocator {
  public:
   [[nodiscard]] bool stream_ordered(void*) const noexcept override { return true; }
   void* allocate_on(std::size_t bytes, void* stream) override {
     void* p = nullptr;
     gc::detail::cuda_check(cudaMallocAsync(&p, bytes, static_cast<cudaStream_t>(stream)), "cudaMallocAsync");
-    ++ordered;
+    pooled.insert(p);
     return p;
   }
-  void deallocate_on(void* p, std::size_t, void* stream) noexcept override {
-    cudaFreeAsync(p, static_cast<cudaStream_t>(stream));
-    ++given_back;
+  void deallocate_on(void* p, std::size_t, void* last) noexcept override {
+    cudaFreeAsync(p, static_cast<cudaStream_t>(last));  // the pool's memory goes back after `last`'s work
+    pooled.erase(p);
+    given_back_after.push_back(last);
   }
-  int ordered = 0;
-  int given_back = 0;
+  void deallocate(void* p, std::size_t bytes) noexcept override {
+    if (pooled.erase(p) == 0) return counting_allocator::deallocate(p, bytes);
+    cudaFreeAsync(p, nullptr);  // nothing queued on it
+    given_back_after.push_back(nullptr);
+  }
+  std::set<void*> pooled;               // allocate_on()'s, not given back
+  std::vector<void*> given_back_after;  // the stream of each deallocate_on() (null: deallocate())
 };
 }  // namespace
 
 // A stream-ordered allocator (as PyTorch's caching allocator is for its current stream)
 // serves compressed memory's float32 arrays for the step's stream and takes them back
-// with nothing waited for, also where the commit runs on another stream (ordered after
-// the step by the caller): the step's stream then waits for the commit's on the device.
+// with nothing waited for, after the stream of their last work: the commit's, where the
+// caller ran it on another stream (ordered after the step's).
 TEST_CASE("cuda: compressed memory's arrays from a stream-ordered allocator, back without a wait across streams") {
   const std::size_t n = 70'001;
   cudaStream_t staging = nullptr, committing = nullptr;
@@ -666,8 +673,10 @@ TEST_CASE("cuda: compressed memory's arrays from a stream-ordered allocator, bac
         CHECK(held_staging == cudaErrorNotReady);
         CHECK(held_committing == cudaErrorNotReady);
       }
-      CHECK(allocator->ordered == 2 * static_cast<int>(t + 1));  // momentum's two arrays a step
-      CHECK(allocator->given_back == allocator->ordered);
+      CHECK(allocator->pooled.empty());  // momentum's two arrays, allocated and given back
+      REQUIRE(allocator->given_back_after.size() == 2 * (t + 1));
+      CHECK(allocator->given_back_after.back() == static_cast<void*>(committing));
+      CHECK(allocator->given_back_after.end()[-2] == static_cast<void*>(committing));
       const auto want = host.compress(inputs::make(inputs::shape::student_t3, n, 90 + t), want_bytes);
       const auto got = device::host_copy(out);
       CHECK(std::equal(want.bytes().begin(), want.bytes().end(), got.begin()));
@@ -682,6 +691,6 @@ int main(int argc, char** argv) {
   // Every kernel loaded when the context is made: loading one lazily, at its first
   // launch, may wait for the device, which the gate of "a queued step ... waits for
   // nothing" holds (CUDA's lazy loading warns of such a wait).
-  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+  setenv("CUDA_MODULE_LOADING", "EAGER", 1);
   return device::run_tests(argc, argv);
 }

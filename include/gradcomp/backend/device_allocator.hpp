@@ -22,7 +22,8 @@ class device_allocator {
   virtual ~device_allocator() = default;
   /// `bytes` (> 0) of device memory; throws if it cannot.
   virtual void* allocate(std::size_t bytes) = 0;
-  /// Returns memory from allocate(); no work on it may still be queued.
+  /// Returns memory from allocate() (or from allocate_on(): see deallocate_on()); no
+  /// work on it may still be queued.
   virtual void deallocate(void* p, std::size_t bytes) noexcept = 0;
 
   /// Whether allocate_on(bytes, `stream`) and deallocate_on() are stream-ordered for work
@@ -35,11 +36,13 @@ class device_allocator {
   /// owner may still be queued before it on that stream. Called only where
   /// stream_ordered(`stream`).
   virtual void* allocate_on(std::size_t bytes, void* /*stream*/) { return allocate(bytes); }
-  /// Returns memory from allocate_on(`bytes`, `stream`) once the work queued on `stream`
-  /// so far is done, without waiting for it: work on it queued on another stream is
-  /// done then, or `stream` waits for it on the device. Called only where
-  /// stream_ordered(`stream`) was, and `stream` must still exist.
-  virtual void deallocate_on(void* p, std::size_t bytes, void* /*stream*/) noexcept { deallocate(p, bytes); }
+  /// Returns memory from allocate_on() once the work queued so far on `last` is done,
+  /// without waiting for it: `last` is the stream of its last work, queued after all its
+  /// earlier work (on `last`, or on other streams that `last` waits for), and it may be
+  /// another than the one it was allocated for (PyTorch: recordStream). Where no work on
+  /// it is queued (backend::cuda has waited for the device), memory from allocate_on()
+  /// goes back through deallocate() instead.
+  virtual void deallocate_on(void* p, std::size_t bytes, void* /*last*/) noexcept { deallocate(p, bytes); }
 };
 
 namespace detail_allocator {

@@ -76,9 +76,9 @@ struct cuda {
   /// wait for the stream. False, the rest kept, where waiting fails.
   template <class T>
   bool release_after_stream(std::span<buffer<T>> buffers) const noexcept {
-    detail::after_stream after(stream);
+    bool waited = false;
     for (auto& b : buffers) {
-      if (!b.release_after(after)) return false;
+      if (!b.release_after(stream, waited)) return false;
     }
     return true;
   }

@@ -24,46 +24,6 @@ inline void cuda_check(cudaError_t status, const char* what) {
   }
 }
 
-/// Where the buffers of one step are given back after (device_buffer::release_after):
-/// `last`, the stream of their last work, and what has been done so far to order their
-/// release after it, shared by the buffers.
-struct after_stream {
-  explicit after_stream(cudaStream_t stream) noexcept : last(stream) {}
-  after_stream(const after_stream&) = delete;
-  after_stream& operator=(const after_stream&) = delete;
-  ~after_stream() {
-    if (reached != nullptr) cudaEventDestroy(reached);  // its waits stand
-  }
-  /// Makes `other` wait on the device for the work queued on `last` so far.
-  bool order(cudaStream_t other) noexcept {
-    if (reached == nullptr) {
-      if (cudaEventCreateWithFlags(&reached, cudaEventDisableTiming) != cudaSuccess) {
-        reached = nullptr;
-        return cleared();
-      }
-      if (cudaEventRecord(reached, last) != cudaSuccess) return cleared();
-    }
-    return cudaStreamWaitEvent(other, reached, 0) == cudaSuccess || cleared();
-  }
-  /// The host waits for the work queued on `last` so far (once).
-  bool wait() noexcept {
-    if (!waited) waited = cudaStreamSynchronize(last) == cudaSuccess || cleared();
-    return waited;
-  }
-
-  cudaStream_t last;
-  bool waited = false;            // the host has waited for `last`
-  cudaEvent_t reached = nullptr;  // recorded on `last`, where another stream waits for it
-
- private:
-  // A failure reported by nothing here: false, and the runtime's last error cleared, so
-  // that a later check does not see it.
-  static bool cleared() noexcept {
-    (void)cudaGetLastError();
-    return false;
-  }
-};
-
 /// Owning array of `count` T in device memory, zero-filled (or, for a step's scratch,
 /// left as it is); movable, not copyable. The compressor allocates these in its
 /// constructor (compress allocates only what release_workspace() gave back, and the
@@ -117,7 +77,6 @@ class device_buffer {
     b.size_ = count;
     b.allocator_ = std::move(allocator);
     b.ordered_ = true;
-    b.stream_ = stream;
     return b;
   }
   device_buffer(device_buffer&& other) noexcept
@@ -125,7 +84,6 @@ class device_buffer {
         size_(std::exchange(other.size_, 0)),
         allocator_(std::move(other.allocator_)),
         ordered_(std::exchange(other.ordered_, false)),
-        stream_(other.stream_),
         device_(other.device_) {}
   device_buffer& operator=(device_buffer&& other) noexcept {
     if (this != &other) {
@@ -134,7 +92,6 @@ class device_buffer {
       size_ = std::exchange(other.size_, 0);
       allocator_ = std::move(other.allocator_);
       ordered_ = std::exchange(other.ordered_, false);
-      stream_ = other.stream_;
       device_ = other.device_;
     }
     return *this;
@@ -147,25 +104,22 @@ class device_buffer {
   [[nodiscard]] const T* data() const noexcept { return data_; }
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
 
-  /// Gives the memory back once the work queued so far on `after.last`, where its last
-  /// user ran, is done, waiting for nothing where it is stream-ordered: the pool's
-  /// (cudaMallocAsync) freed on that stream; an allocator's given back to the stream it
-  /// was allocated for, which first waits on the device for `after.last` where that is
-  /// another. Any other memory once the host has waited for `after.last`. False, the
-  /// memory kept, where waiting fails.
-  bool release_after(after_stream& after) noexcept {
+  /// Gives the memory back once the work queued so far on `last` is done (`last`: the
+  /// stream of its last work, queued after all its earlier work), waiting for nothing
+  /// where it is stream-ordered: the pool's freed on `last` (cudaFreeAsync), an
+  /// allocator's through deallocate_on(`last`). Any other memory once the host has
+  /// waited for `last`, unless `waited` says the caller has already (it is set then).
+  /// False, the memory kept, where waiting fails.
+  bool release_after(cudaStream_t last, bool& waited) noexcept {
     if (data_ == nullptr) return true;
-    if (ordered_ && !allocator_) {
-      if (cudaFreeAsync(data_, after.last) != cudaSuccess) {
-        (void)cudaGetLastError();  // reported by nothing here: a later check must not see it
-        return false;
-      }
+    if (ordered_ && allocator_) {
+      allocator_->deallocate_on(data_, size_ * sizeof(T), last);
     } else if (ordered_) {
-      if (after.last != stream_ && !after.order(stream_) && !after.wait()) return false;
-      allocator_->deallocate_on(data_, size_ * sizeof(T), stream_);
+      if (cudaFreeAsync(data_, last) != cudaSuccess) return cleared();
     } else {
-      if (!after.wait()) return false;
-      free_done(after.last);
+      if (!waited && cudaStreamSynchronize(last) != cudaSuccess) return cleared();
+      waited = true;
+      free_done();
     }
     data_ = nullptr;
     size_ = 0;
@@ -174,25 +128,31 @@ class device_buffer {
   }
 
  private:
-  // Whether `device` allocates from a stream-ordered pool (cudaMallocAsync).
+  // A failure reported by nothing here: false, and the runtime's last error cleared, so
+  // that a later check does not see it.
+  static bool cleared() noexcept {
+    (void)cudaGetLastError();
+    return false;
+  }
+  // Whether `device` allocates from a stream-ordered pool (cudaMallocAsync). (Its
+  // default pool gives unused memory back at each synchronization, so that a step's
+  // allocation may map memory afresh: time, never a wait.)
   static bool has_memory_pools(int device) {
     int supported = 0;
     cuda_check(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device), "cudaDeviceGetAttribute");
     return supported != 0;
   }
-  // Frees memory whose work is done (`done`: a stream that has none queued on it).
-  void free_done(cudaStream_t done) noexcept {
-    if (ordered_ && allocator_) {
-      allocator_->deallocate_on(data_, size_ * sizeof(T), stream_);
-    } else if (allocator_) {
+  // Frees memory on which no work is queued.
+  void free_done() noexcept {
+    if (allocator_) {
       allocator_->deallocate(data_, size_ * sizeof(T));
-    } else if ((ordered_ ? cudaFreeAsync(data_, done) : cudaFree(data_)) != cudaSuccess) {
-      (void)cudaGetLastError();  // nothing to report from here, nor for a later check to see
+    } else if ((ordered_ ? cudaFreeAsync(data_, nullptr) : cudaFree(data_)) != cudaSuccess) {
+      (void)cleared();  // nothing to report from here
     }
   }
   // Where the last user is unknown (a destructor, a buffer replaced), stream-ordered
   // memory waits for its whole device first: its last work may be queued on any stream
-  // (the stream it was allocated for may be gone), so it goes back on the legacy stream.
+  // (the stream it was allocated for may be gone), so none is named to free it.
   void release() noexcept {
     if (data_ != nullptr) {
       if (ordered_) {
@@ -200,10 +160,10 @@ class device_buffer {
         (void)cudaGetDevice(&current);
         (void)cudaSetDevice(device_);
         (void)cudaDeviceSynchronize();
-        free_done(nullptr);
+        free_done();
         (void)cudaSetDevice(current);
       } else {
-        free_done(nullptr);
+        free_done();
       }
     }
     data_ = nullptr;
@@ -212,9 +172,8 @@ class device_buffer {
   T* data_ = nullptr;
   std::size_t size_ = 0;
   std::shared_ptr<backend::device_allocator> allocator_;  // null: cudaMalloc (cudaMallocAsync where ordered_)
-  bool ordered_ = false;                                  // for_stream(), stream-ordered on stream_
-  cudaStream_t stream_ = nullptr;                         // the stream it was then allocated for
-  int device_ = 0;                                        // and the device
+  bool ordered_ = false;                                  // for_stream(), stream-ordered
+  int device_ = 0;                                        // its device
 };
 
 }  // namespace detail
