@@ -16,8 +16,10 @@
 #include <gradcomp/backend/device_allocator.hpp>
 #include <gradcomp/backend/stream_order.cuh>
 #include <gradcomp/error.hpp>
+#include <torch/version.h>
 
 #include <mutex>
+#include <string>
 #include <unordered_map>
 
 namespace gradcomp_py {
@@ -36,10 +38,16 @@ namespace gc = gradcomp;
 class torch_allocator final : public gc::backend::device_allocator {
  public:
   /// Torch pools a block for the stream it was allocated for: stream-ordered for its
-  /// current stream, whose blocks its own tensors share. (A block allocated for another
-  /// stream, gradcomp's own, would stay in that stream's pool, out of torch's reach.)
+  /// current stream, whose blocks its own tensors share (a block allocated for another
+  /// stream, gradcomp's own, would stay in that stream's pool, out of torch's reach), and
+  /// only where torch's allocator honours recordStream (its own or its cudaMallocAsync
+  /// backend; a pluggable one, RMM's, may ignore it).
   [[nodiscard]] bool stream_ordered(void* stream) const noexcept override {
     try {
+#if TORCH_VERSION_MAJOR >= 2
+      const std::string backend = c10::cuda::CUDACachingAllocator::get()->name();
+      if (backend != "native" && backend != "cudaMallocAsync") return false;
+#endif
       return stream == static_cast<void*>(at::cuda::getCurrentCUDAStream().stream());
     } catch (...) {
       return false;  // then allocated as the state is
@@ -47,20 +55,27 @@ class torch_allocator final : public gc::backend::device_allocator {
   }
   /// A block of torch's current stream (`stream`, as stream_ordered() said), its DataPtr
   /// kept for recordStream.
-  void* allocate_on(std::size_t bytes, void*) override {
+  void* allocate_on(std::size_t bytes, void* stream) override {
     c10::DataPtr block = c10::cuda::CUDACachingAllocator::get()->allocate(bytes);
     void* p = block.get();
     const std::lock_guard<std::mutex> guard(lock_);
-    ordered_.emplace(p, std::move(block));
+    ordered_.emplace(p, ordered_block{std::move(block), stream});
     return p;
   }
+  /// Where the block's last work ran on another stream than its own, torch is told
+  /// (recordStream: it reuses the block once that work is done); where telling fails,
+  /// that work is waited for.
   void deallocate_on(void* p, std::size_t, void* last) noexcept override {
-    try {
-      const c10::DataPtr block = take(p);
-      c10::cuda::CUDACachingAllocator::recordStream(
-          block, c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(last), block.device().index()));
-    } catch (...) {  // nothing to report from here: the block goes back as it is
+    ordered_block b = take(p);
+    if (b.stream != last) {
+      try {
+        c10::cuda::CUDACachingAllocator::recordStream(
+            b.block, c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(last), b.block.device().index()));
+      } catch (...) {
+        if (cudaStreamSynchronize(static_cast<cudaStream_t>(last)) != cudaSuccess) (void)cudaGetLastError();
+      }
     }
+    free(b.block);
   }
   void* allocate(std::size_t bytes) override {
     void* p = c10::cuda::CUDACachingAllocator::raw_alloc(bytes);
@@ -72,25 +87,42 @@ class torch_allocator final : public gc::backend::device_allocator {
     return p;
   }
   void deallocate(void* p, std::size_t) noexcept override {
+    ordered_block b = take(p);
+    if (b.block.get() != nullptr) return free(b.block);
     try {
-      if (take(p).get() == nullptr) c10::cuda::CUDACachingAllocator::raw_delete(p);
+      c10::cuda::CUDACachingAllocator::raw_delete(p);
     } catch (...) {  // nothing to report from a destructor
     }
   }
 
  private:
-  // The DataPtr of a block from allocate_on(), no longer recorded (empty if `p` is not one).
-  c10::DataPtr take(void* p) {
+  struct ordered_block {
+    c10::DataPtr block;
+    void* stream = nullptr;  // the one it was allocated for
+  };
+  // The record of a block from allocate_on(), no longer kept (an empty one if `p` is not).
+  ordered_block take(void* p) noexcept {
     const std::lock_guard<std::mutex> guard(lock_);
     const auto at = ordered_.find(p);
     if (at == ordered_.end()) return {};
-    c10::DataPtr block = std::move(at->second);
+    ordered_block b = std::move(at->second);
     ordered_.erase(at);
-    return block;
+    return b;
+  }
+  // Frees `block` here, where what torch throws is caught (a DataPtr's destructor, which
+  // frees too, may not throw).
+  static void free(c10::DataPtr& block) noexcept {
+    const c10::DeleterFnPtr deleter = block.get_deleter();
+    void* context = block.release_context();
+    if (context == nullptr || deleter == nullptr) return;
+    try {
+      deleter(context);
+    } catch (...) {  // nothing to report from here
+    }
   }
 
   std::mutex lock_;
-  std::unordered_map<void*, c10::DataPtr> ordered_;  // allocate_on()'s blocks, freed with their DataPtr
+  std::unordered_map<void*, ordered_block> ordered_;  // allocate_on()'s blocks
 };
 
 /// torch's current stream on CUDA device `device`.

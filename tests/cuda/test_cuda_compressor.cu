@@ -628,8 +628,9 @@ class ordered_allocator : public counting_allocator {
     cudaFreeAsync(p, nullptr);  // nothing queued on it
     given_back_after.push_back(nullptr);
   }
-  std::set<void*> pooled;               // allocate_on()'s, not given back
-  std::vector<void*> given_back_after;  // the stream of each deallocate_on() (null: deallocate())
+  ordered_allocator() { given_back_after.reserve(64); }  // pushed to by functions that may not throw
+  std::set<void*> pooled;                                // allocate_on()'s, not given back
+  std::vector<void*> given_back_after;                   // the stream of each deallocate_on() (null: deallocate())
 };
 }  // namespace
 

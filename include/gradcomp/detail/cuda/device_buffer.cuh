@@ -158,8 +158,8 @@ class device_buffer {
       if (ordered_) {
         int current = 0;
         (void)cudaGetDevice(&current);
-        (void)cudaSetDevice(device_);
-        (void)cudaDeviceSynchronize();
+        const bool synced = cudaSetDevice(device_) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess;
+        if (!synced) (void)cleared();  // a fault of the device's, reported by its next checked call
         free_done();
         (void)cudaSetDevice(current);
       } else {
