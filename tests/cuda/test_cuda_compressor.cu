@@ -538,35 +538,61 @@ class stream_gate {
   int* seen_ = nullptr;  // its device address
 };
 
-// Stages a step of each of `make(be)`'s compressors on a stream the gate holds: the call
-// and the commit must return with the gate still shut, and the message then equal
-// backend::host's. On a stream of its own, and on the legacy default stream (torch's
-// current one, as a rule), which a synchronous call (cudaMemcpy, cudaFree) waits for.
+// Runs four steps of `gpu`, staged on `stage` (held by a gate from the second on) and
+// committed on `commit` (ordered after the stage where it is another stream): each call
+// must return with the gate still shut, and each message equal `host`'s. `after(t)`
+// checks more once step t is done.
+template <class Gpu, class Host, class After>
+void gated_steps(Gpu& gpu, Host& host, std::size_t n, std::uint64_t seed, const gc::backend::cuda& stage,
+                 const gc::backend::cuda& commit, After after) {
+  thrust::device_vector<std::byte> out(gpu.max_message_bytes());
+  std::vector<std::byte> want_bytes(host.max_message_bytes());
+  cudaEvent_t staged = nullptr;
+  REQUIRE(cudaEventCreateWithFlags(&staged, cudaEventDisableTiming) == cudaSuccess);
+  {
+    stream_gate gate;
+    for (std::uint64_t t = 0; t < 4; ++t) {
+      CAPTURE(t);
+      auto g = device::copy_of(inputs::make(inputs::shape::student_t3, n, seed + t));
+      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+      if (t > 0) gate.shut(stage.stream);  // the first step allocates what it keeps (and waits for that)
+      (void)gpu.stage_queued(stage, device::span_of(g), device::span_of(out));
+      if (commit.stream != stage.stream) {
+        REQUIRE(cudaEventRecord(staged, stage.stream) == cudaSuccess);
+        REQUIRE(cudaStreamWaitEvent(commit.stream, staged, 0) == cudaSuccess);
+      }
+      gpu.accept_staged(commit);
+      const cudaError_t held_staging = cudaStreamQuery(stage.stream);
+      const cudaError_t held_committing = cudaStreamQuery(commit.stream);
+      (void)cudaGetLastError();  // not ready is no error, but the runtime keeps it as the last one
+      gate.open();
+      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+      if (t > 0) {
+        CHECK(held_staging == cudaErrorNotReady);
+        CHECK(held_committing == cudaErrorNotReady);
+      }
+      after(t);
+      const auto want = host.compress(inputs::make(inputs::shape::student_t3, n, seed + t), want_bytes);
+      const auto got = device::host_copy(out);
+      CHECK(std::equal(want.bytes().begin(), want.bytes().end(), got.begin()));
+    }
+  }
+  REQUIRE(cudaEventDestroy(staged) == cudaSuccess);
+}
+
+// Stages a step of each of `make(be)`'s compressors on a stream the gate holds and
+// commits it there (gated_steps). On a stream of its own, and on the legacy default
+// stream (torch's current one, as a rule), which a synchronous call (cudaMemcpy,
+// cudaFree) waits for.
 template <class Make>
 void queued_steps_on(std::size_t n, Make make, bool legacy) {
   cudaStream_t stream = nullptr;
   if (!legacy) REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
   const gc::backend::cuda on{.stream = stream};
-  auto gpu = make(on);
-  auto host = make(gc::backend::host{});
-  thrust::device_vector<std::byte> out(gpu.max_message_bytes());
-  std::vector<std::byte> want_bytes(host.max_message_bytes());
-  stream_gate gate;
-  for (std::uint64_t t = 0; t < 4; ++t) {
-    CAPTURE(t);
-    auto g = device::copy_of(inputs::make(inputs::shape::student_t3, n, 80 + t));
-    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-    if (t > 0) gate.shut(stream);  // the first step allocates what it keeps (and waits for that)
-    (void)gpu.stage_queued(on, device::span_of(g), device::span_of(out));
-    gpu.accept_staged(on);
-    const cudaError_t held = cudaStreamQuery(stream);
-    (void)cudaGetLastError();  // not ready is no error, but the runtime keeps it as the last one
-    gate.open();
-    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
-    if (t > 0) CHECK(held == cudaErrorNotReady);
-    const auto want = host.compress(inputs::make(inputs::shape::student_t3, n, 80 + t), want_bytes);
-    const auto got = device::host_copy(out);
-    CHECK(std::equal(want.bytes().begin(), want.bytes().end(), got.begin()));
+  {
+    auto gpu = make(on);
+    auto host = make(gc::backend::host{});
+    gated_steps(gpu, host, n, 80, on, on, [](std::uint64_t) {});
   }
   if (!legacy) REQUIRE(cudaStreamDestroy(stream) == cudaSuccess);
 }
@@ -643,8 +669,6 @@ TEST_CASE("cuda: compressed memory's arrays from a stream-ordered allocator, bac
   cudaStream_t staging = nullptr, committing = nullptr;
   REQUIRE(cudaStreamCreateWithFlags(&staging, cudaStreamNonBlocking) == cudaSuccess);
   REQUIRE(cudaStreamCreateWithFlags(&committing, cudaStreamNonBlocking) == cudaSuccess);
-  cudaEvent_t staged = nullptr;
-  REQUIRE(cudaEventCreateWithFlags(&staged, cudaEventDisableTiming) == cudaSuccess);
   const auto allocator = std::make_shared<ordered_allocator>();
   const gc::backend::cuda on_staging{.stream = staging, .allocator = allocator};
   const gc::backend::cuda on_committing{.stream = committing, .allocator = allocator};
@@ -653,37 +677,13 @@ TEST_CASE("cuda: compressed memory's arrays from a stream-ordered allocator, bac
   {
     auto gpu = gc::presets::dgc(on_staging, n, options, memory);
     auto host = gc::presets::dgc(gc::backend::host{}, n, options, memory);
-    thrust::device_vector<std::byte> out(gpu.max_message_bytes());
-    std::vector<std::byte> want_bytes(host.max_message_bytes());
-    stream_gate gate;
-    for (std::uint64_t t = 0; t < 4; ++t) {
-      CAPTURE(t);
-      auto g = device::copy_of(inputs::make(inputs::shape::student_t3, n, 90 + t));
-      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-      if (t > 0) gate.shut(staging);
-      (void)gpu.stage_queued(on_staging, device::span_of(g), device::span_of(out));
-      REQUIRE(cudaEventRecord(staged, staging) == cudaSuccess);
-      REQUIRE(cudaStreamWaitEvent(committing, staged, 0) == cudaSuccess);
-      gpu.accept_staged(on_committing);
-      const cudaError_t held_staging = cudaStreamQuery(staging);
-      const cudaError_t held_committing = cudaStreamQuery(committing);
-      (void)cudaGetLastError();  // not ready is no error, but the runtime keeps it as the last one
-      gate.open();
-      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-      if (t > 0) {
-        CHECK(held_staging == cudaErrorNotReady);
-        CHECK(held_committing == cudaErrorNotReady);
-      }
+    gated_steps(gpu, host, n, 90, on_staging, on_committing, [&](std::uint64_t t) {
       CHECK(allocator->pooled.empty());  // momentum's two arrays, allocated and given back
       REQUIRE(allocator->given_back_after.size() == 2 * (t + 1));
       CHECK(allocator->given_back_after.back() == static_cast<void*>(committing));
       CHECK(allocator->given_back_after.end()[-2] == static_cast<void*>(committing));
-      const auto want = host.compress(inputs::make(inputs::shape::student_t3, n, 90 + t), want_bytes);
-      const auto got = device::host_copy(out);
-      CHECK(std::equal(want.bytes().begin(), want.bytes().end(), got.begin()));
-    }
+    });
   }
-  REQUIRE(cudaEventDestroy(staged) == cudaSuccess);
   REQUIRE(cudaStreamDestroy(staging) == cudaSuccess);
   REQUIRE(cudaStreamDestroy(committing) == cudaSuccess);
 }
