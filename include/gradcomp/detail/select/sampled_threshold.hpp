@@ -16,7 +16,7 @@
 ///    one pass over acc per refinement);
 /// 4. where C must be cut to k, a radix select of the k-th largest candidate key, a
 ///    second one of the highest index among the ties kept (ties go to the lower index),
-///    and one ordered expansion of the kept candidates into `out`.
+///    and one compaction of the kept candidates into `out`.
 /// Where the sample would be all of acc, the backend's exact_topk engine selects and a
 /// reduction finds its smallest key. The carried threshold is double-buffered in the
 /// backend's memory; accept() flips which copy is committed.
@@ -323,16 +323,27 @@ struct take_last_tie {
   }
 };
 
-/// Expansion body: candidate j goes to `out` if among the top k (keep_top_keys' rule).
+/// Whether candidate j is among the top k (keep_top_keys' rule): the cut compacts the
+/// candidates' positions by it.
 struct kept_candidate {
   const std::uint32_t* list;
   const std::uint32_t* keys;
   const threshold_search* s;
-  GRADCOMP_HOST_DEVICE std::size_t operator()(std::size_t j, std::uint32_t* at) const {
-    if (!among_candidates{}(*s, j)) return 0;
-    const bool kept = keys[j] > s->kth || (keys[j] == s->kth && list[j] <= s->last_tie);
-    if (kept && at != nullptr) *at = list[j];
-    return kept ? 1 : 0;
+  GRADCOMP_HOST_DEVICE bool operator()(std::size_t j) const {
+    return among_candidates{}(*s, j) && (keys[j] > s->kth || (keys[j] == s->kth && list[j] <= s->last_tie));
+  }
+};
+
+/// out[j] = the index of the candidate at position out[j], for the cut's kept positions
+/// (each item reads and writes its own entry).
+struct index_of_position {
+  const std::uint32_t* list;
+  std::uint32_t* out;
+  const threshold_search* s;
+  const std::uint32_t* kept;  // how many the cut kept
+  GRADCOMP_HOST_DEVICE std::size_t live_items() const { return s->cutting ? *kept : 0; }
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
+    if (s->cutting && j < *kept) out[j] = list[out[j]];
   }
 };
 
@@ -461,8 +472,12 @@ class sampled_threshold_selection {
       be.for_each(1, take_kth{s});
       radix_select(be, listed, lower_index_first{candidates_.data()}, among_ties{keys_.data()}, index_digits, 0);
       be.for_each(1, take_last_tie{s});
-      be.expand(listed, kept_candidate{candidates_.data(), keys_.data(), s}, out.data(), workspace_bytes(workspace_),
-                found_.data() + cut_slot);
+      // The kept candidates' positions, ascending (so their indices are too), then their
+      // indices: one compaction, where an ordered expansion over the capacity would
+      // count, scan and write it (n items on a device) to emit the same.
+      be.compact(listed, kept_candidate{candidates_.data(), keys_.data(), s}, out.data(), workspace_bytes(workspace_),
+                 found_.data() + cut_slot);
+      be.for_each(listed, index_of_position{candidates_.data(), out.data(), s, found(cut_slot)});
       be.for_each(1, take_cut_count{s, found(cut_slot)});
     }
     be.for_each(listed, copy_candidates{candidates_.data(), out.data(), s});
@@ -499,7 +514,8 @@ class sampled_threshold_selection {
     using namespace sampled;
     return std::max({be.template compact_workspace<at_search_key<while_searching>>(n),
                      be.template compact_workspace<at_search_key<refining_phase>>(n),
-                     be.template compact_workspace<magnitude_at_least>(n), be.expand_workspace(n)});
+                     be.template compact_workspace<magnitude_at_least>(n),
+                     be.template compact_workspace<kept_candidate>(n)});
   }
 
   const std::uint32_t* found(slot at) const { return found_.data() + at; }
