@@ -58,7 +58,7 @@ def check_reduce_scatter_against_reference(rank, world):
         mine = sums[rank * shard_n:(rank + 1) * shard_n]
         np.testing.assert_array_equal(out.numpy(), np.float32(factor) * mine)
         np.testing.assert_array_equal(rs.compressor.corrector_state(0).numpy(), e[rank])
-    # Three collectives a call (the agreement with the counts, the entries, the verdicts),
+    # Three collectives a call (the frames' all-gather, the blocks' all-to-all, the records' all-gather),
     # and one more agreement where a rank grows its room for what it receives.
     assert rs.bytes_sent > 0 and 4 * 3 <= rs.collectives <= 4 * 4
     stats = rs.stats()

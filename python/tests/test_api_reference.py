@@ -14,9 +14,11 @@ import gradcomp.plan
 import gradcomp.torch
 import gradcomp.torch.ddp
 import gradcomp.torch.fsdp
+import gradcomp.torch.lsgd
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
-MODULES = [gradcomp, gradcomp.errors, gradcomp.plan, gradcomp.torch, gradcomp.torch.ddp, gradcomp.torch.fsdp]
+MODULES = [gradcomp, gradcomp.errors, gradcomp.plan, gradcomp.torch, gradcomp.torch.ddp, gradcomp.torch.fsdp,
+           gradcomp.torch.lsgd]
 
 
 def public_entities():

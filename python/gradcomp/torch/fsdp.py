@@ -17,8 +17,8 @@ FSDP hands the reduce-scatter each parameter group's unsharded gradient laid out
 equal chunks, chunk j destined for rank j. :class:`ReduceScatter` compresses the whole
 of it on every rank with its compressor (its selector and corrector: error feedback
 keeps what is not sent), sends each chunk's entries to the chunk's owner
-(the counts travel with the ranks' agreement, then the entries in one
-``all_to_all_single``), and the owner writes the sum of what
+(in blocks of a room the ranks agreed, each headed by its sender's count, in one
+all-to-all), and the owner writes the sum of what
 it received, times the factor FSDP's reduce op names (``AVG``: 1/W; ``SUM``: 1;
 ``PREMUL_SUM(f)``, which ``set_gradient_divide_factor`` makes: f), into the shard FSDP
 expects; entries nobody sent are 0. This is the C++
