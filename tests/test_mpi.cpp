@@ -586,26 +586,39 @@ auto topk_ef_of(int rank, std::size_t n, double density, bool f16) {
                         gc::encode::index_value{.value = f16 ? gc::value_coding::f16 : gc::value_coding::f32}};
 }
 
-// Gradient `t` of rank r: heavy-tailed, or (`tied`) a few levels, so that many sums
-// tie at the k-th magnitude across regions.
-std::vector<float> sparse_gradient(int rank, std::size_t n, int t, bool tied) {
+// What a gradient of the global top-k's tests looks like.
+enum class spread {
+  heavy,   // heavy-tailed everywhere
+  tied,    // a few levels, so that many sums tie at the k-th magnitude across regions
+  moving,  // heavy-tailed, with a window 64 times larger that moves from step to step, so
+           // that the regions cut at the last step's selection get far more entries than
+           // their blocks had room for, or far fewer
+};
+
+// Gradient `t` of rank r, spread as `how`.
+std::vector<float> sparse_gradient(int rank, std::size_t n, int t, spread how = spread::heavy) {
   auto g = gradient_of(rank, n, t);
-  if (tied) {
+  if (how == spread::tied) {
     for (auto& v : g) v = std::round(v);
+  } else if (how == spread::moving && t % 2 == 1) {
+    const std::size_t width = n / 13;
+    const std::size_t start = static_cast<std::size_t>(t) * (3 * n / 7) % n;
+    for (std::size_t j = 0; j < width; ++j) g[(start + j) % n] *= 64.0f;
   }
   return g;
 }
 
 // W ranks over MPI against the simulation: the selection, `dense` and this rank's
-// residual equal it bit for bit at every step, on every rank alike.
+// residual equal it bit for bit at every step, on every rank alike. Returns how many
+// steps after the first ran their exchange again (blocks or parts outgrown).
 template <class Backend = gc::backend::host, class Comm = gc::comm::mpi>
-void sparse_allreduce_matches_simulation(std::size_t n, double density, std::size_t k, bool f16, bool tied, int steps) {
+int sparse_allreduce_matches_simulation(std::size_t n, double density, std::size_t k, bool f16, spread how, int steps) {
   Comm comm;
   const int ranks = comm.size();
   CAPTURE(n);
   CAPTURE(k);
   CAPTURE(f16);
-  CAPTURE(tied);
+  CAPTURE(static_cast<int>(how));
   auto mine = topk_ef_of<Backend>(comm.rank(), n, density, f16);
   // One k for all ranks (each rank's own density names another).
   gc::comm::sparse_allreduce exchange(comm, mine, k != 0 ? k : reference::k_for(density, n));
@@ -615,9 +628,11 @@ void sparse_allreduce_matches_simulation(std::size_t n, double density, std::siz
   std::vector<float> dense(n, 0.0f), expected(n, 0.0f);
   const float scale = 1.0f / static_cast<float>(ranks);
   bool uneven = false;
+  int again = 0;
+  std::uint64_t fewest = ~std::uint64_t{0};  // the collectives of a step that ran once
   for (int t = 0; t < steps; ++t) {
     std::vector<std::vector<float>> g;
-    for (int r = 0; r < ranks; ++r) g.push_back(sparse_gradient(r, n, t, tied));
+    for (int r = 0; r < ranks; ++r) g.push_back(sparse_gradient(r, n, t, how));
     const auto got = exchange.step(view_as<Backend, const float>(g[static_cast<std::size_t>(comm.rank())]),
                                    view_as<Backend, float>(dense), scale);
     const auto want = sim.step(g, expected, scale);
@@ -626,6 +641,9 @@ void sparse_allreduce_matches_simulation(std::size_t n, double density, std::siz
     const auto residual = mine.corrector_state(0);
     CHECK(std::vector<float>(residual.begin(), residual.end()) == sim.e[static_cast<std::size_t>(comm.rank())]);
     CHECK(mine.step() == static_cast<std::uint64_t>(t + 1));
+    const std::uint64_t collectives = exchange.last_traffic().collectives;
+    if (t > 0) again += collectives > fewest ? 1 : 0;
+    fewest = std::min(fewest, collectives);
     // Regions after the first step are cut at the selection's quantiles, not equal.
     const auto b = exchange.regions();
     for (int j = 1; j < ranks; ++j) {
@@ -635,6 +653,7 @@ void sparse_allreduce_matches_simulation(std::size_t n, double density, std::siz
   }
   CHECK(uneven == (ranks > 1));
   CHECK(same_on_all_ranks(comm, dense));
+  return again;
 }
 
 // Transport `Base` whose all_to_all_v (of host memory or of its compressors') hands rank
@@ -660,15 +679,21 @@ std::string checkpoint(const auto& c) {
 }  // namespace
 
 TEST_CASE("sparse_allreduce equals its simulation of W ranks: selection, sums and every residual, bit for bit") {
-  sparse_allreduce_matches_simulation(30011, 0.01, 0, false, false, 6);
-  sparse_allreduce_matches_simulation(30011, 0.01, 0, true, false, 4);     // lossy values: e loses what was sent
-  sparse_allreduce_matches_simulation(20000, 0.02, 0, false, true, 4);     // ties at the k-th sum across regions
-  sparse_allreduce_matches_simulation(5003, 0.002, 400, false, false, 3);  // k above the union: all of it
-  sparse_allreduce_matches_simulation(4099, 0.01, 1, false, false, 3);     // k = 1
+  sparse_allreduce_matches_simulation(30011, 0.01, 0, false, spread::heavy, 6);
+  sparse_allreduce_matches_simulation(30011, 0.01, 0, true, spread::heavy, 4);  // lossy values: e loses what was sent
+  sparse_allreduce_matches_simulation(20000, 0.02, 0, false, spread::tied, 4);  // ties at the k-th sum across regions
+  sparse_allreduce_matches_simulation(5003, 0.002, 400, false, spread::heavy, 3);  // k above the union: all of it
+  sparse_allreduce_matches_simulation(4099, 0.01, 1, false, spread::heavy, 3);     // k = 1
+  // Mass moving between regions: blocks outgrown (the step runs again with more room)
+  // and rooms far above what the ranks need (shrunk), step after step.
+  const int again = sparse_allreduce_matches_simulation(30011, 0.01, 0, false, spread::moving, 24);
+  gc::comm::mpi comm;
+  if (comm.size() > 1) CHECK(again > 0);
 }
 
 TEST_CASE("sparse_allreduce on a memory the host may not read (the path backend::cuda takes) equals its simulation") {
-  sparse_allreduce_matches_simulation<opaque_host, mpi_of_opaque_memory>(30011, 0.01, 0, true, false, 4);
+  sparse_allreduce_matches_simulation<opaque_host, mpi_of_opaque_memory>(30011, 0.01, 0, true, spread::heavy, 4);
+  sparse_allreduce_matches_simulation<opaque_host, mpi_of_opaque_memory>(30011, 0.01, 0, false, spread::moving, 24);
 }
 
 TEST_CASE("sparse_allreduce receives about 2k entries per rank whatever W, and follows a density change") {
@@ -820,7 +845,7 @@ void reduce_scatter_matches_reference() {
     std::vector<bool> any(n, false);
     for (int r = 0; r < ranks; ++r) {
       auto& er = e[static_cast<std::size_t>(r)];
-      const auto g = sparse_gradient(r, n, t, false);
+      const auto g = sparse_gradient(r, n, t);
       for (std::size_t i = 0; i < n; ++i) er[i] = er[i] + g[i];
       for (const std::uint32_t i : reference::top_k(er, make(r, n).selector().max_selected(n))) {
         sum[i] = any[i] ? sum[i] + er[i] : er[i];
@@ -828,7 +853,7 @@ void reduce_scatter_matches_reference() {
         er[i] -= er[i];  // everything sent is committed: no global selection
       }
     }
-    auto g = sparse_gradient(comm.rank(), n, t, false);
+    auto g = sparse_gradient(comm.rank(), n, t);
     exchange.reduce_scatter(view_as<Backend, const float>(g), view_as<Backend, float>(shard), 0.5f);
     std::vector<float> expected(shard_n, 0.0f);
     for (std::size_t i = 0; i < shard_n; ++i) expected[i] = any[begin + i] ? 0.5f * sum[begin + i] : 0.0f;
@@ -838,7 +863,7 @@ void reduce_scatter_matches_reference() {
   }
   const auto before = checkpoint(mine);
   const auto shard_before = shard;
-  auto g = sparse_gradient(comm.rank(), n, 9, false);
+  auto g = sparse_gradient(comm.rank(), n, 9);
   every_rank_throws(
       comm,
       [&] {
@@ -857,7 +882,7 @@ void reduce_scatter_matches_reference() {
           std::to_string(ranks) + ")");
   CHECK(checkpoint(mine) == before);
   CHECK(shard == shard_before);
-  g = sparse_gradient(comm.rank(), n, 9, false);
+  g = sparse_gradient(comm.rank(), n, 9);
   if (ranks > 1) {
     // Every rank sends 3e38 at index 5 (the owner's sum overflows): every rank refuses,
     // nothing changed.
@@ -870,7 +895,7 @@ void reduce_scatter_matches_reference() {
     // Rank 1 receives a corrupt entry: every rank refuses, nothing changed.
     corrupting<Comm> bad_comm;
     gc::comm::sparse_allreduce bad_exchange(bad_comm, mine);
-    g = sparse_gradient(comm.rank(), n, 9, false);
+    g = sparse_gradient(comm.rank(), n, 9);
     every_rank_throws(
         comm,
         [&] { bad_exchange.reduce_scatter(view_as<Backend, const float>(g), view_as<Backend, float>(shard), 1.0f); },
@@ -881,7 +906,7 @@ void reduce_scatter_matches_reference() {
     auto odd = make(comm.rank(), n + 1);
     gc::comm::sparse_allreduce odd_exchange(comm, odd);
     std::vector<float> odd_shard((n + 1) / w);
-    auto odd_g = sparse_gradient(comm.rank(), n + 1, 0, false);
+    auto odd_g = sparse_gradient(comm.rank(), n + 1, 0);
     every_rank_throws(
         comm,
         [&] {
@@ -894,7 +919,7 @@ void reduce_scatter_matches_reference() {
     // time it holds the sizes it took part at): every rank raises, nothing changed, no
     // rank left waiting; then the agreed exchanges go on.
     gc::comm::sparse_allreduce<decltype(mine), Comm> fresh(comm, mine);
-    g = sparse_gradient(comm.rank(), n, 9, false);
+    g = sparse_gradient(comm.rank(), n, 9);
     for (int again = 0; again < 2; ++again) {
       every_rank_throws(
           comm,
@@ -1050,7 +1075,7 @@ void queued_reduce_scatter_matches_reference() {
     std::size_t largest = 0;
     for (int r = 0; r < ranks; ++r) {
       auto& er = e[static_cast<std::size_t>(r)];
-      const auto g = sparse_gradient(r, n, t, false);
+      const auto g = sparse_gradient(r, n, t);
       for (std::size_t i = 0; i < n; ++i) er[i] = er[i] + g[i];
       auto chosen = reference::top_k(er, k);
       std::sort(chosen.begin(), chosen.end());
@@ -1078,7 +1103,7 @@ void queued_reduce_scatter_matches_reference() {
   for (int t = 0; t < 5; ++t) {
     mine.set_density(t < 2 ? 0.01 : 0.03);
     const std::size_t k = mine.selector().max_selected(n);
-    auto g = sparse_gradient(comm.rank(), n, t, false);
+    auto g = sparse_gradient(comm.rank(), n, t);
     const auto [expected, largest] = reference_step(t, k, t == 0 ? std::nullopt : std::optional{room});
     CAPTURE(t);
     if (t == 0) {
@@ -1102,7 +1127,7 @@ void queued_reduce_scatter_matches_reference() {
   // A NaN, an overflow: zeros in every shard (not the infinity).
   const auto before = checkpoint(mine);
   refused_alike_at_settle(
-      comm, mine, sparse_gradient(comm.rank(), n, 9, false),
+      comm, mine, sparse_gradient(comm.rank(), n, 9),
       [&](std::vector<float>& g) {
         shard.assign(shard_n, 7.0f);
         exchange.queue_reduce_scatter(view_as<Backend, const float>(g), view_as<Backend, float>(shard), 1.0f);
@@ -1110,7 +1135,7 @@ void queued_reduce_scatter_matches_reference() {
       [&] { return shard == std::vector<float>(shard_n, 0.0f); }, settle);
   // This rank's own bad argument: the shard is left as it is, the error on every rank.
   std::vector<float> short_shard(shard_n - 1, 7.0f);
-  auto g = sparse_gradient(comm.rank(), n, 5, false);
+  auto g = sparse_gradient(comm.rank(), n, 5);
   exchange.queue_reduce_scatter(view_as<Backend, const float>(g),
                                 view_as<Backend, float>(comm.rank() == 0 ? short_shard : shard), 1.0f);
   if (comm.rank() == 0) CHECK(short_shard == std::vector<float>(shard_n - 1, 7.0f));
@@ -1585,7 +1610,7 @@ TEST_CASE("sparse_allreduce: exchanges queued together and settled after their o
     CAPTURE(t);
     std::vector<std::vector<float>> grads;
     for (std::size_t b = 0; b < 2; ++b)
-      grads.push_back(sparse_gradient(comm.rank() + static_cast<int>(b), sizes[b], t, false));
+      grads.push_back(sparse_gradient(comm.rank() + static_cast<int>(b), sizes[b], t));
     for (std::size_t b = 0; b < 2; ++b) {
       // exact_topk reads as it does alone on this backend (backend::cuda runs its own
       // engine): measured apart, on a compressor of its own.
@@ -1622,8 +1647,8 @@ TEST_CASE("sparse_allreduce: exchanges queued together and settled after their o
       CHECK(checkpoint(on_device[b]) == checkpoint(on_host[b]));
     }
   }
-  queued_with_other_settings(comm, *queued[0], on_device[0], device_dense[0],
-                             sparse_gradient(comm.rank(), sizes[0], 9, false), scale, hook);
+  queued_with_other_settings(comm, *queued[0], on_device[0], device_dense[0], sparse_gradient(comm.rank(), sizes[0], 9),
+                             scale, hook);
 }
 
 // ScaleCom with leaders whose count is not fixed: a threshold (|acc_i| >= tau on the
