@@ -1,11 +1,12 @@
 // GPU benchmarks of backend::cuda, timed with CUDA events (manual time): the compressor's
 // step with exact_topk, threshold and sampled_threshold selection, chunk_local behind error
 // feedback, top-k with error feedback, the full DGC step (clip + momentum + exact_topk +
-// encode); the selection alone by the exact_topk and chunk_local fast paths and by their
-// generic algorithms; and in the same run the bound (a device-to-device streaming read of
-// the gradient) and a baseline (top-k by a CUB radix sort of all |g| with their indices).
-// N = 6.5 M (a 25 MB DDP bucket), 10^7, 10^8 and 10^9 float32, density 0.001 and 0.01.
-// Without a GPU the program exits 77 (skipped).
+// encode), the last two also queued as the DDP hook queues a bucket's step; the selection
+// alone by the exact_topk and chunk_local fast paths and by their generic algorithms; and
+// in the same run the bound (a device-to-device streaming read of the gradient) and a
+// baseline (top-k by a CUB radix sort of all |g| with their indices). N = 6.5 M (a 25 MB
+// DDP bucket), 10^7, 10^8 and 10^9 float32, density 0.001 and 0.01. Without a GPU the
+// program exits 77 (skipped).
 #include <benchmark/benchmark.h>
 #include <gradcomp/backend/cuda.cuh>
 #include <gradcomp/gradcomp.hpp>
@@ -67,21 +68,23 @@ __global__ void streaming_read(const float4* x, std::uint64_t n4, float* sink) {
   if (sum == 1.2345f) *sink = sum;  // practically never: keeps the loads
 }
 
-// Times `body` (queued on the default stream) with CUDA events, per iteration.
+// Times `body` (queued on the default stream) with CUDA events: `batch` calls between two
+// events, each iteration's time their mean (batch 1: one call alone, the device idle
+// while the host launches what a call that reads back launches after its read).
 template <class Body>
-void timed(benchmark::State& state, std::size_t n, Body&& body) {
+void timed(benchmark::State& state, std::size_t n, Body&& body, int batch = 1) {
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
   body();  // warm-up
   for (auto _ : state) {
     cudaEventRecord(start);
-    body();
+    for (int b = 0; b < batch; ++b) body();
     cudaEventRecord(stop);
     cudaEventSynchronize(stop);
     float ms = 0.0f;
     cudaEventElapsedTime(&ms, start, stop);
-    state.SetIterationTime(ms / 1e3);
+    state.SetIterationTime(ms / 1e3 / batch);
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(n * sizeof(float)));
   cudaEventDestroy(start);
@@ -102,8 +105,16 @@ void read(benchmark::State& state) {
   });
 }
 
+// How a benchmark runs the compressor's step.
+enum class step_mode {
+  compressed,  // compress(): the step, then its status read back (one call alone)
+  queued,      // stage_queued() and the commit queued after it, nothing read back, as the
+               // DDP hook queues a bucket's step: eight in a row, launches overlapping
+               // the work queued before them
+};
+
 template <class Selector, class Corrector>
-void compress(benchmark::State& state, Selector selector, Corrector corrector) {
+void compress(benchmark::State& state, Selector selector, Corrector corrector, step_mode mode = step_mode::compressed) {
   const std::size_t n = size_arg(state);
   const auto& g = gradient(n);
   gc::compressor c{gc::backend::cuda{}, n, selector, corrector,
@@ -111,7 +122,21 @@ void compress(benchmark::State& state, Selector selector, Corrector corrector) {
   thrust::device_vector<std::byte> out(c.max_message_bytes());
   gc::device_span<std::byte> out_span(thrust::raw_pointer_cast(out.data()), out.size());
   std::size_t count = 0;
-  timed(state, n, [&] { count = c.compress(span_of(g), out_span).count(); });
+  if (mode == step_mode::compressed) {
+    timed(state, n, [&] { count = c.compress(span_of(g), out_span).count(); });
+  } else {
+    const gc::backend::cuda on = c.backend();
+    timed(
+        state, n,
+        [&] {
+          (void)c.stage_queued(on, span_of(g), out_span);
+          c.accept_staged(on);
+        },
+        8);
+    (void)c.stage_queued(on, span_of(g), out_span);
+    count = c.staged_message(on, span_of(g), out_span).count();
+    c.accept_staged(on);
+  }
   state.counters["selected"] = static_cast<double>(count);
 }
 
@@ -139,14 +164,18 @@ void sampled_threshold(benchmark::State& state) {
 void chunk_local(benchmark::State& state) { compress(state, gc::select::chunk_local{}, gc::correct::error_feedback{}); }
 
 // Top-k with error feedback: the step of the DDP hook's default method.
-void topk_ef_step(benchmark::State& state) {
-  compress(state, gc::select::exact_topk{.density = density_arg(state)}, gc::correct::error_feedback{});
+void topk_ef(benchmark::State& state, step_mode mode) {
+  compress(state, gc::select::exact_topk{.density = density_arg(state)}, gc::correct::error_feedback{}, mode);
 }
+void topk_ef_step(benchmark::State& state) { topk_ef(state, step_mode::compressed); }
+void topk_ef_step_queued(benchmark::State& state) { topk_ef(state, step_mode::queued); }
 
-void dgc_step(benchmark::State& state) {
+void dgc(benchmark::State& state, step_mode mode) {
   compress(state, gc::select::exact_topk{.density = density_arg(state)},
-           gc::correct::chain{gc::correct::clip_norm{.max_norm = 1.0f}, gc::correct::momentum{.beta = 0.9f}});
+           gc::correct::chain{gc::correct::clip_norm{.max_norm = 1.0f}, gc::correct::momentum{.beta = 0.9f}}, mode);
 }
+void dgc_step(benchmark::State& state) { dgc(state, step_mode::compressed); }
+void dgc_step_queued(benchmark::State& state) { dgc(state, step_mode::queued); }
 
 // The selection alone, by backend::cuda's fast path (detail::fast_engine<S, cuda>: the fused
 // radix select, reduce-by-key) and by the generic algorithm over the backend primitives
@@ -227,6 +256,8 @@ BENCHMARK(sampled_threshold)->Apply(sizes);
 BENCHMARK(chunk_local)->Apply(sizes);
 BENCHMARK(topk_ef_step)->Apply(sizes);
 BENCHMARK(dgc_step)->Apply(sizes);
+BENCHMARK(topk_ef_step_queued)->Apply(sizes);
+BENCHMARK(dgc_step_queued)->Apply(sizes);
 BENCHMARK(cub_sort_topk)->Apply(sizes);
 BENCHMARK(exact_topk_fast)->Apply(sizes);
 BENCHMARK(exact_topk_generic)->Apply(sizes);
