@@ -3,13 +3,15 @@
 /// sort of the input. Not API.
 ///
 /// The key is cut into three digits (bits 31..21, 20..10, 9..0). Level 0 counts the top
-/// digit of every candidate in a histogram; one block finds the bin holding the r-th
-/// largest key. Each further level reads only the candidates: those whose digits so far
-/// are above the r-th key's are certainly in the top r and go to `sure`; those equal to
-/// them go to the next candidate list, and their next digit to the next histogram.
-/// After three levels the r-th key K is exact, with `rank` = how many entries equal to
-/// K belong to the top r. The input is read twice (level 0 and the first split); the
-/// lists after that hold only entries that share the r-th key's top digit.
+/// digit of every candidate in a histogram, and the last block of the pass to finish
+/// finds the bin holding the r-th largest key (so no launch of its own picks a digit).
+/// Each further level reads only the candidates: those whose digits so far are above
+/// the r-th key's are certainly in the top r and go to `sure`; those equal to them go to
+/// the next candidate list, and their next digit to the next histogram, whose bin the
+/// pass's last block finds likewise. After three levels the r-th key K is exact, with
+/// `rank` = how many entries equal to K belong to the top r. The input is read twice
+/// (level 0 and the first split); the lists after that hold only entries that share the
+/// r-th key's top digit.
 ///
 /// Everything is stream-ordered: counts, ranks and list sizes stay in device memory,
 /// so no step waits for the host.
@@ -31,7 +33,6 @@ GRADCOMP_NAMESPACE_BEGIN
 namespace detail::cuda_radix {
 
 inline constexpr int block_threads = cuda_launch::block_threads;
-inline constexpr int find_threads = 1024;
 inline constexpr int top_bins = 2048;  // the widest digit: 11 bits
 
 /// Where a radix select stands; lives in device memory.
@@ -40,6 +41,7 @@ struct select_state {
   std::uint32_t rank;        ///< its rank among the current candidates (1 = largest)
   std::uint32_t non_finite;  ///< set when a magnitude key of a NaN or infinity was counted
   std::uint32_t counts[4];   ///< sizes of the candidate lists, one counter per list written
+  std::uint32_t finished;    ///< blocks of the running pass that are done (its last resets it)
 };
 
 /// Addresses of a device-resident state's fields, computed on the host without
@@ -104,49 +106,43 @@ __device__ void for_each_item(const Source& source, Body&& body) {
   }
 }
 
-/// Level 0: histogram of the top digit (bits 31..21) of every item's key.
-template <class Source, class Key>
-__global__ void count_top_digit(Source source, Key key, std::uint32_t* histogram) {
-  __shared__ std::uint32_t local[top_bins];
-  for (int b = threadIdx.x; b < top_bins; b += blockDim.x) local[b] = 0;
-  __syncthreads();
-  for_each_item(source, [&](std::uint32_t i) { atomicAdd(&local[key(i) >> 21], 1u); });
-  __syncthreads();
-  for (int b = threadIdx.x; b < top_bins; b += blockDim.x) {
-    if (local[b] != 0) atomicAdd(&histogram[b], local[b]);
-  }
-}
+/// The digit a pass's histogram is counted for: its width, and the bin from which keys
+/// are NaN or infinity (~0u: none can be).
+struct next_digit {
+  int bits;
+  std::uint32_t non_finite_bin;
+};
 
-/// One block: finds the bin of the histogram (2^Bits bins, highest first) that holds
-/// the rank-th largest key, appends its digit to the prefix, makes the rank relative
-/// to that bin, and zeroes the histogram for the next level. Bins at or above
-/// `non_finite_bin` hold NaN and infinity keys: any count there is flagged.
-template <int Bits>
-__global__ void __launch_bounds__(find_threads)
-    find_digit(std::uint32_t* histogram, select_state* state, std::uint32_t non_finite_bin) {
-  constexpr int bins = 1 << Bits;
-  constexpr int per_thread = bins / find_threads;
-  static_assert(per_thread >= 1 && bins % find_threads == 0);
-  using scan = cub::BlockScan<std::uint32_t, find_threads>;
+/// One block (block_threads threads): finds the bin of the histogram (2^bits bins,
+/// highest first) that holds the rank-th largest key, appends its digit to the prefix,
+/// makes the rank relative to that bin, and zeroes the histogram for the next level.
+/// Any count in a bin at or above the digit's non_finite_bin is flagged.
+__device__ inline void pick_digit(std::uint32_t* histogram, select_state* state, next_digit digit) {
+  constexpr int per_thread = top_bins / block_threads;
+  using scan = cub::BlockScan<std::uint32_t, block_threads>;
   __shared__ typename scan::TempStorage scratch;
 
+  const int bins = 1 << digit.bits;
+  const int mine = bins / block_threads;  // this digit's bins per thread (<= per_thread)
+  // Written by other blocks' atomics: read where they landed, past this SM's cache.
+  const volatile std::uint32_t* counted = histogram;
   const std::uint32_t rank = state->rank;
   std::uint32_t count[per_thread];
   std::uint32_t sum = 0;
   bool non_finite = false;
-  for (int q = 0; q < per_thread; ++q) {
-    const int bin = bins - 1 - (static_cast<int>(threadIdx.x) * per_thread + q);  // thread 0: the top bins
-    count[q] = histogram[bin];
+  for (int q = 0; q < mine; ++q) {
+    const int bin = bins - 1 - (static_cast<int>(threadIdx.x) * mine + q);  // thread 0: the top bins
+    count[q] = counted[bin];
     sum += count[q];
-    non_finite |= static_cast<std::uint32_t>(bin) >= non_finite_bin && count[q] != 0;
+    non_finite |= static_cast<std::uint32_t>(bin) >= digit.non_finite_bin && count[q] != 0;
   }
   std::uint32_t above = 0;  // entries in higher bins than this thread's
   scan(scratch).ExclusiveSum(sum, above);
   __syncthreads();  // every thread has read the rank before it changes
-  for (int q = 0; q < per_thread; ++q) {
-    const int bin = bins - 1 - (static_cast<int>(threadIdx.x) * per_thread + q);
+  for (int q = 0; q < mine; ++q) {
+    const int bin = bins - 1 - (static_cast<int>(threadIdx.x) * mine + q);
     if (above < rank && rank <= above + count[q]) {
-      state->prefix = (state->prefix << Bits) | static_cast<std::uint32_t>(bin);
+      state->prefix = (state->prefix << digit.bits) | static_cast<std::uint32_t>(bin);
       state->rank = rank - above;
     }
     above += count[q];
@@ -155,11 +151,42 @@ __global__ void __launch_bounds__(find_threads)
   if (non_finite) state->non_finite = 1;
 }
 
+/// The end of a pass that counted a digit into `histogram`: this block's counts added,
+/// and the last block of the grid to get here picks the digit (the threadFenceReduction
+/// pattern: every block's adds are visible before its ticket is taken).
+__device__ inline void count_then_pick(const std::uint32_t* local, std::uint32_t* histogram, select_state* state,
+                                       next_digit digit) {
+  __shared__ bool last;
+  for (int b = threadIdx.x; b < top_bins; b += blockDim.x) {
+    if (local[b] != 0) atomicAdd(&histogram[b], local[b]);
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&state->finished, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  pick_digit(histogram, state, digit);
+  if (threadIdx.x == 0) state->finished = 0;
+}
+
+/// Level 0: histogram of the top digit (bits 31..21) of every item's key, and its bin.
+template <class Source, class Key>
+__global__ void __launch_bounds__(block_threads)
+    count_top_digit(Source source, Key key, std::uint32_t* histogram, select_state* state, next_digit digit) {
+  __shared__ std::uint32_t local[top_bins];
+  for (int b = threadIdx.x; b < top_bins; b += blockDim.x) local[b] = 0;
+  __syncthreads();
+  for_each_item(source, [&](std::uint32_t i) { atomicAdd(&local[key(i) >> 21], 1u); });
+  __syncthreads();
+  count_then_pick(local, histogram, state, digit);
+}
+
 /// Levels 1 and 2, and the last split: an item whose key, shifted right by `shift`,
 /// is above the prefix is in the top r (appended to `sure`); one equal to it goes to
 /// `next`, and the digit of its key at `next_shift` (masked by `next_mask`) to the
-/// histogram. With `equal_is_sure` equal items go to `sure` too (the last split of a
-/// select whose keys are unique).
+/// histogram, whose bin the pass's last block picks. With `equal_is_sure` equal items go
+/// to `sure` too (the last split of a select whose keys are unique).
 struct split_target {
   std::uint32_t* next;
   std::uint32_t* next_count;
@@ -174,7 +201,8 @@ struct split_target {
 };
 
 template <class Source, class Key>
-__global__ void split(Source source, Key key, const select_state* state, int shift, split_target to) {
+__global__ void __launch_bounds__(block_threads)
+    split(Source source, Key key, select_state* state, int shift, split_target to) {
   __shared__ std::uint32_t local[top_bins];
   if (to.histogram != nullptr) {
     for (int b = threadIdx.x; b < top_bins; b += blockDim.x) local[b] = 0;
@@ -192,11 +220,7 @@ __global__ void split(Source source, Key key, const select_state* state, int shi
     }
   });
   __syncthreads();
-  if (to.histogram != nullptr) {
-    for (int b = threadIdx.x; b < top_bins; b += blockDim.x) {
-      if (local[b] != 0) atomicAdd(&to.histogram[b], local[b]);
-    }
-  }
+  if (to.histogram != nullptr) count_then_pick(local, to.histogram, state, {__popc(to.next_mask), ~0u});
 }
 
 /// Starts a select of the top `rank` (from host) or of as many as another select's
@@ -208,6 +232,7 @@ __global__ void begin_select(select_state* state, std::uint32_t rank, const sele
   state->rank = from != nullptr ? from->rank : rank;
   state->non_finite = 0;
   for (auto& c : state->counts) c = 0;
+  state->finished = 0;
 }
 
 /// Ends a select of the top `k`: its count and its non-finite flag into the step's

@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -51,9 +52,10 @@ class fast_engine<select::exact_topk, backend::cuda> {
     const std::size_t k = policy.k(n_);
     if (k <= chosen_.size()) return;
     std::size_t bytes = 0;
-    cuda_check(cub::DeviceRadixSort::SortKeys(nullptr, bytes, static_cast<const std::uint32_t*>(nullptr),
-                                              static_cast<std::uint32_t*>(nullptr), static_cast<int>(k)),
-               "cub::DeviceRadixSort::SortKeys (scratch size)");
+    cuda_check(
+        cub::DeviceRadixSort::SortKeys(nullptr, bytes, static_cast<const std::uint32_t*>(nullptr),
+                                       static_cast<std::uint32_t*>(nullptr), static_cast<int>(k), 0, index_bits()),
+        "cub::DeviceRadixSort::SortKeys (scratch size)");
     auto chosen = allocate_from_.template allocate<std::uint32_t>(k);
     auto sort_scratch = allocate_from_.template allocate<std::byte>(std::max<std::size_t>(bytes, 1));
     chosen_ = std::move(chosen);
@@ -84,10 +86,11 @@ class fast_engine<select::exact_topk, backend::cuda> {
     finish_select<<<1, 1, 0, stream>>>(magnitude, k, status);
     cuda_check(cudaGetLastError(), "exact_topk kernels (launch)");
 
-    // The k chosen indices, in the order they were appended: sort them ascending.
+    // The k chosen indices, in the order they were appended: sort them ascending, by the
+    // bits an index below n can have set (a pass of CUB's fewer where n < 2^24).
     std::size_t bytes = sort_scratch_.size();
     cuda_check(cub::DeviceRadixSort::SortKeys(sort_scratch_.data(), bytes, chosen_.data(), out.data(),
-                                              static_cast<int>(k), 0, 32, stream),
+                                              static_cast<int>(k), 0, index_bits(), stream),
                "cub::DeviceRadixSort::SortKeys");
     return {};
   }
@@ -116,18 +119,18 @@ class fast_engine<select::exact_topk, backend::cuda> {
       return split_target{next, next_count, last ? nullptr : histogram, next_shift, mask, chosen(), chosen_count,
                           n_,   k,          last && equal_is_sure};
     };
-    count_top_digit<<<grid_, block_threads, 0, stream>>>(first, key, histogram);
-    find_digit<11><<<1, find_threads, 0, stream>>>(histogram, state, non_finite_bin);
+    // Each counting pass's last block picks its digit (radix_topk.cuh): four launches.
+    count_top_digit<<<grid_, block_threads, 0, stream>>>(first, key, histogram, state, next_digit{11, non_finite_bin});
     split<<<grid_, block_threads, 0, stream>>>(first, key, state, 21, to(level1, counts + 0, false, 10, 0x7FFu));
-    find_digit<11><<<1, find_threads, 0, stream>>>(histogram, state, ~0u);
     split<<<grid_, block_threads, 0, stream>>>(list_of{level1, counts + 0}, key, state, 10,
                                                to(level2, counts + 1, false, 0, 0x3FFu));
-    find_digit<10><<<1, find_threads, 0, stream>>>(histogram, state, ~0u);
     split<<<grid_, block_threads, 0, stream>>>(list_of{level2, counts + 1}, key, state, 0,
                                                to(level1, counts + 2, true, 0, 0u));
   }
 
   std::uint32_t* chosen() noexcept { return chosen_.data(); }
+  // The low bits that hold every index below n (at least one).
+  [[nodiscard]] int index_bits() const noexcept { return std::max(1, static_cast<int>(std::bit_width(n_ - 1))); }
 
   backend::cuda allocate_from_;  // the compressor's backend: where reserve() allocates
   std::uint32_t n_;
