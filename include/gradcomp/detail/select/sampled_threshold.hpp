@@ -401,7 +401,7 @@ struct propose_smallest {
 template <class Backend>
 class sampled_threshold_selection {
   // Compaction slots: at the reused threshold, at the sample's, at the refined one,
-  // the cut's expansion, and the exact fallback's smallest key.
+  // the cut's compaction, and the exact fallback's smallest key.
   enum slot : std::size_t { reused_slot, sample_slot, refined_slot, cut_slot, smallest_slot, slots };
 
  public:
