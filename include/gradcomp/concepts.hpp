@@ -184,7 +184,8 @@ concept encoder = std::copyable<E> && policy_has_name<E> && encoder_has_validate
 /// - reduce_or(n, body, bits): ORs body(i) -> std::uint32_t over every i < n into *bits;
 /// - reduce_max(n, body, word): raises *word to the largest body(i) -> std::uint32_t;
 /// - histogram(n, bin_of, counts): adds 1 to counts[bin_of(i)] for every i < n whose bin
-///   is not detail::no_bin;
+///   is not detail::no_bin (a bin_of may say how many bins it has, bins(), host-callable:
+///   backend::cuda then counts each block's in shared memory);
 /// - sum(n, term, tile, total): *total = the sum of term(i) -> double in the order of
 ///   detail/core/fixed_order_sum.hpp (identical on every backend and for any thread count);
 /// - compact(n, keep, out, workspace, count): the i < n with keep(i) -> bool, ascending,

@@ -64,6 +64,7 @@ struct digit_bin {
   const std::uint32_t* list;
   const selection* at;
   int shift, bits;
+  GRADCOMP_HOST_DEVICE std::size_t bins() const { return std::size_t{1} << bits; }
   GRADCOMP_HOST_DEVICE std::size_t operator()(std::size_t j) const {
     if (j >= at->sums) return no_bin;
     const std::uint32_t key = key_of(sums, list, j);
@@ -112,6 +113,7 @@ struct key_class {
   const float* sums;
   const std::uint32_t* list;
   const selection* at;
+  GRADCOMP_HOST_DEVICE static constexpr std::size_t bins() { return 3; }
   GRADCOMP_HOST_DEVICE std::size_t operator()(std::size_t j) const {
     if (j >= at->sums || at->take == 0) return no_bin;
     const std::uint32_t key = key_of(sums, list, j);

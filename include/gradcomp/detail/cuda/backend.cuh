@@ -122,11 +122,23 @@ struct cuda {
 
   /// Queues counts[bin_of(i)] += 1 for every i in [0, n) whose bin is not
   /// detail::no_bin (atomic increments); `counts` is device memory, never cleared here.
+  /// A `bin_of` that says how many bins it has (`bins()`, on the host) is counted per
+  /// block in shared memory where they fit.
   template <class BinOf>
   void histogram(std::size_t n, const BinOf& bin_of, std::uint32_t* counts) const {
     if (n == 0) return;
-    detail::cuda_launch::histogram<<<detail::cuda_launch::grid_for(n), detail::cuda_launch::block_threads, 0, stream>>>(
-        n, bin_of, counts);
+    const unsigned grid = detail::cuda_launch::grid_for(n);
+    constexpr int threads = detail::cuda_launch::block_threads;
+    if constexpr (requires { bin_of.bins(); }) {
+      const std::size_t bins = bin_of.bins();
+      if (bins <= detail::cuda_launch::shared_histogram_bins) {
+        detail::cuda_launch::histogram_shared<<<grid, threads, bins * sizeof(std::uint32_t), stream>>>(
+            n, bin_of, counts, static_cast<std::uint32_t>(bins));
+        detail::cuda_check(cudaGetLastError(), "histogram (launch)");
+        return;
+      }
+    }
+    detail::cuda_launch::histogram<<<grid, threads, 0, stream>>>(n, bin_of, counts);
     detail::cuda_check(cudaGetLastError(), "histogram (launch)");
   }
 

@@ -91,6 +91,33 @@ __global__ void histogram(std::uint64_t n, BinOf bin_of, std::uint32_t* counts) 
   });
 }
 
+/// The most bins a histogram counts in shared memory (16 KB of it).
+inline constexpr std::size_t shared_histogram_bins = 4096;
+
+/// The same for a `bin_of` that says how many bins it has (`bins` of them, at most
+/// shared_histogram_bins): each block counts in shared memory (dynamic, bins words) and
+/// adds its nonzero bins to `counts`, so that items crowding a few bins (magnitudes share
+/// their top digits) contend within a block, not across the device.
+template <class BinOf>
+__global__ void __launch_bounds__(block_threads)
+    histogram_shared(std::uint64_t n, BinOf bin_of, std::uint32_t* counts, std::uint32_t bins) {
+  extern __shared__ std::uint32_t local[];
+  for (std::uint32_t b = threadIdx.x; b < bins; b += blockDim.x) local[b] = 0;
+  __syncthreads();
+  grid_stride(live_bound(n, bin_of), [&](std::uint64_t i) {
+    const std::size_t bin = bin_of(static_cast<std::size_t>(i));
+    if (bin < bins) {
+      atomicAdd(local + bin, 1u);
+    } else if (bin != no_bin) {
+      atomicAdd(counts + bin, 1u);  // past what it said: counted where the plain histogram counts it
+    }
+  });
+  __syncthreads();
+  for (std::uint32_t b = threadIdx.x; b < bins; b += blockDim.x) {
+    if (local[b] != 0) atomicAdd(counts + b, local[b]);
+  }
+}
+
 /// Items per chunk that staged_lane_sums holds in shared memory (a multiple of 8, so an
 /// item's lane is the same in every chunk).
 inline constexpr unsigned sum_chunk = 2048;

@@ -39,6 +39,7 @@ struct identity_indices {
 /// The top digit of acc_i's magnitude key: its histogram bin.
 struct top_digit_of {
   const float* acc;
+  GRADCOMP_HOST_DEVICE static constexpr std::size_t bins() { return top_digit_bins; }
   GRADCOMP_HOST_DEVICE std::size_t operator()(std::size_t i) const {
     return magnitude_key(acc[i]) >> magnitude_digits[0].shift;
   }

@@ -129,6 +129,7 @@ struct digit_bin {
   Taking taking;
   const threshold_search* s;
   radix_digit digit;
+  GRADCOMP_HOST_DEVICE std::size_t bins() const { return std::size_t{1} << digit.bits; }
   GRADCOMP_HOST_DEVICE std::size_t live_items() const { return Taking::live(*s); }
   GRADCOMP_HOST_DEVICE std::size_t operator()(std::size_t j) const {
     if (!taking(*s, j)) return no_bin;
@@ -241,6 +242,7 @@ struct refinement_bin {
   const threshold_search* s;
   const std::uint32_t* steps;
   std::size_t count;
+  GRADCOMP_HOST_DEVICE std::size_t bins() const { return count; }
   GRADCOMP_HOST_DEVICE std::size_t operator()(std::size_t i) const {
     if (!s->refining) return no_bin;
     const std::uint32_t k = magnitude_key(acc[i]);
