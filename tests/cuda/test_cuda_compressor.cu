@@ -5,6 +5,7 @@
 #include "device.cuh"
 
 #include <gradcomp/gradcomp.hpp>
+#include <thrust/fill.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -686,6 +687,49 @@ TEST_CASE("cuda: compressed memory's arrays from a stream-ordered allocator, bac
   }
   REQUIRE(cudaStreamDestroy(staging) == cudaSuccess);
   REQUIRE(cudaStreamDestroy(committing) == cudaSuccess);
+}
+
+// Bins of a histogram test: the top 11 bits of a value (2048 bins, a few of them crowded),
+// none for a multiple of 7; `counted_bins` says how many bins it has (`said`), which
+// backend::cuda counts per block in shared memory (those at or past `said` where the
+// block's memory is, as the plain kernel counts every bin).
+struct top_bits_bin {
+  const std::uint32_t* values;
+  std::uint32_t said;
+  GRADCOMP_HOST_DEVICE std::size_t operator()(std::size_t i) const {
+    return values[i] % 7 == 0 ? gc::detail::no_bin : std::size_t{values[i] >> 21};
+  }
+};
+struct counted_bins : top_bits_bin {
+  GRADCOMP_HOST_DEVICE std::size_t bins() const { return said; }
+};
+
+TEST_CASE("cuda: a histogram counts alike in shared memory and in device memory, as the host does") {
+  const std::size_t n = 3'000'017;
+  std::vector<std::uint32_t> values(n);
+  std::vector<std::uint32_t> want(4096, 0);
+  std::uint64_t x = 12345;
+  for (std::size_t i = 0; i < n; ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    const auto bits = static_cast<std::uint32_t>(x >> 32);
+    values[i] = i % 10 != 0 ? 0x30000000u | (bits & 0x003FFFFFu) : bits;  // nine in ten in two bins
+    if (values[i] % 7 != 0) ++want[values[i] >> 21];
+  }
+  const auto on_device = device::copy_of(values);
+  const std::uint32_t* at = thrust::raw_pointer_cast(on_device.data());
+  thrust::device_vector<std::uint32_t> counts(4096);
+  const gc::backend::cuda be{};
+  for (const std::uint32_t said : {0u, 2048u, 4096u, 1024u}) {  // 0: no bins(); 1024: fewer than it uses
+    CAPTURE(said);
+    thrust::fill(counts.begin(), counts.end(), 0u);
+    if (said == 0) {
+      be.histogram(n, top_bits_bin{at, said}, thrust::raw_pointer_cast(counts.data()));
+    } else {
+      be.histogram(n, counted_bins{{at, said}}, thrust::raw_pointer_cast(counts.data()));
+    }
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(device::host_copy(counts) == want);
+  }
 }
 
 int main(int argc, char** argv) {
