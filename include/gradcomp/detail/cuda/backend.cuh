@@ -127,18 +127,12 @@ struct cuda {
   template <class BinOf>
   void histogram(std::size_t n, const BinOf& bin_of, std::uint32_t* counts) const {
     if (n == 0) return;
-    const unsigned grid = detail::cuda_launch::grid_for(n);
-    constexpr int threads = detail::cuda_launch::block_threads;
+    std::uint32_t bins = 0;  // counted in shared memory
     if constexpr (requires { bin_of.bins(); }) {
-      const std::size_t bins = bin_of.bins();
-      if (bins <= detail::cuda_launch::shared_histogram_bins) {
-        detail::cuda_launch::histogram_shared<<<grid, threads, bins * sizeof(std::uint32_t), stream>>>(
-            n, bin_of, counts, static_cast<std::uint32_t>(bins));
-        detail::cuda_check(cudaGetLastError(), "histogram (launch)");
-        return;
-      }
+      if (bin_of.bins() <= detail::cuda_launch::shared_histogram_bins) bins = static_cast<std::uint32_t>(bin_of.bins());
     }
-    detail::cuda_launch::histogram<<<grid, threads, 0, stream>>>(n, bin_of, counts);
+    detail::cuda_launch::histogram<<<detail::cuda_launch::grid_for(n), detail::cuda_launch::block_threads,
+                                     bins * sizeof(std::uint32_t), stream>>>(n, bin_of, counts, bins);
     detail::cuda_check(cudaGetLastError(), "histogram (launch)");
   }
 

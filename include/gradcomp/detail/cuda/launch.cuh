@@ -81,26 +81,18 @@ __global__ void reduce_max(std::uint64_t n, Body body, std::uint32_t* word) {
   if (largest != 0) atomicMax(word, largest);
 }
 
-/// backend::cuda::histogram's kernel: counts[bin_of(i)] += 1 for every i in [0, n) (its
-/// live items).
-template <class BinOf>
-__global__ void histogram(std::uint64_t n, BinOf bin_of, std::uint32_t* counts) {
-  grid_stride(live_bound(n, bin_of), [&](std::uint64_t i) {
-    const std::size_t bin = bin_of(static_cast<std::size_t>(i));
-    if (bin != no_bin) atomicAdd(counts + bin, 1u);
-  });
-}
-
 /// The most bins a histogram counts in shared memory (16 KB of it).
 inline constexpr std::size_t shared_histogram_bins = 4096;
 
-/// The same for a `bin_of` that says how many bins it has (`bins` of them, at most
-/// shared_histogram_bins): each block counts in shared memory (dynamic, bins words) and
-/// adds its nonzero bins to `counts`, so that items crowding a few bins (magnitudes share
-/// their top digits) contend within a block, not across the device.
+/// backend::cuda::histogram's kernel: counts[bin_of(i)] += 1 for every i in [0, n) (its
+/// live items). Bins below `bins` (at most shared_histogram_bins; 0 where the body does
+/// not say how many it has) are counted per block in shared memory (dynamic, bins words)
+/// and each block adds its nonzero ones, so that items crowding a few bins (magnitudes
+/// share their top digits) contend within a block, not across the device; any other bin
+/// with an atomic in `counts`.
 template <class BinOf>
 __global__ void __launch_bounds__(block_threads)
-    histogram_shared(std::uint64_t n, BinOf bin_of, std::uint32_t* counts, std::uint32_t bins) {
+    histogram(std::uint64_t n, BinOf bin_of, std::uint32_t* counts, std::uint32_t bins) {
   extern __shared__ std::uint32_t local[];
   for (std::uint32_t b = threadIdx.x; b < bins; b += blockDim.x) local[b] = 0;
   __syncthreads();
@@ -109,7 +101,7 @@ __global__ void __launch_bounds__(block_threads)
     if (bin < bins) {
       atomicAdd(local + bin, 1u);
     } else if (bin != no_bin) {
-      atomicAdd(counts + bin, 1u);  // past what it said: counted where the plain histogram counts it
+      atomicAdd(counts + bin, 1u);
     }
   });
   __syncthreads();
