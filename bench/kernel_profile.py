@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a GPU step's time goes: reads the Nsight Compute log that scripts/gpu_check.sh
-writes (ncu --csv --metrics gpu__time_duration.sum over bench_cuda, one "### NAME/N"
-section per benchmark) and prints, per section, each kernel's time per step (kernels
+writes (ncu --csv --metrics gpu__time_duration.sum over bench_cuda, one
+"### NAME/N/INVERSE_DENSITY" section per benchmark; "### NAME/N" in older logs: density 0.001) and prints, per section, each kernel's time per step (kernels
 named without their template arguments, summed over their launches), the number of
 launches per step, and the kernels' total. The steps of a section are the benchmark's
 iterations plus its warm-up (bench/cuda_select.cu's timed()); the kernels that set a
@@ -77,8 +77,10 @@ def main():
             launches[name] += 1
         total = sum(per_kernel.values()) / 1e6
         count = sum(launches.values()) / steps
-        event = timings.get(section + "/1000")
-        print(f"### {section} (density 0.001): kernels {total:.4f} ms per step, {count:.0f} launches"
+        name = section if section.count("/") >= 2 else section + "/1000"
+        event = timings.get(name)
+        title, inverse_density = name.rsplit("/", 1)
+        print(f"### {title} (density {1 / int(inverse_density):g}): kernels {total:.4f} ms per step, {count:.0f} launches"
               + (f"; the step's event time {event:.4f} ms ({event - total:+.4f} ms beside the kernels)"
                  if event else ""))
         print("| kernel | ms per step | launches per step |\n|---|---|---|")

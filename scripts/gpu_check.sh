@@ -52,15 +52,17 @@ if [ "${BENCH:-1}" = 1 ]; then
     --benchmark_out_format=json
 fi
 # Where a step's time goes: every kernel of one step, timed alone by Nsight Compute, per
-# benchmark at a 25 MB bucket and at 10^8 (density 0.001). The kernels' sum against the
+# benchmark at a 25 MB bucket and at 10^8 (density 0.001), and exact_topk and topk_ef at
+# 10^8 and density 0.01 too (where their time grows with k). The kernels' sum against the
 # step's event time above is the share spent between kernels (launches, host reads).
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
 if [ "${PROFILE:-1}" = 1 ] && [ -n "$ncu" ]; then
   profile='for b in exact_topk threshold sampled_threshold chunk_local topk_ef_step dgc_step; do
-      for n in 6500000 100000000; do
-        echo "### $b/$n"
+      for at in 6500000/1000 100000000/1000 100000000/100; do
+        case $b/$at in exact_topk/*/100 | topk_ef_step/*/100 | */1000) ;; *) continue ;; esac
+        echo "### $b/$at"
         "$0" --clock-control none --metrics gpu__time_duration.sum --csv "$1/bench_cuda" \
-          --benchmark_filter="^$b/$n/1000/" --benchmark_min_time=0.000001 || exit 1
+          --benchmark_filter="^$b/$at/" --benchmark_min_time=0.000001 || exit 1
       done
     done'
   step ncu_profile ncu_profile.csv 180 bash -c "$profile" "$ncu" "$bin"
