@@ -11,7 +11,9 @@
 /// pass's last block finds likewise. After three levels the r-th key K is exact, with
 /// `rank` = how many entries equal to K belong to the top r. The input is read twice
 /// (level 0 and the first split); the lists after that hold only entries that share the
-/// r-th key's top digit.
+/// r-th key's top digit. Each thread loads several keys before it uses any (memory needs
+/// loads in flight), and each block gathers the entries it takes in shared memory and
+/// writes them out in runs, one atomic on a list's count per run.
 ///
 /// Everything is stream-ordered: counts, ranks and list sizes stay in device memory,
 /// so no step waits for the host.
@@ -81,6 +83,13 @@ struct lower_index_first {
   __device__ std::uint32_t operator()(std::uint32_t i) const { return ~i; }
 };
 
+/// Items each thread takes per round of a pass, their keys all loaded before any is
+/// used: one load in flight per thread left the counting pass over 10^8 keys at 1.75
+/// times the read of them (H200, 2026-11-27), where the memory needs several.
+inline constexpr int items_per_thread = 4;
+/// The items a block takes per round.
+inline constexpr std::uint32_t block_tile = block_threads * items_per_thread;
+
 /// Appends `value` to `list` for every thread of the warp that takes it, with one
 /// atomic per warp (warp-aggregated); entries at or beyond `capacity` are dropped.
 __device__ inline void append(std::uint32_t value, std::uint32_t* list, std::uint32_t* count, std::uint32_t capacity) {
@@ -93,17 +102,69 @@ __device__ inline void append(std::uint32_t value, std::uint32_t* list, std::uin
   if (at < capacity) list[at] = value;
 }
 
-/// Grid-stride loop over a source whose every warp runs the same number of rounds, so
-/// that the warp-aggregated appends see whole warps.
-template <class Source, class Body>
-__device__ void for_each_item(const Source& source, Body&& body) {
+/// A pass over a source, grid-stride by tiles: in each round a block takes a tile of
+/// block_tile items (item q of a thread at q * block_threads + its index, so that every
+/// load is coalesced), loads the items and then their keys, then calls
+/// `body(item, key)` for each of its items, then `end_round()` with every thread of the
+/// block. Every block runs the same number of rounds, so end_round may synchronize the
+/// block.
+template <class Source, class Key, class Body, class EndRound>
+__device__ void for_each_keyed(const Source& source, const Key& key, Body&& body, EndRound&& end_round) {
   const std::uint64_t size = source.size();
-  const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
+  const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * block_tile;
   const std::uint64_t rounds = (size + stride - 1) / stride;
-  std::uint64_t j = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (std::uint64_t round = 0; round < rounds; ++round, j += stride) {
-    if (j < size) body(source.at(static_cast<std::uint32_t>(j)));
+  std::uint64_t first = static_cast<std::uint64_t>(blockIdx.x) * block_tile + threadIdx.x;
+  for (std::uint64_t round = 0; round < rounds; ++round, first += stride) {
+    std::uint32_t item[items_per_thread];
+    std::uint32_t item_key[items_per_thread] = {};
+#pragma unroll
+    for (int q = 0; q < items_per_thread; ++q) {
+      const std::uint64_t j = first + static_cast<std::uint64_t>(q) * block_threads;
+      item[q] = j < size ? source.at(static_cast<std::uint32_t>(j)) : 0u;
+    }
+#pragma unroll
+    for (int q = 0; q < items_per_thread; ++q) {
+      if (first + static_cast<std::uint64_t>(q) * block_threads < size) item_key[q] = key(item[q]);
+    }
+#pragma unroll
+    for (int q = 0; q < items_per_thread; ++q) {
+      if (first + static_cast<std::uint64_t>(q) * block_threads < size) body(item[q], item_key[q]);
+    }
+    end_round();
   }
+}
+
+/// Room for the entries a block gathers for one list: two rounds' worth, so that what a
+/// round adds always fits beside what the last write left (at most one round's).
+inline constexpr std::uint32_t stage_room = 2 * block_tile;
+
+/// The entries a block has taken for one list, gathered in shared memory (appended
+/// warp by warp) and written to the list in runs, one atomic on the list's count per
+/// run. A warp's atomic per taken entry on the one count serializes across the device:
+/// a select of 10^6 of 10^8 entries takes nearly that many warps' atomics on the chosen
+/// list's count.
+struct block_stage {
+  std::uint32_t items[stage_room];
+  std::uint32_t count;
+  std::uint32_t base;
+};
+
+/// Writes the first `staged` entries of `stage` to `list` from an atomic's base (those
+/// at or beyond `capacity` dropped, as append drops them) and empties the stage. Every
+/// thread of the block calls it with the same `staged`, read between two barriers (so
+/// that none still reads the stage's count when it is reset).
+__device__ inline void write_staged(block_stage& stage, std::uint32_t staged, std::uint32_t* list, std::uint32_t* count,
+                                    std::uint32_t capacity) {
+  if (threadIdx.x == 0) {
+    stage.base = atomicAdd(count, staged);
+    stage.count = 0;
+  }
+  __syncthreads();
+  const std::uint32_t base = stage.base;
+  for (std::uint32_t t = threadIdx.x; t < staged; t += blockDim.x) {
+    if (base + t < capacity) list[base + t] = stage.items[t];
+  }
+  __syncthreads();  // every entry is read before the next round appends over it
 }
 
 /// The digit a pass's histogram is counted for: its width, and the bin from which keys
@@ -177,7 +238,8 @@ __global__ void __launch_bounds__(block_threads)
   __shared__ std::uint32_t local[top_bins];
   for (int b = threadIdx.x; b < top_bins; b += blockDim.x) local[b] = 0;
   __syncthreads();
-  for_each_item(source, [&](std::uint32_t i) { atomicAdd(&local[key(i) >> 21], 1u); });
+  for_each_keyed(
+      source, key, [&](std::uint32_t, std::uint32_t k) { atomicAdd(&local[k >> 21], 1u); }, [] {});
   __syncthreads();
   count_then_pick(local, histogram, state, digit);
 }
@@ -204,22 +266,37 @@ template <class Source, class Key>
 __global__ void __launch_bounds__(block_threads)
     split(Source source, Key key, select_state* state, int shift, split_target to) {
   __shared__ std::uint32_t local[top_bins];
+  __shared__ block_stage sure;
+  __shared__ block_stage next;
   if (to.histogram != nullptr) {
     for (int b = threadIdx.x; b < top_bins; b += blockDim.x) local[b] = 0;
   }
+  if (threadIdx.x == 0) sure.count = next.count = 0;
   __syncthreads();
   const std::uint32_t prefix = state->prefix;
-  for_each_item(source, [&](std::uint32_t i) {
-    const std::uint32_t k = key(i);
-    const std::uint32_t high = k >> shift;
-    if (high > prefix || (to.equal_is_sure && high == prefix)) {
-      append(i, to.sure, to.sure_count, to.sure_capacity);
-    } else if (high == prefix) {
-      append(i, to.next, to.next_count, to.capacity);
-      if (to.histogram != nullptr) atomicAdd(&local[(k >> to.next_shift) & to.next_mask], 1u);
-    }
-  });
-  __syncthreads();
+  // Writes out each stage whose free room is less than `room_left`: after a round,
+  // block_tile (what the next round may add); at the end, stage_room (anything left).
+  const auto write_out = [&](std::uint32_t room_left) {
+    __syncthreads();  // the round's entries are staged
+    const std::uint32_t sure_staged = sure.count;
+    const std::uint32_t next_staged = next.count;
+    __syncthreads();  // every thread has read both counts
+    if (sure_staged > stage_room - room_left) write_staged(sure, sure_staged, to.sure, to.sure_count, to.sure_capacity);
+    if (next_staged > stage_room - room_left) write_staged(next, next_staged, to.next, to.next_count, to.capacity);
+  };
+  for_each_keyed(
+      source, key,
+      [&](std::uint32_t i, std::uint32_t k) {
+        const std::uint32_t high = k >> shift;
+        if (high > prefix || (to.equal_is_sure && high == prefix)) {
+          append(i, sure.items, &sure.count, stage_room);
+        } else if (high == prefix) {
+          append(i, next.items, &next.count, stage_room);
+          if (to.histogram != nullptr) atomicAdd(&local[(k >> to.next_shift) & to.next_mask], 1u);
+        }
+      },
+      [&] { write_out(block_tile); });
+  write_out(stage_room);  // the rest (write_out synchronizes, so local is complete too)
   if (to.histogram != nullptr) count_then_pick(local, to.histogram, state, {__popc(to.next_mask), ~0u});
 }
 
