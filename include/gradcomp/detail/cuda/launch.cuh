@@ -114,19 +114,37 @@ __global__ void __launch_bounds__(block_threads)
 /// item's lane is the same in every chunk).
 inline constexpr unsigned sum_chunk = 2048;
 
-/// The fixed order's sequential sums on a block: lane l < Lanes (thread l) adds value(j)
-/// for j = l, l + Lanes, l + 2 Lanes, ... < len in turn, and gets its sum (the other
-/// threads get 0). The order is inherently sequential per lane; what the whole block does
-/// is load: it stages the values chunk by chunk in shared memory, the next chunk while the
-/// lanes add this one, so the additions never wait on a global load.
+/// The fixed order's sequential sums on a block of block_threads threads: lane l < Lanes
+/// (thread l) adds value(j) for j = l, l + Lanes, l + 2 Lanes, ... < len in turn, and gets
+/// its sum (the other threads get 0). The order is inherently sequential per lane; what
+/// the rest of the block does is load: warps 1 and up stage the values chunk by chunk in
+/// shared memory, the next chunk while the lanes add this one, each thread loading all
+/// its values of a chunk before it stores any (a store waits for its load, and no load
+/// passes an earlier store that might alias it: one at a time, each value cost a load's
+/// latency). Warp 0, whose first Lanes threads add, stages nothing, so that the additions
+/// never wait on a global load.
 template <unsigned Lanes, class Value>
 __device__ double staged_lane_sums(std::uint64_t len, const Value& value) {
-  static_assert(sum_chunk % Lanes == 0);
+  static_assert(sum_chunk % Lanes == 0 && Lanes <= 32);
+  constexpr unsigned stagers = block_threads - 32;
+  constexpr unsigned per_stager = (sum_chunk + stagers - 1) / stagers;
   __shared__ double staged[2][sum_chunk];
   const auto chunks = static_cast<unsigned>((len + sum_chunk - 1) / sum_chunk);
   const auto stage = [&](unsigned chunk) {
+    if (threadIdx.x < 32) return;
     const std::uint64_t at = std::uint64_t{chunk} * sum_chunk;
-    for (unsigned j = threadIdx.x; j < sum_chunk && at + j < len; j += blockDim.x) staged[chunk & 1][j] = value(at + j);
+    const unsigned first = threadIdx.x - 32;
+    double loaded[per_stager];
+#pragma unroll
+    for (unsigned q = 0; q < per_stager; ++q) {
+      const unsigned j = first + q * stagers;
+      if (j < sum_chunk && at + j < len) loaded[q] = value(at + j);
+    }
+#pragma unroll
+    for (unsigned q = 0; q < per_stager; ++q) {
+      const unsigned j = first + q * stagers;
+      if (j < sum_chunk && at + j < len) staged[chunk & 1][j] = loaded[q];
+    }
   };
   double part = 0.0;
   if (chunks > 0) stage(0);
