@@ -1,8 +1,9 @@
 /// \file detail/cuda/select_exact_topk.cuh
 /// select::exact_topk on backend::cuda: a radix select of the k-th largest magnitude
 /// (detail/cuda/radix_topk.cuh), a second radix select among the entries equal to it
-/// that keeps the lowest indices, then a CUB radix sort of the k chosen indices so that
-/// they ascend. The same indices as backend::host. Not API.
+/// that keeps the lowest indices, then a radix sort of the k chosen indices so that they
+/// ascend (by one block where they fit in it, else by CUB's device sort). The same
+/// indices as backend::host. Not API.
 #pragma once
 
 #include <gradcomp/detail/cuda/backend.cuh>
@@ -15,6 +16,7 @@
 #include <gradcomp/select/exact_topk.hpp>
 #include <gradcomp/held_memory.hpp>
 
+#include <cub/block/block_radix_sort.cuh>
 #include <cub/device/device_radix_sort.cuh>
 #include <cuda_runtime.h>
 
@@ -26,6 +28,40 @@
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
+namespace cuda_radix {
+
+/// One block of block_sort_threads sorts up to block_sort_keys keys. Below that a
+/// step's k (6,500 in a 25 MB bucket at density 0.001) is sorted in one launch, where
+/// CUB's device sort takes five (about 8 us each for 6,500 keys on the H200, 2026-11-27).
+inline constexpr int block_sort_threads = 512;
+inline constexpr int block_sort_items = 16;
+inline constexpr std::uint32_t block_sort_keys = block_sort_threads * block_sort_items;
+
+/// Sorts the `count` (at most block_sort_keys) distinct keys of `in`, each below 2^bits,
+/// ascending into `out`, in one block.
+template <class = void>
+__global__ void __launch_bounds__(block_sort_threads)
+    sort_in_one_block(const std::uint32_t* in, std::uint32_t count, int bits, std::uint32_t* out) {
+  using sorter = cub::BlockRadixSort<std::uint32_t, block_sort_threads, block_sort_items>;
+  __shared__ typename sorter::TempStorage scratch;
+  std::uint32_t keys[block_sort_items];
+  // A sort takes its keys in any arrangement: each thread loads every
+  // block_sort_threads-th one (coalesced). The padding, ~0, sorts after every key once
+  // one bit more than the keys have is compared.
+#pragma unroll
+  for (int q = 0; q < block_sort_items; ++q) {
+    const std::uint32_t j = static_cast<std::uint32_t>(q * block_sort_threads) + threadIdx.x;
+    keys[q] = j < count ? in[j] : ~0u;
+  }
+  sorter(scratch).SortBlockedToStriped(keys, 0, bits < 32 ? bits + 1 : 32);
+#pragma unroll
+  for (int q = 0; q < block_sort_items; ++q) {
+    const std::uint32_t j = static_cast<std::uint32_t>(q * block_sort_threads) + threadIdx.x;
+    if (j < count) out[j] = keys[q];
+  }
+}
+
+}  // namespace cuda_radix
 
 template <>
 struct has_fast_path<select::exact_topk, backend::cuda> : std::true_type {};
@@ -51,11 +87,13 @@ class fast_engine<select::exact_topk, backend::cuda> {
   void reserve(const select::exact_topk& policy) {
     const std::size_t k = policy.k(n_);
     if (k <= chosen_.size()) return;
-    std::size_t bytes = 0;
-    cuda_check(
-        cub::DeviceRadixSort::SortKeys(nullptr, bytes, static_cast<const std::uint32_t*>(nullptr),
-                                       static_cast<std::uint32_t*>(nullptr), static_cast<int>(k), 0, index_bits()),
-        "cub::DeviceRadixSort::SortKeys (scratch size)");
+    std::size_t bytes = 0;  // CUB's device sort's scratch, where one block cannot sort k
+    if (k > cuda_radix::block_sort_keys) {
+      cuda_check(
+          cub::DeviceRadixSort::SortKeys(nullptr, bytes, static_cast<const std::uint32_t*>(nullptr),
+                                         static_cast<std::uint32_t*>(nullptr), static_cast<int>(k), 0, index_bits()),
+          "cub::DeviceRadixSort::SortKeys (scratch size)");
+    }
     auto chosen = allocate_from_.template allocate<std::uint32_t>(k);
     auto sort_scratch = allocate_from_.template allocate<std::byte>(std::max<std::size_t>(bytes, 1));
     chosen_ = std::move(chosen);
@@ -88,6 +126,11 @@ class fast_engine<select::exact_topk, backend::cuda> {
 
     // The k chosen indices, in the order they were appended: sort them ascending, by the
     // bits an index below n can have set (a pass of CUB's fewer where n < 2^24).
+    if (k <= block_sort_keys) {
+      sort_in_one_block<<<1, block_sort_threads, 0, stream>>>(chosen_.data(), k, index_bits(), out.data());
+      cuda_check(cudaGetLastError(), "exact_topk's sort (launch)");
+      return {};
+    }
     std::size_t bytes = sort_scratch_.size();
     cuda_check(cub::DeviceRadixSort::SortKeys(sort_scratch_.data(), bytes, chosen_.data(), out.data(),
                                               static_cast<int>(k), 0, index_bits(), stream),
