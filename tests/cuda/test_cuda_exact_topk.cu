@@ -43,6 +43,22 @@ TEST_CASE("cuda exact_topk equals a sort on every conformance shape") {
   }
 }
 
+// One block sorts the chosen indices up to 8,192 of them, CUB's device sort above: k on
+// both sides, n a power of two (the padding's extra bit) and not.
+TEST_CASE("cuda exact_topk's sort of the chosen indices on both sides of one block's room") {
+  for (const auto shape : {inputs::shape::normal, inputs::shape::ties}) {
+    for (const std::size_t n : {std::size_t{1} << 20, (std::size_t{1} << 20) + 3}) {
+      const auto x = inputs::make(shape, n, 5);
+      for (const std::size_t k : {std::size_t{8191}, std::size_t{8192}, std::size_t{8193}}) {
+        CAPTURE(inputs::name(shape));
+        CAPTURE(n);
+        CAPTURE(k);
+        CHECK(device_topk(x, {.count = k}) == reference::top_k(x, k));
+      }
+    }
+  }
+}
+
 TEST_CASE("cuda exact_topk rejects a NaN or an infinity anywhere") {
   for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
                           -std::numeric_limits<float>::infinity()}) {
