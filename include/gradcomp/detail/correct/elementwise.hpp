@@ -71,8 +71,9 @@ struct scale_from_norm {
 };
 
 /// The new state and acc at i from the committed state (read through `Old`) and g_i
-/// (float32, or 16-bit read as its float value) times the factor (none: 1); returns 1
-/// if acc is a NaN or an infinity.
+/// (float32, or 16-bit read as its float value) times the factor (none: 1): written by
+/// written_acc(i), which returns acc_i (a selector's first pass over acc may run it:
+/// correction::update_pass); the call returns 1 if acc is a NaN or an infinity.
 template <class Policy, std::size_t Arrays, bool OwnAcc, class Old = arrays<Arrays>, gradient_element G = float>
 struct update {
   Policy policy;
@@ -81,14 +82,17 @@ struct update {
   float* acc;
   const G* g;
   const float* scale;
-  GRADCOMP_HOST_DEVICE std::uint32_t operator()(std::size_t i) const {
+  GRADCOMP_HOST_DEVICE float written_acc(std::size_t i) const {
     float s[Arrays + 1];
     for (std::size_t a = 0; a != Arrays; ++a) s[a] = old.value(a, i);
     const float g_i = to_float(g[i]);
     const float value = policy.update(s, scale != nullptr ? mul_rn(g_i, *scale) : g_i);
     for (std::size_t a = 0; a != Arrays; ++a) next.at[a][i] = s[a];
     if constexpr (OwnAcc) acc[i] = value;
-    return magnitude_key(value) >= non_finite_key ? 1u : 0u;
+    return value;
+  }
+  GRADCOMP_HOST_DEVICE std::uint32_t operator()(std::size_t i) const {
+    return magnitude_key(written_acc(i)) >= non_finite_key ? 1u : 0u;
   }
 };
 
@@ -223,6 +227,15 @@ class correction {
   /// clip's factor is computed on the backend (no read-back).
   template <gradient_element G>
   void update(const Backend& be, const Policy& policy, std::span<const G> g, step_status* status) {
+    be.reduce_or(n_, update_pass(be, policy, g), &status->non_finite);
+  }
+
+  /// The element-wise pass of update() (what its reduction runs per element), for a
+  /// selector whose first pass over acc writes acc as it reads it (written_acc(i)) and
+  /// flags a NaN or an infinity in it itself, so that acc is read once less: queues what
+  /// must come before the pass (a clip's factor) and makes the step's arrays ready.
+  template <gradient_element G>
+  auto update_pass(const Backend& be, const Policy& policy, std::span<const G> g) {
     const float* scale = nullptr;
     if constexpr (scales_gradient<Policy>()) {
       if (policy.needs_norm()) {
@@ -233,10 +246,8 @@ class correction {
     }
     if (own_acc && static_cast<std::size_t>(acc_.size()) != n_) acc_ = be.template allocate<float>(n_);
     next_ = state_.next(be);
-    be.reduce_or(n_,
-                 elementwise::update<Policy, arrays, own_acc, decltype(state_.reader()), G>{
-                     policy, state_.reader(), next_, acc_.data(), g.data(), scale},
-                 &status->non_finite);
+    return elementwise::update<Policy, arrays, own_acc, decltype(state_.reader()), G>{
+        policy, state_.reader(), next_, acc_.data(), g.data(), scale};
   }
 
   /// acc of the step in progress.

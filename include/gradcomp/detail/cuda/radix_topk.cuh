@@ -77,6 +77,17 @@ struct magnitude_key_of {
   __device__ std::uint32_t operator()(std::uint32_t i) const { return __float_as_uint(acc[i]) & 0x7FFFFFFFu; }
 };
 
+/// The magnitude key of acc[i] as the corrector's pass writes it (`update.written_acc(i)`
+/// writes the step's state and acc at i and returns acc_i): a counting pass that computes
+/// acc as it reads it.
+template <class Update>
+struct written_magnitude_key {
+  Update update;
+  __device__ std::uint32_t operator()(std::uint32_t i) const {
+    return __float_as_uint(update.written_acc(i)) & 0x7FFFFFFFu;
+  }
+};
+
 /// Larger for lower indices: the top r by this key are the r lowest indices (ties at
 /// the r-th magnitude go to the lower index).
 struct lower_index_first {

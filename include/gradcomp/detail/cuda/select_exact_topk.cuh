@@ -105,6 +105,34 @@ class fast_engine<select::exact_topk, backend::cuda> {
   /// non-finite flag if acc held a NaN or infinity. Waits for nothing.
   queued_selection select(const backend::cuda& be, const select::exact_topk& policy, const select_input& in,
                           std::span<std::uint32_t> out, step_status* status) {
+    return select_counting(be, policy, out, status, cuda_radix::magnitude_key_of{in.acc.data()}, in.acc.data());
+  }
+  /// The same, with acc written by the corrector's pass `update` (its written_acc(i)
+  /// writes the step's state and acc at i and returns acc_i: correction::update_pass) in
+  /// the first pass over acc, which counts each magnitude as it computes it: the
+  /// corrector's own pass would write acc and this one read it again. A NaN or infinity in
+  /// acc raises the status's flag, as the corrector's pass would.
+  template <class Update>
+  queued_selection select(const backend::cuda& be, const select::exact_topk& policy, const select_input& in,
+                          std::span<std::uint32_t> out, step_status* status, const Update& update) {
+    return select_counting(be, policy, out, status, cuda_radix::written_magnitude_key<Update>{update}, in.acc.data());
+  }
+
+  /// The number of entries every step selects (compress_async needs it on the host).
+  [[nodiscard]] std::size_t fixed_count(const select::exact_topk& policy) const noexcept { return policy.k(n_); }
+
+  void accept() noexcept {}
+  void add_held(held_memory& use) const {
+    use.workspace += bytes_held(histogram_, states_, list_a_, list_b_, chosen_, sort_scratch_);
+  }
+
+ private:
+  // select()'s work, the magnitudes counted first by `count_key` (acc's, or acc's as the
+  // corrector writes it) and read from `acc` after.
+  template <class CountKey>
+  queued_selection select_counting(const backend::cuda& be, const select::exact_topk& policy,
+                                   std::span<std::uint32_t> out, step_status* status, CountKey count_key,
+                                   const float* acc) {
     using namespace cuda_radix;
     const cudaStream_t stream = be.stream;
     const auto k = static_cast<std::uint32_t>(policy.k(n_));
@@ -114,13 +142,13 @@ class fast_engine<select::exact_topk, backend::cuda> {
     // The k-th largest magnitude K: the entries above it go to chosen_, those equal to
     // it to list_a_. Bins from 0x7F800000 >> 21 up hold NaN and infinity keys.
     begin_select<<<1, 1, 0, stream>>>(magnitude, k, nullptr);
-    radix_select(stream, all_of{n_}, magnitude_key_of{in.acc.data()}, magnitude, non_finite_key >> 21, list_a_.data(),
+    radix_select(stream, all_of{n_}, count_key, magnitude_key_of{acc}, magnitude, non_finite_key >> 21, list_a_.data(),
                  list_b_.data(), chosen_count, k, false);
     // Of the entries equal to K, the `rank` lowest indices: the same select on ~index
     // (unique keys), appending to chosen_, which then holds exactly k.
     begin_select<<<1, 1, 0, stream>>>(ties, 0, magnitude);
-    radix_select(stream, list_of{list_a_.data(), counts_of(magnitude) + 2}, lower_index_first{}, ties, ~0u,
-                 list_b_.data(), list_a_.data(), chosen_count, k, true);
+    radix_select(stream, list_of{list_a_.data(), counts_of(magnitude) + 2}, lower_index_first{}, lower_index_first{},
+                 ties, ~0u, list_b_.data(), list_a_.data(), chosen_count, k, true);
     finish_select<<<1, 1, 0, stream>>>(magnitude, k, status);
     cuda_check(cudaGetLastError(), "exact_topk kernels (launch)");
 
@@ -138,21 +166,13 @@ class fast_engine<select::exact_topk, backend::cuda> {
     return {};
   }
 
-  /// The number of entries every step selects (compress_async needs it on the host).
-  [[nodiscard]] std::size_t fixed_count(const select::exact_topk& policy) const noexcept { return policy.k(n_); }
-
-  void accept() noexcept {}
-  void add_held(held_memory& use) const {
-    use.workspace += bytes_held(histogram_, states_, list_a_, list_b_, chosen_, sort_scratch_);
-  }
-
- private:
   // The three levels of a radix select begun on `state`, over the items of `first` by
-  // `key`: items above the r-th key are appended to chosen_; the candidates of level 1
-  // go to `level1`, of level 2 to `level2`, and those equal to the r-th key to `level1`
-  // again (counts[2] of the state), or to chosen_ with `equal_is_sure`.
-  template <class Source, class Key>
-  void radix_select(cudaStream_t stream, Source first, Key key, cuda_radix::select_state* state,
+  // `key` (counted by `count_key`, which gives the same keys): items above the r-th key
+  // are appended to chosen_; the candidates of level 1 go to `level1`, of level 2 to
+  // `level2`, and those equal to the r-th key to `level1` again (counts[2] of the state),
+  // or to chosen_ with `equal_is_sure`.
+  template <class Source, class CountKey, class Key>
+  void radix_select(cudaStream_t stream, Source first, CountKey count_key, Key key, cuda_radix::select_state* state,
                     std::uint32_t non_finite_bin, std::uint32_t* level1, std::uint32_t* level2,
                     std::uint32_t* chosen_count, std::uint32_t k, bool equal_is_sure) {
     using namespace cuda_radix;
@@ -163,7 +183,8 @@ class fast_engine<select::exact_topk, backend::cuda> {
                           n_,   k,          last && equal_is_sure};
     };
     // Each counting pass's last block picks its digit (radix_topk.cuh): four launches.
-    count_top_digit<<<grid_, block_threads, 0, stream>>>(first, key, histogram, state, next_digit{11, non_finite_bin});
+    count_top_digit<<<grid_, block_threads, 0, stream>>>(first, count_key, histogram, state,
+                                                         next_digit{11, non_finite_bin});
     split<<<grid_, block_threads, 0, stream>>>(first, key, state, 21, to(level1, counts + 0, false, 10, 0x7FFu));
     split<<<grid_, block_threads, 0, stream>>>(list_of{level1, counts + 0}, key, state, 10,
                                                to(level2, counts + 1, false, 0, 0x3FFu));

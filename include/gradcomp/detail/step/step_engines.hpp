@@ -89,6 +89,14 @@ class step_engines {
   // (backend::host's fast paths), so that acc is read while it is in cache.
   static constexpr bool fused_pass = selector_engine_observes<select_engine, Selector, Backend> &&
                                      corrector_engine_visits<correct_engine, Corrector, Backend>;
+  // The selector's first pass over acc computes it, the corrector's update riding on it
+  // (backend::cuda's exact_topk: the counting pass writes acc as it reads it, so acc is
+  // read once less), where the corrector's engine offers its pass element by element.
+  template <class G>
+  static constexpr bool update_rides_selection =
+      requires(correct_engine& ce, select_engine& se, const Backend& b, const Selector& s, const Corrector& c,
+               std::span<const G> g, const select_input& in, std::span<std::uint32_t> out,
+               step_status* status) { se.select(b, s, in, out, status, ce.update_pass(b, c, g)); };
   static constexpr bool skips_update = [] {
     if constexpr (requires { select_engine::checks_finite; }) {
       return std::is_same_v<Corrector, correct::none> && select_engine::checks_finite;
@@ -139,11 +147,18 @@ class step_engines {
       read_grad = grad;
       acc = grad;
     }
-    if constexpr (!skips_update) {
-      queue_update(on, s, c, grad, step, status);
-      acc = correct_.acc(read_grad);  // a corrector's own acc; correct::none's is the gradient
+    queued_selection chosen;
+    if constexpr (!skips_update && update_rides_selection<G>) {
+      const auto update = correct_.update_pass(on, c, grad);
+      acc = correct_.acc(read_grad);
+      chosen = select_->select(on, s, {acc, read_grad, step}, index_span(), status, update);
+    } else {
+      if constexpr (!skips_update) {
+        queue_update(on, s, c, grad, step, status);
+        acc = correct_.acc(read_grad);  // a corrector's own acc; correct::none's is the gradient
+      }
+      chosen = select_->select(on, s, {acc, read_grad, step}, index_span(), status);
     }
-    const queued_selection chosen = select_->select(on, s, {acc, read_grad, step}, index_span(), status);
     const std::span<const std::uint32_t> index = selected(on, status);
     const std::span<float> sent = std::span<float>(sent_.data(), index.size());
     encode_->encode(on, e, {acc, index, step, chosen.value_scale}, out, sent, status);
