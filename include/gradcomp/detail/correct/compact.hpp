@@ -344,6 +344,10 @@ class engine<correct::compact<Inner>, Backend> {
   void update(const Backend& be, const policy_type& policy, std::span<const G> g, step_status* status) {
     run_.update(be, policy.inner, g, status);
   }
+  template <gradient_element G>
+  auto update_pass(const Backend& be, const policy_type& policy, std::span<const G> g) {
+    return run_.update_pass(be, policy.inner, g);
+  }
   std::span<const float> acc(std::span<const float> g) const noexcept { return run_.acc(g); }
   template <gradient_element G>
   void preview(const Backend& be, const policy_type& policy, std::span<const G> g, std::span<float> out,

@@ -69,7 +69,8 @@ struct has_fast_path<select::exact_topk, backend::cuda> : std::true_type {};
 template <>
 class fast_engine<select::exact_topk, backend::cuda> {
  public:
-  static constexpr bool checks_finite = true;  // the top digit's histogram counts NaN and infinity keys
+  static constexpr bool checks_finite = true;     // the top digit's histogram counts NaN and infinity keys
+  static constexpr bool runs_update_pass = true;  // select(..., pass) computes acc in its counting pass
 
   fast_engine(const backend::cuda& be, const select::exact_topk& policy, std::size_t n)
       : allocate_from_(be),

@@ -91,9 +91,19 @@ class step_engines {
                                      corrector_engine_visits<correct_engine, Corrector, Backend>;
   // The selector's first pass over acc computes it, the corrector's update riding on it
   // (backend::cuda's exact_topk: the counting pass writes acc as it reads it, so acc is
-  // read once less), where the corrector's engine offers its pass element by element.
+  // read once less), where the corrector's engine offers its pass element by element and
+  // the selector's engine says it runs it (`runs_update_pass`: a select that merely
+  // accepted the pass would leave the update undone).
+  static constexpr bool selector_runs_update_pass = [] {
+    if constexpr (requires { select_engine::runs_update_pass; }) {
+      return select_engine::runs_update_pass;
+    } else {
+      return false;
+    }
+  }();
   template <class G>
   static constexpr bool update_rides_selection =
+      selector_runs_update_pass &&
       requires(correct_engine& ce, select_engine& se, const Backend& b, const Selector& s, const Corrector& c,
                std::span<const G> g, const select_input& in, std::span<std::uint32_t> out,
                step_status* status) { se.select(b, s, in, out, status, ce.update_pass(b, c, g)); };
