@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Where a GPU step's time goes: reads the Nsight Compute log that scripts/gpu_check.sh
 writes (ncu --csv --metrics gpu__time_duration.sum over bench_cuda, one
-"### NAME/N/INVERSE_DENSITY" section per benchmark; "### NAME/N" in older logs: density 0.001) and prints, per section, each kernel's time per step (kernels
-named without their template arguments, summed over their launches), the number of
+"### NAME/N/INVERSE_DENSITY" section per benchmark; "### NAME/N" in older logs: density
+0.001) and prints, per section, each kernel's time per step (kernels named without their template arguments, summed over their launches), the number of
 launches per step, and the kernels' total. The steps of a section are the benchmark's
 iterations plus its warm-up (bench/cuda_select.cu's timed()); the kernels that set a
 benchmark up once are left out (the gradient's fill, thrust's fill of the message
@@ -80,7 +80,8 @@ def main():
         name = section if section.count("/") >= 2 else section + "/1000"
         event = timings.get(name)
         title, inverse_density = name.rsplit("/", 1)
-        print(f"### {title} (density {1 / int(inverse_density):g}): kernels {total:.4f} ms per step, {count:.0f} launches"
+        print(f"### {title} (density {1 / int(inverse_density):g}): kernels {total:.4f} ms per step, "
+              f"{count:.0f} launches"
               + (f"; the step's event time {event:.4f} ms ({event - total:+.4f} ms beside the kernels)"
                  if event else ""))
         print("| kernel | ms per step | launches per step |\n|---|---|---|")
