@@ -2,11 +2,12 @@
 """Where a GPU step's time goes: reads the Nsight Compute log that scripts/gpu_check.sh
 writes (ncu --csv --metrics gpu__time_duration.sum over bench_cuda, one
 "### NAME/N/INVERSE_DENSITY" section per benchmark; "### NAME/N" in older logs: density
-0.001) and prints, per section, each kernel's time per step (kernels named without their template arguments, summed over their launches), the number of
-launches per step, and the kernels' total. The steps of a section are the benchmark's
-iterations plus its warm-up (bench/cuda_select.cu's timed()); the kernels that set a
-benchmark up once are left out (the gradient's fill, thrust's fill of the message
-buffer). Usage: kernel_profile.py ncu_profile.csv [bench_cuda.json] > table.md
+0.001) and prints, per section, each kernel's time per step (kernels named without their
+template arguments, summed over their launches), the number of launches per step, and
+the kernels' total. The steps of a section are the benchmark's iterations plus its
+warm-up (bench/cuda_select.cu's timed()); the kernels that set a benchmark up once are
+left out (the gradient's fill, thrust's fill of the message buffer). Usage:
+kernel_profile.py ncu_profile.csv [bench_cuda.json] > table.md
 With bench_cuda.json (the same run's timings) each section also shows the step's event
 time and how much of it the kernels' sum does not cover: launch gaps, host reads, and the
 write-back of what the kernels wrote (Nsight Compute flushes the caches between kernels,
