@@ -7,6 +7,10 @@
 #include <gradcomp/backend/host.hpp>
 #include <gradcomp/memory.hpp>
 
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+
 /// backend::host declaring its memory unreadable, as the backend type `Self` (which
 /// derives from it): resolved() and context_for() keep that type.
 template <class Self>
@@ -25,6 +29,20 @@ struct opaque_backend : gradcomp::backend::host {
     Self checked = static_cast<const Self&>(*this);
     checked.threads = host::context_for(who, context).threads;
     return checked;
+  }
+
+  using host::histogram;
+  /// The histogram with a one-item pass on its finished counts, as backend::cuda runs it
+  /// (its last block: detail::histogram_then): the word where blocks count themselves
+  /// done must be zero before and is left zero.
+  template <class BinOf, class Then>
+  void histogram(std::size_t n, const BinOf& bin_of, std::uint32_t* counts, const Then& then) const {
+    std::uint32_t* finished = then.finished_blocks();
+    if (*finished != 0) throw std::logic_error("histogram_then: the blocks' word was not zero before the pass");
+    host::histogram(n, bin_of, counts);
+    ++*finished;  // the one block of this pass
+    then(0);
+    *finished = 0;
   }
 };
 

@@ -136,6 +136,22 @@ struct cuda {
     detail::cuda_check(cudaGetLastError(), "histogram (launch)");
   }
 
+  /// The same, then `then(0)` once on the finished counts, run by the pass's last block
+  /// to finish (one launch fewer than a pass of its own: detail::histogram_then);
+  /// `then.finished_blocks()` is a zeroed word of device memory, left zero.
+  template <class BinOf, class Then>
+  void histogram(std::size_t n, const BinOf& bin_of, std::uint32_t* counts, const Then& then) const {
+    if (n == 0) return for_each(1, then);
+    std::uint32_t bins = 0;  // counted in shared memory
+    if constexpr (requires { bin_of.bins(); }) {
+      if (bin_of.bins() <= detail::cuda_launch::shared_histogram_bins) bins = static_cast<std::uint32_t>(bin_of.bins());
+    }
+    detail::cuda_launch::histogram<<<detail::cuda_launch::grid_for(n), detail::cuda_launch::block_threads,
+                                     bins * sizeof(std::uint32_t), stream>>>(n, bin_of, counts, bins, then,
+                                                                             then.finished_blocks());
+    detail::cuda_check(cudaGetLastError(), "histogram (launch)");
+  }
+
   /// Queues the sum of `term(i)` (a double) over [0, n) into `*total` (device memory),
   /// added in the order of detail/core/fixed_order_sum.hpp, exactly as the host adds it;
   /// `tile` is device workspace of tile_count(n) doubles.

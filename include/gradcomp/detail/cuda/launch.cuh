@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 GRADCOMP_NAMESPACE_BEGIN
 namespace detail::cuda_launch {
@@ -84,15 +85,23 @@ __global__ void reduce_max(std::uint64_t n, Body body, std::uint32_t* word) {
 /// The most bins a histogram counts in shared memory (16 KB of it).
 inline constexpr std::size_t shared_histogram_bins = 4096;
 
+/// No one-item body after a histogram.
+struct no_then {
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t) const {}
+};
+
 /// backend::cuda::histogram's kernel: counts[bin_of(i)] += 1 for every i in [0, n) (its
 /// live items). Bins below `bins` (at most shared_histogram_bins; 0 where the body does
 /// not say how many it has) are counted per block in shared memory (dynamic, bins words)
 /// and each block adds its nonzero ones, so that items crowding a few bins (magnitudes
 /// share their top digits) contend within a block, not across the device; any other bin
-/// with an atomic in `counts`.
-template <class BinOf>
+/// with an atomic in `counts`. With a `then` (not no_then), the last block to finish
+/// runs then(0) on the finished counts (the threadFenceReduction pattern: every block's
+/// adds are visible before it counts itself done in *finished, which the last resets).
+template <class BinOf, class Then = no_then>
 __global__ void __launch_bounds__(block_threads)
-    histogram(std::uint64_t n, BinOf bin_of, std::uint32_t* counts, std::uint32_t bins) {
+    histogram(std::uint64_t n, BinOf bin_of, std::uint32_t* counts, std::uint32_t bins, Then then = {},
+              std::uint32_t* finished = nullptr) {
   extern __shared__ std::uint32_t local[];
   for (std::uint32_t b = threadIdx.x; b < bins; b += blockDim.x) local[b] = 0;
   __syncthreads();
@@ -107,6 +116,18 @@ __global__ void __launch_bounds__(block_threads)
   __syncthreads();
   for (std::uint32_t b = threadIdx.x; b < bins; b += blockDim.x) {
     if (local[b] != 0) atomicAdd(counts + b, local[b]);
+  }
+  if constexpr (!std::is_same_v<Then, no_then>) {
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(finished, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (last && threadIdx.x == 0) {
+      __threadfence();
+      then(0);
+      *finished = 0;
+    }
   }
 }
 

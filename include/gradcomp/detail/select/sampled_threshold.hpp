@@ -66,7 +66,14 @@ struct threshold_search {
   std::uint32_t kth;         ///< the k-th largest candidate key (cutting)
   std::uint32_t last_tie;    ///< the highest index among the ties kept (cutting)
   std::uint32_t carried[2];  ///< the carried threshold: committed and proposed copies
+  std::uint32_t finished;    ///< a histogram's blocks done, for the one-item pass after it (histogram_then)
 };
+
+/// Where the histograms of the search `s` count their blocks done (histogram_then's
+/// finished_blocks()), computed without reading the backend's memory.
+inline std::uint32_t* finished_blocks_of(threshold_search* s) noexcept {
+  return reinterpret_cast<std::uint32_t*>(reinterpret_cast<char*>(s) + offsetof(threshold_search, finished));
+}
 
 namespace sampled {
 
@@ -146,6 +153,7 @@ struct pick_digit {
   const std::uint32_t* bins;
   threshold_search* s;
   radix_digit digit;
+  std::uint32_t* finished_blocks() const noexcept { return finished_blocks_of(s); }
   GRADCOMP_HOST_DEVICE void operator()(std::size_t) const {
     if (!Taking::on(*s)) return;
     const std::uint32_t mask = (1u << digit.bits) - 1u;
@@ -269,6 +277,7 @@ struct settle_refinement {
   const std::uint32_t* between;  // entries in [t_i, t_{i-1})
   std::size_t max_iters;
   double low;
+  std::uint32_t* finished_blocks() const noexcept { return finished_blocks_of(s); }
   GRADCOMP_HOST_DEVICE void operator()(std::size_t) const {
     if (!s->refining) return;
     std::size_t i = 0;
@@ -461,8 +470,8 @@ class sampled_threshold_selection {
       const std::size_t thresholds = static_cast<std::size_t>(policy.max_iters) + 1;
       be.for_each(1, refinement_thresholds{s, policy, steps_.data(), thresholds});
       be.clear(between_.data(), thresholds);
-      be.histogram(n_, refinement_bin{acc, s, steps_.data(), thresholds}, between_.data());
-      be.for_each(1, settle_refinement{s, steps_.data(), between_.data(), thresholds - 1, low});
+      histogram_then(be, n_, refinement_bin{acc, s, steps_.data(), thresholds}, between_.data(),
+                     settle_refinement{s, steps_.data(), between_.data(), thresholds - 1, low});
       collect<refining_phase>(be, acc, refined_slot);
       be.for_each(1, take_refined_count{s, found(refined_slot)});
     }
@@ -572,8 +581,8 @@ class sampled_threshold_selection {
     be.for_each(1, start_select<Taking>{s, static_cast<std::uint32_t>(rank)});
     for (const radix_digit d : digits) {
       be.clear(bins_.data(), std::size_t{1} << d.bits);
-      be.histogram(size, digit_bin<Key, Taking>{key, taking, s, d}, bins_.data());
-      be.for_each(1, pick_digit<Taking>{bins_.data(), s, d});
+      histogram_then(be, size, digit_bin<Key, Taking>{key, taking, s, d}, bins_.data(),
+                     pick_digit<Taking>{bins_.data(), s, d});
     }
   }
 
