@@ -176,6 +176,7 @@ struct begin_search {
     s->refining = 0;
     s->cutting = 0;
     s->stopped = 0;
+    s->finished = 0;  // zero already (each pass leaves it so): a step also repairs it
   }
 };
 
