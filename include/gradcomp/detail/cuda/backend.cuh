@@ -126,14 +126,7 @@ struct cuda {
   /// block in shared memory where they fit.
   template <class BinOf>
   void histogram(std::size_t n, const BinOf& bin_of, std::uint32_t* counts) const {
-    if (n == 0) return;
-    std::uint32_t bins = 0;  // counted in shared memory
-    if constexpr (requires { bin_of.bins(); }) {
-      if (bin_of.bins() <= detail::cuda_launch::shared_histogram_bins) bins = static_cast<std::uint32_t>(bin_of.bins());
-    }
-    detail::cuda_launch::histogram<<<detail::cuda_launch::grid_for(n), detail::cuda_launch::block_threads,
-                                     bins * sizeof(std::uint32_t), stream>>>(n, bin_of, counts, bins);
-    detail::cuda_check(cudaGetLastError(), "histogram (launch)");
+    if (n != 0) launch_histogram(n, bin_of, counts, detail::cuda_launch::no_then{}, nullptr);
   }
 
   /// The same, then `then(0)` once on the finished counts, run by the pass's last block
@@ -142,14 +135,7 @@ struct cuda {
   template <class BinOf, class Then>
   void histogram(std::size_t n, const BinOf& bin_of, std::uint32_t* counts, const Then& then) const {
     if (n == 0) return for_each(1, then);
-    std::uint32_t bins = 0;  // counted in shared memory
-    if constexpr (requires { bin_of.bins(); }) {
-      if (bin_of.bins() <= detail::cuda_launch::shared_histogram_bins) bins = static_cast<std::uint32_t>(bin_of.bins());
-    }
-    detail::cuda_launch::histogram<<<detail::cuda_launch::grid_for(n), detail::cuda_launch::block_threads,
-                                     bins * sizeof(std::uint32_t), stream>>>(n, bin_of, counts, bins, then,
-                                                                             then.finished_blocks());
-    detail::cuda_check(cudaGetLastError(), "histogram (launch)");
+    launch_histogram(n, bin_of, counts, then, then.finished_blocks());
   }
 
   /// Queues the sum of `term(i)` (a double) over [0, n) into `*total` (device memory),
@@ -304,6 +290,20 @@ struct cuda {
   }
 
  private:
+  // The histogram kernel over n > 0 items, the bins a bin_of says it has (up to
+  // shared_histogram_bins) counted in shared memory.
+  template <class BinOf, class Then>
+  void launch_histogram(std::size_t n, const BinOf& bin_of, std::uint32_t* counts, const Then& then,
+                        std::uint32_t* finished) const {
+    std::uint32_t bins = 0;  // counted in shared memory
+    if constexpr (requires { bin_of.bins(); }) {
+      if (bin_of.bins() <= detail::cuda_launch::shared_histogram_bins) bins = static_cast<std::uint32_t>(bin_of.bins());
+    }
+    detail::cuda_launch::histogram<<<detail::cuda_launch::grid_for(n), detail::cuda_launch::block_threads,
+                                     bins * sizeof(std::uint32_t), stream>>>(n, bin_of, counts, bins, then, finished);
+    detail::cuda_check(cudaGetLastError(), "histogram (launch)");
+  }
+
   void copy_and_wait(void* to, const void* from, std::size_t bytes, cudaMemcpyKind kind) const {
     detail::cuda_check(cudaMemcpyAsync(to, from, bytes, kind, stream), "cudaMemcpyAsync");
     detail::cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");

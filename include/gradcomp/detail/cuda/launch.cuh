@@ -85,6 +85,22 @@ __global__ void reduce_max(std::uint64_t n, Body body, std::uint32_t* word) {
 /// The most bins a histogram counts in shared memory (16 KB of it).
 inline constexpr std::size_t shared_histogram_bins = 4096;
 
+/// Whether this block is the last of the grid to get here, every thread of the block
+/// calling it: the threadFenceReduction pattern, so that what every block wrote before
+/// the call (its atomics included) is visible to the last block after it. `finished`
+/// counts the blocks in device memory, zero before; the last block resets it.
+__device__ inline bool last_block_to_finish(std::uint32_t* finished) {
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(finished, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return false;
+  __threadfence();
+  if (threadIdx.x == 0) *finished = 0;  // every block has counted itself
+  return true;
+}
+
 /// No one-item body after a histogram.
 struct no_then {
   GRADCOMP_HOST_DEVICE void operator()(std::size_t) const {}
@@ -96,12 +112,10 @@ struct no_then {
 /// and each block adds its nonzero ones, so that items crowding a few bins (magnitudes
 /// share their top digits) contend within a block, not across the device; any other bin
 /// with an atomic in `counts`. With a `then` (not no_then), the last block to finish
-/// runs then(0) on the finished counts (the threadFenceReduction pattern: every block's
-/// adds are visible before it counts itself done in *finished, which the last resets).
-template <class BinOf, class Then = no_then>
-__global__ void __launch_bounds__(block_threads)
-    histogram(std::uint64_t n, BinOf bin_of, std::uint32_t* counts, std::uint32_t bins, Then then = {},
-              std::uint32_t* finished = nullptr) {
+/// (last_block_to_finish, counting in *finished) runs then(0) on the finished counts.
+template <class BinOf, class Then>
+__global__ void __launch_bounds__(block_threads) histogram(std::uint64_t n, BinOf bin_of, std::uint32_t* counts,
+                                                           std::uint32_t bins, Then then, std::uint32_t* finished) {
   extern __shared__ std::uint32_t local[];
   for (std::uint32_t b = threadIdx.x; b < bins; b += blockDim.x) local[b] = 0;
   __syncthreads();
@@ -118,16 +132,7 @@ __global__ void __launch_bounds__(block_threads)
     if (local[b] != 0) atomicAdd(counts + b, local[b]);
   }
   if constexpr (!std::is_same_v<Then, no_then>) {
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(finished, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (last && threadIdx.x == 0) {
-      __threadfence();
-      then(0);
-      *finished = 0;
-    }
+    if (last_block_to_finish(finished) && threadIdx.x == 0) then(0);
   }
 }
 

@@ -228,18 +228,10 @@ __device__ inline void pick_digit(std::uint32_t* histogram, select_state* state,
 /// pattern: every block's adds are visible before its ticket is taken).
 __device__ inline void count_then_pick(const std::uint32_t* local, std::uint32_t* histogram, select_state* state,
                                        next_digit digit) {
-  __shared__ bool last;
   for (int b = threadIdx.x; b < top_bins; b += blockDim.x) {
     if (local[b] != 0) atomicAdd(&histogram[b], local[b]);
   }
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&state->finished, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  pick_digit(histogram, state, digit);
-  if (threadIdx.x == 0) state->finished = 0;
+  if (cuda_launch::last_block_to_finish(&state->finished)) pick_digit(histogram, state, digit);
 }
 
 /// Level 0: histogram of the top digit (bits 31..21) of every item's key, and its bin.
