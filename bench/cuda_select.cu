@@ -178,7 +178,7 @@ void dgc_step(benchmark::State& state) { dgc(state, step_mode::compressed); }
 void dgc_step_queued(benchmark::State& state) { dgc(state, step_mode::queued); }
 
 // The selection alone, by backend::cuda's fast path (detail::fast_engine<S, cuda>: the fused
-// radix select, reduce-by-key) and by the generic algorithm over the backend primitives
+// radix select, chunk_local's tiled pass) and by the generic algorithm over the backend primitives
 // (detail/select/<name>.hpp), on the same acc: a fast path stays only where it pays
 // (docs/design.md), and tests/cuda/test_cuda_conformance.cu proves both select alike.
 template <class Engine, class Policy>

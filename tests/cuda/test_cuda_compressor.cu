@@ -177,6 +177,20 @@ TEST_CASE("cuda chunk_local sends what host sends, with every corrector and enco
       gc::select::chunk_local{.bin = 70'001});  // one bin for the smaller sizes, straddling bins for the larger
 }
 
+TEST_CASE("cuda chunk_local at a tile's edge: the corrector's update riding its tiled pass, or before wider bins") {
+  // Tiles of whole bins of at most 2,048 entries (tiles of 2,047 split words of the
+  // hits' bits, tiles of 2,048 do not); 2,049 is reduced by key after the update's pass.
+  for (const std::size_t bin : {std::size_t{2047}, std::size_t{2048}, std::size_t{2049}}) {
+    CAPTURE(bin);
+    for (const auto shape : {inputs::shape::normal, inputs::shape::ties, inputs::shape::sparse_spikes}) {
+      same_as_host(gc::select::chunk_local{.bin = bin}, gc::correct::error_feedback{}, device_encoders[0], shape,
+                   (std::size_t{1} << 20) + 3);
+      same_as_host(gc::select::chunk_local{.bin = bin}, gc::correct::momentum{.beta = 0.9f}, host_coded_encoders[1],
+                   shape, 70'001);
+    }
+  }
+}
+
 TEST_CASE("cuda random_k sends what host sends, with every corrector and encoder") {
   every_policy(gc::select::random_k{.density = 0.01, .seed = 3});
   every_policy(gc::select::random_k{.density = 0.2, .seed = 4, .unbiased = true});
@@ -266,6 +280,7 @@ TEST_CASE("a NaN or infinity is rejected and changes neither the message buffer 
   check(gc::select::sampled_threshold{.density = 0.01, .reuse_threshold = true}, gc::correct::momentum{}, raw);
   check(gc::select::chunk_local{.bin = 500}, gc::correct::error_feedback{},
         gc::encode::index_value{.value = value_coding::ternary});
+  check(gc::select::chunk_local{.bin = 3000}, gc::correct::momentum{}, raw);  // wider than a tile
   check(gc::select::random_k{.density = 0.01}, gc::correct::error_feedback{}, raw);
   check(gc::select::threshold{.tau = 1.0f}, gc::correct::error_feedback{}, gc::encode::index_value{});
   check(gc::select::exact_topk{.density = 0.05},

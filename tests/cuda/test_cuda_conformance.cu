@@ -59,9 +59,12 @@ std::vector<std::uint32_t> queued_indices(Engine& engine, const gradcomp::backen
 
 }  // namespace
 
-// backend::cuda's exact_topk (the device radix select) and chunk_local (reduce-by-key
-// and one compaction) are fast paths: each must select what the generic algorithm
-// over the backend primitives (detail/select/<name>.hpp) selects on backend::cuda.
+// backend::cuda's exact_topk (the device radix select) and chunk_local (a tiled pass that
+// marks the hits, reduce-by-key for bins wider than a tile, then one compaction) are
+// fast paths: each must select what the generic algorithm over the backend primitives
+// (detail/select/<name>.hpp) selects on backend::cuda. chunk_local's bins: one entry,
+// tiles whose edges split a word of the hits' bits (3, 50, 2,047), a bin of exactly a
+// tile (2,048), the widest bins (past a tile), one bin of all n.
 TEST_CASE("cuda: the exact_topk and chunk_local fast paths equal the generic algorithms on backend::cuda") {
   namespace gc = gradcomp;
   const gc::backend::cuda be{};
@@ -78,7 +81,8 @@ TEST_CASE("cuda: the exact_topk and chunk_local fast paths equal the generic alg
         CAPTURE(k);
         REQUIRE(queued_indices(fast, be, policy, acc, acc) == queued_indices(generic, be, policy, acc, acc));
       }
-      for (const std::size_t bin : {std::size_t{1}, std::size_t{50}, std::size_t{5000}, n}) {
+      for (const std::size_t bin : {std::size_t{1}, std::size_t{3}, std::size_t{50}, std::size_t{2047},
+                                    std::size_t{2048}, std::size_t{2049}, std::size_t{5000}, n}) {
         const gc::select::chunk_local policy{.bin = bin};
         gc::detail::fast_engine<gc::select::chunk_local, gc::backend::cuda> fast(be, policy, n);
         gc::detail::chunk_local_selection<gc::backend::cuda> generic(be, policy, n);

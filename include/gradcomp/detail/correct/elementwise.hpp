@@ -73,7 +73,9 @@ struct scale_from_norm {
 /// The new state and acc at i from the committed state (read through `Old`) and g_i
 /// (float32, or 16-bit read as its float value) times the factor (none: 1): written by
 /// written_acc(i), which returns acc_i (a selector's first pass over acc may run it:
-/// correction::update_pass); the call returns 1 if acc is a NaN or an infinity.
+/// correction::update_pass, or its two halves, read(i) and then written_acc(i, read),
+/// so that a thread can have several entries' reads in flight before it writes any);
+/// the call returns 1 if acc is a NaN or an infinity.
 template <class Policy, std::size_t Arrays, bool OwnAcc, class Old = arrays<Arrays>, gradient_element G = float>
 struct update {
   Policy policy;
@@ -82,15 +84,25 @@ struct update {
   float* acc;
   const G* g;
   const float* scale;
-  GRADCOMP_HOST_DEVICE float written_acc(std::size_t i) const {
+  /// What the update of entry i reads: the committed state, and g_i times the factor.
+  struct inputs {
     float s[Arrays + 1];
-    for (std::size_t a = 0; a != Arrays; ++a) s[a] = old.value(a, i);
+    float g;
+  };
+  GRADCOMP_HOST_DEVICE inputs read(std::size_t i) const {
+    inputs in{};
+    for (std::size_t a = 0; a != Arrays; ++a) in.s[a] = old.value(a, i);
     const float g_i = to_float(g[i]);
-    const float value = policy.update(s, scale != nullptr ? mul_rn(g_i, *scale) : g_i);
-    for (std::size_t a = 0; a != Arrays; ++a) next.at[a][i] = s[a];
+    in.g = scale != nullptr ? mul_rn(g_i, *scale) : g_i;
+    return in;
+  }
+  GRADCOMP_HOST_DEVICE float written_acc(std::size_t i, inputs in) const {
+    const float value = policy.update(in.s, in.g);
+    for (std::size_t a = 0; a != Arrays; ++a) next.at[a][i] = in.s[a];
     if constexpr (OwnAcc) acc[i] = value;
     return value;
   }
+  GRADCOMP_HOST_DEVICE float written_acc(std::size_t i) const { return written_acc(i, read(i)); }
   GRADCOMP_HOST_DEVICE std::uint32_t operator()(std::size_t i) const {
     return magnitude_key(written_acc(i)) >= non_finite_key ? 1u : 0u;
   }

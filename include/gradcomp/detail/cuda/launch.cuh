@@ -82,6 +82,22 @@ __global__ void reduce_max(std::uint64_t n, Body body, std::uint32_t* word) {
   if (largest != 0) atomicMax(word, largest);
 }
 
+/// acc_i as the corrector's pass writes it, for a selector's first pass that computes
+/// acc as it reads it (correction::update_pass: `update.read(i)` reads the committed
+/// state and g_i, `update.written_acc(i, read)` writes the step's state and acc at i and
+/// returns acc_i), in its two halves, so that a thread has the reads of all its entries
+/// in flight before it writes any: a load cannot pass a store it might alias, and one
+/// entry's reads at a time leave the memory waiting.
+template <class Update>
+struct updated_acc {
+  Update update;
+  using inputs = typename Update::inputs;
+  __device__ inputs read(std::uint64_t i) const { return update.read(static_cast<std::size_t>(i)); }
+  __device__ float written(std::uint64_t i, const inputs& in) const {
+    return update.written_acc(static_cast<std::size_t>(i), in);
+  }
+};
+
 /// The most bins a histogram counts in shared memory (16 KB of it).
 inline constexpr std::size_t shared_histogram_bins = 4096;
 

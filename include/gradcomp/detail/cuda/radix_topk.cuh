@@ -77,14 +77,16 @@ struct magnitude_key_of {
   __device__ std::uint32_t operator()(std::uint32_t i) const { return __float_as_uint(acc[i]) & 0x7FFFFFFFu; }
 };
 
-/// The magnitude key of acc[i] as the corrector's pass writes it (`update.written_acc(i)`
-/// writes the step's state and acc at i and returns acc_i): a counting pass that computes
-/// acc as it reads it.
+/// The magnitude key of acc[i] as the corrector's pass writes it (cuda_launch::updated_acc):
+/// a counting pass that computes acc as it reads it, its reads (read) apart from its
+/// writes (written), which for_each_keyed issues for all of a thread's items first.
 template <class Update>
 struct written_magnitude_key {
-  Update update;
-  __device__ std::uint32_t operator()(std::uint32_t i) const {
-    return __float_as_uint(update.written_acc(i)) & 0x7FFFFFFFu;
+  cuda_launch::updated_acc<Update> acc;
+  using inputs = typename Update::inputs;
+  __device__ inputs read(std::uint32_t i) const { return acc.read(i); }
+  __device__ std::uint32_t written(std::uint32_t i, const inputs& in) const {
+    return __float_as_uint(acc.written(i, in)) & 0x7FFFFFFFu;
   }
 };
 
@@ -133,9 +135,23 @@ __device__ void for_each_keyed(const Source& source, const Key& key, Body&& body
       const std::uint64_t j = first + static_cast<std::uint64_t>(q) * block_threads;
       item[q] = j < size ? source.at(static_cast<std::uint32_t>(j)) : 0u;
     }
+    if constexpr (requires { key.read(0u); }) {
+      // A key computed from reads and then written (written_magnitude_key): every read
+      // of the thread's items in flight before the first write.
+      typename Key::inputs in[items_per_thread] = {};
 #pragma unroll
-    for (int q = 0; q < items_per_thread; ++q) {
-      if (first + static_cast<std::uint64_t>(q) * block_threads < size) item_key[q] = key(item[q]);
+      for (int q = 0; q < items_per_thread; ++q) {
+        if (first + static_cast<std::uint64_t>(q) * block_threads < size) in[q] = key.read(item[q]);
+      }
+#pragma unroll
+      for (int q = 0; q < items_per_thread; ++q) {
+        if (first + static_cast<std::uint64_t>(q) * block_threads < size) item_key[q] = key.written(item[q], in[q]);
+      }
+    } else {
+#pragma unroll
+      for (int q = 0; q < items_per_thread; ++q) {
+        if (first + static_cast<std::uint64_t>(q) * block_threads < size) item_key[q] = key(item[q]);
+      }
     }
 #pragma unroll
     for (int q = 0; q < items_per_thread; ++q) {

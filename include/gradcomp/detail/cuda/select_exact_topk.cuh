@@ -116,7 +116,7 @@ class fast_engine<select::exact_topk, backend::cuda> {
   template <class Update>
   queued_selection select(const backend::cuda& be, const select::exact_topk& policy, const select_input& in,
                           std::span<std::uint32_t> out, step_status* status, const Update& update) {
-    return select_counting(be, policy, out, status, cuda_radix::written_magnitude_key<Update>{update}, in.acc.data());
+    return select_counting(be, policy, out, status, cuda_radix::written_magnitude_key<Update>{{update}}, in.acc.data());
   }
 
   /// The number of entries every step selects (compress_async needs it on the host).

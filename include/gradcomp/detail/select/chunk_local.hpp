@@ -3,8 +3,8 @@
 /// expansion over the bins, in which each bin finds its largest |acc| and makes the
 /// indices with |acc_i + g_i| >= it, its count going straight into the step's status.
 /// What backend::kokkos runs; backend::host's engine (detail/host/select_chunk_local.hpp,
-/// inside the corrector's pass) and backend::cuda's (a CUB reduce-by-key over the bins
-/// and one compaction, detail/cuda/select_chunk_local.cuh) are fast paths, the first proved
+/// inside the corrector's pass) and backend::cuda's (a tiled pass that marks the hits,
+/// then one compaction, detail/cuda/select_chunk_local.cuh) are fast paths, the first proved
 /// equal to this by the tests. Not API.
 #pragma once
 

@@ -90,8 +90,8 @@ class step_engines {
   static constexpr bool fused_pass = selector_engine_observes<select_engine, Selector, Backend> &&
                                      corrector_engine_visits<correct_engine, Corrector, Backend>;
   // The selector's first pass over acc computes it, the corrector's update riding on it
-  // (backend::cuda's exact_topk: the counting pass writes acc as it reads it, so acc is
-  // read once less), where the corrector's engine offers its pass element by element and
+  // (backend::cuda's exact_topk and chunk_local: their first pass writes acc as it reads
+  // it, so acc is read once less), where the corrector's engine offers its pass element by element and
   // the selector's engine says it runs it (`runs_update_pass`: a select that merely
   // accepted the pass would leave the update undone).
   static constexpr bool selector_runs_update_pass = [] {
