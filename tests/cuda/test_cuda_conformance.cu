@@ -6,6 +6,9 @@
 
 #include <gradcomp/gradcomp.hpp>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
@@ -40,6 +43,14 @@ TEST_CASE_TEMPLATE_INVOKE(grid, GRADCOMP_CONFORMANCE_SELECTORS);
 
 namespace {
 
+// The first `count` entries of `out`.
+std::vector<std::uint32_t> first_of(const thrust::device_vector<std::uint32_t>& out, std::uint32_t count) {
+  auto indices = device::host_copy(out);
+  REQUIRE(count <= indices.size());
+  indices.resize(count);
+  return indices;
+}
+
 // Runs one selector engine to the queued protocol on device copies of acc and g:
 // the count from the status, and the indices.
 template <class Engine, class Policy>
@@ -50,11 +61,7 @@ std::vector<std::uint32_t> queued_indices(Engine& engine, const gradcomp::backen
   const auto a = device::raw_span_of(acc);
   engine.select(be, policy, {a, device::raw_span_of(g), 0}, device::raw_span_of(out),
                 device::raw_span_of(status).data());
-  const std::uint32_t count = device::host_copy(status)[0].count;
-  auto indices = device::host_copy(out);
-  REQUIRE(count <= indices.size());
-  indices.resize(count);
-  return indices;
+  return first_of(out, device::host_copy(status)[0].count);
 }
 
 }  // namespace
@@ -90,6 +97,73 @@ TEST_CASE("cuda: the exact_topk and chunk_local fast paths equal the generic alg
         REQUIRE(queued_indices(fast, be, policy, acc, g) == queued_indices(generic, be, policy, acc, g));
       }
     }
+  }
+}
+
+namespace {
+
+// Keeps the i whose hash is a multiple of k (k = 1: every i).
+struct every_kth_hash {
+  std::uint64_t k;
+  __host__ __device__ bool operator()(std::size_t i) const { return (i * 2654435761ull + 7) % k == 0; }
+};
+
+// The ascending i < n that `keep` keeps, by backend::cuda::compact (as many as the
+// count it wrote; nothing written past them).
+// `workspace`: one for n, or a larger one a call before left as it was.
+template <class Keep>
+std::vector<std::uint32_t> compacted(const gradcomp::backend::cuda& be, std::size_t n, const Keep& keep,
+                                     thrust::device_vector<std::byte>* workspace = nullptr) {
+  thrust::device_vector<std::uint32_t> out(n, 0xFFFFFFFFu);
+  thrust::device_vector<std::uint32_t> count(1, 0xDEADu);
+  thrust::device_vector<std::byte> own;
+  if (workspace == nullptr) {
+    own.resize(be.template compact_workspace<Keep>(n));
+    workspace = &own;
+  }
+  be.compact(n, keep, thrust::raw_pointer_cast(out.data()), device::raw_span_of(*workspace),
+             thrust::raw_pointer_cast(count.data()));
+  const std::uint32_t kept = device::host_copy(count)[0];
+  const auto all = device::host_copy(out);  // filled with 0xFFFFFFFF: nothing written past the kept
+  CHECK(std::all_of(all.begin() + std::min<std::size_t>(kept, n), all.end(),
+                    [](std::uint32_t i) { return i == 0xFFFFFFFFu; }));
+  return first_of(out, kept);
+}
+
+}  // namespace
+
+// compact marks each kept index as a bit (a warp's ballot per 32 indices, eight runs of
+// 32 per round, rounds grid-stride past about 2 M indices on an H100) and expands the
+// words: sizes around a word, a warp's round and a block's, and past one grid's round.
+TEST_CASE("cuda: compact keeps exactly what a host loop keeps, ascending") {
+  namespace gc = gradcomp;
+  const gc::backend::cuda be{};
+  // One workspace for the largest n, dirty to begin with, reused at every size after
+  // (sparse_allreduce compacts regions of several sizes in one workspace).
+  thrust::device_vector<std::byte> reused(be.compact_workspace<every_kth_hash>(10'000'001), std::byte{0xFF});
+  for (const std::size_t n :
+       {std::size_t{1}, std::size_t{31}, std::size_t{32}, std::size_t{33}, std::size_t{255}, std::size_t{256},
+        std::size_t{257}, std::size_t{2049}, std::size_t{70003}, (std::size_t{1} << 20) + 3, std::size_t{10'000'001}}) {
+    CAPTURE(n);
+    for (const std::uint64_t k : {std::uint64_t{1}, std::uint64_t{3}, std::uint64_t{1000}, std::uint64_t{1} << 40}) {
+      CAPTURE(k);
+      const every_kth_hash keep{k};
+      std::vector<std::uint32_t> expected;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (keep(i)) expected.push_back(static_cast<std::uint32_t>(i));
+      }
+      REQUIRE(compacted(be, n, keep) == expected);
+      REQUIRE(compacted(be, n, keep, &reused) == expected);
+    }
+    const auto x = inputs::make(inputs::shape::log_normal, n, 77);
+    auto acc = device::copy_of(x);
+    const float tau = 1.5f;
+    std::vector<std::uint32_t> expected;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (std::fabs(x[i]) >= tau) expected.push_back(static_cast<std::uint32_t>(i));
+    }
+    const gc::detail::magnitude_at_least keep{thrust::raw_pointer_cast(acc.data()), gc::detail::magnitude_key(tau)};
+    REQUIRE(compacted(be, n, keep) == expected);
   }
 }
 

@@ -154,18 +154,33 @@ struct cuda {
     detail::cuda_check(cudaGetLastError(), "sum (launch)");
   }
 
-  /// Bytes of workspace that compact() needs for n indices and a predicate of type Keep.
+  /// Bytes of workspace that compact() needs for n indices (whatever the predicate):
+  /// a word per 32 indices, then expand()'s workspace over the words.
   template <class Keep>
   [[nodiscard]] std::size_t compact_workspace(std::size_t n) const {
-    return detail::cuda_launch::select_if_scratch<Keep>(n, stream);
+    const std::size_t words = (n + 31) / 32;
+    return marked_words_bytes(words) + expand_workspace(words);
   }
   /// Queues the indices i < n with keep(i), ascending, into `out` (room for every kept
-  /// index) and their number into `*count` (device memory), by cub::DeviceSelect::If;
-  /// `workspace` holds compact_workspace<Keep>(n) bytes.
+  /// index) and their number into `*count` (device memory): each kept index marked as
+  /// a bit (a warp's ballot per 32 indices), then an ordered expansion of the n / 32
+  /// words; `workspace` holds compact_workspace<Keep>(n) bytes.
   template <class Keep>
   void compact(std::size_t n, const Keep& keep, std::uint32_t* out, std::span<std::byte> workspace,
                std::uint32_t* count) const {
-    detail::cuda_launch::select_if(workspace.data(), workspace.size(), keep, n, out, count, stream);
+    if (n == 0) return clear(count, 1);
+    const std::size_t words = (n + 31) / 32;
+    detail::require(workspace.size() >= marked_words_bytes(words) + 2 * words * sizeof(std::uint32_t),
+                    errc::invalid_argument, "compact: workspace of ", workspace.size(), " bytes for ", n,
+                    " indices, below compact_workspace");               // CUB checks its scratch after these
+    auto* marked = reinterpret_cast<std::uint32_t*>(workspace.data());  // allocation-aligned
+    const std::span<std::byte> expansion = workspace.subspan(marked_words_bytes(words));
+    constexpr std::size_t round = 32 * detail::cuda_launch::marked_runs;
+    detail::cuda_launch::mark_kept<<<detail::cuda_launch::grid_for((n + round - 1) / round * 32),
+                                     detail::cuda_launch::block_threads, 0, stream>>>(n, keep, marked,
+                                                                                      counts_of(expansion));
+    detail::cuda_check(cudaGetLastError(), "compact (launch)");
+    expand_counted(words, detail::cuda_launch::set_bits_of{marked}, out, expansion, count);
   }
 
   /// Bytes of workspace that expand() needs for m items.
@@ -181,20 +196,10 @@ struct cuda {
   void expand(std::size_t m, const Body& body, std::uint32_t* out, std::span<std::byte> workspace,
               std::uint32_t* count) const {
     if (m == 0) return clear(count, 1);
-    auto* counts = reinterpret_cast<std::uint32_t*>(workspace.data());  // allocation-aligned
-    std::uint32_t* offsets = counts + m;
-    std::byte* scratch = workspace.data() + 2 * m * sizeof(std::uint32_t);
-    std::size_t scratch_bytes = workspace.size() - 2 * m * sizeof(std::uint32_t);
-    const auto blocks =
-        static_cast<unsigned>((m + detail::cuda_launch::block_threads - 1) / detail::cuda_launch::block_threads);
-    detail::cuda_launch::expand_counts<<<blocks, detail::cuda_launch::block_threads, 0, stream>>>(m, body, counts);
+    detail::cuda_launch::expand_counts<<<blocks_for(m), detail::cuda_launch::block_threads, 0, stream>>>(
+        m, body, counts_of(workspace));
     detail::cuda_check(cudaGetLastError(), "expand (launch)");
-    detail::cuda_check(
-        cub::DeviceScan::ExclusiveSum(scratch, scratch_bytes, counts, offsets, static_cast<std::int64_t>(m), stream),
-        "cub::DeviceScan::ExclusiveSum");
-    detail::cuda_launch::expand_write<<<blocks, detail::cuda_launch::block_threads, 0, stream>>>(m, body, counts,
-                                                                                                 offsets, out, count);
-    detail::cuda_check(cudaGetLastError(), "expand (launch)");
+    expand_counted(m, body, out, workspace, count);
   }
 
   /// Device memory: the host reaches it only through read(), to_host() and to_device().
@@ -290,6 +295,35 @@ struct cuda {
   }
 
  private:
+  // The counts at the front of expand()'s workspace (allocation-aligned).
+  static std::uint32_t* counts_of(std::span<std::byte> workspace) noexcept {
+    return reinterpret_cast<std::uint32_t*>(workspace.data());
+  }
+  static unsigned blocks_for(std::size_t m) noexcept {
+    return static_cast<unsigned>((m + detail::cuda_launch::block_threads - 1) / detail::cuda_launch::block_threads);
+  }
+  // expand() once its m > 0 counts are in the workspace: their exclusive scan (CUB),
+  // then each item's writes from its offset.
+  template <class Body>
+  void expand_counted(std::size_t m, const Body& body, std::uint32_t* out, std::span<std::byte> workspace,
+                      std::uint32_t* count) const {
+    std::uint32_t* counts = counts_of(workspace);
+    std::uint32_t* offsets = counts + m;
+    std::byte* scratch = workspace.data() + 2 * m * sizeof(std::uint32_t);
+    std::size_t scratch_bytes = workspace.size() - 2 * m * sizeof(std::uint32_t);
+    detail::cuda_check(
+        cub::DeviceScan::ExclusiveSum(scratch, scratch_bytes, counts, offsets, static_cast<std::int64_t>(m), stream),
+        "cub::DeviceScan::ExclusiveSum");
+    detail::cuda_launch::expand_write<<<blocks_for(m), detail::cuda_launch::block_threads, 0, stream>>>(
+        m, body, counts, offsets, out, count);
+    detail::cuda_check(cudaGetLastError(), "expand (launch)");
+  }
+  // Bytes that compact() gives its marked words, rounded up so that expand()'s
+  // workspace after them stays aligned as an allocation is.
+  [[nodiscard]] static std::size_t marked_words_bytes(std::size_t words) noexcept {
+    return (words * sizeof(std::uint32_t) + 255) / 256 * 256;
+  }
+
   // The histogram kernel over n > 0 items, the bins a bin_of says it has (up to
   // shared_histogram_bins) counted in shared memory.
   template <class BinOf, class Then>

@@ -30,7 +30,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 #include <span>
 #include <type_traits>
 
@@ -161,20 +160,6 @@ __global__ void __launch_bounds__(cuda_launch::block_threads)
   }
 }
 
-/// The expansion body over the tiled pass's words: word w makes the indices of its set
-/// bits, ascending (backend::cuda::expand: a pass over n / 32 words, where an ordered
-/// compaction of the n indices by their bits would take a pass over n).
-struct marked_indices {
-  const std::uint32_t* hit_words;
-  __device__ std::size_t operator()(std::size_t w, std::uint32_t* at) const {
-    std::uint32_t bits = hit_words[w];
-    if (at == nullptr) return static_cast<std::size_t>(__popc(bits));
-    std::size_t count = 0;
-    for (; bits != 0; bits &= bits - 1) at[count++] = static_cast<std::uint32_t>(w * 32 + (__ffs(bits) - 1));
-    return count;
-  }
-};
-
 using indices = thrust::counting_iterator<std::uint32_t>;
 
 /// The bin of entry i.
@@ -225,7 +210,7 @@ class fast_engine<select::chunk_local, backend::cuda> {
     }
     bin_max_ = be.template allocate<std::uint32_t>((n + bin_ - 1) / bin_);
     runs_ = be.template allocate<std::uint32_t>(1);
-    compact_hits_.emplace(n, be.template allocate<std::byte>(cuda_launch::select_if_scratch<hits>(n, be.stream)));
+    compact_scratch_ = be.template allocate<std::byte>(be.template compact_workspace<hits>(n));
     std::size_t bytes = 0;
     cuda_check(
         cub::DeviceReduce::ReduceByKey(nullptr, bytes, bins(indices(0), bin_of{1}), thrust::make_discard_iterator(),
@@ -259,8 +244,7 @@ class fast_engine<select::chunk_local, backend::cuda> {
   }
   void accept() noexcept {}
   void add_held(held_memory& use) const {
-    use.workspace += bytes_held(hit_words_, expand_scratch_, bin_max_, runs_, reduce_scratch_);
-    if (compact_hits_) use.workspace += compact_hits_->held_bytes();
+    use.workspace += bytes_held(hit_words_, expand_scratch_, bin_max_, runs_, reduce_scratch_, compact_scratch_);
   }
 
  private:
@@ -276,8 +260,8 @@ class fast_engine<select::chunk_local, backend::cuda> {
     mark_hits<<<tiles, cuda_launch::block_threads, 0, be.stream>>>(acc_of, in.grad.data(), n_, bin_, tile,
                                                                    hit_words_.data(), &status->non_finite);
     cuda_check(cudaGetLastError(), "chunk_local's mark_hits (launch)");
-    be.expand(hit_words_.size(), marked_indices{hit_words_.data()}, out.data(), workspace_bytes(expand_scratch_),
-              &status->count);
+    be.expand(hit_words_.size(), cuda_launch::set_bits_of{hit_words_.data()}, out.data(),
+              workspace_bytes(expand_scratch_), &status->count);
     return {};
   }
 
@@ -290,7 +274,8 @@ class fast_engine<select::chunk_local, backend::cuda> {
                    magnitudes(indices(0), magnitude_of{in.acc.data()}), bin_max_.data(), runs_.data(),
                    cuda::maximum<std::uint32_t>{}, static_cast<std::int64_t>(n_), be.stream),
                "cub::DeviceReduce::ReduceByKey");
-    (*compact_hits_)(hits{in.acc.data(), in.grad.data(), bin_max_.data(), bin_}, out.data(), &status->count, be.stream);
+    be.compact(n_, hits{in.acc.data(), in.grad.data(), bin_max_.data(), bin_}, out.data(),
+               workspace_bytes(compact_scratch_), &status->count);
     return {};
   }
 
@@ -304,7 +289,7 @@ class fast_engine<select::chunk_local, backend::cuda> {
   device_buffer<std::uint32_t> bin_max_;
   device_buffer<std::uint32_t> runs_;
   device_buffer<std::byte> reduce_scratch_;
-  std::optional<cuda_launch::index_compaction<cuda_chunk_local::hits>> compact_hits_;
+  device_buffer<std::byte> compact_scratch_;
 };
 
 }  // namespace detail
