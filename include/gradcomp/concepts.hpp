@@ -187,7 +187,7 @@ concept encoder = std::copyable<E> && policy_has_name<E> && encoder_has_validate
 ///   is not detail::no_bin (a bin_of may say how many bins it has, bins(), host-callable:
 ///   backend::cuda then counts each block's in shared memory); optionally also
 ///   histogram(n, bin_of, counts, then), then(0) run once on the finished counts in the
-///   same pass (detail::histogram_then);
+///   same pass, which leaves the bin_of.bins() counts zero (detail::histogram_then);
 /// - sum(n, term, tile, total): *total = the sum of term(i) -> double in the order of
 ///   detail/core/fixed_order_sum.hpp (identical on every backend and for any thread count);
 /// - compact(n, keep, out, workspace, count): the i < n with keep(i) -> bool, ascending,
@@ -278,10 +278,13 @@ bool release_after_stream(const B& be, std::span<Buffer> buffers) noexcept {
   }
 }
 /// counts[bin_of(i)] += 1 for every i < n (histogram()), then `then(0)` once, on the
-/// finished counts: in the histogram's pass where the backend can (backend::cuda: its
-/// last block to finish runs it, one launch fewer), else as a one-item pass after it.
-/// `then` says which word of the backend's memory the pass's blocks count themselves
-/// done in (finished_blocks(), host-callable: zero before, and left zero).
+/// finished counts, which are then zero again: in the histogram's pass where the backend
+/// can (backend::cuda: its last block to finish runs it and clears the counts, two
+/// launches fewer), else as a one-item pass and a clear after it. The counts
+/// (bin_of.bins() of them, host-callable) must be zero before: a caller that keeps them
+/// for its histograms clears them once, and allocation does. `then` says which word of
+/// the backend's memory the pass's blocks count themselves done in (finished_blocks(),
+/// host-callable: zero before, and left zero).
 template <class B, class BinOf, class Then>
 void histogram_then(const B& be, std::size_t n, const BinOf& bin_of, std::uint32_t* counts, const Then& then) {
   if constexpr (requires { be.histogram(n, bin_of, counts, then); }) {
@@ -289,6 +292,7 @@ void histogram_then(const B& be, std::size_t n, const BinOf& bin_of, std::uint32
   } else {
     be.histogram(n, bin_of, counts);
     be.for_each(1, then);
+    be.clear(counts, bin_of.bins());
   }
 }
 /// Host memory that the host fills for a copy to `B`'s memory (upload()): `B`'s own

@@ -7,6 +7,7 @@
 #include <gradcomp/backend/host.hpp>
 #include <gradcomp/memory.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -33,16 +34,21 @@ struct opaque_backend : gradcomp::backend::host {
 
   using host::histogram;
   /// The histogram with a one-item pass on its finished counts, as backend::cuda runs it
-  /// (its last block: detail::histogram_then): the word where blocks count themselves
-  /// done must be zero before and is left zero.
+  /// (its last block: detail::histogram_then), which then clears the counts: the counts
+  /// and the word where blocks count themselves done must be zero before, and are left
+  /// zero.
   template <class BinOf, class Then>
   void histogram(std::size_t n, const BinOf& bin_of, std::uint32_t* counts, const Then& then) const {
     std::uint32_t* finished = then.finished_blocks();
     if (*finished != 0) throw std::logic_error("histogram_then: the blocks' word was not zero before the pass");
+    if (std::any_of(counts, counts + bin_of.bins(), [](std::uint32_t c) { return c != 0; })) {
+      throw std::logic_error("histogram_then: the counts were not zero before the pass");
+    }
     host::histogram(n, bin_of, counts);
     ++*finished;  // the one block of this pass
     then(0);
     *finished = 0;
+    std::fill(counts, counts + bin_of.bins(), 0u);
   }
 };
 

@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <memory>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 GRADCOMP_NAMESPACE_BEGIN
@@ -130,11 +131,12 @@ struct cuda {
   }
 
   /// The same, then `then(0)` once on the finished counts, run by the pass's last block
-  /// to finish (one launch fewer than a pass of its own: detail::histogram_then);
+  /// to finish, which then clears the bin_of.bins() counts (zero before: two launches
+  /// fewer than a pass and a clear of their own, detail::histogram_then);
   /// `then.finished_blocks()` is a zeroed word of device memory, left zero.
   template <class BinOf, class Then>
   void histogram(std::size_t n, const BinOf& bin_of, std::uint32_t* counts, const Then& then) const {
-    if (n == 0) return for_each(1, then);
+    if (n == 0) return for_each(1, then);  // nothing counted: the counts stay zero
     launch_histogram(n, bin_of, counts, then, then.finished_blocks());
   }
 
@@ -329,12 +331,20 @@ struct cuda {
   template <class BinOf, class Then>
   void launch_histogram(std::size_t n, const BinOf& bin_of, std::uint32_t* counts, const Then& then,
                         std::uint32_t* finished) const {
-    std::uint32_t bins = 0;  // counted in shared memory
+    std::uint32_t bins = 0;     // counted in shared memory
+    std::uint32_t cleared = 0;  // cleared after `then`
     if constexpr (requires { bin_of.bins(); }) {
       if (bin_of.bins() <= detail::cuda_launch::shared_histogram_bins) bins = static_cast<std::uint32_t>(bin_of.bins());
+      if constexpr (!std::is_same_v<Then, detail::cuda_launch::no_then>) {
+        cleared = static_cast<std::uint32_t>(bin_of.bins());
+      }
+    } else {
+      static_assert(std::is_same_v<Then, detail::cuda_launch::no_then>,
+                    "histogram_then: a bin_of says how many bins it has (bins()), which the pass clears");
     }
     detail::cuda_launch::histogram<<<detail::cuda_launch::grid_for(n), detail::cuda_launch::block_threads,
-                                     bins * sizeof(std::uint32_t), stream>>>(n, bin_of, counts, bins, then, finished);
+                                     bins * sizeof(std::uint32_t), stream>>>(n, bin_of, counts, bins, then, finished,
+                                                                             cleared);
     detail::cuda_check(cudaGetLastError(), "histogram (launch)");
   }
 

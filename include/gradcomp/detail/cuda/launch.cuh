@@ -128,10 +128,13 @@ struct no_then {
 /// and each block adds its nonzero ones, so that items crowding a few bins (magnitudes
 /// share their top digits) contend within a block, not across the device; any other bin
 /// with an atomic in `counts`. With a `then` (not no_then), the last block to finish
-/// (last_block_to_finish, counting in *finished) runs then(0) on the finished counts.
+/// (last_block_to_finish, counting in *finished) runs then(0) on the finished counts,
+/// then clears the first `cleared` counts, so that the next histogram_then on them
+/// needs no clear of its own.
 template <class BinOf, class Then>
-__global__ void __launch_bounds__(block_threads) histogram(std::uint64_t n, BinOf bin_of, std::uint32_t* counts,
-                                                           std::uint32_t bins, Then then, std::uint32_t* finished) {
+__global__ void __launch_bounds__(block_threads)
+    histogram(std::uint64_t n, BinOf bin_of, std::uint32_t* counts, std::uint32_t bins, Then then,
+              std::uint32_t* finished, std::uint32_t cleared) {
   extern __shared__ std::uint32_t local[];
   for (std::uint32_t b = threadIdx.x; b < bins; b += blockDim.x) local[b] = 0;
   __syncthreads();
@@ -148,7 +151,11 @@ __global__ void __launch_bounds__(block_threads) histogram(std::uint64_t n, BinO
     if (local[b] != 0) atomicAdd(counts + b, local[b]);
   }
   if constexpr (!std::is_same_v<Then, no_then>) {
-    if (last_block_to_finish(finished) && threadIdx.x == 0) then(0);
+    if (last_block_to_finish(finished)) {  // the same for every thread of the block
+      if (threadIdx.x == 0) then(0);
+      __syncthreads();  // then has read the counts
+      for (std::uint32_t b = threadIdx.x; b < cleared; b += blockDim.x) counts[b] = 0;
+    }
   }
 }
 

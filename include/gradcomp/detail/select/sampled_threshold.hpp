@@ -470,7 +470,6 @@ class sampled_threshold_selection {
     if (still(be, &threshold_search::refining)) {
       const std::size_t thresholds = static_cast<std::size_t>(policy.max_iters) + 1;
       be.for_each(1, refinement_thresholds{s, policy, steps_.data(), thresholds});
-      be.clear(between_.data(), thresholds);
       histogram_then(be, n_, refinement_bin{acc, s, steps_.data(), thresholds}, between_.data(),
                      settle_refinement{s, steps_.data(), between_.data(), thresholds - 1, low});
       collect<refining_phase>(be, acc, refined_slot);
@@ -581,7 +580,6 @@ class sampled_threshold_selection {
     threshold_search* s = search_.data();
     be.for_each(1, start_select<Taking>{s, static_cast<std::uint32_t>(rank)});
     for (const radix_digit d : digits) {
-      be.clear(bins_.data(), std::size_t{1} << d.bits);
       histogram_then(be, size, digit_bin<Key, Taking>{key, taking, s, d}, bins_.data(),
                      pick_digit<Taking>{bins_.data(), s, d});
     }
@@ -603,6 +601,8 @@ class sampled_threshold_selection {
   Backend backend_;
   std::size_t n_;
   engine_for<select::exact_topk, Backend> topk_;  // where the sample would be all of acc
+  // bins_ and between_ hold histograms' counts: zero when allocated, and left zero by
+  // each histogram_then, so no step clears them.
   typename Backend::template buffer<std::uint32_t> candidates_, keys_, found_, bins_, steps_, between_;
   typename Backend::template buffer<threshold_search> search_;
   typename Backend::template buffer<std::byte> workspace_;
