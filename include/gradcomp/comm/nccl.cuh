@@ -307,9 +307,10 @@ class nccl {
     backend_.clear(sum.data(), sum.size());
     decoder_.add(backend_, mine, sum, 1.0f);
     reduce_broadcast(device_span<float>(sum.data(), sum.size()), 0);
-    detail::cuda_comm::add_scaled<<<detail::cuda_launch::grid_for(dense.size()), detail::cuda_launch::block_threads, 0,
-                                    backend_.stream>>>(dense.data(), sum.data(), scale, dense.size());
-    detail::cuda_check(cudaGetLastError(), "add_scaled (launch)");
+    detail::cuda_launch::launch("add_scaled (launch)", detail::cuda_comm::add_scaled<>,
+                                detail::cuda_launch::grid_for(dense.size()), detail::cuda_launch::block_threads, 0,
+                                backend_.stream, dense.data(), static_cast<const float*>(sum.data()), scale,
+                                std::uint64_t{dense.size()});
   }
 
   ncclComm_t comm_;

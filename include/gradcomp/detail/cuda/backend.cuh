@@ -96,9 +96,8 @@ struct cuda {
   template <class Body>
   void for_each(std::size_t n, const Body& body) const {
     if (n == 0) return;
-    detail::cuda_launch::for_each<<<detail::cuda_launch::grid_for(n), detail::cuda_launch::block_threads, 0, stream>>>(
-        n, body);
-    detail::cuda_check(cudaGetLastError(), "for_each (launch)");
+    launch("for_each (launch)", detail::cuda_launch::for_each<Body>, detail::cuda_launch::grid_for(n), 0,
+           std::uint64_t{n}, body);
   }
 
   /// Queues `body(i)` -> std::uint32_t for every i in [0, n), ORing the results into
@@ -106,9 +105,8 @@ struct cuda {
   template <class Body>
   void reduce_or(std::size_t n, const Body& body, std::uint32_t* bits) const {
     if (n == 0) return;
-    detail::cuda_launch::reduce_or<<<detail::cuda_launch::grid_for(n), detail::cuda_launch::block_threads, 0, stream>>>(
-        n, body, bits);
-    detail::cuda_check(cudaGetLastError(), "reduce_or (launch)");
+    launch("reduce_or (launch)", detail::cuda_launch::reduce_or<Body>, detail::cuda_launch::grid_for(n), 0,
+           std::uint64_t{n}, body, bits);
   }
 
   /// Queues `body(i)` -> std::uint32_t for every i in [0, n), raising `*word` (device
@@ -116,9 +114,8 @@ struct cuda {
   template <class Body>
   void reduce_max(std::size_t n, const Body& body, std::uint32_t* word) const {
     if (n == 0) return;
-    detail::cuda_launch::
-        reduce_max<<<detail::cuda_launch::grid_for(n), detail::cuda_launch::block_threads, 0, stream>>>(n, body, word);
-    detail::cuda_check(cudaGetLastError(), "reduce_max (launch)");
+    launch("reduce_max (launch)", detail::cuda_launch::reduce_max<Body>, detail::cuda_launch::grid_for(n), 0,
+           std::uint64_t{n}, body, word);
   }
 
   /// Queues counts[bin_of(i)] += 1 for every i in [0, n) whose bin is not
@@ -146,14 +143,11 @@ struct cuda {
   template <class Term>
   void sum(std::size_t n, const Term& term, double* tile, double* total) const {
     if (n != 0) {
-      detail::cuda_launch::
-          tile_sums<<<static_cast<unsigned>(detail::tile_count(n)), detail::cuda_launch::block_threads, 0, stream>>>(
-              n, term, tile);
-      detail::cuda_check(cudaGetLastError(), "sum (launch)");
+      launch("sum (launch)", detail::cuda_launch::tile_sums<Term>, static_cast<unsigned>(detail::tile_count(n)), 0,
+             std::uint64_t{n}, term, tile);
     }
-    detail::cuda_launch::sum_of_tiles<<<1, detail::cuda_launch::block_threads, 0, stream>>>(tile, detail::tile_count(n),
-                                                                                            total);
-    detail::cuda_check(cudaGetLastError(), "sum (launch)");
+    launch("sum (launch)", detail::cuda_launch::sum_of_tiles<>, 1, 0, static_cast<const double*>(tile),
+           std::uint64_t{detail::tile_count(n)}, total);
   }
 
   /// Bytes of workspace that compact() needs for n indices (whatever the predicate):
@@ -178,10 +172,9 @@ struct cuda {
     auto* marked = reinterpret_cast<std::uint32_t*>(workspace.data());  // allocation-aligned
     const std::span<std::byte> expansion = workspace.subspan(marked_words_bytes(words));
     constexpr std::size_t round = 32 * detail::cuda_launch::marked_runs;
-    detail::cuda_launch::mark_kept<<<detail::cuda_launch::grid_for((n + round - 1) / round * 32),
-                                     detail::cuda_launch::block_threads, 0, stream>>>(n, keep, marked,
-                                                                                      counts_of(expansion));
-    detail::cuda_check(cudaGetLastError(), "compact (launch)");
+    launch("compact (launch)", detail::cuda_launch::mark_kept<Keep>,
+           detail::cuda_launch::grid_for((n + round - 1) / round * 32), 0, std::uint64_t{n}, keep, marked,
+           counts_of(expansion));
     expand_counted(words, detail::cuda_launch::set_bits_of{marked}, out, expansion, count);
   }
 
@@ -198,9 +191,8 @@ struct cuda {
   void expand(std::size_t m, const Body& body, std::uint32_t* out, std::span<std::byte> workspace,
               std::uint32_t* count) const {
     if (m == 0) return clear(count, 1);
-    detail::cuda_launch::expand_counts<<<blocks_for(m), detail::cuda_launch::block_threads, 0, stream>>>(
-        m, body, counts_of(workspace));
-    detail::cuda_check(cudaGetLastError(), "expand (launch)");
+    launch("expand (launch)", detail::cuda_launch::expand_counts<Body>, blocks_for(m), 0, std::uint64_t{m}, body,
+           counts_of(workspace));
     expand_counted(m, body, out, workspace, count);
   }
 
@@ -271,9 +263,9 @@ struct cuda {
 
   /// A host copy of device memory (waits for the stream).
   template <class T>
-  [[nodiscard]] std::vector<T> to_host(std::span<const T> device) const {
-    std::vector<T> host(device.size());
-    to_host(device.data(), device.size(), host.data());
+  [[nodiscard]] std::vector<T> to_host(std::span<const T> on_device) const {
+    std::vector<T> host(on_device.size());
+    to_host(on_device.data(), on_device.size(), host.data());
     return host;
   }
 
@@ -297,6 +289,12 @@ struct cuda {
   }
 
  private:
+  // Queues `kernel` over `grid` blocks of block_threads threads on the stream.
+  template <class... Params, class... Args>
+  void launch(const char* what, void (*kernel)(Params...), unsigned grid, std::size_t shared,
+              const Args&... args) const {
+    detail::cuda_launch::launch(what, kernel, grid, detail::cuda_launch::block_threads, shared, stream, args...);
+  }
   // The counts at the front of expand()'s workspace (allocation-aligned).
   static std::uint32_t* counts_of(std::span<std::byte> workspace) noexcept {
     return reinterpret_cast<std::uint32_t*>(workspace.data());
@@ -316,9 +314,8 @@ struct cuda {
     detail::cuda_check(
         cub::DeviceScan::ExclusiveSum(scratch, scratch_bytes, counts, offsets, static_cast<std::int64_t>(m), stream),
         "cub::DeviceScan::ExclusiveSum");
-    detail::cuda_launch::expand_write<<<blocks_for(m), detail::cuda_launch::block_threads, 0, stream>>>(
-        m, body, counts, offsets, out, count);
-    detail::cuda_check(cudaGetLastError(), "expand (launch)");
+    launch("expand (launch)", detail::cuda_launch::expand_write<Body>, blocks_for(m), 0, std::uint64_t{m}, body,
+           static_cast<const std::uint32_t*>(counts), static_cast<const std::uint32_t*>(offsets), out, count);
   }
   // Bytes that compact() gives its marked words, rounded up so that expand()'s
   // workspace after them stays aligned as an allocation is.
@@ -342,10 +339,8 @@ struct cuda {
       static_assert(std::is_same_v<Then, detail::cuda_launch::no_then>,
                     "histogram_then: a bin_of says how many bins it has (bins()), which the pass clears");
     }
-    detail::cuda_launch::histogram<<<detail::cuda_launch::grid_for(n), detail::cuda_launch::block_threads,
-                                     bins * sizeof(std::uint32_t), stream>>>(n, bin_of, counts, bins, then, finished,
-                                                                             cleared);
-    detail::cuda_check(cudaGetLastError(), "histogram (launch)");
+    launch("histogram (launch)", detail::cuda_launch::histogram<BinOf, Then>, detail::cuda_launch::grid_for(n),
+           bins * sizeof(std::uint32_t), std::uint64_t{n}, bin_of, counts, bins, then, finished, cleared);
   }
 
   void copy_and_wait(void* to, const void* from, std::size_t bytes, cudaMemcpyKind kind) const {

@@ -35,6 +35,33 @@ inline unsigned grid_for(std::size_t n) {
   return static_cast<unsigned>(std::clamp<std::size_t>(blocks, 1, static_cast<std::size_t>(sms) * 8));
 }
 
+/// Queues `kernel(args...)` on `stream` over `grid` blocks of `threads` threads with
+/// `shared` bytes of dynamic shared memory, and throws gradcomp::error naming `what` if
+/// the launch fails. Every kernel of gradcomp is launched here: the CUDA tests also run
+/// them on the CPU (tests/emulated_cuda, which defines GRADCOMP_EMULATED_CUDA and runs
+/// each block's threads as fibers), where nothing else differs.
+template <class... Params, class... Args>
+void launch(const char* what, void (*kernel)(Params...), unsigned grid, unsigned threads, std::size_t shared,
+            cudaStream_t stream, const Args&... args) {
+  static_assert(sizeof...(Params) == sizeof...(Args), "launch: one argument per parameter of the kernel");
+#if defined(GRADCOMP_EMULATED_CUDA)
+  emulated_cuda::launch(grid, threads, shared, stream, [=] { kernel(args...); });
+#else
+  kernel<<<grid, threads, shared, stream>>>(args...);
+#endif
+  cuda_check(cudaGetLastError(), what);
+}
+
+/// The block's dynamic shared memory (a launch's `shared` bytes), as words.
+__device__ inline std::uint32_t* dynamic_shared_words() {
+#if defined(GRADCOMP_EMULATED_CUDA)
+  return static_cast<std::uint32_t*>(emulated_cuda::dynamic_shared());
+#else
+  extern __shared__ std::uint32_t words[];
+  return words;
+#endif
+}
+
 /// Calls `body(i)` for every i in [0, n) of this thread's share of the grid.
 template <class Body>
 __device__ void grid_stride(std::uint64_t n, Body&& body) {
@@ -135,7 +162,7 @@ template <class BinOf, class Then>
 __global__ void __launch_bounds__(block_threads)
     histogram(std::uint64_t n, BinOf bin_of, std::uint32_t* counts, std::uint32_t bins, Then then,
               std::uint32_t* finished, std::uint32_t cleared) {
-  extern __shared__ std::uint32_t local[];
+  std::uint32_t* const local = dynamic_shared_words();
   for (std::uint32_t b = threadIdx.x; b < bins; b += blockDim.x) local[b] = 0;
   __syncthreads();
   grid_stride(live_bound(n, bin_of), [&](std::uint64_t i) {
@@ -183,7 +210,7 @@ __device__ double staged_lane_sums(std::uint64_t len, const Value& value) {
     if (threadIdx.x < 32) return;
     const std::uint64_t at = std::uint64_t{chunk} * sum_chunk;
     const unsigned first = threadIdx.x - 32;
-    double loaded[per_stager];
+    double loaded[per_stager] = {};  // each stored only where loaded, which GCC cannot see
 #pragma unroll
     for (unsigned q = 0; q < per_stager; ++q) {
       const unsigned j = first + q * stagers;

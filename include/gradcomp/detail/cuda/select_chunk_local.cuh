@@ -257,9 +257,9 @@ class fast_engine<select::chunk_local, backend::cuda> {
     const std::uint32_t tile = tile_room / bin_ * bin_;
     const auto tiles = static_cast<unsigned>((n_ + tile - 1) / tile);
     be.clear(hit_words_.data(), hit_words_.size());
-    mark_hits<<<tiles, cuda_launch::block_threads, 0, be.stream>>>(acc_of, in.grad.data(), n_, bin_, tile,
-                                                                   hit_words_.data(), &status->non_finite);
-    cuda_check(cudaGetLastError(), "chunk_local's mark_hits (launch)");
+    cuda_launch::launch("chunk_local's mark_hits (launch)", mark_hits<Acc>, tiles, cuda_launch::block_threads, 0,
+                        be.stream, acc_of, in.grad.data(), std::uint64_t{n_}, bin_, tile, hit_words_.data(),
+                        &status->non_finite);
     be.expand(hit_words_.size(), cuda_launch::set_bits_of{hit_words_.data()}, out.data(),
               workspace_bytes(expand_scratch_), &status->count);
     return {};

@@ -142,22 +142,24 @@ class fast_engine<select::exact_topk, backend::cuda> {
     std::uint32_t* chosen_count = counts_of(magnitude) + 3;
     // The k-th largest magnitude K: the entries above it go to chosen_, those equal to
     // it to list_a_. Bins from 0x7F800000 >> 21 up hold NaN and infinity keys.
-    begin_select<<<1, 1, 0, stream>>>(magnitude, k, nullptr);
+    cuda_launch::launch("exact_topk's begin_select (launch)", begin_select<>, 1, 1, 0, stream, magnitude, k,
+                        static_cast<const select_state*>(nullptr));
     radix_select(stream, all_of{n_}, count_key, magnitude_key_of{acc}, magnitude, non_finite_key >> 21, list_a_.data(),
                  list_b_.data(), chosen_count, k, false);
     // Of the entries equal to K, the `rank` lowest indices: the same select on ~index
     // (unique keys), appending to chosen_, which then holds exactly k.
-    begin_select<<<1, 1, 0, stream>>>(ties, 0, magnitude);
+    cuda_launch::launch("exact_topk's begin_select (launch)", begin_select<>, 1, 1, 0, stream, ties, 0u,
+                        static_cast<const select_state*>(magnitude));
     radix_select(stream, list_of{list_a_.data(), counts_of(magnitude) + 2}, lower_index_first{}, lower_index_first{},
                  ties, ~0u, list_b_.data(), list_a_.data(), chosen_count, k, true);
-    finish_select<<<1, 1, 0, stream>>>(magnitude, k, status);
-    cuda_check(cudaGetLastError(), "exact_topk kernels (launch)");
+    cuda_launch::launch("exact_topk's finish_select (launch)", finish_select<>, 1, 1, 0, stream,
+                        static_cast<const select_state*>(magnitude), k, status);
 
     // The k chosen indices, in the order they were appended: sort them ascending, by the
     // bits an index below n can have set (a pass of CUB's fewer where n < 2^24).
     if (k <= block_sort_keys) {
-      sort_in_one_block<<<1, block_sort_threads, 0, stream>>>(chosen_.data(), k, index_bits(), out.data());
-      cuda_check(cudaGetLastError(), "exact_topk's sort (launch)");
+      cuda_launch::launch("exact_topk's sort (launch)", sort_in_one_block<>, 1, block_sort_threads, 0, stream,
+                          static_cast<const std::uint32_t*>(chosen_.data()), k, index_bits(), out.data());
       return {};
     }
     std::size_t bytes = sort_scratch_.size();
@@ -184,13 +186,13 @@ class fast_engine<select::exact_topk, backend::cuda> {
                           n_,   k,          last && equal_is_sure};
     };
     // Each counting pass's last block picks its digit (radix_topk.cuh): four launches.
-    count_top_digit<<<grid_, block_threads, 0, stream>>>(first, count_key, histogram, state,
-                                                         next_digit{11, non_finite_bin});
-    split<<<grid_, block_threads, 0, stream>>>(first, key, state, 21, to(level1, counts + 0, false, 10, 0x7FFu));
-    split<<<grid_, block_threads, 0, stream>>>(list_of{level1, counts + 0}, key, state, 10,
-                                               to(level2, counts + 1, false, 0, 0x3FFu));
-    split<<<grid_, block_threads, 0, stream>>>(list_of{level2, counts + 1}, key, state, 0,
-                                               to(level1, counts + 2, true, 0, 0u));
+    const auto run = [&](auto kernel, const auto&... args) {
+      cuda_launch::launch("exact_topk's radix select (launch)", kernel, grid_, block_threads, 0, stream, args...);
+    };
+    run(count_top_digit<Source, CountKey>, first, count_key, histogram, state, next_digit{11, non_finite_bin});
+    run(split<Source, Key>, first, key, state, 21, to(level1, counts + 0, false, 10, 0x7FFu));
+    run(split<list_of, Key>, list_of{level1, counts + 0}, key, state, 10, to(level2, counts + 1, false, 0, 0x3FFu));
+    run(split<list_of, Key>, list_of{level2, counts + 1}, key, state, 0, to(level1, counts + 2, true, 0, 0u));
   }
 
   std::uint32_t* chosen() noexcept { return chosen_.data(); }
