@@ -246,6 +246,34 @@ TEST_CASE("chunk_local without a corrector: threads write their runs in place, a
   }
 }
 
+// The generic algorithm's expansion (Kokkos's parallel scan, a GPU's threads) writes its
+// bins in any order and side by side, each from its own offset: a bin's writer may write
+// its hits and nothing past them, or a bin written before the one after it would
+// overwrite that one's indices.
+TEST_CASE("chunk_local's bin writer for the generic expansion writes its hits and nothing past them") {
+  constexpr std::uint32_t untouched = 0xFFFFFFFFu;
+  for (const std::size_t bin : {std::size_t{1}, std::size_t{3}, std::size_t{4}, std::size_t{7}, std::size_t{50}}) {
+    for (const std::size_t n : {std::size_t{1}, std::size_t{5}, std::size_t{49}, std::size_t{1003}}) {
+      CAPTURE(bin);
+      CAPTURE(n);
+      const auto acc = inputs::make(inputs::shape::normal, n, 31);
+      const auto g = inputs::make(inputs::shape::student_t3, n, 32);
+      const std::size_t bins = (n + bin - 1) / bin;
+      const gc::detail::chunk_local_bins body{acc.data(), g.data(), n, bin, nullptr};
+      std::vector<std::size_t> offset(bins + 1, 0);
+      for (std::size_t b = 0; b < bins; ++b) offset[b + 1] = offset[b] + body(b, nullptr);
+      std::vector<std::uint32_t> out(offset[bins] + 8, untouched);
+      const gc::detail::chunk_local_bins writing{acc.data(), g.data(), n, bin, out.data() + out.size()};
+      for (std::size_t b = bins; b-- > 0;) {  // the last bin first: any order must do
+        REQUIRE(writing(b, out.data() + offset[b]) == offset[b + 1] - offset[b]);
+      }
+      for (std::size_t j = offset[bins]; j < out.size(); ++j) REQUIRE(out[j] == untouched);
+      out.resize(offset[bins]);
+      CHECK(out == adacomp_reference(acc, g, bin));
+    }
+  }
+}
+
 TEST_CASE("random_k picks k distinct indices from the seed and step alone") {
   const std::size_t n = 100003;
   const gc::select::random_k policy{.density = 0.01, .seed = 9};

@@ -25,7 +25,8 @@ GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 
 /// The indices of one chunk_local bin (acc and g point at it): written from `out` on
-/// (up to out_end) and counted, or only counted when `out` is null. On the host the
+/// (up to out_end; nothing past the bin's own hits, since an expansion's items may
+/// write side by side) and counted, or only counted when `out` is null. On the host the
 /// writing is backend::host's SIMD kernel, which selects the same entries, inlined:
 /// this runs once per bin (AdaComp's bins hold 50 entries), where a call costs as much
 /// as the bin's work, and GCC does not always inline it by itself (bench_kokkos
@@ -39,7 +40,7 @@ chunk_local_bin(const float* acc, const float* g, std::size_t len, std::size_t f
 #if !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
   if (out != nullptr) {
     bool non_finite = false;  // acc was checked by the corrector
-    return static_cast<std::size_t>(select_bin(acc, g, len, first, out, out_end, non_finite) - out);
+    return static_cast<std::size_t>(select_bin<false, true>(acc, g, len, first, out, out_end, non_finite) - out);
   }
 #endif
   float largest = 0.0f;

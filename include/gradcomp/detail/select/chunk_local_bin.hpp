@@ -28,11 +28,16 @@ inline constexpr std::uint8_t packed_count[16] = {0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 
 /// returns the new end of `out`; nothing is written at or after `out_end`. Sets
 /// `non_finite` if the bin's acc or g holds a NaN or infinity that could change the
 /// selection. `SameArrays`: acc and g are one array (no corrector), loaded once.
-template <bool SameArrays = false>
+/// `ExactWrites`: nothing is written past the bin's own hits, for a writer whose bins
+/// run in any order or side by side (the generic algorithm's expansion: Kokkos's
+/// parallel scan); otherwise each store may write up to four slots past them, which
+/// the next bin's hits overwrite where bins are written in order (no branch on hits,
+/// which are too frequent to predict).
+template <bool SameArrays = false, bool ExactWrites = false>
 inline std::uint32_t* select_bin(const float* acc, const float* g, std::size_t len, std::size_t first,
                                  std::uint32_t* out, std::uint32_t* out_end, bool& non_finite) noexcept {
 #if defined(__SSE2__)
-  if (len >= 4 && out + len + 4 <= out_end) {
+  if (len >= 4 && (ExactWrites || out + len + 4 <= out_end)) {
     const __m128 magnitude = _mm_castsi128_ps(_mm_set1_epi32(0x7FFFFFFF));
     // Maximum: the last load overlaps the previous ones, which max does not mind. Four
     // independent running maxima: the hit pass waits for the result, and one chain of
@@ -54,10 +59,11 @@ inline std::uint32_t* select_bin(const float* acc, const float* g, std::size_t l
     non_finite |= std::isinf(largest);
     const __m128 bound = _mm_set1_ps(largest);
     // Each vector stores its hit lanes' indices in one go, packed by a 16-entry table,
-    // and advances by their count: no branch on hits, which are too frequent to predict
-    // (there is room for four more, checked above). A NaN makes its H NaN and so the
+    // and advances by their count (there is room for four more, checked above), or with
+    // ExactWrites stores only the hits' lanes. A NaN makes its H NaN and so the
     // running sum of H: one add per vector, and the bin is scanned exactly only then.
     __m128 sum = _mm_setzero_ps();
+    std::size_t base = first;  // the index of the vector's lane 0
     __m128i index = _mm_set1_epi32(static_cast<std::int32_t>(first));
     auto hits = [&](std::size_t at) {
       const __m128 a = _mm_loadu_ps(acc + at);
@@ -66,15 +72,23 @@ inline std::uint32_t* select_bin(const float* acc, const float* g, std::size_t l
       return static_cast<unsigned>(_mm_movemask_ps(_mm_cmpge_ps(h, bound)));
     };
     auto store = [&](unsigned mask) {
-      const __m128i offsets = _mm_load_si128(reinterpret_cast<const __m128i*>(packed_lanes[mask]));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_add_epi32(offsets, index));
+      if constexpr (ExactWrites) {
+        for (unsigned l = 0; l < packed_count[mask]; ++l) {
+          out[l] = static_cast<std::uint32_t>(base + static_cast<std::size_t>(packed_lanes[mask][l]));
+        }
+      } else {
+        const __m128i offsets = _mm_load_si128(reinterpret_cast<const __m128i*>(packed_lanes[mask]));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_add_epi32(offsets, index));
+      }
       out += packed_count[mask];  // not std::popcount: baseline x86-64 has no popcnt instruction
     };
     for (j = 0; j + 4 <= len; j += 4) {
       store(hits(j));
+      base += 4;
       index = _mm_add_epi32(index, _mm_set1_epi32(4));
     }
     if (j < len) {  // the last vector overlaps: only the lanes not yet seen
+      base = first + len - 4;
       index = _mm_set1_epi32(static_cast<std::int32_t>(first + len - 4));
       store(hits(len - 4) & ((0xFu << (4 - (len - j))) & 0xFu));
     }
@@ -92,8 +106,10 @@ inline std::uint32_t* select_bin(const float* acc, const float* g, std::size_t l
     largest = std::max(largest, std::fabs(acc[j]));
   }
   for (std::size_t j = 0; j < len; ++j) {
+    const bool hit = std::fabs(acc[j] + g[j]) >= largest;
+    if (ExactWrites && !hit) continue;
     *out = static_cast<std::uint32_t>(first + j);
-    out += std::fabs(acc[j] + g[j]) >= largest ? 1 : 0;
+    out += hit ? 1 : 0;
   }
   return out;
 }
