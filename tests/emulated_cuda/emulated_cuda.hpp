@@ -1,0 +1,1016 @@
+// The CUDA runtime, the device built-ins, and the parts of CUB, Thrust and cooperative
+// groups that gradcomp and its CUDA tests use, emulated on the CPU: the CUDA tests
+// (tests/cuda/*.cu) compile with the host compiler against this and run every kernel of
+// backend::cuda here, on machines without a GPU. Test code, not API.
+//
+// What it keeps of a GPU, so that a test passing here says something:
+// - Each block's threads run as fibers, switched only at __syncthreads() and at warp
+//   collectives (__ballot_sync, __shfl_sync, __syncwarp), in an order shuffled at every
+//   barrier, and blocks run in a shuffled order: a kernel that reads what another thread
+//   wrote without the barrier between them, or that depends on the order of its blocks,
+//   gets different results in different orders. A barrier that not every thread reaches,
+//   or a warp collective that a lane of its mask does not reach, aborts with a message.
+// - Dynamic shared memory is filled with garbage before each block.
+// - Work queued on a stream (kernels, asynchronous copies and memsets, CUB's device-wide
+//   calls, stream-ordered frees) runs only when the host waits for it (a synchronize, a
+//   copy to pageable memory, cudaFree), in the order it was queued (a valid order for
+//   every stream and event dependency): a host that reads device results, or rewrites
+//   pinned memory a queued copy reads, without waiting, sees what a GPU may show it.
+//   `host_waits()` counts the waits that found work queued.
+// - cudaPointerGetAttributes tells device memory (cudaMalloc) from host memory.
+// - A stream captured into a CUDA graph records its work, which each launch of the graph
+//   queues again; a call that waits or allocates outside the stream's order during the
+//   capture fails and invalidates it, as in the runtime's global capture mode.
+// What it does not: memory is the host's, so a kernel that reads host memory works;
+// atomics are plain (fibers switch only at barriers), so races between blocks are not
+// found; coalesced_threads() is each thread alone (a valid group); a function's
+// __CUDA_ARCH__ branch is not compiled, its host branch runs instead; there is no second
+// device and no timing. One host thread. x86-64 only (the fibers switch in assembly).
+#pragma once
+
+#ifndef __x86_64__
+#error "tests/emulated_cuda switches fibers with x86-64 assembly"
+#endif
+
+#define GRADCOMP_EMULATED_CUDA 1
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <iterator>
+#include <map>
+#include <numeric>
+#include <random>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+// -- The CUDA keywords: kernels are functions, shared memory is static storage (one
+// block runs at a time).
+#define __global__
+#define __device__
+#define __host__
+#define __shared__ static
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  constexpr dim3() = default;
+  constexpr dim3(unsigned x_, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+// The built-in variables, set by the scheduler before it resumes a thread.
+inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+// -- Runtime types.
+enum cudaError_t {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorInvalidDevice = 101,
+  cudaErrorNotReady = 600,
+  cudaErrorStreamCaptureUnsupported = 900,
+  cudaErrorStreamCaptureInvalidated = 901,
+};
+using cudaError = cudaError_t;
+struct CUstream_st {};
+struct CUevent_st {
+  std::uint64_t ticket = 0;  // done once this many queued items have run
+};
+using cudaStream_t = CUstream_st*;
+using cudaEvent_t = CUevent_st*;
+enum cudaStreamCaptureMode {
+  cudaStreamCaptureModeGlobal = 0,
+  cudaStreamCaptureModeThreadLocal = 1,
+  cudaStreamCaptureModeRelaxed = 2
+};
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+  cudaMemcpyDefault = 4
+};
+enum cudaMemoryType {
+  cudaMemoryTypeUnregistered = 0,
+  cudaMemoryTypeHost = 1,
+  cudaMemoryTypeDevice = 2,
+  cudaMemoryTypeManaged = 3
+};
+struct cudaPointerAttributes {
+  cudaMemoryType type = cudaMemoryTypeUnregistered;
+  int device = 0;
+  void* devicePointer = nullptr;
+  void* hostPointer = nullptr;
+};
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16, cudaDevAttrMemoryPoolsSupported = 115 };
+inline constexpr unsigned cudaStreamDefault = 0;
+inline constexpr unsigned cudaStreamNonBlocking = 1;
+inline constexpr unsigned cudaEventDefault = 0;
+inline constexpr unsigned cudaEventDisableTiming = 2;
+inline constexpr unsigned cudaHostAllocDefault = 0;
+inline constexpr unsigned cudaHostAllocMapped = 2;
+
+// The fiber switch: saves the callee-saved registers and the FPU/SSE control words on
+// the current stack, stores its pointer in *from, and continues on `to` (a pointer that
+// this function stored, or a new fiber's prepared stack). A COMDAT section, so that
+// every test that includes this defines it once.
+extern "C" void gradcomp_emulated_switch(void** from, void* to);
+asm(R"(
+  .pushsection .text.gradcomp_emulated_switch,"axG",@progbits,gradcomp_emulated_switch,comdat
+  .globl gradcomp_emulated_switch
+  .type gradcomp_emulated_switch,@function
+gradcomp_emulated_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $16, %rsp
+  stmxcsr 8(%rsp)
+  fnstcw (%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  fldcw (%rsp)
+  ldmxcsr 8(%rsp)
+  addq $16, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size gradcomp_emulated_switch, .-gradcomp_emulated_switch
+  .popsection
+)");
+
+namespace emulated_cuda {
+
+[[noreturn]] inline void fail(const char* what) {
+  std::fprintf(stderr, "emulated CUDA: %s\n", what);
+  std::fflush(stderr);
+  std::abort();
+}
+
+// -- Memory: what cudaMalloc and cudaHostAlloc gave, by start.
+struct allocation {
+  std::size_t bytes;
+  cudaMemoryType type;
+};
+inline std::map<std::uintptr_t, allocation>& allocations() {
+  static std::map<std::uintptr_t, allocation> all;
+  return all;
+}
+inline cudaMemoryType memory_type(const void* p) {
+  const auto at = reinterpret_cast<std::uintptr_t>(p);
+  auto& all = allocations();
+  auto it = all.upper_bound(at);
+  if (it == all.begin()) return cudaMemoryTypeUnregistered;
+  --it;
+  return at < it->first + std::max<std::size_t>(it->second.bytes, 1) ? it->second.type : cudaMemoryTypeUnregistered;
+}
+inline void* allocate(std::size_t bytes, cudaMemoryType type) {
+  const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + 255) / 256 * 256;
+  void* p = std::aligned_alloc(256, rounded);
+  if (p != nullptr) allocations()[reinterpret_cast<std::uintptr_t>(p)] = {bytes, type};
+  return p;
+}
+inline bool release(void* p, cudaMemoryType type) {
+  if (p == nullptr) return true;
+  auto& all = allocations();
+  const auto it = all.find(reinterpret_cast<std::uintptr_t>(p));
+  if (it == all.end() || it->second.type != type) return false;
+  all.erase(it);
+  std::free(p);
+  return true;
+}
+
+// -- Streams: one queue of work in the order it was queued, run when the host waits.
+struct queued_work {
+  cudaStream_t stream;
+  std::function<void()> run;
+};
+struct work_queue {
+  std::deque<queued_work> pending;
+  cudaStream_t capturing = nullptr;          // the stream being captured into a graph, if any
+  bool capture_invalidated = false;          // a call the capture does not allow was made
+  std::vector<std::function<void()>> graph;  // the work captured
+  std::uint64_t queued = 0;                  // items ever queued
+  std::uint64_t ran = 0;                     // items run
+  std::uint64_t waits = 0;                   // host waits that found work to run
+};
+inline work_queue& queue() {
+  static work_queue q;
+  return q;
+}
+inline void enqueue(cudaStream_t stream, std::function<void()> run) {
+  if (queue().capturing != nullptr && stream == queue().capturing) return queue().graph.push_back(std::move(run));
+  queue().pending.push_back({stream, std::move(run)});
+  ++queue().queued;
+}
+// Runs the queued work up to and including item `ticket` (1-based).
+inline void run_until(std::uint64_t ticket) {
+  work_queue& q = queue();
+  if (q.ran < ticket) ++q.waits;
+  while (q.ran < ticket && !q.pending.empty()) {
+    queued_work w = std::move(q.pending.front());
+    q.pending.pop_front();
+    w.run();
+    ++q.ran;
+  }
+}
+inline void run_all() { run_until(queue().queued); }
+// The ticket of the last work queued on `stream` (the legacy default stream, null, waits
+// for everything queued).
+inline std::uint64_t last_of(cudaStream_t stream) {
+  const work_queue& q = queue();
+  if (stream == nullptr) return q.queued;
+  for (std::size_t i = q.pending.size(); i-- > 0;) {
+    if (q.pending[i].stream == stream) return q.ran + i + 1;
+  }
+  return q.ran;
+}
+/// How many times the host waited for queued work (a synchronize, a copy to pageable
+/// memory, a free).
+inline std::uint64_t host_waits() { return queue().waits; }
+
+inline cudaError_t& last_error() {
+  static cudaError_t e = cudaSuccess;
+  return e;
+}
+inline cudaError_t report(cudaError_t e) {
+  if (e != cudaSuccess) last_error() = e;
+  return e;
+}
+// Whether a capture is under way: a call that would wait for the device, allocate or
+// free memory outside the stream's order then fails and invalidates it, as the
+// runtime's global capture mode has it.
+inline bool refused_while_capturing() {
+  if (queue().capturing == nullptr) return false;
+  queue().capture_invalidated = true;
+  report(cudaErrorStreamCaptureUnsupported);
+  return true;
+}
+
+// -- Fibers: a block's threads.
+enum class waiting { no, at_block_barrier, at_warp_collective, done };
+struct fiber {
+  void* sp = nullptr;
+  waiting state = waiting::no;
+  std::uint32_t mask = 0;               // a warp collective's lanes
+  std::uint64_t value = 0;              // what this lane brings to it
+  std::array<std::uint64_t, 32> got{};  // what every lane brought, once it completes
+};
+inline constexpr std::size_t stack_bytes = 256 * 1024;
+inline constexpr std::size_t guard_bytes = 4096;
+struct grid_run {
+  std::vector<fiber> fibers;
+  void* scheduler_sp = nullptr;
+  unsigned current = 0;
+  const std::function<void()>* kernel = nullptr;
+  std::vector<unsigned char> dynamic_shared;
+};
+inline thread_local grid_run* running = nullptr;
+
+// Stacks, each over a guard page, kept for the next launch.
+inline std::vector<unsigned char*>& stacks() {
+  static std::vector<unsigned char*> all;
+  return all;
+}
+inline unsigned char* stack_top(std::size_t t) {
+  auto& all = stacks();
+  while (all.size() <= t) {
+    void* p = mmap(nullptr, stack_bytes + guard_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) fail("no memory for a thread's stack");
+    mprotect(p, guard_bytes, PROT_NONE);
+    all.push_back(static_cast<unsigned char*>(p) + guard_bytes + stack_bytes);
+  }
+  return all[t];
+}
+
+[[noreturn]] inline void fiber_entry() {
+  grid_run& run = *running;
+  (*run.kernel)();
+  fiber& self = run.fibers[run.current];
+  self.state = waiting::done;
+  gradcomp_emulated_switch(&self.sp, run.scheduler_sp);
+  fail("a finished thread was resumed");
+}
+
+// A new fiber's stack, as gradcomp_emulated_switch leaves one: the control words, six
+// registers, and fiber_entry as the return address (16-byte aligned, as after a call).
+inline void* prepare(unsigned char* top) {
+  auto* slot = reinterpret_cast<std::uint64_t*>(reinterpret_cast<std::uintptr_t>(top) & ~std::uintptr_t{15}) - 2;
+  slot[0] = reinterpret_cast<std::uint64_t>(&fiber_entry);
+  slot[1] = 0;
+  std::uint64_t* sp = slot - 8;
+  for (int r = 2; r < 8; ++r) sp[r] = 0;  // r15 .. rbp
+  std::uint32_t mxcsr = 0;
+  std::uint16_t fpu = 0;
+  asm volatile("stmxcsr %0" : "=m"(mxcsr));
+  asm volatile("fnstcw %0" : "=m"(fpu));
+  std::memcpy(reinterpret_cast<unsigned char*>(sp) + 8, &mxcsr, sizeof mxcsr);
+  std::memcpy(sp, &fpu, sizeof fpu);
+  return sp;
+}
+
+inline std::mt19937_64& order_source() {
+  static std::mt19937_64 source(20261130);
+  return source;
+}
+// The orders a block's threads run in between barriers: eight shuffles of [0, threads),
+// drawn once per block size and taken in turn (a shuffle per barrier took a tenth of the
+// emulated tests' time).
+inline const std::vector<unsigned>& thread_order(unsigned threads, std::uint64_t turn) {
+  static std::map<unsigned, std::array<std::vector<unsigned>, 8>> orders;
+  auto [it, fresh] = orders.try_emplace(threads);
+  if (fresh) {
+    for (auto& order : it->second) {
+      order.resize(threads);
+      std::iota(order.begin(), order.end(), 0u);
+      std::shuffle(order.begin(), order.end(), order_source());
+    }
+  }
+  return it->second[turn % 8];
+}
+
+// Called by a thread: waits, as `how`, until the scheduler lets it go on.
+inline void wait_as(waiting how) {
+  grid_run& run = *running;
+  fiber& self = run.fibers[run.current];
+  self.state = how;
+  gradcomp_emulated_switch(&self.sp, run.scheduler_sp);
+}
+
+// The lanes of warp `first / 32` waiting at a collective of mask `mask`, all there: let
+// them go on, each with every lane's value.
+inline bool release_warp(grid_run& run, unsigned first, unsigned threads) {
+  for (unsigned lane = 0; lane < 32 && first + lane < threads; ++lane) {
+    const fiber& f = run.fibers[first + lane];
+    if (f.state != waiting::at_warp_collective) continue;
+    const std::uint32_t mask = f.mask;
+    std::array<std::uint64_t, 32> got{};
+    bool all_there = true;
+    for (unsigned l = 0; l < 32; ++l) {
+      if ((mask >> l & 1u) == 0) continue;
+      if (first + l >= threads) fail("a warp collective names a lane past the block");
+      const fiber& other = run.fibers[first + l];
+      if (other.state == waiting::done) fail("a warp collective names a lane that has returned");
+      if (other.state != waiting::at_warp_collective || other.mask != mask) {
+        all_there = false;
+        break;
+      }
+      got[l] = other.value;
+    }
+    if (!all_there) continue;
+    for (unsigned l = 0; l < 32; ++l) {
+      if ((mask >> l & 1u) == 0) continue;
+      fiber& other = run.fibers[first + l];
+      other.got = got;
+      other.state = waiting::no;
+    }
+    return true;
+  }
+  return false;
+}
+
+inline void run_block(grid_run& run, unsigned threads) {
+  run.fibers.assign(threads, fiber{});
+  for (unsigned t = 0; t < threads; ++t) run.fibers[t].sp = prepare(stack_top(t));
+  static std::uint64_t turn = 0;
+  for (;;) {
+    for (const unsigned t : thread_order(threads, turn++)) {
+      fiber& f = run.fibers[t];
+      if (f.state != waiting::no) continue;
+      threadIdx = dim3(t);
+      run.current = t;
+      gradcomp_emulated_switch(&run.scheduler_sp, f.sp);
+    }
+    // Every thread has returned or waits.
+    bool released = false;
+    for (unsigned first = 0; first < threads; first += 32) released = release_warp(run, first, threads) || released;
+    if (released) continue;
+    bool any_at_barrier = false;
+    bool all_at_barrier = true;
+    for (const fiber& f : run.fibers) {
+      if (f.state == waiting::at_block_barrier) any_at_barrier = true;
+      if (f.state == waiting::at_warp_collective) all_at_barrier = false;
+    }
+    if (!any_at_barrier && all_at_barrier) return;  // every thread returned
+    if (!all_at_barrier) fail("deadlock: a warp collective that not every lane of its mask reaches");
+    for (fiber& f : run.fibers) {
+      if (f.state == waiting::at_block_barrier) f.state = waiting::no;
+    }
+  }
+}
+
+inline void run_grid(unsigned grid, unsigned threads, std::size_t shared, const std::function<void()>& kernel) {
+  if (running != nullptr) fail("a kernel launched from a kernel");
+  grid_run run;
+  run.kernel = &kernel;
+  run.dynamic_shared.resize(std::max<std::size_t>(shared, 1));
+  running = &run;
+  gridDim = dim3(grid);
+  blockDim = dim3(threads);
+  std::vector<unsigned> blocks(grid);
+  std::iota(blocks.begin(), blocks.end(), 0u);
+  std::shuffle(blocks.begin(), blocks.end(), order_source());
+  for (const unsigned b : blocks) {
+    blockIdx = dim3(b);
+    std::fill(run.dynamic_shared.begin(), run.dynamic_shared.end(), static_cast<unsigned char>(0xA5));
+    run_block(run, threads);
+  }
+  running = nullptr;
+}
+
+/// Queues `kernel` over `grid` blocks of `threads` threads on `stream`: what
+/// gradcomp::detail::cuda_launch::launch does with `<<<...>>>` under nvcc.
+inline void launch(unsigned grid, unsigned threads, std::size_t shared, cudaStream_t stream,
+                   std::function<void()> kernel) {
+  if (grid == 0 || threads == 0 || threads > 1024 || shared > 48 * 1024) {
+    report(cudaErrorInvalidConfiguration);
+    return;
+  }
+  enqueue(stream, [=, kernel = std::move(kernel)] { run_grid(grid, threads, shared, kernel); });
+}
+
+/// The running block's dynamic shared memory.
+inline void* dynamic_shared() { return running->dynamic_shared.data(); }
+
+// Called by a thread: waits for the lanes of `mask` and returns what each brought.
+inline std::array<std::uint64_t, 32> warp_collective(std::uint32_t mask, std::uint64_t value) {
+  grid_run& run = *running;
+  fiber& self = run.fibers[run.current];
+  if ((mask >> (run.current % 32) & 1u) == 0) fail("a warp collective called by a lane outside its mask");
+  self.mask = mask;
+  self.value = value;
+  wait_as(waiting::at_warp_collective);
+  return run.fibers[run.current].got;
+}
+
+}  // namespace emulated_cuda
+
+// -- Device built-ins.
+inline void __syncthreads() { emulated_cuda::wait_as(emulated_cuda::waiting::at_block_barrier); }
+inline void __syncwarp(unsigned mask = 0xFFFFFFFFu) { (void)emulated_cuda::warp_collective(mask, 0); }
+inline unsigned __ballot_sync(unsigned mask, int predicate) {
+  const auto got = emulated_cuda::warp_collective(mask, predicate != 0 ? 1 : 0);
+  unsigned bits = 0;
+  for (unsigned l = 0; l < 32; ++l) {
+    if ((mask >> l & 1u) != 0 && got[l] != 0) bits |= 1u << l;
+  }
+  return bits;
+}
+template <class T>
+T __shfl_sync(unsigned mask, T var, int source, int width = 32) {
+  static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>);
+  std::uint64_t bits = 0;
+  std::memcpy(&bits, &var, sizeof(T));
+  const auto got = emulated_cuda::warp_collective(mask, bits);
+  const unsigned lane = threadIdx.x % 32;
+  const unsigned from = (lane & ~static_cast<unsigned>(width - 1)) + static_cast<unsigned>(source % width);
+  if ((mask >> from & 1u) == 0) emulated_cuda::fail("__shfl_sync from a lane outside its mask");
+  T out;
+  std::memcpy(&out, &got[from], sizeof(T));
+  return out;
+}
+inline void __threadfence() {}
+template <class T>
+T atomicAdd(T* at, T value) {
+  const T old = *at;
+  *at = static_cast<T>(old + value);
+  return old;
+}
+template <class T>
+T atomicOr(T* at, T value) {
+  const T old = *at;
+  *at = old | value;
+  return old;
+}
+template <class T>
+T atomicMax(T* at, T value) {
+  const T old = *at;
+  *at = old < value ? value : old;
+  return old;
+}
+template <class T>
+T atomicCAS(T* at, T compare, T value) {
+  const T old = *at;
+  if (old == compare) *at = value;
+  return old;
+}
+inline int __popc(unsigned x) { return std::popcount(x); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline unsigned __float_as_uint(float x) { return std::bit_cast<unsigned>(x); }
+inline float __uint_as_float(unsigned x) { return std::bit_cast<float>(x); }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
+template <class T>
+T max(T a, T b) {
+  return a < b ? b : a;
+}
+
+// -- The runtime API.
+inline cudaError_t cudaGetLastError() { return std::exchange(emulated_cuda::last_error(), cudaSuccess); }
+inline cudaError_t cudaPeekAtLastError() { return emulated_cuda::last_error(); }
+inline const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorNotReady:
+      return "cudaErrorNotReady";
+    case cudaErrorStreamCaptureUnsupported:
+      return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated:
+      return "cudaErrorStreamCaptureInvalidated";
+  }
+  return "cudaErrorUnknown";
+}
+inline const char* cudaGetErrorString(cudaError_t e) { return cudaGetErrorName(e); }
+
+inline cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+inline cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+inline cudaError_t cudaSetDevice(int device) {
+  return device == 0 ? cudaSuccess : emulated_cuda::report(cudaErrorInvalidDevice);
+}
+inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int device) {
+  if (device != 0) return emulated_cuda::report(cudaErrorInvalidDevice);
+  // Two multiprocessors: grid_for's grids (8 blocks each) stay small.
+  *value = attribute == cudaDevAttrMultiProcessorCount ? 2 : 1;
+  return cudaSuccess;
+}
+
+inline cudaError_t cudaMalloc(void** p, std::size_t bytes) {
+  if (emulated_cuda::refused_while_capturing()) return cudaErrorStreamCaptureUnsupported;
+  *p = emulated_cuda::allocate(bytes, cudaMemoryTypeDevice);
+  return *p != nullptr ? cudaSuccess : emulated_cuda::report(cudaErrorMemoryAllocation);
+}
+template <class T>
+cudaError_t cudaMalloc(T** p, std::size_t bytes) {
+  return cudaMalloc(reinterpret_cast<void**>(p), bytes);
+}
+inline cudaError_t cudaMallocAsync(void** p, std::size_t bytes, cudaStream_t) { return cudaMalloc(p, bytes); }
+inline cudaError_t cudaFree(void* p) {
+  if (emulated_cuda::refused_while_capturing()) return cudaErrorStreamCaptureUnsupported;
+  emulated_cuda::run_all();  // cudaFree waits for the device
+  return emulated_cuda::release(p, cudaMemoryTypeDevice) ? cudaSuccess : emulated_cuda::report(cudaErrorInvalidValue);
+}
+inline cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
+  if (p != nullptr && emulated_cuda::memory_type(p) != cudaMemoryTypeDevice) {
+    return emulated_cuda::report(cudaErrorInvalidValue);
+  }
+  // Captured, the memory stays for every replay (a graph's allocations keep their
+  // addresses): the test leaks it.
+  if (emulated_cuda::queue().capturing != nullptr && stream == emulated_cuda::queue().capturing) return cudaSuccess;
+  emulated_cuda::enqueue(stream, [p] { emulated_cuda::release(p, cudaMemoryTypeDevice); });
+  return cudaSuccess;
+}
+inline cudaError_t cudaHostAlloc(void** p, std::size_t bytes, unsigned) {
+  *p = emulated_cuda::allocate(bytes, cudaMemoryTypeHost);
+  return *p != nullptr ? cudaSuccess : emulated_cuda::report(cudaErrorMemoryAllocation);
+}
+inline cudaError_t cudaMallocHost(void** p, std::size_t bytes) { return cudaHostAlloc(p, bytes, 0); }
+template <class T>
+cudaError_t cudaMallocHost(T** p, std::size_t bytes) {
+  return cudaHostAlloc(reinterpret_cast<void**>(p), bytes, 0);
+}
+inline cudaError_t cudaFreeHost(void* p) {
+  if (emulated_cuda::refused_while_capturing()) return cudaErrorStreamCaptureUnsupported;
+  emulated_cuda::run_all();
+  return emulated_cuda::release(p, cudaMemoryTypeHost) ? cudaSuccess : emulated_cuda::report(cudaErrorInvalidValue);
+}
+inline cudaError_t cudaHostGetDevicePointer(void** device, void* host, unsigned) {
+  if (emulated_cuda::memory_type(host) != cudaMemoryTypeHost) return emulated_cuda::report(cudaErrorInvalidValue);
+  *device = host;
+  return cudaSuccess;
+}
+inline cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* p) {
+  *attributes = {};
+  attributes->type = emulated_cuda::memory_type(p);
+  if (attributes->type == cudaMemoryTypeDevice) attributes->devicePointer = const_cast<void*>(p);
+  if (attributes->type == cudaMemoryTypeHost) attributes->hostPointer = const_cast<void*>(p);
+  return cudaSuccess;
+}
+
+// A copy to pageable host memory waits for the stream and is done when the call returns;
+// one from pageable memory takes its bytes at once and writes them in stream order, as
+// the runtime's staged copies do; every other copy is queued.
+inline cudaError_t cudaMemcpyAsync(void* to, const void* from, std::size_t bytes, cudaMemcpyKind, cudaStream_t stream) {
+  using emulated_cuda::memory_type;
+  if (bytes == 0) return cudaSuccess;
+  const bool pageable =
+      memory_type(to) == cudaMemoryTypeUnregistered || memory_type(from) == cudaMemoryTypeUnregistered;
+  if (pageable && emulated_cuda::refused_while_capturing()) return cudaErrorStreamCaptureUnsupported;
+  if (memory_type(to) == cudaMemoryTypeUnregistered) {
+    emulated_cuda::run_until(emulated_cuda::last_of(stream));
+    std::memmove(to, from, bytes);
+  } else if (memory_type(from) == cudaMemoryTypeUnregistered) {
+    const auto* first = static_cast<const unsigned char*>(from);
+    emulated_cuda::enqueue(stream, [to, staged = std::vector<unsigned char>(first, first + bytes)] {
+      std::memcpy(to, staged.data(), staged.size());
+    });
+  } else {
+    emulated_cuda::enqueue(stream, [=] { std::memmove(to, from, bytes); });
+  }
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemcpy(void* to, const void* from, std::size_t bytes, cudaMemcpyKind) {
+  if (emulated_cuda::refused_while_capturing()) return cudaErrorStreamCaptureUnsupported;
+  emulated_cuda::run_all();
+  if (bytes != 0) std::memmove(to, from, bytes);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemsetAsync(void* p, int value, std::size_t bytes, cudaStream_t stream) {
+  if (bytes != 0 && emulated_cuda::memory_type(p) != cudaMemoryTypeDevice) {
+    return emulated_cuda::report(cudaErrorInvalidValue);
+  }
+  emulated_cuda::enqueue(stream, [=] { std::memset(p, value, bytes); });
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemset(void* p, int value, std::size_t bytes) {
+  const cudaError_t e = cudaMemsetAsync(p, value, bytes, nullptr);
+  emulated_cuda::run_all();
+  return e;
+}
+
+inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
+  *stream = new CUstream_st;
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, 0); }
+inline cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  emulated_cuda::run_until(emulated_cuda::last_of(stream));  // its work completes; nothing refers to it after
+  delete stream;
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  if (emulated_cuda::refused_while_capturing()) return cudaErrorStreamCaptureUnsupported;
+  emulated_cuda::run_until(emulated_cuda::last_of(stream));
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  if (emulated_cuda::refused_while_capturing()) return cudaErrorStreamCaptureUnsupported;
+  return emulated_cuda::last_of(stream) > emulated_cuda::queue().ran ? emulated_cuda::report(cudaErrorNotReady)
+                                                                     : cudaSuccess;
+}
+inline cudaError_t cudaDeviceSynchronize() {
+  if (emulated_cuda::refused_while_capturing()) return cudaErrorStreamCaptureUnsupported;
+  emulated_cuda::run_all();
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
+  *event = new CUevent_st;
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }
+inline cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete event;
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = nullptr) {
+  event->ticket = emulated_cuda::last_of(stream);
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventQuery(cudaEvent_t event) {
+  if (emulated_cuda::refused_while_capturing()) return cudaErrorStreamCaptureUnsupported;
+  return event->ticket > emulated_cuda::queue().ran ? emulated_cuda::report(cudaErrorNotReady) : cudaSuccess;
+}
+inline cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  if (emulated_cuda::refused_while_capturing()) return cudaErrorStreamCaptureUnsupported;
+  emulated_cuda::run_until(event->ticket);
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
+  *ms = 0.0f;
+  return cudaSuccess;
+}
+// The queue runs in the order work was queued, which every wait between streams allows.
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned = 0) { return cudaSuccess; }
+
+// -- Graphs: what a capture queued, queued again by each launch (the same arguments, as
+// a graph's kernel nodes keep them).
+struct CUgraph_st {
+  std::vector<std::function<void()>> work;
+};
+using cudaGraph_t = CUgraph_st*;
+using cudaGraphExec_t = CUgraph_st*;
+inline cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
+  auto& q = emulated_cuda::queue();
+  if (q.capturing != nullptr || stream == nullptr) return emulated_cuda::report(cudaErrorInvalidValue);
+  q.capturing = stream;
+  q.capture_invalidated = false;
+  q.graph.clear();
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  auto& q = emulated_cuda::queue();
+  if (q.capturing != stream) return emulated_cuda::report(cudaErrorInvalidValue);
+  q.capturing = nullptr;
+  *graph = nullptr;
+  if (q.capture_invalidated) return emulated_cuda::report(cudaErrorStreamCaptureInvalidated);
+  *graph = new CUgraph_st{std::move(q.graph)};
+  q.graph.clear();
+  return cudaSuccess;
+}
+inline cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long = 0) {
+  *exec = new CUgraph_st{graph->work};
+  return cudaSuccess;
+}
+inline cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  for (const auto& work : exec->work) emulated_cuda::enqueue(stream, work);
+  return cudaSuccess;
+}
+inline cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec;
+  return cudaSuccess;
+}
+inline cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
+  return cudaSuccess;
+}
+
+// -- cooperative_groups: each thread its own coalesced group.
+namespace cooperative_groups {
+struct coalesced_group {
+  [[nodiscard]] unsigned thread_rank() const { return 0; }
+  [[nodiscard]] unsigned size() const { return 1; }
+  template <class T>
+  T shfl(T value, unsigned) const {
+    return value;
+  }
+};
+inline coalesced_group coalesced_threads() { return {}; }
+}  // namespace cooperative_groups
+
+namespace cuda {
+template <class T = void>
+struct maximum {
+  constexpr T operator()(const T& a, const T& b) const { return a < b ? b : a; }
+};
+}  // namespace cuda
+
+// -- Thrust: device vectors in device memory, the iterators gradcomp uses.
+namespace thrust {
+template <class T>
+T* raw_pointer_cast(T* p) {
+  return p;
+}
+template <class T>
+class device_vector {
+ public:
+  using value_type = T;
+  device_vector() = default;
+  explicit device_vector(std::size_t n) : device_vector(n, T{}) {}
+  device_vector(std::size_t n, const T& value) {
+    allocate(n);
+    std::fill(data_, data_ + n, value);
+  }
+  template <class It, class = std::enable_if_t<!std::is_integral_v<It>>>
+  device_vector(It first, It last) {
+    emulated_cuda::run_all();
+    allocate(static_cast<std::size_t>(std::distance(first, last)));
+    std::copy(first, last, data_);
+  }
+  device_vector(const device_vector& other) : device_vector(other.begin(), other.end()) {}
+  device_vector(device_vector&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+  device_vector& operator=(device_vector other) noexcept {
+    std::swap(data_, other.data_);
+    std::swap(size_, other.size_);
+    return *this;
+  }
+  ~device_vector() {
+    if (data_ != nullptr) (void)cudaFree(data_);
+  }
+  void resize(std::size_t n, const T& value = T{}) {
+    device_vector grown(n, value);
+    emulated_cuda::run_all();
+    std::copy(data_, data_ + std::min(n, size_), grown.data_);
+    *this = std::move(grown);
+  }
+  [[nodiscard]] std::size_t size() const { return size_; }
+  [[nodiscard]] bool empty() const { return size_ == 0; }
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  T* begin() { return data_; }
+  T* end() { return data_ + size_; }
+  const T* begin() const { return data_; }
+  const T* end() const { return data_ + size_; }
+  // Thrust reads and writes an element with a synchronous copy.
+  T& operator[](std::size_t i) {
+    emulated_cuda::run_all();
+    return data_[i];
+  }
+  const T& operator[](std::size_t i) const {
+    emulated_cuda::run_all();
+    return data_[i];
+  }
+
+ private:
+  void allocate(std::size_t n) {
+    size_ = n;
+    if (cudaMalloc(reinterpret_cast<void**>(&data_), n * sizeof(T)) != cudaSuccess) emulated_cuda::fail("cudaMalloc");
+  }
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+template <class In, class Out>
+Out copy(In first, In last, Out out) {
+  emulated_cuda::run_all();
+  return std::copy(first, last, out);
+}
+template <class It, class T>
+void fill(It first, It last, const T& value) {
+  emulated_cuda::run_all();
+  std::fill(first, last, value);
+}
+
+template <class T>
+struct counting_iterator {
+  using difference_type = std::ptrdiff_t;
+  using value_type = T;
+  T value{};
+  counting_iterator() = default;
+  explicit counting_iterator(T v) : value(v) {}
+  T operator*() const { return value; }
+  T operator[](difference_type i) const { return static_cast<T>(value + static_cast<T>(i)); }
+};
+template <class F, class It>
+struct transform_iterator {
+  using difference_type = std::ptrdiff_t;
+  It base;
+  F f;
+  transform_iterator(It b, F fn) : base(b), f(fn) {}
+  auto operator[](difference_type i) const { return f(base[i]); }
+  auto operator*() const { return f(*base); }
+};
+struct discard_iterator {
+  struct sink {
+    template <class T>
+    sink& operator=(const T&) {
+      return *this;
+    }
+  };
+  sink operator[](std::ptrdiff_t) const { return {}; }
+};
+inline discard_iterator make_discard_iterator() { return {}; }
+}  // namespace thrust
+
+// -- CUB: the device-wide calls run queued, each by a plain loop; the block-wide ones
+// by thread 0 between barriers, with each thread's items in shared storage.
+namespace cub {
+namespace detail_emulated {
+// A device-wide call: with no scratch, the bytes it needs (one); else queued.
+inline cudaError_t device_call(void* scratch, std::size_t& bytes, cudaStream_t stream, std::function<void()> run) {
+  if (scratch == nullptr) {
+    bytes = 1;
+    return cudaSuccess;
+  }
+  if (bytes < 1) return cudaErrorInvalidValue;
+  emulated_cuda::enqueue(stream, std::move(run));
+  return cudaSuccess;
+}
+}  // namespace detail_emulated
+
+struct DeviceScan {
+  template <class In, class Out, class Count>
+  static cudaError_t ExclusiveSum(void* scratch, std::size_t& bytes, In in, Out out, Count n,
+                                  cudaStream_t stream = nullptr) {
+    return detail_emulated::device_call(scratch, bytes, stream, [=] {
+      using T = std::remove_cvref_t<decltype(in[0])>;
+      T sum{};
+      for (Count i = 0; i < n; ++i) {
+        const T v = in[i];
+        out[i] = sum;
+        sum = static_cast<T>(sum + v);
+      }
+    });
+  }
+};
+struct DeviceRadixSort {
+  template <class Key, class Count>
+  static cudaError_t SortKeys(void* scratch, std::size_t& bytes, const Key* in, Key* out, Count n, int begin_bit = 0,
+                              int end_bit = static_cast<int>(sizeof(Key) * 8), cudaStream_t stream = nullptr) {
+    return detail_emulated::device_call(scratch, bytes, stream, [=] {
+      std::vector<Key> keys(in, in + n);
+      const auto bits = [=](Key k) {
+        const Key shifted = k >> begin_bit;
+        return end_bit - begin_bit >= static_cast<int>(sizeof(Key) * 8)
+                   ? shifted
+                   : static_cast<Key>(shifted & ((Key{1} << (end_bit - begin_bit)) - 1));
+      };
+      std::stable_sort(keys.begin(), keys.end(), [&](Key a, Key b) { return bits(a) < bits(b); });
+      std::copy(keys.begin(), keys.end(), out);
+    });
+  }
+};
+struct DeviceReduce {
+  template <class KeysIn, class UniqueOut, class ValuesIn, class AggregatesOut, class RunsOut, class Op, class Count>
+  static cudaError_t ReduceByKey(void* scratch, std::size_t& bytes, KeysIn keys, UniqueOut unique, ValuesIn values,
+                                 AggregatesOut aggregates, RunsOut runs, Op op, Count n,
+                                 cudaStream_t stream = nullptr) {
+    return detail_emulated::device_call(scratch, bytes, stream, [=]() mutable {
+      Count run = 0;
+      for (Count i = 0; i < n;) {
+        const auto key = keys[i];
+        auto total = values[i];
+        Count j = i + 1;
+        for (; j < n && keys[j] == key; ++j) total = op(total, values[j]);
+        unique[run] = key;
+        aggregates[run] = total;
+        ++run;
+        i = j;
+      }
+      *runs = static_cast<std::remove_cvref_t<decltype(*runs)>>(run);
+    });
+  }
+};
+
+template <class T, int Threads>
+class BlockScan {
+ public:
+  struct TempStorage {
+    T items[Threads];
+    T aggregate;
+  };
+  explicit BlockScan(TempStorage& storage) : storage_(storage) {}
+  void ExclusiveSum(T input, T& output) {
+    T aggregate;
+    ExclusiveSum(input, output, aggregate);
+  }
+  void ExclusiveSum(T input, T& output, T& aggregate) {
+    storage_.items[threadIdx.x] = input;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      T sum{};
+      for (int t = 0; t < Threads; ++t) sum = static_cast<T>(sum + std::exchange(storage_.items[t], sum));
+      storage_.aggregate = sum;
+    }
+    __syncthreads();
+    output = storage_.items[threadIdx.x];
+    aggregate = storage_.aggregate;
+  }
+
+ private:
+  TempStorage& storage_;
+};
+
+template <class Key, int Threads, int Items>
+class BlockRadixSort {
+ public:
+  struct TempStorage {
+    Key keys[Threads * Items];
+  };
+  explicit BlockRadixSort(TempStorage& storage) : storage_(storage) {}
+  // Keys held blocked (thread t's item q is key t * Items + q) come back striped (item q
+  // of thread t is the (q * Threads + t)-th smallest), sorted stably by bits
+  // [begin_bit, end_bit).
+  void SortBlockedToStriped(Key (&keys)[Items], int begin_bit = 0, int end_bit = static_cast<int>(sizeof(Key) * 8)) {
+    for (int q = 0; q < Items; ++q) storage_.keys[threadIdx.x * Items + q] = keys[q];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const auto bits = [=](Key k) {
+        const Key shifted = k >> begin_bit;
+        return end_bit - begin_bit >= static_cast<int>(sizeof(Key) * 8)
+                   ? shifted
+                   : static_cast<Key>(shifted & ((Key{1} << (end_bit - begin_bit)) - 1));
+      };
+      std::stable_sort(storage_.keys, storage_.keys + Threads * Items, [&](Key a, Key b) { return bits(a) < bits(b); });
+    }
+    __syncthreads();
+    for (int q = 0; q < Items; ++q) keys[q] = storage_.keys[q * Threads + threadIdx.x];
+    __syncthreads();
+  }
+
+ private:
+  TempStorage& storage_;
+};
+}  // namespace cub

@@ -1,0 +1,3 @@
+// What the CUDA toolkit's <thrust/fill.h> gives gradcomp and its tests, emulated (emulated_cuda.hpp).
+#pragma once
+#include <emulated_cuda.hpp>
