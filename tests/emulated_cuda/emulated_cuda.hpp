@@ -661,10 +661,15 @@ inline cudaError_t cudaMemset(void* p, int value, std::size_t bytes) {
   return e;
 }
 
-inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
-  *stream = new CUstream_st;
+namespace emulated_cuda {
+// A new stream or event (streams hold nothing: the queue tags work with their address).
+template <class T>
+cudaError_t create(T** made) {
+  *made = new T;
   return cudaSuccess;
 }
+}  // namespace emulated_cuda
+inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) { return emulated_cuda::create(stream); }
 inline cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, 0); }
 inline cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   emulated_cuda::run_until(emulated_cuda::last_of(stream));  // its work completes; nothing refers to it after
@@ -686,10 +691,7 @@ inline cudaError_t cudaDeviceSynchronize() {
   emulated_cuda::run_all();
   return cudaSuccess;
 }
-inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
-  *event = new CUevent_st;
-  return cudaSuccess;
-}
+inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) { return emulated_cuda::create(event); }
 inline cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }
 inline cudaError_t cudaEventDestroy(cudaEvent_t event) {
   delete event;
