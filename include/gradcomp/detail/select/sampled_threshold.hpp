@@ -164,6 +164,19 @@ struct pick_digit {
   }
 };
 
+/// A radix select's last digit pick, then the step of the search that reads its result,
+/// as the one item its histogram's last block runs: a launch fewer on a device.
+template <class Pick, class After>
+struct pick_then {
+  Pick pick;
+  After after;
+  std::uint32_t* finished_blocks() const noexcept { return pick.finished_blocks(); }
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t i) const {
+    pick(i);
+    after(i);
+  }
+};
+
 /// Every step starts here: searching from the carried threshold (reused) or from none.
 struct begin_search {
   threshold_search* s;
@@ -252,6 +265,7 @@ struct refinement_bin {
   const std::uint32_t* steps;
   std::size_t count;
   GRADCOMP_HOST_DEVICE std::size_t bins() const { return count; }
+  GRADCOMP_HOST_DEVICE std::size_t live_items() const { return s->refining ? ~std::size_t{0} : 0; }
   GRADCOMP_HOST_DEVICE std::size_t operator()(std::size_t i) const {
     if (!s->refining) return no_bin;
     const std::uint32_t k = magnitude_key(acc[i]);
@@ -462,8 +476,7 @@ class sampled_threshold_selection {
       be.for_each(plan.size, gather_strided{acc, plan.offset, plan.stride, sample_.data()});
       const std::size_t m = plan.size;
       const std::size_t r = entries_at_density(policy.density, m);
-      radix_select(be, m, sample_key{sample_.data()}, while_searching{}, magnitude_digits, r);
-      be.for_each(1, settle_sample{s});
+      radix_select(be, m, sample_key{sample_.data()}, while_searching{}, magnitude_digits, r, settle_sample{s});
       collect<while_searching>(be, acc, sample_slot);
       be.for_each(1, take_sample_count{s, found(sample_slot), low});
     }
@@ -479,10 +492,9 @@ class sampled_threshold_selection {
     const std::size_t listed = candidates_listed(be);
     if (still(be, &threshold_search::cutting)) {
       be.for_each(listed, candidate_keys{acc, candidates_.data(), keys_.data(), s});
-      radix_select(be, listed, listed_key{keys_.data()}, among_candidates{}, magnitude_digits, k);
-      be.for_each(1, take_kth{s});
-      radix_select(be, listed, lower_index_first{candidates_.data()}, among_ties{keys_.data()}, index_digits, 0);
-      be.for_each(1, take_last_tie{s});
+      radix_select(be, listed, listed_key{keys_.data()}, among_candidates{}, magnitude_digits, k, take_kth{s});
+      radix_select(be, listed, lower_index_first{candidates_.data()}, among_ties{keys_.data()}, index_digits, 0,
+                   take_last_tie{s});
       // The kept candidates' positions, ascending (so their indices are too), then their
       // indices: one compaction, where an ordered expansion over the capacity would
       // count, scan and write it (n items on a device) to emit the same.
@@ -572,16 +584,22 @@ class sampled_threshold_selection {
   }
 
   // The rank-th largest key of `size` items (rank 0: the rank the search holds) into
-  // the search's prefix, the rank left among its ties into its rank.
-  template <class Key, class Taking, std::size_t Digits>
+  // the search's prefix, the rank left among its ties into its rank; then `after(0)`,
+  // the step that reads them, in the same item as the last digit's pick.
+  template <class Key, class Taking, std::size_t Digits, class After>
   void radix_select(const Backend& be, std::size_t size, Key key, Taking taking,
-                    const std::array<radix_digit, Digits>& digits, std::size_t rank) {
+                    const std::array<radix_digit, Digits>& digits, std::size_t rank, const After& after) {
     using namespace sampled;
     threshold_search* s = search_.data();
     be.for_each(1, start_select<Taking>{s, static_cast<std::uint32_t>(rank)});
-    for (const radix_digit d : digits) {
-      histogram_then(be, size, digit_bin<Key, Taking>{key, taking, s, d}, bins_.data(),
-                     pick_digit<Taking>{bins_.data(), s, d});
+    for (std::size_t d = 0; d < Digits; ++d) {
+      const digit_bin<Key, Taking> bin{key, taking, s, digits[d]};
+      const pick_digit<Taking> pick{bins_.data(), s, digits[d]};
+      if (d + 1 < Digits) {
+        histogram_then(be, size, bin, bins_.data(), pick);
+      } else {
+        histogram_then(be, size, bin, bins_.data(), pick_then<pick_digit<Taking>, After>{pick, after});
+      }
     }
   }
 
