@@ -97,6 +97,17 @@ struct among_ties {  // the candidates whose key is the k-th largest, while cutt
   }
 };
 
+/// The strided sample (gather_strided), while the threshold is being searched for: a
+/// reused threshold whose count was in bounds reads no sample.
+struct sample_while_searching {
+  gather_strided gather;
+  const threshold_search* s;
+  GRADCOMP_HOST_DEVICE std::size_t live_items() const { return while_searching::live(*s); }
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
+    if (while_searching::on(*s)) gather(j);
+  }
+};
+
 /// The keys a radix select ranks.
 struct sample_key {  // a sampled magnitude
   const float* sample;
@@ -473,7 +484,7 @@ class sampled_threshold_selection {
       be.for_each(1, take_reused_count{s, found(reused_slot), policy, k});
     }
     if (still(be, &threshold_search::searching)) {
-      be.for_each(plan.size, gather_strided{acc, plan.offset, plan.stride, sample_.data()});
+      be.for_each(plan.size, sample_while_searching{{acc, plan.offset, plan.stride, sample_.data()}, s});
       const std::size_t m = plan.size;
       const std::size_t r = entries_at_density(policy.density, m);
       radix_select(be, m, sample_key{sample_.data()}, while_searching{}, magnitude_digits, r, settle_sample{s});
