@@ -204,6 +204,7 @@ struct queued_work {
 };
 struct work_queue {
   std::deque<queued_work> pending;
+  std::uint64_t kernels = 0;  // kernels launched (CUB's device-wide calls count as one each)
   cudaStream_t capturing = nullptr;          // the stream being captured into a graph, if any
   bool capture_invalidated = false;          // a call the capture does not allow was made
   std::vector<std::function<void()>> graph;  // the work captured
@@ -245,6 +246,10 @@ inline std::uint64_t last_of(cudaStream_t stream) {
 /// How many times the host waited for queued work (a synchronize, a copy to pageable
 /// memory, a free).
 inline std::uint64_t host_waits() { return queue().waits; }
+/// How many kernels were launched (a CUB device-wide call counts as one).
+inline std::uint64_t kernels_launched() { return queue().kernels; }
+/// How many items were queued on streams (kernels, copies, memsets, frees).
+inline std::uint64_t items_queued() { return queue().queued; }
 
 inline cudaError_t& last_error() {
   static cudaError_t e = cudaSuccess;
@@ -443,6 +448,7 @@ inline void launch(unsigned grid, unsigned threads, std::size_t shared, cudaStre
     report(cudaErrorInvalidConfiguration);
     return;
   }
+  ++queue().kernels;
   enqueue(stream, [=, kernel = std::move(kernel)] { run_grid(grid, threads, shared, kernel); });
 }
 
@@ -897,6 +903,7 @@ inline cudaError_t device_call(void* scratch, std::size_t& bytes, cudaStream_t s
     return cudaSuccess;
   }
   if (bytes < 1) return cudaErrorInvalidValue;
+  ++emulated_cuda::queue().kernels;
   emulated_cuda::enqueue(stream, std::move(run));
   return cudaSuccess;
 }

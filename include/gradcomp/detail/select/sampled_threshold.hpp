@@ -126,7 +126,8 @@ struct lower_index_first {  // a candidate's index, complemented: the largest is
 /// radix_select.hpp's magnitude_digits).
 inline constexpr std::array<radix_digit, 3> index_digits{{{21, 11}, {10, 11}, {0, 10}}};
 
-/// Starts a radix select for the rank-th largest key (rank 0: the rank the search holds).
+/// Starts a radix select for the rank-th largest key (rank 0: the rank the search holds),
+/// while `Taking` says the select takes part.
 template <class Taking>
 struct start_select {
   threshold_search* s;
@@ -175,25 +176,38 @@ struct pick_digit {
   }
 };
 
-/// A radix select's last digit pick, then the step of the search that reads its result,
-/// as the one item its histogram's last block runs: a launch fewer on a device.
-template <class Pick, class After>
-struct pick_then {
-  Pick pick;
-  After after;
-  std::uint32_t* finished_blocks() const noexcept { return pick.finished_blocks(); }
+/// Steps of the search that follow one another, as one item: `first`, then `next` (a
+/// launch fewer on a device for each step folded in). Where `first` is a histogram's
+/// one-item pass (a digit's pick), so is the whole, run by its last block.
+template <class First, class Next>
+struct in_order {
+  First first;
+  Next next;
+  std::uint32_t* finished_blocks() const noexcept
+    requires requires(const First& f) { f.finished_blocks(); }
+  {
+    return first.finished_blocks();
+  }
   GRADCOMP_HOST_DEVICE void operator()(std::size_t i) const {
-    pick(i);
-    after(i);
+    first(i);
+    next(i);
   }
 };
+template <class First, class Next>
+in_order(First, Next) -> in_order<First, Next>;
 
-/// Every step starts here: searching from the carried threshold (reused) or from none.
+/// Every step starts here: searching from the carried threshold (reused) or from none,
+/// the sample's radix select begun (start_select's work: nothing between here and the
+/// select touches its digits).
 struct begin_search {
   threshold_search* s;
   std::uint32_t slot;  // the committed copy of the carried threshold
   bool reused;
+  std::uint32_t sample_rank;  // the rank the sample's select seeks
   GRADCOMP_HOST_DEVICE void operator()(std::size_t) const {
+    s->prefix = 0;
+    s->known = 0;
+    s->rank = sample_rank;
     s->key = reused ? s->carried[slot] : 0;
     s->count = 0;
     s->searching = 1;
@@ -477,34 +491,38 @@ class sampled_threshold_selection {
     const float* acc = in.acc.data();
     const double low = static_cast<double>(policy.lower) * static_cast<double>(k);
 
+    // Each step that only moves the search along (the one-item passes) is folded into the
+    // pass before it or after it (in_order, begin_search): every one guards itself by the
+    // phase it belongs to, so it may run where its phase is over.
     const bool reused = policy.reuse_threshold && carried_;
-    be.for_each(1, begin_search{s, committed_, reused});
+    const std::size_t m = plan.size;
+    const auto r = static_cast<std::uint32_t>(entries_at_density(policy.density, m));
+    be.for_each(1, begin_search{s, committed_, reused, r});
     if (reused) {
       collect<while_searching>(be, acc, reused_slot);
       be.for_each(1, take_reused_count{s, found(reused_slot), policy, k});
     }
+    const std::size_t thresholds = static_cast<std::size_t>(policy.max_iters) + 1;
     if (still(be, &threshold_search::searching)) {
-      be.for_each(plan.size, sample_while_searching{{acc, plan.offset, plan.stride, sample_.data()}, s});
-      const std::size_t m = plan.size;
-      const std::size_t r = entries_at_density(policy.density, m);
-      radix_select(be, m, sample_key{sample_.data()}, while_searching{}, magnitude_digits, r, settle_sample{s});
+      be.for_each(m, sample_while_searching{{acc, plan.offset, plan.stride, sample_.data()}, s});
+      radix_select(be, m, sample_key{sample_.data()}, while_searching{}, magnitude_digits, settle_sample{s});
       collect<while_searching>(be, acc, sample_slot);
-      be.for_each(1, take_sample_count{s, found(sample_slot), low});
+      be.for_each(1, in_order{take_sample_count{s, found(sample_slot), low},
+                              refinement_thresholds{s, policy, steps_.data(), thresholds}});
     }
     if (still(be, &threshold_search::refining)) {
-      const std::size_t thresholds = static_cast<std::size_t>(policy.max_iters) + 1;
-      be.for_each(1, refinement_thresholds{s, policy, steps_.data(), thresholds});
       histogram_then(be, n_, refinement_bin{acc, s, steps_.data(), thresholds}, between_.data(),
                      settle_refinement{s, steps_.data(), between_.data(), thresholds - 1, low});
       collect<refining_phase>(be, acc, refined_slot);
-      be.for_each(1, take_refined_count{s, found(refined_slot)});
     }
-    be.for_each(1, decide_cut{s, policy, k});
+    be.for_each(1, in_order{in_order{take_refined_count{s, found(refined_slot)}, decide_cut{s, policy, k}},
+                            start_select<among_candidates>{s, static_cast<std::uint32_t>(k)}});
     const std::size_t listed = candidates_listed(be);
     if (still(be, &threshold_search::cutting)) {
       be.for_each(listed, candidate_keys{acc, candidates_.data(), keys_.data(), s});
-      radix_select(be, listed, listed_key{keys_.data()}, among_candidates{}, magnitude_digits, k, take_kth{s});
-      radix_select(be, listed, lower_index_first{candidates_.data()}, among_ties{keys_.data()}, index_digits, 0,
+      radix_select(be, listed, listed_key{keys_.data()}, among_candidates{}, magnitude_digits,
+                   in_order{take_kth{s}, start_select<among_ties>{s, 0}});
+      radix_select(be, listed, lower_index_first{candidates_.data()}, among_ties{keys_.data()}, index_digits,
                    take_last_tie{s});
       // The kept candidates' positions, ascending (so their indices are too), then their
       // indices: one compaction, where an ordered expansion over the capacity would
@@ -512,10 +530,9 @@ class sampled_threshold_selection {
       be.compact(listed, kept_candidate{candidates_.data(), keys_.data(), s}, out.data(), workspace_bytes(workspace_),
                  found_.data() + cut_slot);
       be.for_each(listed, index_of_position{candidates_.data(), out.data(), s, found(cut_slot)});
-      be.for_each(1, take_cut_count{s, found(cut_slot)});
     }
     be.for_each(listed, copy_candidates{candidates_.data(), out.data(), s});
-    be.for_each(1, finish_search{s, status, next});
+    be.for_each(1, in_order{take_cut_count{s, found(cut_slot)}, finish_search{s, status, next}});
     return {};
   }
 
@@ -594,22 +611,22 @@ class sampled_threshold_selection {
     }
   }
 
-  // The rank-th largest key of `size` items (rank 0: the rank the search holds) into
-  // the search's prefix, the rank left among its ties into its rank; then `after(0)`,
-  // the step that reads them, in the same item as the last digit's pick.
+  // The key of the rank the search holds among `size` items into the search's prefix,
+  // the rank left among its ties into its rank (a select begun by start_select's work,
+  // folded into the step before); then `after(0)`, the step that reads them, in the
+  // same item as the last digit's pick.
   template <class Key, class Taking, std::size_t Digits, class After>
   void radix_select(const Backend& be, std::size_t size, Key key, Taking taking,
-                    const std::array<radix_digit, Digits>& digits, std::size_t rank, const After& after) {
+                    const std::array<radix_digit, Digits>& digits, const After& after) {
     using namespace sampled;
     threshold_search* s = search_.data();
-    be.for_each(1, start_select<Taking>{s, static_cast<std::uint32_t>(rank)});
     for (std::size_t d = 0; d < Digits; ++d) {
       const digit_bin<Key, Taking> bin{key, taking, s, digits[d]};
       const pick_digit<Taking> pick{bins_.data(), s, digits[d]};
       if (d + 1 < Digits) {
         histogram_then(be, size, bin, bins_.data(), pick);
       } else {
-        histogram_then(be, size, bin, bins_.data(), pick_then<pick_digit<Taking>, After>{pick, after});
+        histogram_then(be, size, bin, bins_.data(), in_order<pick_digit<Taking>, After>{pick, after});
       }
     }
   }
