@@ -751,6 +751,31 @@ TEST_CASE("cuda: a histogram counts alike in shared memory and in device memory,
   }
 }
 
+#if defined(GRADCOMP_EMULATED_CUDA)
+// The kernels a step launches, which the emulated device counts (a GPU's launch costs a
+// few microseconds, most of a step's time at a DDP bucket's size: docs/benchmarks.md),
+// each step still waiting once, for its status. The counts are the 2026-11-30 ones: a
+// change that launches more fails here, one that launches fewer lowers them.
+TEST_CASE("emulated: the kernels a step launches, per preset") {
+  const std::size_t n = 100'003;
+  const gc::backend::cuda be{};
+  auto g = device::copy_of(inputs::make(inputs::shape::normal, n, 1));
+  const auto launched = [&](auto&& c, std::uint64_t most) {
+    thrust::device_vector<std::byte> out(c.max_message_bytes());
+    (void)c.compress(device::span_of(g), device::span_of(out));  // the first step allocates
+    const std::uint64_t kernels = emulated_cuda::kernels_launched();
+    const std::uint64_t waits = emulated_cuda::host_waits();
+    (void)c.compress(device::span_of(g), device::span_of(out));
+    CHECK(emulated_cuda::kernels_launched() - kernels <= most);
+    CHECK(emulated_cuda::host_waits() - waits == 1);
+  };
+  SUBCASE("topk_ef") { launched(gc::presets::topk_ef(be, n, {.density = 0.001}), 20); }
+  SUBCASE("dgc") { launched(gc::presets::dgc(be, n, {.density = 0.001, .max_norm = 1}), 39); }
+  SUBCASE("threshold_ef") { launched(gc::presets::threshold_ef(be, n, {.tau = 2.5f}), 15); }
+  SUBCASE("adacomp") { launched(gc::presets::adacomp(be, n, {}), 16); }
+}
+#endif
+
 int main(int argc, char** argv) {
   // Every kernel loaded when the context is made: loading one lazily, at its first
   // launch, may wait for the device, which the gate of "a queued step ... waits for
