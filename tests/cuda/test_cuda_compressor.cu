@@ -770,7 +770,7 @@ TEST_CASE("emulated: the kernels a step launches, per preset") {
     CHECK(emulated_cuda::host_waits() - waits == 1);
   };
   SUBCASE("topk_ef") { launched(gc::presets::topk_ef(be, n, {.density = 0.001}), 20); }
-  SUBCASE("dgc") { launched(gc::presets::dgc(be, n, {.density = 0.001, .max_norm = 1}), 39); }
+  SUBCASE("dgc") { launched(gc::presets::dgc(be, n, {.density = 0.001, .max_norm = 1}), 37); }
   SUBCASE("threshold_ef") { launched(gc::presets::threshold_ef(be, n, {.tau = 2.5f}), 15); }
   SUBCASE("adacomp") { launched(gc::presets::adacomp(be, n, {}), 16); }
 }

@@ -347,15 +347,16 @@ struct decide_cut {
   }
 };
 
-/// keys[j] = the magnitude key of candidate j, while cutting.
-struct candidate_keys {
+/// The magnitude key of candidate j, gathered from acc and kept in keys[j] for the
+/// passes after (the cut's first digit: its histogram reads each candidate once).
+struct gathered_key {
   const float* acc;
   const std::uint32_t* list;
   std::uint32_t* keys;
-  const threshold_search* s;
-  GRADCOMP_HOST_DEVICE std::size_t live_items() const { return among_candidates::live(*s); }
-  GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
-    if (among_candidates{}(*s, j)) keys[j] = magnitude_key(acc[list[j]]);
+  GRADCOMP_HOST_DEVICE std::uint32_t operator()(std::size_t j) const {
+    const std::uint32_t key = magnitude_key(acc[list[j]]);
+    keys[j] = key;
+    return key;
   }
 };
 
@@ -385,16 +386,20 @@ struct kept_candidate {
   }
 };
 
-/// out[j] = the index of the candidate at position out[j], for the cut's kept positions
-/// (each item reads and writes its own entry).
-struct index_of_position {
+/// The selection's entry j: where C was cut, the index of the candidate at the kept
+/// position out[j] (each item reads and writes its own entry); else candidate j.
+struct place_selection {
   const std::uint32_t* list;
   std::uint32_t* out;
   const threshold_search* s;
   const std::uint32_t* kept;  // how many the cut kept
-  GRADCOMP_HOST_DEVICE std::size_t live_items() const { return s->cutting ? *kept : 0; }
+  GRADCOMP_HOST_DEVICE std::size_t live_items() const { return s->cutting ? *kept : s->count; }
   GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
-    if (s->cutting && j < *kept) out[j] = list[out[j]];
+    if (s->cutting) {
+      if (j < *kept) out[j] = list[out[j]];
+    } else if (j < s->count) {
+      out[j] = list[j];
+    }
   }
 };
 
@@ -406,17 +411,6 @@ struct take_cut_count {
     if (!s->cutting) return;
     s->count = *found;
     s->key = s->kth;
-  }
-};
-
-/// out[j] = candidate j when C is sent whole.
-struct copy_candidates {
-  const std::uint32_t* list;
-  std::uint32_t* out;
-  const threshold_search* s;
-  GRADCOMP_HOST_DEVICE std::size_t live_items() const { return s->cutting ? 0 : s->count; }
-  GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
-    if (!s->cutting && j < s->count) out[j] = list[j];
   }
 };
 
@@ -505,7 +499,8 @@ class sampled_threshold_selection {
     const std::size_t thresholds = static_cast<std::size_t>(policy.max_iters) + 1;
     if (still(be, &threshold_search::searching)) {
       be.for_each(m, sample_while_searching{{acc, plan.offset, plan.stride, sample_.data()}, s});
-      radix_select(be, m, sample_key{sample_.data()}, while_searching{}, magnitude_digits, settle_sample{s});
+      const sample_key sampled{sample_.data()};
+      radix_select(be, m, sampled, sampled, while_searching{}, magnitude_digits, settle_sample{s});
       collect<while_searching>(be, acc, sample_slot);
       be.for_each(1, in_order{take_sample_count{s, found(sample_slot), low},
                               refinement_thresholds{s, policy, steps_.data(), thresholds}});
@@ -519,19 +514,17 @@ class sampled_threshold_selection {
                             start_select<among_candidates>{s, static_cast<std::uint32_t>(k)}});
     const std::size_t listed = candidates_listed(be);
     if (still(be, &threshold_search::cutting)) {
-      be.for_each(listed, candidate_keys{acc, candidates_.data(), keys_.data(), s});
-      radix_select(be, listed, listed_key{keys_.data()}, among_candidates{}, magnitude_digits,
-                   in_order{take_kth{s}, start_select<among_ties>{s, 0}});
-      radix_select(be, listed, lower_index_first{candidates_.data()}, among_ties{keys_.data()}, index_digits,
-                   take_last_tie{s});
+      radix_select(be, listed, gathered_key{acc, candidates_.data(), keys_.data()}, listed_key{keys_.data()},
+                   among_candidates{}, magnitude_digits, in_order{take_kth{s}, start_select<among_ties>{s, 0}});
+      const lower_index_first tie_key{candidates_.data()};
+      radix_select(be, listed, tie_key, tie_key, among_ties{keys_.data()}, index_digits, take_last_tie{s});
       // The kept candidates' positions, ascending (so their indices are too), then their
       // indices: one compaction, where an ordered expansion over the capacity would
       // count, scan and write it (n items on a device) to emit the same.
       be.compact(listed, kept_candidate{candidates_.data(), keys_.data(), s}, out.data(), workspace_bytes(workspace_),
                  found_.data() + cut_slot);
-      be.for_each(listed, index_of_position{candidates_.data(), out.data(), s, found(cut_slot)});
     }
-    be.for_each(listed, copy_candidates{candidates_.data(), out.data(), s});
+    be.for_each(listed, place_selection{candidates_.data(), out.data(), s, found(cut_slot)});
     be.for_each(1, in_order{take_cut_count{s, found(cut_slot)}, finish_search{s, status, next}});
     return {};
   }
@@ -614,13 +607,17 @@ class sampled_threshold_selection {
   // The key of the rank the search holds among `size` items into the search's prefix,
   // the rank left among its ties into its rank (a select begun by start_select's work,
   // folded into the step before); then `after(0)`, the step that reads them, in the
-  // same item as the last digit's pick.
-  template <class Key, class Taking, std::size_t Digits, class After>
-  void radix_select(const Backend& be, std::size_t size, Key key, Taking taking,
+  // same item as the last digit's pick. The first digit's pass takes the keys from
+  // `first_key` (which may gather them for the others), the others from `key`.
+  template <class FirstKey, class Key, class Taking, std::size_t Digits, class After>
+  void radix_select(const Backend& be, std::size_t size, FirstKey first_key, Key key, Taking taking,
                     const std::array<radix_digit, Digits>& digits, const After& after) {
     using namespace sampled;
+    static_assert(Digits > 1);
     threshold_search* s = search_.data();
-    for (std::size_t d = 0; d < Digits; ++d) {
+    histogram_then(be, size, digit_bin<FirstKey, Taking>{first_key, taking, s, digits[0]}, bins_.data(),
+                   pick_digit<Taking>{bins_.data(), s, digits[0]});
+    for (std::size_t d = 1; d < Digits; ++d) {
       const digit_bin<Key, Taking> bin{key, taking, s, digits[d]};
       const pick_digit<Taking> pick{bins_.data(), s, digits[d]};
       if (d + 1 < Digits) {
