@@ -184,7 +184,9 @@ inline cudaMemoryType memory_type(const void* p) {
 inline void* allocate(std::size_t bytes, cudaMemoryType type) {
   const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + 255) / 256 * 256;
   void* p = std::aligned_alloc(256, rounded);
-  if (p != nullptr) allocations()[reinterpret_cast<std::uintptr_t>(p)] = {bytes, type};
+  if (p == nullptr) return nullptr;
+  std::memset(p, 0xA5, rounded);  // what cudaMalloc gives is not zero
+  allocations()[reinterpret_cast<std::uintptr_t>(p)] = {bytes, type};
   return p;
 }
 inline bool release(void* p, cudaMemoryType type) {
@@ -204,7 +206,7 @@ struct queued_work {
 };
 struct work_queue {
   std::deque<queued_work> pending;
-  std::uint64_t kernels = 0;  // kernels launched (CUB's device-wide calls count as one each)
+  std::uint64_t kernels = 0;                 // kernels launched (CUB's device-wide calls count as one each)
   cudaStream_t capturing = nullptr;          // the stream being captured into a graph, if any
   bool capture_invalidated = false;          // a call the capture does not allow was made
   std::vector<std::function<void()>> graph;  // the work captured
@@ -275,6 +277,7 @@ struct fiber {
   void* sp = nullptr;
   waiting state = waiting::no;
   std::uint32_t mask = 0;               // a warp collective's lanes
+  int kind = 0;                         // which collective (a ballot meets only ballots)
   std::uint64_t value = 0;              // what this lane brings to it
   std::array<std::uint64_t, 32> got{};  // what every lane brought, once it completes
 };
@@ -331,8 +334,12 @@ inline void* prepare(unsigned char* top) {
   return sp;
 }
 
+// The orders' seed: GRADCOMP_EMULATED_SEED, else a fixed one (every run the same).
 inline std::mt19937_64& order_source() {
-  static std::mt19937_64 source(20261130);
+  static std::mt19937_64 source([] {
+    const char* seed = std::getenv("GRADCOMP_EMULATED_SEED");
+    return seed != nullptr ? std::strtoull(seed, nullptr, 10) : 20261130ull;
+  }());
   return source;
 }
 // The orders a block's threads run in between barriers: eight shuffles of [0, threads),
@@ -373,7 +380,7 @@ inline bool release_warp(grid_run& run, unsigned first, unsigned threads) {
       if (first + l >= threads) fail("a warp collective names a lane past the block");
       const fiber& other = run.fibers[first + l];
       if (other.state == waiting::done) fail("a warp collective names a lane that has returned");
-      if (other.state != waiting::at_warp_collective || other.mask != mask) {
+      if (other.state != waiting::at_warp_collective || other.mask != mask || other.kind != f.kind) {
         all_there = false;
         break;
       }
@@ -415,6 +422,9 @@ inline void run_block(grid_run& run, unsigned threads) {
     }
     if (!any_at_barrier && all_at_barrier) return;  // every thread returned
     if (!all_at_barrier) fail("deadlock: a warp collective that not every lane of its mask reaches");
+    for (const fiber& f : run.fibers) {
+      if (f.state == waiting::done) fail("__syncthreads() that a returned thread of the block never reaches");
+    }
     for (fiber& f : run.fibers) {
       if (f.state == waiting::at_block_barrier) f.state = waiting::no;
     }
@@ -456,10 +466,11 @@ inline void launch(unsigned grid, unsigned threads, std::size_t shared, cudaStre
 inline void* dynamic_shared() { return running->dynamic_shared.data(); }
 
 // Called by a thread: waits for the lanes of `mask` and returns what each brought.
-inline std::array<std::uint64_t, 32> warp_collective(std::uint32_t mask, std::uint64_t value) {
+inline std::array<std::uint64_t, 32> warp_collective(int kind, std::uint32_t mask, std::uint64_t value) {
   grid_run& run = *running;
   fiber& self = run.fibers[run.current];
   if ((mask >> (run.current % 32) & 1u) == 0) fail("a warp collective called by a lane outside its mask");
+  self.kind = kind;
   self.mask = mask;
   self.value = value;
   wait_as(waiting::at_warp_collective);
@@ -470,9 +481,9 @@ inline std::array<std::uint64_t, 32> warp_collective(std::uint32_t mask, std::ui
 
 // -- Device built-ins.
 inline void __syncthreads() { emulated_cuda::wait_as(emulated_cuda::waiting::at_block_barrier); }
-inline void __syncwarp(unsigned mask = 0xFFFFFFFFu) { (void)emulated_cuda::warp_collective(mask, 0); }
+inline void __syncwarp(unsigned mask = 0xFFFFFFFFu) { (void)emulated_cuda::warp_collective(1, mask, 0); }
 inline unsigned __ballot_sync(unsigned mask, int predicate) {
-  const auto got = emulated_cuda::warp_collective(mask, predicate != 0 ? 1 : 0);
+  const auto got = emulated_cuda::warp_collective(2, mask, predicate != 0 ? 1 : 0);
   unsigned bits = 0;
   for (unsigned l = 0; l < 32; ++l) {
     if ((mask >> l & 1u) != 0 && got[l] != 0) bits |= 1u << l;
@@ -484,9 +495,11 @@ T __shfl_sync(unsigned mask, T var, int source, int width = 32) {
   static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>);
   std::uint64_t bits = 0;
   std::memcpy(&bits, &var, sizeof(T));
-  const auto got = emulated_cuda::warp_collective(mask, bits);
+  if (width <= 0 || width > 32 || (width & (width - 1)) != 0) emulated_cuda::fail("__shfl_sync: width");
+  const auto got = emulated_cuda::warp_collective(3, mask, bits);
   const unsigned lane = threadIdx.x % 32;
-  const unsigned from = (lane & ~static_cast<unsigned>(width - 1)) + static_cast<unsigned>(source % width);
+  const auto w = static_cast<unsigned>(width);
+  const unsigned from = (lane & ~(w - 1)) + (static_cast<unsigned>(source) & (w - 1));
   if ((mask >> from & 1u) == 0) emulated_cuda::fail("__shfl_sync from a lane outside its mask");
   T out;
   std::memcpy(&out, &got[from], sizeof(T));
@@ -678,7 +691,7 @@ cudaError_t create(T** made) {
 inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) { return emulated_cuda::create(stream); }
 inline cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, 0); }
 inline cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-  emulated_cuda::run_until(emulated_cuda::last_of(stream));  // its work completes; nothing refers to it after
+  // Its queued work still runs when waited for: the queue keeps its address as a tag.
   delete stream;
   return cudaSuccess;
 }
@@ -720,8 +733,13 @@ inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
   *ms = 0.0f;
   return cudaSuccess;
 }
-// The queue runs in the order work was queued, which every wait between streams allows.
-inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned = 0) { return cudaSuccess; }
+// The queue runs in the order work was queued, which every wait between streams allows;
+// a stream that waits for an event not yet reached holds an empty item until then, so
+// that it is not done before the event is.
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned = 0) {
+  if (event->ticket > emulated_cuda::queue().ran) emulated_cuda::enqueue(stream, [] {});
+  return cudaSuccess;
+}
 
 // -- Graphs: what a capture queued, queued again by each launch (the same arguments, as
 // a graph's kernel nodes keep them).
@@ -896,13 +914,21 @@ inline discard_iterator make_discard_iterator() { return {}; }
 // by thread 0 between barriers, with each thread's items in shared storage.
 namespace cub {
 namespace detail_emulated {
-// A device-wide call: with no scratch, the bytes it needs (one); else queued.
-inline cudaError_t device_call(void* scratch, std::size_t& bytes, cudaStream_t stream, std::function<void()> run) {
+// A device-wide call over n items: with no scratch, the bytes it needs (as CUB's grow
+// with n); else checked and queued, the scratch scribbled over when it runs, so that
+// scratch sized too small or shared with live data shows.
+inline cudaError_t device_call(void* scratch, std::size_t& bytes, std::size_t n, cudaStream_t stream,
+                               std::function<void()> run) {
+  const std::size_t needed = 64 + n / 8;
   if (scratch == nullptr) {
-    bytes = 1;
+    bytes = needed;
     return cudaSuccess;
   }
-  if (bytes < 1) return cudaErrorInvalidValue;
+  if (bytes < needed || emulated_cuda::memory_type(scratch) != cudaMemoryTypeDevice) return cudaErrorInvalidValue;
+  run = [run = std::move(run), scratch, needed] {
+    std::memset(scratch, 0x5A, needed);
+    run();
+  };
   ++emulated_cuda::queue().kernels;
   emulated_cuda::enqueue(stream, std::move(run));
   return cudaSuccess;
@@ -913,7 +939,7 @@ struct DeviceScan {
   template <class In, class Out, class Count>
   static cudaError_t ExclusiveSum(void* scratch, std::size_t& bytes, In in, Out out, Count n,
                                   cudaStream_t stream = nullptr) {
-    return detail_emulated::device_call(scratch, bytes, stream, [=] {
+    return detail_emulated::device_call(scratch, bytes, static_cast<std::size_t>(n), stream, [=] {
       using T = std::remove_cvref_t<decltype(in[0])>;
       T sum{};
       for (Count i = 0; i < n; ++i) {
@@ -928,7 +954,8 @@ struct DeviceRadixSort {
   template <class Key, class Count>
   static cudaError_t SortKeys(void* scratch, std::size_t& bytes, const Key* in, Key* out, Count n, int begin_bit = 0,
                               int end_bit = static_cast<int>(sizeof(Key) * 8), cudaStream_t stream = nullptr) {
-    return detail_emulated::device_call(scratch, bytes, stream, [=] {
+    if (scratch != nullptr && in < out + n && out < in + n) emulated_cuda::fail("cub::DeviceRadixSort: keys in place");
+    return detail_emulated::device_call(scratch, bytes, static_cast<std::size_t>(n), stream, [=] {
       std::vector<Key> keys(in, in + n);
       const auto bits = [=](Key k) {
         const Key shifted = k >> begin_bit;
@@ -946,7 +973,7 @@ struct DeviceReduce {
   static cudaError_t ReduceByKey(void* scratch, std::size_t& bytes, KeysIn keys, UniqueOut unique, ValuesIn values,
                                  AggregatesOut aggregates, RunsOut runs, Op op, Count n,
                                  cudaStream_t stream = nullptr) {
-    return detail_emulated::device_call(scratch, bytes, stream, [=]() mutable {
+    return detail_emulated::device_call(scratch, bytes, static_cast<std::size_t>(n), stream, [=]() mutable {
       Count run = 0;
       for (Count i = 0; i < n;) {
         const auto key = keys[i];
@@ -976,6 +1003,7 @@ class BlockScan {
     ExclusiveSum(input, output, aggregate);
   }
   void ExclusiveSum(T input, T& output, T& aggregate) {
+    if (blockDim.x != Threads) emulated_cuda::fail("cub::BlockScan in a block of another size");
     storage_.items[threadIdx.x] = input;
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -1003,6 +1031,7 @@ class BlockRadixSort {
   // of thread t is the (q * Threads + t)-th smallest), sorted stably by bits
   // [begin_bit, end_bit).
   void SortBlockedToStriped(Key (&keys)[Items], int begin_bit = 0, int end_bit = static_cast<int>(sizeof(Key) * 8)) {
+    if (blockDim.x != Threads) emulated_cuda::fail("cub::BlockRadixSort in a block of another size");
     for (int q = 0; q < Items; ++q) storage_.keys[threadIdx.x * Items + q] = keys[q];
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -1016,7 +1045,6 @@ class BlockRadixSort {
     }
     __syncthreads();
     for (int q = 0; q < Items; ++q) keys[q] = storage_.keys[q * Threads + threadIdx.x];
-    __syncthreads();
   }
 
  private:
