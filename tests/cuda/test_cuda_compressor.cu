@@ -4,6 +4,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "device.cuh"
 
+#include <gradcomp/backend/stream_order.cuh>
 #include <gradcomp/gradcomp.hpp>
 #include <thrust/fill.h>
 
@@ -706,6 +707,85 @@ TEST_CASE("cuda: compressed memory's arrays from a stream-ordered allocator, bac
   }
   REQUIRE(cudaStreamDestroy(staging) == cudaSuccess);
   REQUIRE(cudaStreamDestroy(committing) == cudaSuccess);
+}
+
+// backend::stream_order as the PyTorch extension uses it: a compressor's steps staged and
+// committed on whichever stream is the caller's at the time (torch's current one), and a
+// checkpoint saved and loaded and a step staged (calls that take no context) on the
+// compressor's own stream. Each gradient is written on its caller's stream just before
+// its step, and the messages are read at the end, where each, and the final state, must
+// be the host compressor's.
+TEST_CASE("cuda: backend::stream_order keeps a compressor's calls in order across the caller's streams") {
+  const std::size_t n = 70'001;
+  const std::size_t steps = 6;
+  int device = 0;
+  REQUIRE(cudaGetDevice(&device) == cudaSuccess);
+  cudaStream_t callers[2] = {}, own = nullptr;
+  for (cudaStream_t* s : {&callers[0], &callers[1], &own}) {
+    REQUIRE(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking) == cudaSuccess);
+  }
+  const gc::presets::dgc_options options{.density = 0.01, .max_norm = 1};
+  auto host = gc::presets::dgc(gc::backend::host{}, n, options);
+  std::vector<std::byte> want(host.max_message_bytes());
+  {
+    auto gpu = gc::presets::dgc(gc::backend::cuda{.stream = own}, n, options);
+    gc::backend::stream_order order(device);
+    std::vector<float*> pinned(steps);
+    std::vector<thrust::device_vector<float>> grads(steps, thrust::device_vector<float>(n));
+    std::vector<thrust::device_vector<std::byte>> outs(steps,
+                                                       thrust::device_vector<std::byte>(gpu.max_message_bytes()));
+    for (std::size_t t = 0; t < steps; ++t) {
+      REQUIRE(cudaMallocHost(&pinned[t], n * sizeof(float)) == cudaSuccess);
+      const auto x = inputs::make(inputs::shape::student_t3, n, 110 + t);
+      std::copy(x.begin(), x.end(), pinned[t]);
+    }
+    std::string checkpoint;
+    std::vector<std::vector<std::byte>> messages;
+    for (std::size_t t = 0; t < steps; ++t) {
+      CAPTURE(t);
+      const cudaStream_t staging = callers[t % 2], committing = callers[t / 2 % 2];
+      if (t == 4) {  // back to the state after step 1, on the compressor's own stream
+        order.run(own, staging, [&](cudaStream_t) { gpu.load_state(std::as_bytes(std::span(checkpoint))); });
+        host.load_state(std::as_bytes(std::span(checkpoint)));
+      }
+      // The gradient is written last of several pieces of the caller's work, as the
+      // backward pass queues many kernels before a bucket is ready.
+      for (int piece = 0; piece < 8; ++piece) {
+        REQUIRE(cudaMemsetAsync(device::raw_span_of(grads[t]).data(), piece, n * sizeof(float), staging) ==
+                cudaSuccess);
+      }
+      REQUIRE(cudaMemcpyAsync(device::raw_span_of(grads[t]).data(), pinned[t], n * sizeof(float),
+                              cudaMemcpyHostToDevice, staging) == cudaSuccess);
+      // Odd steps are staged on the compressor's own stream (given no context, as a
+      // checkpoint is): after the gradient their caller wrote, and before the caller
+      // writes NaNs over it.
+      const bool on_own = t % 2 == 1;
+      order.run(on_own ? own : staging, staging, [&](cudaStream_t s) {
+        (void)gpu.stage_queued(gc::backend::cuda{.stream = s}, device::span_of(grads[t]), device::span_of(outs[t]));
+      });
+      if (on_own)
+        REQUIRE(cudaMemsetAsync(device::raw_span_of(grads[t]).data(), 0xFF, n * sizeof(float), staging) == cudaSuccess);
+      order.run(committing, committing, [&](cudaStream_t s) { gpu.accept_staged(gc::backend::cuda{.stream = s}); });
+      const auto message = host.compress(std::span<const float>(pinned[t], n), want);
+      messages.emplace_back(message.bytes().begin(), message.bytes().end());
+      if (t == 1) {
+        order.run(own, committing, [&](cudaStream_t) {
+          std::ostringstream record;
+          gpu.save_state(record);
+          checkpoint = record.str();
+        });
+      }
+    }
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    for (std::size_t t = 0; t < steps; ++t) {
+      CAPTURE(t);
+      const auto got = device::host_copy(outs[t]);
+      CHECK(std::equal(messages[t].begin(), messages[t].end(), got.begin()));
+      REQUIRE(cudaFreeHost(pinned[t]) == cudaSuccess);
+    }
+    CHECK(states(gpu) == states(host));
+  }
+  for (const cudaStream_t s : {callers[0], callers[1], own}) REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
 }
 
 // Bins of a histogram test: the top 11 bits of a value (2048 bins, a few of them crowded),

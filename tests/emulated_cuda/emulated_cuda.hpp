@@ -13,9 +13,12 @@
 // - Dynamic shared memory is filled with garbage before each block.
 // - Work queued on a stream (kernels, asynchronous copies and memsets, CUB's device-wide
 //   calls, stream-ordered frees) runs only when the host waits for it (a synchronize, a
-//   copy to pageable memory, cudaFree), in the order it was queued (a valid order for
-//   every stream and event dependency): a host that reads device results, or rewrites
-//   pinned memory a queued copy reads, without waiting, sees what a GPU may show it.
+//   copy to pageable memory, cudaFree), and then only the work that wait needs, each
+//   stream in the order it was queued, the streams taken in a shuffled order: a host
+//   that reads device results, or rewrites pinned memory a queued copy reads, without
+//   waiting, or that waits for one stream and reads what another wrote, and a stream that
+//   reads what another wrote with no event waited for between them, see what a GPU may
+//   show them. The legacy default stream and the blocking streams wait for each other.
 //   `host_waits()` counts the waits that found work queued.
 // - cudaPointerGetAttributes tells device memory (cudaMalloc) from host memory.
 // - A stream captured into a CUDA graph records its work, which each launch of the graph
@@ -83,9 +86,12 @@ enum cudaError_t {
   cudaErrorStreamCaptureInvalidated = 901,
 };
 using cudaError = cudaError_t;
-struct CUstream_st {};
+struct CUstream_st {
+  std::size_t queue = 0;  // its queue of work (emulated_cuda::work_queue::streams)
+};
 struct CUevent_st {
-  std::uint64_t ticket = 0;  // done once this many queued items have run
+  std::size_t stream = 0;  // the queue and id of the work it waits for (0: none)
+  std::uint64_t id = 0;
 };
 using cudaStream_t = CUstream_st*;
 using cudaEvent_t = CUevent_st*;
@@ -199,51 +205,142 @@ inline bool release(void* p, cudaMemoryType type) {
   return true;
 }
 
-// -- Streams: one queue of work in the order it was queued, run when the host waits.
+// The orders' seed: GRADCOMP_EMULATED_SEED, else a fixed one (every run the same).
+inline std::mt19937_64& order_source() {
+  static std::mt19937_64 source([] {
+    const char* seed = std::getenv("GRADCOMP_EMULATED_SEED");
+    return seed != nullptr ? std::strtoull(seed, nullptr, 10) : 20261130ull;
+  }());
+  return source;
+}
+// -- Streams: each a queue of its work in the order queued, run only when the host waits
+// for some of it, and then only what that wait needs (the work before it on its stream
+// and, transitively, the work on other streams that this waits for), taking the streams
+// whose next work is ready in an order drawn from the seed: a host that waits for one
+// stream and reads what another wrote, or a stream that reads another's results with no
+// event waited for between them, sees what a GPU may show it. The legacy default stream
+// (null) and the blocking streams wait for each other's earlier work; non-blocking
+// streams wait only for events.
+struct work_id {
+  std::size_t stream = 0;  // the queue's index
+  std::uint64_t id = 0;    // 1-based, in the order queued (0: nothing)
+};
 struct queued_work {
-  cudaStream_t stream;
+  std::uint64_t id;
+  std::vector<work_id> after;  // work on other streams it waits for
   std::function<void()> run;
 };
-struct work_queue {
+struct stream_queue {
+  bool blocking = true;  // waits for, and is waited for by, the legacy default stream
+  bool alive = true;     // its stream exists (a destroyed one's queued work still runs)
   std::deque<queued_work> pending;
+  std::uint64_t last = 0;  // the id of the last work queued on it
+};
+struct work_queue {
+  std::vector<stream_queue> streams = std::vector<stream_queue>(1);  // [0]: the legacy default stream
   std::uint64_t kernels = 0;                 // kernels launched (CUB's device-wide calls count as one each)
   cudaStream_t capturing = nullptr;          // the stream being captured into a graph, if any
   bool capture_invalidated = false;          // a call the capture does not allow was made
   std::vector<std::function<void()>> graph;  // the work captured
   std::uint64_t queued = 0;                  // items ever queued
-  std::uint64_t ran = 0;                     // items run
   std::uint64_t waits = 0;                   // host waits that found work to run
 };
 inline work_queue& queue() {
   static work_queue q;
   return q;
 }
-inline void enqueue(cudaStream_t stream, std::function<void()> run) {
-  if (queue().capturing != nullptr && stream == queue().capturing) return queue().graph.push_back(std::move(run));
-  queue().pending.push_back({stream, std::move(run)});
-  ++queue().queued;
+inline std::size_t queue_of(cudaStream_t stream) { return stream == nullptr ? 0 : stream->queue; }
+inline bool done(work_id w) {
+  const auto& pending = queue().streams[w.stream].pending;
+  return pending.empty() || pending.front().id > w.id;
 }
-// Runs the queued work up to and including item `ticket` (1-based).
-inline void run_until(std::uint64_t ticket) {
+inline std::uint64_t enqueue(cudaStream_t stream, std::function<void()> run, std::vector<work_id> after = {}) {
   work_queue& q = queue();
-  if (q.ran < ticket) ++q.waits;
-  while (q.ran < ticket && !q.pending.empty()) {
-    queued_work w = std::move(q.pending.front());
-    q.pending.pop_front();
+  if (q.capturing != nullptr && stream == q.capturing) {
+    q.graph.push_back(std::move(run));
+    return 0;
+  }
+  const std::size_t s = queue_of(stream);
+  for (std::size_t t = 0; t < q.streams.size(); ++t) {
+    const bool legacy_pair = (s == 0 && t != 0 && q.streams[t].blocking) || (s != 0 && t == 0 && q.streams[s].blocking);
+    if (legacy_pair && !q.streams[t].pending.empty()) after.push_back({t, q.streams[t].last});
+  }
+  const std::uint64_t id = ++q.queued;
+  q.streams[s].pending.push_back({id, std::move(after), std::move(run)});
+  q.streams[s].last = id;
+  return id;
+}
+// Runs the work `need` names (by stream, the last id needed) and what it waits for, the
+// ready streams taken in a shuffled order, and now and then work that nothing waits for
+// yet, which a GPU may also run early.
+inline void run_needed(std::vector<std::uint64_t> need) {
+  work_queue& q = queue();
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (std::size_t s = 0; s < q.streams.size(); ++s) {
+      for (const queued_work& w : q.streams[s].pending) {
+        if (w.id > need[s]) break;
+        for (const work_id& a : w.after) {
+          if (a.id > need[a.stream]) need[a.stream] = a.id, grew = true;
+        }
+      }
+    }
+  }
+  bool waited = false;
+  std::vector<std::size_t> ready, early;
+  for (;;) {
+    ready.clear();
+    early.clear();
+    bool left = false;
+    for (std::size_t s = 0; s < q.streams.size(); ++s) {
+      const auto& pending = q.streams[s].pending;
+      if (pending.empty()) continue;
+      const bool needed = pending.front().id <= need[s];
+      left = left || needed;
+      if (std::all_of(pending.front().after.begin(), pending.front().after.end(), done)) {
+        (needed ? ready : early).push_back(s);
+      }
+    }
+    if (!left) return;
+    if (ready.empty()) fail("queued work that waits for itself");
+    if (!waited) ++q.waits, waited = true;
+    const auto& from = !early.empty() && order_source()() % 4 == 0 ? early : ready;
+    auto& pending = q.streams[from[order_source()() % from.size()]].pending;
+    queued_work w = std::move(pending.front());
+    pending.pop_front();
     w.run();
-    ++q.ran;
   }
 }
-inline void run_all() { run_until(queue().queued); }
-// The ticket of the last work queued on `stream` (the legacy default stream, null, waits
-// for everything queued).
-inline std::uint64_t last_of(cudaStream_t stream) {
-  const work_queue& q = queue();
-  if (stream == nullptr) return q.queued;
-  for (std::size_t i = q.pending.size(); i-- > 0;) {
-    if (q.pending[i].stream == stream) return q.ran + i + 1;
+// A host wait for `w` and what it waits for.
+inline void run_until(work_id w) {
+  if (done(w)) return;
+  std::vector<std::uint64_t> need(queue().streams.size(), 0);
+  need[w.stream] = w.id;
+  run_needed(std::move(need));
+}
+// All of `stream`'s work so far: its last; for a blocking stream, also the legacy default
+// stream's work queued after that, and for the legacy stream at an action (an event
+// recorded, a synchronous copy), the blocking streams' work queued after its last, which
+// an empty item queued then holds.
+inline work_id tail(cudaStream_t stream, bool action) {
+  work_queue& q = queue();
+  const std::size_t s = queue_of(stream);
+  const auto newer = [&](std::size_t t) {
+    return !q.streams[t].pending.empty() && q.streams[t].last > q.streams[s].last;
+  };
+  bool held = false;
+  for (std::size_t t = 0; t < q.streams.size(); ++t) {
+    if (s == 0 ? action && t != 0 && q.streams[t].blocking : t == 0 && q.streams[s].blocking) held = held || newer(t);
   }
-  return q.ran;
+  return {s, held ? enqueue(stream, [] {}) : q.streams[s].last};
+}
+// A host wait for `stream`'s work (tail()).
+inline void wait_for(cudaStream_t stream, bool action = true) { run_until(tail(stream, action)); }
+// A wait for the whole device (cudaDeviceSynchronize, cudaFree).
+inline void run_all() {
+  std::vector<std::uint64_t> need;
+  for (const stream_queue& s : queue().streams) need.push_back(s.last);
+  run_needed(std::move(need));
 }
 /// How many times the host waited for queued work (a synchronize, a copy to pageable
 /// memory, a free).
@@ -334,14 +431,6 @@ inline void* prepare(unsigned char* top) {
   return sp;
 }
 
-// The orders' seed: GRADCOMP_EMULATED_SEED, else a fixed one (every run the same).
-inline std::mt19937_64& order_source() {
-  static std::mt19937_64 source([] {
-    const char* seed = std::getenv("GRADCOMP_EMULATED_SEED");
-    return seed != nullptr ? std::strtoull(seed, nullptr, 10) : 20261130ull;
-  }());
-  return source;
-}
 // The orders a block's threads run in between barriers: eight shuffles of [0, threads),
 // drawn once per block size and taken in turn (a shuffle per barrier took a tenth of the
 // emulated tests' time).
@@ -649,7 +738,7 @@ inline cudaError_t cudaMemcpyAsync(void* to, const void* from, std::size_t bytes
       memory_type(to) == cudaMemoryTypeUnregistered || memory_type(from) == cudaMemoryTypeUnregistered;
   if (pageable && emulated_cuda::refused_while_capturing()) return cudaErrorStreamCaptureUnsupported;
   if (memory_type(to) == cudaMemoryTypeUnregistered) {
-    emulated_cuda::run_until(emulated_cuda::last_of(stream));
+    emulated_cuda::wait_for(stream);
     std::memmove(to, from, bytes);
   } else if (memory_type(from) == cudaMemoryTypeUnregistered) {
     const auto* first = static_cast<const unsigned char*>(from);
@@ -661,9 +750,17 @@ inline cudaError_t cudaMemcpyAsync(void* to, const void* from, std::size_t bytes
   }
   return cudaSuccess;
 }
-inline cudaError_t cudaMemcpy(void* to, const void* from, std::size_t bytes, cudaMemcpyKind) {
+// Synchronous as the runtime has it: device to device queued on the legacy default
+// stream with no wait; from pageable memory to the device, after that stream's work,
+// the bytes taken at once and written in its order; every other copy done on return.
+inline cudaError_t cudaMemcpy(void* to, const void* from, std::size_t bytes, cudaMemcpyKind kind) {
+  using emulated_cuda::memory_type;
   if (emulated_cuda::refused_while_capturing()) return cudaErrorStreamCaptureUnsupported;
-  emulated_cuda::run_all();
+  if (memory_type(to) == cudaMemoryTypeDevice && memory_type(from) != cudaMemoryTypeHost) {
+    if (memory_type(from) != cudaMemoryTypeDevice) emulated_cuda::wait_for(nullptr);
+    return cudaMemcpyAsync(to, from, bytes, kind, nullptr);
+  }
+  emulated_cuda::wait_for(nullptr);
   if (bytes != 0) std::memmove(to, from, bytes);
   return cudaSuccess;
 }
@@ -674,70 +771,76 @@ inline cudaError_t cudaMemsetAsync(void* p, int value, std::size_t bytes, cudaSt
   emulated_cuda::enqueue(stream, [=] { std::memset(p, value, bytes); });
   return cudaSuccess;
 }
+// Asynchronous for device memory, as the runtime has it.
 inline cudaError_t cudaMemset(void* p, int value, std::size_t bytes) {
-  const cudaError_t e = cudaMemsetAsync(p, value, bytes, nullptr);
-  emulated_cuda::run_all();
-  return e;
+  return cudaMemsetAsync(p, value, bytes, nullptr);
 }
 
-namespace emulated_cuda {
-// A new stream or event (streams hold nothing: the queue tags work with their address).
-template <class T>
-cudaError_t create(T** made) {
-  *made = new T;
+inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
+  // A queue of its own, or a destroyed stream's once its work has run.
+  auto& streams = emulated_cuda::queue().streams;
+  std::size_t s = 1;
+  while (s < streams.size() && (streams[s].alive || !streams[s].pending.empty())) ++s;
+  if (s == streams.size()) streams.emplace_back();
+  streams[s].alive = true;
+  streams[s].blocking = (flags & cudaStreamNonBlocking) == 0;
+  *stream = new CUstream_st{s};
   return cudaSuccess;
 }
-}  // namespace emulated_cuda
-inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) { return emulated_cuda::create(stream); }
 inline cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, 0); }
 inline cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-  // Its queued work still runs when waited for: the queue keeps its address as a tag.
+  if (stream == nullptr) return emulated_cuda::report(cudaErrorInvalidValue);
+  emulated_cuda::queue().streams[emulated_cuda::queue_of(stream)].alive = false;  // its queued work still runs
   delete stream;
   return cudaSuccess;
 }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   if (emulated_cuda::refused_while_capturing()) return cudaErrorStreamCaptureUnsupported;
-  emulated_cuda::run_until(emulated_cuda::last_of(stream));
+  emulated_cuda::wait_for(stream, /*action=*/false);
   return cudaSuccess;
 }
 inline cudaError_t cudaStreamQuery(cudaStream_t stream) {
   if (emulated_cuda::refused_while_capturing()) return cudaErrorStreamCaptureUnsupported;
-  return emulated_cuda::last_of(stream) > emulated_cuda::queue().ran ? emulated_cuda::report(cudaErrorNotReady)
-                                                                     : cudaSuccess;
+  return emulated_cuda::done(emulated_cuda::tail(stream, /*action=*/false)) ? cudaSuccess
+                                                                            : emulated_cuda::report(cudaErrorNotReady);
 }
 inline cudaError_t cudaDeviceSynchronize() {
   if (emulated_cuda::refused_while_capturing()) return cudaErrorStreamCaptureUnsupported;
   emulated_cuda::run_all();
   return cudaSuccess;
 }
-inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) { return emulated_cuda::create(event); }
+inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
+  *event = new CUevent_st;
+  return cudaSuccess;
+}
 inline cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }
 inline cudaError_t cudaEventDestroy(cudaEvent_t event) {
   delete event;
   return cudaSuccess;
 }
 inline cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = nullptr) {
-  event->ticket = emulated_cuda::last_of(stream);
+  const emulated_cuda::work_id last = emulated_cuda::tail(stream, /*action=*/true);
+  event->stream = last.stream;
+  event->id = last.id;
   return cudaSuccess;
 }
 inline cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (emulated_cuda::refused_while_capturing()) return cudaErrorStreamCaptureUnsupported;
-  return event->ticket > emulated_cuda::queue().ran ? emulated_cuda::report(cudaErrorNotReady) : cudaSuccess;
+  return emulated_cuda::done({event->stream, event->id}) ? cudaSuccess : emulated_cuda::report(cudaErrorNotReady);
 }
 inline cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (emulated_cuda::refused_while_capturing()) return cudaErrorStreamCaptureUnsupported;
-  emulated_cuda::run_until(event->ticket);
+  emulated_cuda::run_until({event->stream, event->id});
   return cudaSuccess;
 }
 inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
   *ms = 0.0f;
   return cudaSuccess;
 }
-// The queue runs in the order work was queued, which every wait between streams allows;
-// a stream that waits for an event not yet reached holds an empty item until then, so
-// that it is not done before the event is.
+// The stream's later work waits for the event's: an empty item that waits for it.
 inline cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned = 0) {
-  if (event->ticket > emulated_cuda::queue().ran) emulated_cuda::enqueue(stream, [] {});
+  const emulated_cuda::work_id recorded{event->stream, event->id};
+  if (!emulated_cuda::done(recorded)) emulated_cuda::enqueue(stream, [] {}, {recorded});
   return cudaSuccess;
 }
 
@@ -805,6 +908,20 @@ struct maximum {
 
 // -- Thrust: device vectors in device memory, the iterators gradcomp uses.
 namespace thrust {
+// A pointer to device memory, as Thrust's: a raw pointer only through raw_pointer_cast.
+template <class T>
+class device_ptr {
+ public:
+  explicit device_ptr(T* p) : p_(p) {}
+  [[nodiscard]] T* get() const { return p_; }
+
+ private:
+  T* p_;
+};
+template <class T>
+T* raw_pointer_cast(device_ptr<T> p) {
+  return p.get();
+}
 template <class T>
 T* raw_pointer_cast(T* p) {
   return p;
@@ -821,7 +938,7 @@ class device_vector {
   }
   template <class It, class = std::enable_if_t<!std::is_integral_v<It>>>
   device_vector(It first, It last) {
-    emulated_cuda::run_all();
+    emulated_cuda::wait_for(nullptr);
     allocate(static_cast<std::size_t>(std::distance(first, last)));
     std::copy(first, last, data_);
   }
@@ -838,25 +955,25 @@ class device_vector {
   }
   void resize(std::size_t n, const T& value = T{}) {
     device_vector grown(n, value);
-    emulated_cuda::run_all();
+    emulated_cuda::wait_for(nullptr);
     std::copy(data_, data_ + std::min(n, size_), grown.data_);
     *this = std::move(grown);
   }
   [[nodiscard]] std::size_t size() const { return size_; }
   [[nodiscard]] bool empty() const { return size_ == 0; }
-  T* data() { return data_; }
-  const T* data() const { return data_; }
+  device_ptr<T> data() { return device_ptr<T>(data_); }
+  device_ptr<const T> data() const { return device_ptr<const T>(data_); }
   T* begin() { return data_; }
   T* end() { return data_ + size_; }
   const T* begin() const { return data_; }
   const T* end() const { return data_ + size_; }
   // Thrust reads and writes an element with a synchronous copy.
   T& operator[](std::size_t i) {
-    emulated_cuda::run_all();
+    emulated_cuda::wait_for(nullptr);
     return data_[i];
   }
   const T& operator[](std::size_t i) const {
-    emulated_cuda::run_all();
+    emulated_cuda::wait_for(nullptr);
     return data_[i];
   }
 
@@ -870,12 +987,12 @@ class device_vector {
 };
 template <class In, class Out>
 Out copy(In first, In last, Out out) {
-  emulated_cuda::run_all();
+  emulated_cuda::wait_for(nullptr);
   return std::copy(first, last, out);
 }
 template <class It, class T>
 void fill(It first, It last, const T& value) {
-  emulated_cuda::run_all();
+  emulated_cuda::wait_for(nullptr);
   std::fill(first, last, value);
 }
 
