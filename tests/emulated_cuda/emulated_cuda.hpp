@@ -261,6 +261,9 @@ inline std::uint64_t enqueue(cudaStream_t stream, std::function<void()> run, std
     return 0;
   }
   const std::size_t s = queue_of(stream);
+  // Work on the legacy default stream would wait for a blocking stream under capture:
+  // the runtime invalidates the capture (cudaErrorStreamCaptureImplicit).
+  if (s == 0 && q.capturing != nullptr && q.streams[queue_of(q.capturing)].blocking) q.capture_invalidated = true;
   for (std::size_t t = 0; t < q.streams.size(); ++t) {
     const bool legacy_pair = (s == 0 && t != 0 && q.streams[t].blocking) || (s != 0 && t == 0 && q.streams[s].blocking);
     if (legacy_pair && !q.streams[t].pending.empty()) after.push_back({t, q.streams[t].last});
