@@ -1,0 +1,189 @@
+// comm::nccl across ranks (one process and one GPU each, under mpirun): the sparse
+// all-gather, its dense fallback, the bucketed exchange and the all-to-all give what the
+// host computes from every rank's messages, the same on every rank, and a corrupt
+// message on one rank fails on every rank and changes nothing. NCCL takes one GPU per
+// rank, so on one machine this runs on the emulated device (tests/emulated_cuda, whose
+// NCCL is MPI); it builds against the real ones too.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include "device.cuh"
+
+#include <gradcomp/comm/nccl.cuh>
+#include <gradcomp/gradcomp.hpp>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "../support/inputs.hpp"
+
+namespace gc = gradcomp;
+
+namespace {
+
+struct ranks {
+  ncclComm_t comm = nullptr;
+  int rank = 0;
+  int size = 1;
+  ranks() {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    ncclUniqueId id{};
+    if (rank == 0) gc::detail::nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+    gc::detail::nccl_check(ncclCommInitRank(&comm, size, id, rank), "ncclCommInitRank");
+  }
+  ~ranks() { ncclCommDestroy(comm); }
+  ranks(const ranks&) = delete;
+  ranks& operator=(const ranks&) = delete;
+};
+
+// Rank r's gradient for a tensor of n values (every rank can make every rank's).
+std::vector<float> gradient_of(int r, std::size_t n, std::uint64_t salt) {
+  return inputs::make(inputs::shape::student_t3, n, 1000 * salt + static_cast<std::uint64_t>(r));
+}
+std::vector<std::byte> message_for(const std::vector<float>& x, double density) {
+  gc::compressor c{gc::backend::host{}, x.size(), gc::select::exact_topk{.density = density}, gc::correct::none{},
+                   gc::encode::index_value{.index = gc::index_coding::raw32}};
+  std::vector<std::byte> buf(c.max_message_bytes());
+  const auto m = c.compress(x, buf);
+  return {m.bytes().begin(), m.bytes().end()};
+}
+// Whether `values` has the same bits on every rank.
+bool same_on_every_rank(std::vector<float> values) {
+  std::vector<float> first = values;
+  MPI_Bcast(first.data(), static_cast<int>(first.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+  int same = device::same_bits(first, values) ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return same == 1;
+}
+
+}  // namespace
+
+TEST_CASE("NCCL across ranks: the sparse all-gather adds every rank's message in rank order, as the host does") {
+  ranks world;
+  gc::comm::nccl comm(world.comm, gc::backend::cuda{});
+  REQUIRE(comm.size() == world.size);
+  const std::size_t n = 100'000;
+  const auto start = inputs::make(inputs::shape::normal, n, 9);
+  for (const double density : {0.001, 0.05}) {
+    CAPTURE(density);
+    auto expected = start;
+    for (int r = 0; r < world.size; ++r) {
+      gc::accumulate(gc::backend::host{}, message_for(gradient_of(r, n, 1), density), expected, 0.25f);
+    }
+    auto message = device::copy_of(message_for(gradient_of(world.rank, n, 1), density));
+    auto dense = device::copy_of(start);
+    CHECK(comm.allgather_accumulate(device::span_of(message), device::span_of(dense), 0.25f) == gc::comm::path::sparse);
+    CHECK(device::same_bits(device::host_copy(dense), expected));
+  }
+}
+
+TEST_CASE("NCCL across ranks: messages that outgrow the tensor are summed densely, the same bits on every rank") {
+  ranks world;
+  gc::comm::nccl comm(world.comm, gc::backend::cuda{});
+  const std::size_t n = 20'000;
+  const auto start = inputs::make(inputs::shape::normal, n, 10);
+  std::vector<float> sum(n, 0.0f);  // NCCL sums in an order of its own: compared within rounding
+  for (int r = 0; r < world.size; ++r) {
+    gc::accumulate(gc::backend::host{}, message_for(gradient_of(r, n, 2), 0.9), sum, 1.0f);
+  }
+  auto message = device::copy_of(message_for(gradient_of(world.rank, n, 2), 0.9));
+  auto dense = device::copy_of(start);
+  CHECK(comm.allgather_accumulate(device::span_of(message), device::span_of(dense), 0.5f) == gc::comm::path::dense);
+  const auto got = device::host_copy(dense);
+  std::size_t off = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float want = start[i] + 0.5f * sum[i];
+    if (std::fabs(got[i] - want) > 1e-5f * (std::fabs(want) + 1.0f)) ++off;
+  }
+  CHECK(off == 0);
+  CHECK(same_on_every_rank(got));
+}
+
+TEST_CASE("NCCL across ranks: the bucketed exchange equals the host's accumulate per tensor") {
+  ranks world;
+  gc::comm::nccl comm(world.comm, gc::backend::cuda{});
+  const std::size_t sizes[] = {10, 1000, 65'537};
+  std::vector<thrust::device_vector<std::byte>> messages;
+  std::vector<thrust::device_vector<float>> dense;
+  std::vector<std::vector<float>> expected;
+  for (std::size_t t = 0; t < std::size(sizes); ++t) {
+    expected.push_back(inputs::make(inputs::shape::normal, sizes[t], 30 + t));
+    dense.push_back(device::copy_of(expected.back()));
+    for (int r = 0; r < world.size; ++r) {
+      gc::accumulate(gc::backend::host{}, message_for(gradient_of(r, sizes[t], 3 + t), 0.01), expected.back(), 0.5f);
+    }
+    messages.push_back(device::copy_of(message_for(gradient_of(world.rank, sizes[t], 3 + t), 0.01)));
+  }
+  std::vector<gc::device_span<const std::byte>> m;
+  std::vector<gc::device_span<float>> d;
+  for (std::size_t t = 0; t < std::size(sizes); ++t) {
+    m.push_back(device::span_of(messages[t]));
+    d.push_back(device::span_of(dense[t]));
+  }
+  comm.allgather_accumulate(m, d, 0.5f);
+  for (std::size_t t = 0; t < std::size(sizes); ++t) {
+    CAPTURE(t);
+    CHECK(device::same_bits(device::host_copy(dense[t]), expected[t]));
+  }
+}
+
+TEST_CASE("NCCL across ranks: the all-to-all delivers each rank's part for each rank, some of them empty") {
+  ranks world;
+  gc::comm::nccl comm(world.comm, gc::backend::cuda{});
+  const auto W = static_cast<std::size_t>(world.size);
+  const auto part = [](std::size_t from, std::size_t to) { return (from + 2 * to) % 5 * 3; };  // bytes
+  const auto byte = [](std::size_t from, std::size_t to, std::size_t k) {
+    return static_cast<std::byte>(from * 64 + to * 8 + k);
+  };
+  const auto me = static_cast<std::size_t>(world.rank);
+  std::vector<std::uint64_t> send_sizes, recv_sizes;
+  std::vector<std::byte> send, want;
+  for (std::size_t j = 0; j < W; ++j) {
+    send_sizes.push_back(part(me, j));
+    for (std::size_t k = 0; k < part(me, j); ++k) send.push_back(byte(me, j, k));
+    recv_sizes.push_back(part(j, me));
+    for (std::size_t k = 0; k < part(j, me); ++k) want.push_back(byte(j, me, k));
+  }
+  SUBCASE("device memory") {
+    auto d_send = device::copy_of(send);
+    thrust::device_vector<std::byte> d_recv(want.size());
+    comm.all_to_all_v(device::span_of(d_send), send_sizes, device::span_of(d_recv), recv_sizes);
+    CHECK(device::host_copy(d_recv) == want);
+  }
+  SUBCASE("host memory, staged") {
+    std::vector<std::byte> recv(want.size());
+    comm.all_to_all_v(std::span<const std::byte>(send), send_sizes, std::span<std::byte>(recv), recv_sizes);
+    CHECK(recv == want);
+  }
+}
+
+TEST_CASE("NCCL across ranks: a corrupt message on one rank fails on every rank and changes nothing") {
+  ranks world;
+  gc::comm::nccl comm(world.comm, gc::backend::cuda{});
+  const std::size_t n = 5000;
+  for (const double density : {0.01, 0.9}) {
+    CAPTURE(density);
+    auto bytes = message_for(gradient_of(world.rank, n, 4), density);
+    if (world.rank == world.size - 1) {
+      for (std::size_t b = 60; b < 64; ++b) bytes[b] = std::byte{0xFF};  // index 1 jumps far past n
+    }
+    auto message = device::copy_of(bytes);
+    thrust::device_vector<float> dense(n, 2.5f);
+    CHECK_THROWS_AS(comm.allgather_accumulate(device::span_of(message), device::span_of(dense), 1.0f), gc::error);
+    const auto after = device::host_copy(dense);
+    CHECK(std::all_of(after.begin(), after.end(), [](float v) { return v == 2.5f; }));
+  }
+}
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) cudaSetDevice(rank % devices);
+  const int result = device::run_tests(argc, argv);
+  MPI_Finalize();
+  return result;
+}
