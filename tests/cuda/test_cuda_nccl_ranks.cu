@@ -1,18 +1,23 @@
 // comm::nccl across ranks (one process and one GPU each, under mpirun): the sparse
 // all-gather, its dense fallback, the bucketed exchange and the all-to-all give what the
 // host computes from every rank's messages, the same on every rank, and a corrupt
-// message on one rank fails on every rank and changes nothing. NCCL takes one GPU per
+// message on one rank fails on every rank and changes nothing; ScaleCom's cyclic_topk
+// and Ok-Topk's sparse_allreduce on the GPU's compressors equal the same exchanges of
+// host compressors over comm::mpi, bit for bit. NCCL takes one GPU per
 // rank, so on one machine this runs on the emulated device (tests/emulated_cuda, whose
 // NCCL is MPI); it builds against the real ones too.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "device.cuh"
 
+#include <gradcomp/comm/mpi.hpp>
 #include <gradcomp/comm/nccl.cuh>
 #include <gradcomp/gradcomp.hpp>
 #include <mpi.h>
 
 #include <cmath>
 #include <cstdint>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "../support/inputs.hpp"
@@ -48,6 +53,15 @@ std::vector<std::byte> message_for(const std::vector<float>& x, double density) 
   std::vector<std::byte> buf(c.max_message_bytes());
   const auto m = c.compress(x, buf);
   return {m.bytes().begin(), m.bytes().end()};
+}
+// How many of `got` differ from `want` by more than rounding (NCCL sums floats across
+// ranks in an order of its own).
+std::size_t off_by_more_than_rounding(const std::vector<float>& got, const std::vector<float>& want) {
+  std::size_t off = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    if (!(std::fabs(got[i] - want[i]) <= 1e-5f * (std::fabs(want[i]) + 1.0f))) ++off;
+  }
+  return off + (got.size() != want.size() ? 1 : 0);
 }
 // Whether `values` has the same bits on every rank.
 bool same_on_every_rank(std::vector<float> values) {
@@ -91,13 +105,10 @@ TEST_CASE("NCCL across ranks: messages that outgrow the tensor are summed densel
   auto message = device::copy_of(message_for(gradient_of(world.rank, n, 2), 0.9));
   auto dense = device::copy_of(start);
   CHECK(comm.allgather_accumulate(device::span_of(message), device::span_of(dense), 0.5f) == gc::comm::path::dense);
+  std::vector<float> want(n);
+  for (std::size_t i = 0; i < n; ++i) want[i] = start[i] + 0.5f * sum[i];
   const auto got = device::host_copy(dense);
-  std::size_t off = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const float want = start[i] + 0.5f * sum[i];
-    if (std::fabs(got[i] - want) > 1e-5f * (std::fabs(want) + 1.0f)) ++off;
-  }
-  CHECK(off == 0);
+  CHECK(off_by_more_than_rounding(got, want) == 0);
   CHECK(same_on_every_rank(got));
 }
 
@@ -175,6 +186,91 @@ TEST_CASE("NCCL across ranks: a corrupt message on one rank fails on every rank 
     const auto after = device::host_copy(dense);
     CHECK(std::all_of(after.begin(), after.end(), [](float v) { return v == 2.5f; }));
   }
+}
+
+namespace {
+template <class Compressor>
+std::string state_of(const Compressor& c) {
+  std::ostringstream out;
+  c.save_state(out);
+  return out.str();
+}
+}  // namespace
+
+TEST_CASE("NCCL across ranks: cyclic_topk (ScaleCom) equals the same exchange over comm::mpi on the host") {
+  ranks world;
+  gc::comm::nccl nccl(world.comm, gc::backend::cuda{});
+  gc::comm::mpi mpi;
+  const std::size_t n = 100'003;
+  const double density = 0.004;
+  const float scale = 0.5f;
+  auto gpu = gc::presets::scalecom(gc::backend::cuda{}, n, {.density = density, .beta = 0.5f});
+  auto host = gc::presets::scalecom(gc::backend::host{}, n, {.density = density, .beta = 0.5f});
+  gc::comm::cyclic_topk on_gpu(nccl, gpu, gc::select::exact_topk{.density = density});
+  gc::comm::cyclic_topk on_host(mpi, host, gc::select::exact_topk{.density = density});
+  thrust::device_vector<float> dense(n, 0.0f);
+  std::vector<float> expected(n, 0.0f);
+  for (std::uint64_t t = 0; t < 5; ++t) {  // a leader per step, in turn
+    CAPTURE(t);
+    const auto x = gradient_of(world.rank, n, 10 + t);
+    auto g = device::copy_of(x);
+    const auto got = on_gpu.step(device::span_of(g), device::span_of(dense), scale);
+    const auto want = on_host.step(x, expected, scale);
+    REQUIRE(device::host_copy(got.bytes()) == std::vector<std::byte>(want.bytes().begin(), want.bytes().end()));
+    const auto sums = device::host_copy(dense);  // the ranks' values summed, then broadcast
+    CHECK(off_by_more_than_rounding(sums, expected) == 0);
+    CHECK(same_on_every_rank(sums));
+  }
+  CHECK(state_of(gpu) == state_of(host));
+}
+
+TEST_CASE("NCCL across ranks: sparse_allreduce (Ok-Topk) equals the same exchange over comm::mpi on the host") {
+  ranks world;
+  gc::comm::nccl nccl(world.comm, gc::backend::cuda{});
+  gc::comm::mpi mpi;
+  const std::size_t n = 100'008;  // a reduce-scatter's shards: a multiple of 2, 3 and 4 ranks
+  const auto make = [&](auto be) {
+    return gc::compressor{be, n, gc::select::exact_topk{.density = 0.004}, gc::correct::error_feedback{},
+                          gc::encode::index_value{.value = gc::value_coding::f16}};
+  };
+  auto gpu = make(gc::backend::cuda{});
+  auto host = make(gc::backend::host{});
+  const std::size_t k = host.selector().max_selected(n) / 2;
+  gc::comm::sparse_allreduce on_gpu(nccl, gpu, k);
+  gc::comm::sparse_allreduce on_host(mpi, host, k);
+  thrust::device_vector<float> dense(n, 0.0f);
+  std::vector<float> expected(n, 0.0f);
+  for (std::uint64_t t = 0; t < 4; ++t) {
+    CAPTURE(t);
+    const auto x = gradient_of(world.rank, n, 20 + t);
+    auto g = device::copy_of(x);
+    const auto got = on_gpu.step(device::span_of(g), device::span_of(dense), 0.5f);
+    const std::vector<std::uint32_t> got_indices(got.begin(), got.end());
+    const auto want = on_host.step(x, expected, 0.5f);
+    CHECK(got_indices == std::vector<std::uint32_t>(want.begin(), want.end()));
+    REQUIRE(device::same_bits(device::host_copy(dense), expected));
+  }
+  SUBCASE("queued, its outcome read once and settled") {
+    const auto x = gradient_of(world.rank, n, 30);
+    auto g = device::copy_of(x);
+    on_gpu.queue_step(device::span_of(g), device::span_of(dense), 0.5f);
+    const auto outcome = device::host_copy(on_gpu.outcome());
+    (void)on_gpu.settle(outcome);
+    on_host.queue_step(x, expected, 0.5f);
+    (void)on_host.settle(on_host.outcome());
+    CHECK(device::same_bits(device::host_copy(dense), expected));
+  }
+  SUBCASE("the reduce-scatter") {
+    const auto x = gradient_of(world.rank, n, 40);
+    auto g = device::copy_of(x);
+    const std::size_t shard_size = n / static_cast<std::size_t>(world.size);
+    thrust::device_vector<float> shard(shard_size, 7.0f);
+    std::vector<float> want(shard_size, 7.0f);
+    on_gpu.reduce_scatter(device::span_of(g), device::span_of(shard), 0.5f);
+    on_host.reduce_scatter(x, want, 0.5f);
+    CHECK(device::same_bits(device::host_copy(shard), want));
+  }
+  CHECK(state_of(gpu) == state_of(host));
 }
 
 int main(int argc, char** argv) {
