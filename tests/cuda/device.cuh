@@ -9,6 +9,7 @@
 #include <thrust/copy.h>
 #include <thrust/device_vector.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <span>
@@ -51,6 +52,17 @@ std::vector<T> host_copy(const thrust::device_vector<T>& v) {
 /// Bit-identical float arrays (== would equate -0 and +0).
 inline bool same_bits(std::span<const float> a, std::span<const float> b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+/// Checks that `comm`'s allgather_accumulate refuses `message` (gradcomp::error) and
+/// leaves the dense tensor (n values of 2.5) as it was.
+template <class Comm>
+void check_refused_unchanged(Comm& comm, const std::vector<std::byte>& message, std::size_t n) {
+  auto on_device = copy_of(message);
+  thrust::device_vector<float> dense(n, 2.5f);
+  CHECK_THROWS_AS(comm.allgather_accumulate(span_of(on_device), span_of(dense), 1.0f), gradcomp::error);
+  const auto after = host_copy(dense);
+  CHECK(std::all_of(after.begin(), after.end(), [](float v) { return v == 2.5f; }));
 }
 
 inline int run_tests(int argc, char** argv) {

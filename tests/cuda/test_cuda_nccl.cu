@@ -16,19 +16,12 @@
 #include <vector>
 
 #include "../support/inputs.hpp"
+#include "../support/topk_message.hpp"
 #include "../support/leader_broadcast.hpp"
 
 namespace gc = gradcomp;
 
 namespace {
-
-std::vector<std::byte> message_for(const std::vector<float>& x, double density) {
-  gc::compressor c{gc::backend::host{}, x.size(), gc::select::exact_topk{.density = density}, gc::correct::none{},
-                   gc::encode::index_value{.index = gc::index_coding::raw32}};
-  std::vector<std::byte> buf(c.max_message_bytes());
-  const auto m = c.compress(x, buf);
-  return {m.bytes().begin(), m.bytes().end()};
-}
 
 struct one_rank {
   ncclComm_t comm = nullptr;
@@ -51,7 +44,7 @@ TEST_CASE("one-rank NCCL aggregation equals the host's accumulate") {
   const auto start = inputs::make(inputs::shape::normal, n, 9);
   for (const double density : {0.001, 0.05, 0.9}) {  // 0.9: the dense path
     CAPTURE(density);
-    const auto bytes = message_for(x, density);
+    const auto bytes = support::topk_message(x, density);
     auto expected = start;
     gc::accumulate(gc::backend::host{}, bytes, expected, 0.25f);
     auto d_bytes = device::copy_of(bytes);
@@ -71,7 +64,7 @@ TEST_CASE("one-rank NCCL bucketed exchange equals the host's accumulate per tens
   std::vector<std::vector<float>> expected;
   for (std::size_t t = 0; t < std::size(sizes); ++t) {
     const auto x = inputs::make(inputs::shape::log_normal, sizes[t], 20 + t);
-    const auto bytes = message_for(x, 0.01);
+    const auto bytes = support::topk_message(x, 0.01);
     expected.push_back(inputs::make(inputs::shape::normal, sizes[t], 30 + t));
     dense.push_back(device::copy_of(expected.back()));
     gc::accumulate(gc::backend::host{}, bytes, expected.back(), 0.5f);
@@ -93,16 +86,7 @@ TEST_CASE("a corrupt message fails and changes nothing, on both paths") {
   const std::size_t n = 5000;
   const auto x = inputs::make(inputs::shape::normal, n, 3);
   for (const double density : {0.01, 0.9}) {
-    auto bytes = message_for(x, density);
-    bytes[60] = std::byte{0xFF};  // index 1 jumps far past n
-    bytes[61] = std::byte{0xFF};
-    bytes[62] = std::byte{0xFF};
-    bytes[63] = std::byte{0xFF};
-    auto d_bytes = device::copy_of(bytes);
-    thrust::device_vector<float> dense(n, 2.5f);
-    CHECK_THROWS_AS(comm.allgather_accumulate(device::span_of(d_bytes), device::span_of(dense), 1.0f), gc::error);
-    const auto after = device::host_copy(dense);
-    CHECK(std::all_of(after.begin(), after.end(), [](float v) { return v == 2.5f; }));
+    device::check_refused_unchanged(comm, support::with_second_index_broken(support::topk_message(x, density)), n);
   }
 }
 

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "../support/inputs.hpp"
+#include "../support/topk_message.hpp"
 
 namespace gc = gradcomp;
 
@@ -46,13 +47,6 @@ struct ranks {
 // Rank r's gradient for a tensor of n values (every rank can make every rank's).
 std::vector<float> gradient_of(int r, std::size_t n, std::uint64_t salt) {
   return inputs::make(inputs::shape::student_t3, n, 1000 * salt + static_cast<std::uint64_t>(r));
-}
-std::vector<std::byte> message_for(const std::vector<float>& x, double density) {
-  gc::compressor c{gc::backend::host{}, x.size(), gc::select::exact_topk{.density = density}, gc::correct::none{},
-                   gc::encode::index_value{.index = gc::index_coding::raw32}};
-  std::vector<std::byte> buf(c.max_message_bytes());
-  const auto m = c.compress(x, buf);
-  return {m.bytes().begin(), m.bytes().end()};
 }
 // How many of `got` differ from `want` by more than rounding (NCCL sums floats across
 // ranks in an order of its own).
@@ -84,9 +78,9 @@ TEST_CASE("NCCL across ranks: the sparse all-gather adds every rank's message in
     CAPTURE(density);
     auto expected = start;
     for (int r = 0; r < world.size; ++r) {
-      gc::accumulate(gc::backend::host{}, message_for(gradient_of(r, n, 1), density), expected, 0.25f);
+      gc::accumulate(gc::backend::host{}, support::topk_message(gradient_of(r, n, 1), density), expected, 0.25f);
     }
-    auto message = device::copy_of(message_for(gradient_of(world.rank, n, 1), density));
+    auto message = device::copy_of(support::topk_message(gradient_of(world.rank, n, 1), density));
     auto dense = device::copy_of(start);
     CHECK(comm.allgather_accumulate(device::span_of(message), device::span_of(dense), 0.25f) == gc::comm::path::sparse);
     CHECK(device::same_bits(device::host_copy(dense), expected));
@@ -100,9 +94,9 @@ TEST_CASE("NCCL across ranks: messages that outgrow the tensor are summed densel
   const auto start = inputs::make(inputs::shape::normal, n, 10);
   std::vector<float> sum(n, 0.0f);  // NCCL sums in an order of its own: compared within rounding
   for (int r = 0; r < world.size; ++r) {
-    gc::accumulate(gc::backend::host{}, message_for(gradient_of(r, n, 2), 0.9), sum, 1.0f);
+    gc::accumulate(gc::backend::host{}, support::topk_message(gradient_of(r, n, 2), 0.9), sum, 1.0f);
   }
-  auto message = device::copy_of(message_for(gradient_of(world.rank, n, 2), 0.9));
+  auto message = device::copy_of(support::topk_message(gradient_of(world.rank, n, 2), 0.9));
   auto dense = device::copy_of(start);
   CHECK(comm.allgather_accumulate(device::span_of(message), device::span_of(dense), 0.5f) == gc::comm::path::dense);
   std::vector<float> want(n);
@@ -123,9 +117,10 @@ TEST_CASE("NCCL across ranks: the bucketed exchange equals the host's accumulate
     expected.push_back(inputs::make(inputs::shape::normal, sizes[t], 30 + t));
     dense.push_back(device::copy_of(expected.back()));
     for (int r = 0; r < world.size; ++r) {
-      gc::accumulate(gc::backend::host{}, message_for(gradient_of(r, sizes[t], 3 + t), 0.01), expected.back(), 0.5f);
+      gc::accumulate(gc::backend::host{}, support::topk_message(gradient_of(r, sizes[t], 3 + t), 0.01), expected.back(),
+                     0.5f);
     }
-    messages.push_back(device::copy_of(message_for(gradient_of(world.rank, sizes[t], 3 + t), 0.01)));
+    messages.push_back(device::copy_of(support::topk_message(gradient_of(world.rank, sizes[t], 3 + t), 0.01)));
   }
   std::vector<gc::device_span<const std::byte>> m;
   std::vector<gc::device_span<float>> d;
@@ -176,15 +171,9 @@ TEST_CASE("NCCL across ranks: a corrupt message on one rank fails on every rank 
   const std::size_t n = 5000;
   for (const double density : {0.01, 0.9}) {
     CAPTURE(density);
-    auto bytes = message_for(gradient_of(world.rank, n, 4), density);
-    if (world.rank == world.size - 1) {
-      for (std::size_t b = 60; b < 64; ++b) bytes[b] = std::byte{0xFF};  // index 1 jumps far past n
-    }
-    auto message = device::copy_of(bytes);
-    thrust::device_vector<float> dense(n, 2.5f);
-    CHECK_THROWS_AS(comm.allgather_accumulate(device::span_of(message), device::span_of(dense), 1.0f), gc::error);
-    const auto after = device::host_copy(dense);
-    CHECK(std::all_of(after.begin(), after.end(), [](float v) { return v == 2.5f; }));
+    auto bytes = support::topk_message(gradient_of(world.rank, n, 4), density);
+    if (world.rank == world.size - 1) bytes = support::with_second_index_broken(std::move(bytes));
+    device::check_refused_unchanged(comm, bytes, n);
   }
 }
 

@@ -24,7 +24,9 @@
 // - A stream captured into a CUDA graph records its work, which each launch of the graph
 //   queues again; a call that waits or allocates outside the stream's order during the
 //   capture fails and invalidates it, as in the runtime's global capture mode.
-// What it does not: memory is the host's, so a kernel that reads host memory works;
+// - A kernel's pointer argument to pageable host memory aborts (check_arguments).
+// What it does not: memory is the host's, so a kernel that reads pageable memory through
+// a pointer inside a structure passed to it works;
 // atomics are plain (fibers switch only at barriers), so races between blocks are not
 // found; coalesced_threads() is each thread alone (a valid group); a function's
 // __CUDA_ARCH__ branch is not compiled, its host branch runs instead; there is no second
@@ -540,6 +542,29 @@ inline void run_grid(unsigned grid, unsigned threads, std::size_t shared, const 
     run_block(run, threads);
   }
   running = nullptr;
+}
+
+/// Aborts, naming the launch, where a kernel's pointer argument points to pageable host
+/// memory, which a kernel reads here (memory is the host's) and which faults on a GPU;
+/// device and pinned memory, their ends, and null pass. Only the arguments themselves
+/// are seen, not pointers inside the structures passed.
+template <class... Args>
+void check_arguments(const char* what, const Args&... args) {
+  const auto check = [&](const auto& arg) {
+    using T = std::remove_cvref_t<decltype(arg)>;
+    if constexpr (std::is_pointer_v<T> && !std::is_function_v<std::remove_pointer_t<T>>) {
+      const auto* p =
+          static_cast<const unsigned char*>(const_cast<const void*>(static_cast<const volatile void*>(arg)));
+      if (p == nullptr || memory_type(p) != cudaMemoryTypeUnregistered ||
+          memory_type(p - 1) != cudaMemoryTypeUnregistered) {
+        return;
+      }
+      std::fprintf(stderr, "emulated CUDA: %s: a kernel argument points to pageable host memory\n", what);
+      std::fflush(stderr);
+      std::abort();
+    }
+  };
+  (check(args), ...);
 }
 
 /// Queues `kernel` over `grid` blocks of `threads` threads on `stream`: what

@@ -45,6 +45,7 @@ void launch(const char* what, void (*kernel)(Params...), unsigned grid, unsigned
             cudaStream_t stream, const Args&... args) {
   static_assert(sizeof...(Params) == sizeof...(Args), "launch: one argument per parameter of the kernel");
 #if defined(GRADCOMP_EMULATED_CUDA)
+  emulated_cuda::check_arguments(what, args...);
   emulated_cuda::launch(grid, threads, shared, stream, [=] { kernel(args...); });
 #else
   kernel<<<grid, threads, shared, stream>>>(args...);
