@@ -8,13 +8,20 @@
 // its buffers by an item queued on the stream, so that a host that reads them without
 // waiting sees what a GPU may show it. Running at the call, rather than when the host
 // waits, keeps the ranks from waiting on each other through their hosts' calls (a GPU
-// runs a rank's collective whatever its host does next). Every rank must make the
-// same calls in the same order, as NCCL has it.
+// runs a rank's collective whatever its host does next). Refused, as NCCL has it: a
+// buffer in pageable host memory, a call that writes memory another call of its group
+// (or itself, but in NCCL's in-place form) reads or writes, a receive of another size
+// than its send; sends are synchronous, as NCCL's wait for their peer.
+// Not modelled: the work queued before a collective has run when the call returns (a
+// host read of it without a wait is not caught); the host waits for its peers in the
+// call; ranks that make different calls (another root, count or order) hang or get
+// wrong data rather than an error; a group's streams do not wait for each other.
 #pragma once
 
 #include <emulated_cuda.hpp>
 #include <mpi.h>
 
+#include <climits>
 #include <cstring>
 #include <functional>
 #include <cstdlib>
@@ -22,7 +29,13 @@
 #include <utility>
 #include <vector>
 
-enum ncclResult_t { ncclSuccess = 0, ncclUnhandledCudaError = 1, ncclSystemError = 2, ncclInvalidArgument = 4 };
+enum ncclResult_t {
+  ncclSuccess = 0,
+  ncclUnhandledCudaError = 1,
+  ncclSystemError = 2,
+  ncclInvalidArgument = 4,
+  ncclInvalidUsage = 5
+};
 enum ncclDataType_t { ncclUint8 = 1, ncclUint32 = 3, ncclFloat = 7 };
 enum ncclRedOp_t { ncclSum = 0 };
 struct ncclUniqueId {
@@ -42,13 +55,25 @@ inline MPI_Datatype mpi_type(ncclDataType_t type) {
   return type == ncclUint8 ? MPI_BYTE : type == ncclUint32 ? MPI_UINT32_T : MPI_FLOAT;
 }
 
+// A range of device memory a call reads or writes.
+struct range {
+  const void* at = nullptr;
+  std::size_t bytes = 0;
+  [[nodiscard]] bool overlaps(const range& o) const {
+    const auto* a = static_cast<const unsigned char*>(at);
+    const auto* b = static_cast<const unsigned char*>(o.at);
+    return bytes != 0 && o.bytes != 0 && a < b + o.bytes && b < a + bytes;
+  }
+};
 // One call of a group: posts its nonblocking MPI calls, the data it sends read then,
 // and names what it received and where that lands once they are done.
 struct operation {
   cudaStream_t stream;
+  range reads, writes;
+  const void* in_place;  // the one `reads.at` that may alias `writes` (NCCL's in-place form)
   std::function<void(operation&, std::vector<MPI_Request>&)> post;
   std::vector<unsigned char> sent, received;
-  void* to = nullptr;  // where `received` lands (null: nowhere)
+  int receive = -1;  // the request of a point-to-point receive, whose size is checked
 };
 struct group_state {
   int depth = 0;
@@ -59,9 +84,18 @@ inline group_state& group() {
   return g;
 }
 
-// Runs a group's calls: their streams' earlier work first (not a host wait), then the
-// MPI calls, then their writes queued on their streams.
+// Runs a group's calls: refused where one writes memory another (or itself, but in
+// NCCL's in-place form) reads or writes; else their streams' earlier work first (not a
+// host wait), then the MPI calls, then their writes queued on their streams.
 inline ncclResult_t run(std::vector<operation> ops) {
+  for (const operation& op : ops) {
+    for (const operation& other : ops) {
+      const bool in_place = &op == &other && op.reads.at == op.in_place;
+      if ((op.writes.overlaps(other.reads) && !in_place) || (&op != &other && op.writes.overlaps(other.writes))) {
+        return ncclInvalidArgument;
+      }
+    }
+  }
   for (const operation& op : ops) {
     const std::uint64_t waits = emulated_cuda::queue().waits;
     emulated_cuda::wait_for(op.stream, /*action=*/false);
@@ -70,21 +104,36 @@ inline ncclResult_t run(std::vector<operation> ops) {
   std::vector<MPI_Request> requests;
   requests.reserve(ops.size());
   for (operation& op : ops) op.post(op, requests);
-  if (MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
+  std::vector<MPI_Status> statuses(requests.size());
+  if (MPI_Waitall(static_cast<int>(requests.size()), requests.data(), statuses.data()) != MPI_SUCCESS) {
     return ncclSystemError;
   }
   for (operation& op : ops) {
-    if (op.to == nullptr || op.received.empty()) continue;
-    emulated_cuda::enqueue(op.stream, [to = op.to, received = std::move(op.received)] {
+    int got = 0;
+    if (op.receive >= 0 &&
+        (MPI_Get_count(&statuses[static_cast<std::size_t>(op.receive)], MPI_BYTE, &got) != MPI_SUCCESS ||
+         static_cast<std::size_t>(got) != op.received.size())) {
+      return ncclInvalidUsage;  // a send of another size than the receive
+    }
+  }
+  for (operation& op : ops) {
+    if (op.writes.bytes == 0 || op.received.empty()) continue;
+    emulated_cuda::enqueue(op.stream, [to = const_cast<void*>(op.writes.at), received = std::move(op.received)] {
       std::memcpy(to, received.data(), received.size());
     });
   }
   return ncclSuccess;
 }
-inline ncclResult_t add(cudaStream_t stream, void* to,
+// Queues a call that reads `reads` and writes `writes` (device memory, or pinned), or
+// runs it outside a group.
+inline ncclResult_t add(cudaStream_t stream, range reads, range writes, const void* in_place,
                         std::function<void(operation&, std::vector<MPI_Request>&)> post) {
   if (emulated_cuda::queue().capturing != nullptr) return ncclInvalidArgument;  // not emulated under capture
-  operation op{stream, std::move(post), {}, {}, to};
+  for (const range& r : {reads, writes}) {
+    if (r.bytes > static_cast<std::size_t>(INT_MAX)) return ncclInvalidArgument;  // one MPI call's most
+    if (r.bytes != 0 && emulated_cuda::memory_type(r.at) == cudaMemoryTypeUnregistered) return ncclInvalidArgument;
+  }
+  operation op{stream, reads, writes, in_place, std::move(post), {}, {}};
   if (group().depth > 0) {
     group().pending.push_back(std::move(op));
     return ncclSuccess;
@@ -103,7 +152,11 @@ inline void initialize_mpi() {
   MPI_Initialized(&done);
   if (done != 0) return;
   MPI_Init(nullptr, nullptr);  // a process of one (the one-rank test): finalized at exit
-  std::atexit([] { MPI_Finalize(); });
+  std::atexit([] {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized == 0) MPI_Finalize();
+  });
 }
 
 }  // namespace emulated_nccl
@@ -118,6 +171,8 @@ inline const char* ncclGetErrorString(ncclResult_t result) {
       return "unhandled system error";
     case ncclInvalidArgument:
       return "invalid argument";
+    case ncclInvalidUsage:
+      return "invalid usage";
   }
   return "unknown result";
 }
@@ -131,11 +186,14 @@ inline ncclResult_t ncclCommInitRank(ncclComm_t* comm, int ranks, ncclUniqueId, 
   int size = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (size != ranks) return ncclInvalidArgument;
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  if (world_rank != rank) return ncclInvalidArgument;
   auto made = std::make_unique<ncclComm>();
   MPI_Comm_dup(MPI_COMM_WORLD, &made->comm);
-  MPI_Comm_rank(made->comm, &made->rank);
+  MPI_Comm_set_errhandler(made->comm, MPI_ERRORS_RETURN);  // a failure is the call's result
+  made->rank = rank;
   made->size = size;
-  if (made->rank != rank) return ncclInvalidArgument;
   *comm = made.release();
   return ncclSuccess;
 }
@@ -145,6 +203,7 @@ inline ncclResult_t ncclCommInitAll(ncclComm_t* comms, int devices, const int*) 
   emulated_nccl::initialize_mpi();
   comms[0] = new ncclComm;
   MPI_Comm_dup(MPI_COMM_SELF, &comms[0]->comm);
+  MPI_Comm_set_errhandler(comms[0]->comm, MPI_ERRORS_RETURN);
   return ncclSuccess;
 }
 inline ncclResult_t ncclCommDestroy(ncclComm_t comm) {
@@ -175,17 +234,22 @@ inline ncclResult_t ncclGroupEnd() {
 inline ncclResult_t ncclAllGather(const void* send, void* recv, std::size_t count, ncclDataType_t type, ncclComm_t comm,
                                   cudaStream_t stream) {
   const std::size_t bytes = count * emulated_nccl::bytes_of(type);
-  return emulated_nccl::add(stream, recv, [=](auto& op, auto& requests) {
-    op.sent = emulated_nccl::copy_of(send, bytes);
-    op.received.resize(bytes * static_cast<std::size_t>(comm->size));
-    MPI_Iallgather(op.sent.data(), static_cast<int>(bytes), MPI_BYTE, op.received.data(), static_cast<int>(bytes),
-                   MPI_BYTE, comm->comm, &requests.emplace_back());
-  });
+  const auto all = bytes * static_cast<std::size_t>(comm->size);
+  return emulated_nccl::add(stream, {send, bytes}, {recv, all},
+                            static_cast<const unsigned char*>(recv) + bytes * static_cast<std::size_t>(comm->rank),
+                            [=](auto& op, auto& requests) {
+                              op.sent = emulated_nccl::copy_of(send, bytes);
+                              op.received.resize(all);
+                              MPI_Iallgather(op.sent.data(), static_cast<int>(bytes), MPI_BYTE, op.received.data(),
+                                             static_cast<int>(bytes), MPI_BYTE, comm->comm, &requests.emplace_back());
+                            });
 }
+// `send` is read at the root only.
 inline ncclResult_t ncclBroadcast(const void* send, void* recv, std::size_t count, ncclDataType_t type, int root,
                                   ncclComm_t comm, cudaStream_t stream) {
   const std::size_t bytes = count * emulated_nccl::bytes_of(type);
-  return emulated_nccl::add(stream, recv, [=](auto& op, auto& requests) {
+  const emulated_nccl::range reads{comm->rank == root ? send : nullptr, comm->rank == root ? bytes : 0};
+  return emulated_nccl::add(stream, reads, {recv, bytes}, recv, [=](auto& op, auto& requests) {
     op.received = comm->rank == root ? emulated_nccl::copy_of(send, bytes) : std::vector<unsigned char>(bytes);
     MPI_Ibcast(op.received.data(), static_cast<int>(bytes), MPI_BYTE, root, comm->comm, &requests.emplace_back());
   });
@@ -193,7 +257,7 @@ inline ncclResult_t ncclBroadcast(const void* send, void* recv, std::size_t coun
 inline ncclResult_t ncclAllReduce(const void* send, void* recv, std::size_t count, ncclDataType_t type, ncclRedOp_t,
                                   ncclComm_t comm, cudaStream_t stream) {
   const std::size_t bytes = count * emulated_nccl::bytes_of(type);
-  return emulated_nccl::add(stream, recv, [=](auto& op, auto& requests) {
+  return emulated_nccl::add(stream, {send, bytes}, {recv, bytes}, recv, [=](auto& op, auto& requests) {
     op.sent = emulated_nccl::copy_of(send, bytes);
     op.received.resize(bytes);
     MPI_Iallreduce(op.sent.data(), op.received.data(), static_cast<int>(count), emulated_nccl::mpi_type(type), MPI_SUM,
@@ -204,26 +268,31 @@ inline ncclResult_t ncclAllReduce(const void* send, void* recv, std::size_t coun
 inline ncclResult_t ncclReduce(const void* send, void* recv, std::size_t count, ncclDataType_t type, ncclRedOp_t,
                                int root, ncclComm_t comm, cudaStream_t stream) {
   const std::size_t bytes = count * emulated_nccl::bytes_of(type);
-  return emulated_nccl::add(stream, comm->rank == root ? recv : nullptr, [=](auto& op, auto& requests) {
+  const emulated_nccl::range writes{comm->rank == root ? recv : nullptr, comm->rank == root ? bytes : 0};
+  return emulated_nccl::add(stream, {send, bytes}, writes, recv, [=](auto& op, auto& requests) {
     op.sent = emulated_nccl::copy_of(send, bytes);
     op.received.resize(comm->rank == root ? bytes : 0);
     MPI_Ireduce(op.sent.data(), op.received.data(), static_cast<int>(count), emulated_nccl::mpi_type(type), MPI_SUM,
                 root, comm->comm, &requests.emplace_back());
   });
 }
+// A synchronous send (done once the peer receives), as NCCL's, which waits for its peer.
 inline ncclResult_t ncclSend(const void* send, std::size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
                              cudaStream_t stream) {
   const std::size_t bytes = count * emulated_nccl::bytes_of(type);
-  return emulated_nccl::add(stream, nullptr, [=](auto& op, auto& requests) {
+  return emulated_nccl::add(stream, {send, bytes}, {}, nullptr, [=](auto& op, auto& requests) {
     op.sent = emulated_nccl::copy_of(send, bytes);
-    MPI_Isend(op.sent.data(), static_cast<int>(bytes), MPI_BYTE, peer, 0, comm->comm, &requests.emplace_back());
+    MPI_Issend(op.sent.data(), static_cast<int>(bytes), MPI_BYTE, peer, static_cast<int>(type), comm->comm,
+               &requests.emplace_back());
   });
 }
 inline ncclResult_t ncclRecv(void* recv, std::size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
                              cudaStream_t stream) {
   const std::size_t bytes = count * emulated_nccl::bytes_of(type);
-  return emulated_nccl::add(stream, recv, [=](auto& op, auto& requests) {
+  return emulated_nccl::add(stream, {}, {recv, bytes}, nullptr, [=](auto& op, auto& requests) {
     op.received.resize(bytes);
-    MPI_Irecv(op.received.data(), static_cast<int>(bytes), MPI_BYTE, peer, 0, comm->comm, &requests.emplace_back());
+    op.receive = static_cast<int>(requests.size());
+    MPI_Irecv(op.received.data(), static_cast<int>(bytes), MPI_BYTE, peer, static_cast<int>(type), comm->comm,
+              &requests.emplace_back());
   });
 }
