@@ -65,6 +65,28 @@ void check_refused_unchanged(Comm& comm, const std::vector<std::byte>& message, 
   CHECK(std::all_of(after.begin(), after.end(), [](float v) { return v == 2.5f; }));
 }
 
+/// Checks that `comm`'s bucketed allgather_accumulate of `messages` (this rank's, one
+/// per tensor) into tensors holding `start` leaves them holding `expected`, bit for bit.
+template <class Comm>
+void check_bucketed(Comm& comm, const std::vector<std::vector<std::byte>>& messages,
+                    const std::vector<std::vector<float>>& start, const std::vector<std::vector<float>>& expected,
+                    float scale) {
+  std::vector<thrust::device_vector<std::byte>> on_device;
+  std::vector<thrust::device_vector<float>> dense;
+  std::vector<gradcomp::device_span<const std::byte>> m;
+  std::vector<gradcomp::device_span<float>> d;
+  for (std::size_t t = 0; t < messages.size(); ++t) {
+    on_device.push_back(copy_of(messages[t]));
+    dense.push_back(copy_of(start[t]));
+  }
+  for (std::size_t t = 0; t < messages.size(); ++t) {
+    m.push_back(span_of(on_device[t]));
+    d.push_back(span_of(dense[t]));
+  }
+  comm.allgather_accumulate(m, d, scale);
+  for (std::size_t t = 0; t < messages.size(); ++t) CHECK(same_bits(host_copy(dense[t]), expected[t]));
+}
+
 inline int run_tests(int argc, char** argv) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {

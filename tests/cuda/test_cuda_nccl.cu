@@ -58,26 +58,16 @@ TEST_CASE("one-rank NCCL aggregation equals the host's accumulate") {
 TEST_CASE("one-rank NCCL bucketed exchange equals the host's accumulate per tensor") {
   one_rank world;
   gc::comm::nccl comm(world.comm, gc::backend::cuda{});
-  const std::size_t sizes[] = {10, 1000, 65'537};
-  std::vector<thrust::device_vector<std::byte>> messages;
-  std::vector<thrust::device_vector<float>> dense;
-  std::vector<std::vector<float>> expected;
-  for (std::size_t t = 0; t < std::size(sizes); ++t) {
-    const auto x = inputs::make(inputs::shape::log_normal, sizes[t], 20 + t);
-    const auto bytes = support::topk_message(x, 0.01);
-    expected.push_back(inputs::make(inputs::shape::normal, sizes[t], 30 + t));
-    dense.push_back(device::copy_of(expected.back()));
-    gc::accumulate(gc::backend::host{}, bytes, expected.back(), 0.5f);
-    messages.push_back(device::copy_of(bytes));
+  std::vector<std::vector<std::byte>> messages;
+  std::vector<std::vector<float>> start, expected;
+  for (const std::size_t n : {10, 1000, 65'537}) {
+    const auto t = messages.size();
+    messages.push_back(support::topk_message(inputs::make(inputs::shape::log_normal, n, 20 + t), 0.01));
+    start.push_back(inputs::make(inputs::shape::normal, n, 30 + t));
+    expected.push_back(start.back());
+    gc::accumulate(gc::backend::host{}, messages.back(), expected.back(), 0.5f);
   }
-  std::vector<gc::device_span<const std::byte>> m;
-  std::vector<gc::device_span<float>> d;
-  for (std::size_t t = 0; t < std::size(sizes); ++t) {
-    m.push_back(device::span_of(messages[t]));
-    d.push_back(device::span_of(dense[t]));
-  }
-  comm.allgather_accumulate(m, d, 0.5f);
-  for (std::size_t t = 0; t < std::size(sizes); ++t) CHECK(device::same_bits(device::host_copy(dense[t]), expected[t]));
+  device::check_bucketed(comm, messages, start, expected, 0.5f);
 }
 
 TEST_CASE("a corrupt message fails and changes nothing, on both paths") {

@@ -111,30 +111,18 @@ TEST_CASE("NCCL across ranks: messages that outgrow the tensor are summed densel
 TEST_CASE("NCCL across ranks: the bucketed exchange equals the host's accumulate per tensor") {
   ranks world;
   gc::comm::nccl comm(world.comm, gc::backend::cuda{});
-  const std::size_t sizes[] = {10, 1000, 65'537};
-  std::vector<thrust::device_vector<std::byte>> messages;
-  std::vector<thrust::device_vector<float>> dense;
-  std::vector<std::vector<float>> expected;
-  for (std::size_t t = 0; t < std::size(sizes); ++t) {
-    expected.push_back(inputs::make(inputs::shape::normal, sizes[t], 30 + t));
-    dense.push_back(device::copy_of(expected.back()));
+  std::vector<std::vector<std::byte>> messages;
+  std::vector<std::vector<float>> start, expected;
+  for (const std::size_t n : {10, 1000, 65'537}) {
+    const auto t = messages.size();
+    messages.push_back(support::topk_message(gradient_of(world.rank, n, 3 + t), 0.01));
+    start.push_back(inputs::make(inputs::shape::normal, n, 30 + t));
+    expected.push_back(start.back());
     for (int r = 0; r < world.size; ++r) {
-      gc::accumulate(gc::backend::host{}, support::topk_message(gradient_of(r, sizes[t], 3 + t), 0.01), expected.back(),
-                     0.5f);
+      gc::accumulate(gc::backend::host{}, support::topk_message(gradient_of(r, n, 3 + t), 0.01), expected.back(), 0.5f);
     }
-    messages.push_back(device::copy_of(support::topk_message(gradient_of(world.rank, sizes[t], 3 + t), 0.01)));
   }
-  std::vector<gc::device_span<const std::byte>> m;
-  std::vector<gc::device_span<float>> d;
-  for (std::size_t t = 0; t < std::size(sizes); ++t) {
-    m.push_back(device::span_of(messages[t]));
-    d.push_back(device::span_of(dense[t]));
-  }
-  comm.allgather_accumulate(m, d, 0.5f);
-  for (std::size_t t = 0; t < std::size(sizes); ++t) {
-    CAPTURE(t);
-    CHECK(device::same_bits(device::host_copy(dense[t]), expected[t]));
-  }
+  device::check_bucketed(comm, messages, start, expected, 0.5f);
 }
 
 TEST_CASE("NCCL across ranks: the all-to-all delivers each rank's part for each rank, some of them empty") {
