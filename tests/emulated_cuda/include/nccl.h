@@ -98,7 +98,7 @@ inline ncclResult_t run(std::vector<operation> ops) {
   }
   for (const operation& op : ops) {
     const std::uint64_t waits = emulated_cuda::queue().waits;
-    emulated_cuda::wait_for(op.stream, /*action=*/false);
+    emulated_cuda::wait_for(op.stream);  // an action: on the legacy stream, after the blocking ones
     emulated_cuda::queue().waits = waits;
   }
   std::vector<MPI_Request> requests;
