@@ -256,6 +256,12 @@ inline bool done(work_id w) {
   const auto& pending = queue().streams[w.stream].pending;
   return pending.empty() || pending.front().id > w.id;
 }
+// Whether new work on queue `s` waits for queue `t`'s earlier work by the legacy default
+// stream's rule: the legacy stream's for the blocking streams', and theirs for its.
+inline bool waits_by_legacy_rule(std::size_t s, std::size_t t) {
+  const auto& streams = queue().streams;
+  return s == 0 ? t != 0 && streams[t].blocking : t == 0 && streams[s].blocking;
+}
 inline std::uint64_t enqueue(cudaStream_t stream, std::function<void()> run, std::vector<work_id> after = {}) {
   work_queue& q = queue();
   if (q.capturing != nullptr && stream == q.capturing) {
@@ -267,8 +273,7 @@ inline std::uint64_t enqueue(cudaStream_t stream, std::function<void()> run, std
   // the runtime invalidates the capture (cudaErrorStreamCaptureImplicit).
   if (s == 0 && q.capturing != nullptr && q.streams[queue_of(q.capturing)].blocking) q.capture_invalidated = true;
   for (std::size_t t = 0; t < q.streams.size(); ++t) {
-    const bool legacy_pair = (s == 0 && t != 0 && q.streams[t].blocking) || (s != 0 && t == 0 && q.streams[s].blocking);
-    if (legacy_pair && !q.streams[t].pending.empty()) after.push_back({t, q.streams[t].last});
+    if (waits_by_legacy_rule(s, t) && !q.streams[t].pending.empty()) after.push_back({t, q.streams[t].last});
   }
   const std::uint64_t id = ++q.queued;
   q.streams[s].pending.push_back({id, std::move(after), std::move(run)});
@@ -335,7 +340,7 @@ inline work_id tail(cudaStream_t stream, bool action) {
   };
   bool held = false;
   for (std::size_t t = 0; t < q.streams.size(); ++t) {
-    if (s == 0 ? action && t != 0 && q.streams[t].blocking : t == 0 && q.streams[s].blocking) held = held || newer(t);
+    if ((s != 0 || action) && waits_by_legacy_rule(s, t)) held = held || newer(t);
   }
   return {s, held ? enqueue(stream, [] {}) : q.streams[s].last};
 }

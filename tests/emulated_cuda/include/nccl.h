@@ -22,20 +22,14 @@
 #include <mpi.h>
 
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <cstdlib>
 #include <memory>
 #include <utility>
 #include <vector>
 
-enum ncclResult_t {
-  ncclSuccess = 0,
-  ncclUnhandledCudaError = 1,
-  ncclSystemError = 2,
-  ncclInvalidArgument = 4,
-  ncclInvalidUsage = 5
-};
+enum ncclResult_t { ncclSuccess = 0, ncclSystemError = 2, ncclInvalidArgument = 4, ncclInvalidUsage = 5 };
 enum ncclDataType_t { ncclUint8 = 1, ncclUint32 = 3, ncclFloat = 7 };
 enum ncclRedOp_t { ncclSum = 0 };
 struct ncclUniqueId {
@@ -165,8 +159,6 @@ inline const char* ncclGetErrorString(ncclResult_t result) {
   switch (result) {
     case ncclSuccess:
       return "no error";
-    case ncclUnhandledCudaError:
-      return "unhandled cuda error";
     case ncclSystemError:
       return "unhandled system error";
     case ncclInvalidArgument:
