@@ -157,6 +157,17 @@ struct parse_header {
   }
 };
 
+/// Whether the message's fault word holds a fault yet. A pass reads it as it runs, while
+/// other items of the same pass may OR theirs into it: so a relaxed atomic read (volatile
+/// on the device), which those ORs do not race with, as they would with a plain read.
+GRADCOMP_HOST_DEVICE inline bool faulted(const std::uint32_t* faults) {
+#if defined(__CUDA_ARCH__)
+  return *static_cast<const volatile std::uint32_t*>(faults) != 0;
+#else
+  return __atomic_load_n(faults, __ATOMIC_RELAXED) != 0;
+#endif
+}
+
 /// f(j) for the entries of a sound header (a zero, or nothing, past them): the passes
 /// launched for more entries than a message may hold do nothing there.
 template <class F>
@@ -180,7 +191,7 @@ struct scatter_add_if_clean {
   float scale;
   float* dense;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t j) const {
-    if (*faults == 0) scatter_add{index, values, scale, dense}(j);
+    if (!faulted(faults)) scatter_add{index, values, scale, dense}(j);
   }
 };
 
@@ -270,7 +281,7 @@ struct bitmap_indices {
   const parsed_header* h;
   const std::uint32_t* faults;
   GRADCOMP_HOST_DEVICE std::size_t operator()(std::size_t b, std::uint32_t* at) const {
-    if (*faults != 0 || !h->coded(index_coding::bitmap)) return 0;
+    if (faulted(faults) || !h->coded(index_coding::bitmap)) return 0;
     unsigned byte = static_cast<unsigned>(section[b]);
     const auto made = static_cast<std::size_t>(bits_set(byte));
     if (at != nullptr) {
@@ -312,7 +323,7 @@ struct delta_layout {
 };
 /// Whether delta_bitpack block b of a header is there to read, its layout sound.
 GRADCOMP_HOST_DEVICE inline bool delta_block_live(const parsed_header* h, const std::uint32_t* faults, std::size_t b) {
-  return *faults == 0 && h->coded(index_coding::delta_bitpack) && b < h->delta_blocks();
+  return !faulted(faults) && h->coded(index_coding::delta_bitpack) && b < h->delta_blocks();
 }
 /// delta_bitpack: block b's padding bits are zero, once the layout is sound.
 struct delta_padding {
@@ -387,7 +398,7 @@ struct indices_in_order {
   const std::uint32_t* faults;
   std::uint64_t n;
   GRADCOMP_HOST_DEVICE std::uint32_t operator()(std::size_t j) const {
-    if (*faults != 0) return 0;
+    if (faulted(faults)) return 0;
     return index[j] >= n || (j > 0 && index[j] <= index[j - 1]) ? fault : 0u;
   }
 };
