@@ -25,10 +25,13 @@
 //   queues again; a call that waits or allocates outside the stream's order during the
 //   capture fails and invalidates it, as in the runtime's global capture mode.
 // - A kernel's pointer argument to pageable host memory aborts (check_arguments).
+// - Built with ThreadSanitizer, it tells TSan how CUDA orders work (`race`, below), so that
+//   a data race within a block, between streams, or between the host and a stream is
+//   reported, though a thread runs alone between barriers here.
 // What it does not: memory is the host's, so a kernel that reads pageable memory through
-// a pointer inside a structure passed to it works;
-// atomics are plain (fibers switch only at barriers), so races between blocks are not
-// found; coalesced_threads() is each thread alone (a valid group); a function's
+// a pointer inside a structure passed to it works; a grid's blocks are ordered after the
+// blocks that ran before them, so races between blocks of one grid and missing fences are
+// not found; coalesced_threads() is each thread alone (a valid group); a function's
 // __CUDA_ARCH__ branch is not compiled, its host branch runs instead; there is no second
 // device and no timing. One host thread. x86-64 only (the fibers switch in assembly).
 #pragma once
@@ -40,6 +43,20 @@
 #define GRADCOMP_EMULATED_CUDA 1
 
 #include <sys/mman.h>
+
+// Built with ThreadSanitizer (gcc says so with a macro, clang with a feature).
+#if defined(__SANITIZE_THREAD__)
+#define GRADCOMP_EMULATED_RACES 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define GRADCOMP_EMULATED_RACES 1
+#endif
+#endif
+#if defined(GRADCOMP_EMULATED_RACES)
+#include <sanitizer/tsan_interface.h>
+extern "C" void __tsan_ignore_thread_begin();
+extern "C" void __tsan_ignore_thread_end();
+#endif
 
 #include <algorithm>
 #include <array>
@@ -53,6 +70,7 @@
 #include <functional>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <type_traits>
@@ -172,6 +190,117 @@ namespace emulated_cuda {
   std::abort();
 }
 
+// -- What ThreadSanitizer sees, in a build with -fsanitize=thread (ctest's races_* tests;
+// without it these do nothing). Each stream's work runs as a TSan fiber of its own, and
+// each of a block's threads as one per stream and thread index, ordered by
+// happens-before only where CUDA orders them: a queued item after the host's calls that
+// queued it and after the work it waits for (its stream's earlier work, events waited
+// for, the legacy default stream's rule); the host after the work a wait or a query
+// found done; a block's threads after the block's barriers (__syncthreads, __syncwarp;
+// ballots and shuffles order no memory) and, coarser than a GPU, after the grid's earlier
+// blocks. Any other two accesses to the same bytes, one a write and not both atomic, are
+// a data race TSan reports: a plain read-modify-write where an atomic is needed, shared
+// memory read without the barrier after its write, a stream reading what another writes
+// with no event between them, a host writing pinned memory that a queued copy still
+// reads, memory freed on one stream while another uses it. The emulation's own
+// bookkeeping is left out (`unrecorded`).
+namespace race {
+enum item_token : unsigned { queued = 0, finished = 1 };
+#if defined(GRADCOMP_EMULATED_RACES)
+inline void* current() { return __tsan_get_current_fiber(); }
+inline void* create() { return __tsan_create_fiber(0); }
+inline void destroy(void* fiber) {
+  if (fiber != nullptr) __tsan_destroy_fiber(fiber);
+}
+inline void enter(void* fiber) { __tsan_switch_to_fiber(fiber, __tsan_switch_to_fiber_no_sync); }
+inline void release(const void* token) { __tsan_release(const_cast<void*>(token)); }
+inline void acquire(const void* token) { __tsan_acquire(const_cast<void*>(token)); }
+// TSan keys happens-before by address: two bytes per queued item (by its id) stand for
+// "queued" and "finished".
+inline const unsigned char* token_of(std::uint64_t id, item_token which) {
+  static std::vector<std::unique_ptr<unsigned char[]>> chunks;
+  constexpr std::uint64_t chunk = std::uint64_t{1} << 16;
+  const std::uint64_t at = 2 * id + which;
+  while (chunks.size() <= at / chunk) chunks.push_back(std::make_unique<unsigned char[]>(chunk));
+  return chunks[at / chunk].get() + at % chunk;
+}
+inline void release(std::uint64_t id, item_token which) { release(token_of(id, which)); }
+inline void acquire(std::uint64_t id, item_token which) {
+  if (id != 0) acquire(token_of(id, which));
+}
+// The emulation's bookkeeping, in a scope: not recorded.
+struct unrecorded {
+  unrecorded() { __tsan_ignore_thread_begin(); }
+  ~unrecorded() { __tsan_ignore_thread_end(); }
+  unrecorded(const unrecorded&) = delete;
+  unrecorded& operator=(const unrecorded&) = delete;
+};
+#else
+inline void* current() { return nullptr; }
+inline void* create() { return nullptr; }
+inline void destroy(void*) {}
+inline void enter(void*) {}
+inline void release(const void*) {}
+inline void acquire(const void*) {}
+inline void release(std::uint64_t, item_token) {}
+inline void acquire(std::uint64_t, item_token) {}
+struct unrecorded {
+  unrecorded() {}  // NOLINT: user-provided, so that a guard never reads as unused
+  ~unrecorded() {}
+  unrecorded(const unrecorded&) = delete;
+  unrecorded& operator=(const unrecorded&) = delete;
+};
+#endif
+}  // namespace race
+
+// -- Contexts: a stack of its own (over a guard page), where its code stopped (the stack
+// pointer gradcomp_emulated_switch saved), and its TSan fiber. A stream's items run on
+// one, and each thread index of its kernels on one, made at first use and kept until the
+// stream's queue is given to a new stream: then each stream's memory accesses, its
+// stacks' included, are its own to TSan.
+struct context {
+  unsigned char* base = nullptr;  // the mapping, guard page first
+  std::size_t bytes = 0;
+  void* sp = nullptr;
+  void* fiber = nullptr;
+};
+inline constexpr std::size_t guard_bytes = 4096;
+// A new context's stack, as gradcomp_emulated_switch leaves one: the control words, six
+// registers, and `entry` as the return address (16-byte aligned, as after a call).
+inline void* prepare(unsigned char* top, void (*entry)()) {
+  auto* slot = reinterpret_cast<std::uint64_t*>(reinterpret_cast<std::uintptr_t>(top) & ~std::uintptr_t{15}) - 2;
+  slot[0] = reinterpret_cast<std::uint64_t>(entry);
+  slot[1] = 0;
+  std::uint64_t* sp = slot - 8;
+  for (int r = 2; r < 8; ++r) sp[r] = 0;  // r15 .. rbp
+  std::uint32_t mxcsr = 0;
+  std::uint16_t fpu = 0;
+  asm volatile("stmxcsr %0" : "=m"(mxcsr));
+  asm volatile("fnstcw %0" : "=m"(fpu));
+  std::memcpy(reinterpret_cast<unsigned char*>(sp) + 8, &mxcsr, sizeof mxcsr);
+  std::memcpy(sp, &fpu, sizeof fpu);
+  return sp;
+}
+inline context make_context(std::size_t bytes, void (*entry)()) {
+  void* p = mmap(nullptr, bytes + guard_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) fail("no memory for a stack");
+  mprotect(p, guard_bytes, PROT_NONE);
+  auto* base = static_cast<unsigned char*>(p);
+  return {base, bytes, prepare(base + guard_bytes + bytes, entry), race::create()};
+}
+// Continues on `fiber` at `sp`, saving where this one stops in *save (every pointer read
+// before TSan is told of the switch, so that the one switched from reads them).
+inline void switch_to(void* fiber, void** save, void* sp) {
+  race::enter(fiber);
+  gradcomp_emulated_switch(save, sp);
+}
+inline void drop_context(context& c) {
+  if (c.base == nullptr) return;
+  munmap(c.base, c.bytes + guard_bytes);
+  race::destroy(c.fiber);
+  c = {};
+}
+
 // -- Memory: what cudaMalloc and cudaHostAlloc gave, by start.
 struct allocation {
   std::size_t bytes;
@@ -199,11 +328,14 @@ inline void* allocate(std::size_t bytes, cudaMemoryType type) {
 }
 inline bool release(void* p, cudaMemoryType type) {
   if (p == nullptr) return true;
-  auto& all = allocations();
-  const auto it = all.find(reinterpret_cast<std::uintptr_t>(p));
-  if (it == all.end() || it->second.type != type) return false;
-  all.erase(it);
-  std::free(p);
+  {
+    race::unrecorded bookkeeping;  // a stream's item may run this
+    auto& all = allocations();
+    const auto it = all.find(reinterpret_cast<std::uintptr_t>(p));
+    if (it == all.end() || it->second.type != type) return false;
+    all.erase(it);
+  }
+  std::free(p);  // recorded: freeing memory that other work still uses races with it
   return true;
 }
 
@@ -236,8 +368,21 @@ struct stream_queue {
   bool blocking = true;  // waits for, and is waited for by, the legacy default stream
   bool alive = true;     // its stream exists (a destroyed one's queued work still runs)
   std::deque<queued_work> pending;
-  std::uint64_t last = 0;  // the id of the last work queued on it
+  std::uint64_t last = 0;        // the id of the last work queued on it
+  std::vector<work_id> waited;   // finished work an event wait ordered its next work after
+  context runner;                // where its work runs
+  std::vector<context> threads;  // where its kernels' threads run, by index in the block
 };
+inline constexpr std::size_t runner_stack_bytes = 8 << 20;
+inline constexpr std::size_t thread_stack_bytes = 256 * 1024;
+// A queue given to a new stream starts afresh: new stacks and fibers, ordered after
+// nothing the old stream did.
+inline void renew(stream_queue& s, bool blocking) {
+  drop_context(s.runner);
+  for (context& c : s.threads) drop_context(c);
+  s = stream_queue{};
+  s.blocking = blocking;
+}
 struct work_queue {
   std::vector<stream_queue> streams = std::vector<stream_queue>(1);  // [0]: the legacy default stream
   std::uint64_t kernels = 0;                 // kernels launched (CUB's device-wide calls count as one each)
@@ -262,6 +407,51 @@ inline bool waits_by_legacy_rule(std::size_t s, std::size_t t) {
   const auto& streams = queue().streams;
   return s == 0 ? t != 0 && streams[t].blocking : t == 0 && streams[s].blocking;
 }
+// The item a stream's runner is running, and where the host waits for it.
+struct item_run {
+  std::size_t stream = 0;
+  queued_work* work = nullptr;
+  void* host_sp = nullptr;
+  void* host_fiber = nullptr;
+};
+inline item_run& current_item() {
+  static item_run r;
+  return r;
+}
+// A stream's runner: runs the item it is given on the stream's own stack and fiber, after
+// what the item waits for, then hands back to the host.
+[[noreturn]] inline void runner_entry() {
+  for (;;) {
+    // What it reads of the emulation's state is read unrecorded, and no ignore is held
+    // across a switch (TSan warns of a fiber that ends with one).
+    const queued_work* work = nullptr;
+    {
+      race::unrecorded bookkeeping;
+      work = current_item().work;
+      race::acquire(work->id, race::queued);
+      for (const work_id& a : work->after) race::acquire(a.id, race::finished);
+    }
+    work->run();
+    void** save = nullptr;
+    void* host_sp = nullptr;
+    void* host_fiber = nullptr;
+    {
+      race::unrecorded bookkeeping;
+      race::release(work->id, race::finished);
+      const item_run& r = current_item();
+      save = &queue().streams[r.stream].runner.sp;
+      host_sp = r.host_sp;
+      host_fiber = r.host_fiber;
+    }
+    switch_to(host_fiber, save, host_sp);
+  }
+}
+inline void run_item(std::size_t s, queued_work& w) {
+  item_run& r = current_item();
+  r = {s, &w, nullptr, race::current()};
+  context& runner = queue().streams[s].runner;
+  switch_to(runner.fiber, &r.host_sp, runner.sp);
+}
 inline std::uint64_t enqueue(cudaStream_t stream, std::function<void()> run, std::vector<work_id> after = {}) {
   work_queue& q = queue();
   if (q.capturing != nullptr && stream == q.capturing) {
@@ -272,12 +462,18 @@ inline std::uint64_t enqueue(cudaStream_t stream, std::function<void()> run, std
   // Work on the legacy default stream would wait for a blocking stream under capture:
   // the runtime invalidates the capture (cudaErrorStreamCaptureImplicit).
   if (s == 0 && q.capturing != nullptr && q.streams[queue_of(q.capturing)].blocking) q.capture_invalidated = true;
+  // What it waits for, finished or not (finished work holds nothing up; TSan orders after it).
   for (std::size_t t = 0; t < q.streams.size(); ++t) {
-    if (waits_by_legacy_rule(s, t) && !q.streams[t].pending.empty()) after.push_back({t, q.streams[t].last});
+    if (waits_by_legacy_rule(s, t) && q.streams[t].last != 0) after.push_back({t, q.streams[t].last});
   }
+  stream_queue& on = q.streams[s];
+  after.insert(after.end(), on.waited.begin(), on.waited.end());
+  on.waited.clear();
+  if (on.runner.base == nullptr) on.runner = make_context(runner_stack_bytes, &runner_entry);
   const std::uint64_t id = ++q.queued;
-  q.streams[s].pending.push_back({id, std::move(after), std::move(run)});
-  q.streams[s].last = id;
+  on.pending.push_back({id, std::move(after), std::move(run)});
+  on.last = id;
+  race::release(id, race::queued);
   return id;
 }
 // Runs the work `need` names (by stream, the last id needed) and what it waits for, the
@@ -315,18 +511,28 @@ inline void run_needed(std::vector<std::uint64_t> need) {
     if (ready.empty()) fail("queued work that waits for itself");
     if (!waited) ++q.waits, waited = true;
     const auto& from = !early.empty() && order_source()() % 4 == 0 ? early : ready;
-    auto& pending = q.streams[from[order_source()() % from.size()]].pending;
-    queued_work w = std::move(pending.front());
-    pending.pop_front();
-    w.run();
+    const std::size_t s = from[order_source()() % from.size()];
+    run_item(s, q.streams[s].pending.front());
+    race::unrecorded bookkeeping;  // the host does not touch what the item read
+    q.streams[s].pending.pop_front();
   }
 }
 // A host wait for `w` and what it waits for.
 inline void run_until(work_id w) {
-  if (done(w)) return;
-  std::vector<std::uint64_t> need(queue().streams.size(), 0);
-  need[w.stream] = w.id;
-  run_needed(std::move(need));
+  if (!done(w)) {
+    std::vector<std::uint64_t> need(queue().streams.size(), 0);
+    need[w.stream] = w.id;
+    run_needed(std::move(need));
+  }
+  race::acquire(w.id, race::finished);
+}
+// The host after the finished work of other streams that the legacy default stream's
+// rule orders a wait for `s`'s work after, which tail() queues no item for (TSan).
+inline void acquire_legacy_rule(std::size_t s, bool action) {
+  const auto& streams = queue().streams;
+  for (std::size_t t = 0; t < streams.size(); ++t) {
+    if ((s != 0 || action) && waits_by_legacy_rule(s, t)) race::acquire(streams[t].last, race::finished);
+  }
 }
 // All of `stream`'s work so far: its last; for a blocking stream, also the legacy default
 // stream's work queued after that, and for the legacy stream at an action (an event
@@ -345,12 +551,16 @@ inline work_id tail(cudaStream_t stream, bool action) {
   return {s, held ? enqueue(stream, [] {}) : q.streams[s].last};
 }
 // A host wait for `stream`'s work (tail()).
-inline void wait_for(cudaStream_t stream, bool action = true) { run_until(tail(stream, action)); }
+inline void wait_for(cudaStream_t stream, bool action = true) {
+  run_until(tail(stream, action));
+  acquire_legacy_rule(queue_of(stream), action);
+}
 // A wait for the whole device (cudaDeviceSynchronize, cudaFree).
 inline void run_all() {
   std::vector<std::uint64_t> need;
   for (const stream_queue& s : queue().streams) need.push_back(s.last);
   run_needed(std::move(need));
+  for (const stream_queue& s : queue().streams) race::acquire(s.last, race::finished);
 }
 /// How many times the host waited for queued work (a synchronize, a copy to pageable
 /// memory, a free).
@@ -378,67 +588,51 @@ inline bool refused_while_capturing() {
   return true;
 }
 
-// -- Fibers: a block's threads.
+// -- Fibers: a block's threads, each on its stream's context for its index.
 enum class waiting { no, at_block_barrier, at_warp_collective, done };
 struct fiber {
-  void* sp = nullptr;
   waiting state = waiting::no;
   std::uint32_t mask = 0;               // a warp collective's lanes
   int kind = 0;                         // which collective (a ballot meets only ballots)
   std::uint64_t value = 0;              // what this lane brings to it
   std::array<std::uint64_t, 32> got{};  // what every lane brought, once it completes
+  unsigned barriers = 0;                // __syncthreads() passed in this block
 };
-inline constexpr std::size_t stack_bytes = 256 * 1024;
-inline constexpr std::size_t guard_bytes = 4096;
+// A block's happens-before tokens (TSan keys them by address, so each block has new
+// ones): its start, its threads' ends, the barriers by parity, and each warp's __syncwarp.
+enum block_token : std::size_t { block_start = 0, block_end = 1, block_barrier = 2, warp_barrier = 4 };
+inline constexpr std::size_t block_tokens = warp_barrier + 32;
 struct grid_run {
   std::vector<fiber> fibers;
+  context* contexts = nullptr;  // the stream's, by thread index
   void* scheduler_sp = nullptr;
+  void* scheduler_fiber = nullptr;
   unsigned current = 0;
   const std::function<void()>* kernel = nullptr;
   std::vector<unsigned char> dynamic_shared;
+  std::unique_ptr<unsigned char[]> tokens;
 };
 inline thread_local grid_run* running = nullptr;
 
-// Stacks, each over a guard page, kept for the next launch.
-inline std::vector<unsigned char*>& stacks() {
-  static std::vector<unsigned char*> all;
-  return all;
-}
-inline unsigned char* stack_top(std::size_t t) {
-  auto& all = stacks();
-  while (all.size() <= t) {
-    void* p = mmap(nullptr, stack_bytes + guard_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) fail("no memory for a thread's stack");
-    mprotect(p, guard_bytes, PROT_NONE);
-    all.push_back(static_cast<unsigned char*>(p) + guard_bytes + stack_bytes);
-  }
-  return all[t];
-}
-
+// A thread's context runs a block's thread at each resume after it finished one.
 [[noreturn]] inline void fiber_entry() {
-  grid_run& run = *running;
-  (*run.kernel)();
-  fiber& self = run.fibers[run.current];
-  self.state = waiting::done;
-  gradcomp_emulated_switch(&self.sp, run.scheduler_sp);
-  fail("a finished thread was resumed");
-}
-
-// A new fiber's stack, as gradcomp_emulated_switch leaves one: the control words, six
-// registers, and fiber_entry as the return address (16-byte aligned, as after a call).
-inline void* prepare(unsigned char* top) {
-  auto* slot = reinterpret_cast<std::uint64_t*>(reinterpret_cast<std::uintptr_t>(top) & ~std::uintptr_t{15}) - 2;
-  slot[0] = reinterpret_cast<std::uint64_t>(&fiber_entry);
-  slot[1] = 0;
-  std::uint64_t* sp = slot - 8;
-  for (int r = 2; r < 8; ++r) sp[r] = 0;  // r15 .. rbp
-  std::uint32_t mxcsr = 0;
-  std::uint16_t fpu = 0;
-  asm volatile("stmxcsr %0" : "=m"(mxcsr));
-  asm volatile("fnstcw %0" : "=m"(fpu));
-  std::memcpy(reinterpret_cast<unsigned char*>(sp) + 8, &mxcsr, sizeof mxcsr);
-  std::memcpy(sp, &fpu, sizeof fpu);
-  return sp;
+  for (;;) {
+    grid_run* run = nullptr;
+    {
+      race::unrecorded bookkeeping;
+      run = running;
+      race::acquire(&run->tokens[block_start]);
+    }
+    (*run->kernel)();
+    void** save = nullptr;
+    {
+      race::unrecorded bookkeeping;
+      race::release(&run->tokens[block_end]);
+      run->fibers[run->current].state = waiting::done;
+      save = &run->contexts[run->current].sp;
+    }
+    switch_to(run->scheduler_fiber, save, run->scheduler_sp);
+  }
 }
 
 // The orders a block's threads run in between barriers: eight shuffles of [0, threads),
@@ -457,12 +651,21 @@ inline const std::vector<unsigned>& thread_order(unsigned threads, std::uint64_t
   return it->second[turn % 8];
 }
 
-// Called by a thread: waits, as `how`, until the scheduler lets it go on.
-inline void wait_as(waiting how) {
+// Called by a thread: waits, as `how`, until the scheduler lets it go on; then, at
+// __syncthreads() or a collective that `orders_memory` (__syncwarp), ordered after what
+// the others that met there wrote before.
+inline void wait_as(waiting how, bool orders_memory = false) {
+  race::unrecorded bookkeeping;
   grid_run& run = *running;
-  fiber& self = run.fibers[run.current];
-  self.state = how;
-  gradcomp_emulated_switch(&self.sp, run.scheduler_sp);
+  const unsigned t = run.current;
+  const unsigned char* token = how == waiting::at_block_barrier
+                                   ? &run.tokens[block_barrier + run.fibers[t].barriers % 2]
+                               : orders_memory ? &run.tokens[warp_barrier + t / 32]
+                                               : nullptr;
+  run.fibers[t].state = how;
+  if (token != nullptr) race::release(token);
+  switch_to(run.scheduler_fiber, &run.contexts[t].sp, run.scheduler_sp);
+  if (token != nullptr) race::acquire(token);
 }
 
 // The lanes of warp `first / 32` waiting at a collective of mask `mask`, all there: let
@@ -499,7 +702,6 @@ inline bool release_warp(grid_run& run, unsigned first, unsigned threads) {
 
 inline void run_block(grid_run& run, unsigned threads) {
   run.fibers.assign(threads, fiber{});
-  for (unsigned t = 0; t < threads; ++t) run.fibers[t].sp = prepare(stack_top(t));
   static std::uint64_t turn = 0;
   for (;;) {
     for (const unsigned t : thread_order(threads, turn++)) {
@@ -507,7 +709,7 @@ inline void run_block(grid_run& run, unsigned threads) {
       if (f.state != waiting::no) continue;
       threadIdx = dim3(t);
       run.current = t;
-      gradcomp_emulated_switch(&run.scheduler_sp, f.sp);
+      switch_to(run.contexts[t].fiber, &run.scheduler_sp, run.contexts[t].sp);
     }
     // Every thread has returned or waits.
     bool released = false;
@@ -525,15 +727,21 @@ inline void run_block(grid_run& run, unsigned threads) {
       if (f.state == waiting::done) fail("__syncthreads() that a returned thread of the block never reaches");
     }
     for (fiber& f : run.fibers) {
-      if (f.state == waiting::at_block_barrier) f.state = waiting::no;
+      if (f.state == waiting::at_block_barrier) f.state = waiting::no, ++f.barriers;
     }
   }
 }
 
+// Runs on the runner of the stream whose item launched it.
 inline void run_grid(unsigned grid, unsigned threads, std::size_t shared, const std::function<void()>& kernel) {
+  race::unrecorded bookkeeping;
   if (running != nullptr) fail("a kernel launched from a kernel");
+  std::vector<context>& contexts = queue().streams[current_item().stream].threads;
+  while (contexts.size() < threads) contexts.push_back(make_context(thread_stack_bytes, &fiber_entry));
   grid_run run;
   run.kernel = &kernel;
+  run.contexts = contexts.data();
+  run.scheduler_fiber = race::current();
   run.dynamic_shared.resize(std::max<std::size_t>(shared, 1));
   running = &run;
   gridDim = dim3(grid);
@@ -544,7 +752,11 @@ inline void run_grid(unsigned grid, unsigned threads, std::size_t shared, const 
   for (const unsigned b : blocks) {
     blockIdx = dim3(b);
     std::fill(run.dynamic_shared.begin(), run.dynamic_shared.end(), static_cast<unsigned char>(0xA5));
+    run.tokens = std::make_unique<unsigned char[]>(block_tokens);
+    race::release(&run.tokens[block_start]);
     run_block(run, threads);
+    race::acquire(&run.tokens[block_end]);
+    run.tokens.reset();  // freed, TSan forgets the block's tokens
   }
   running = nullptr;
 }
@@ -589,13 +801,15 @@ inline void* dynamic_shared() { return running->dynamic_shared.data(); }
 
 // Called by a thread: waits for the lanes of `mask` and returns what each brought.
 inline std::array<std::uint64_t, 32> warp_collective(int kind, std::uint32_t mask, std::uint64_t value) {
+  race::unrecorded bookkeeping;
   grid_run& run = *running;
   fiber& self = run.fibers[run.current];
   if ((mask >> (run.current % 32) & 1u) == 0) fail("a warp collective called by a lane outside its mask");
   self.kind = kind;
   self.mask = mask;
   self.value = value;
-  wait_as(waiting::at_warp_collective);
+  // __syncwarp orders its lanes' memory; ballots and shuffles only exchange values.
+  wait_as(waiting::at_warp_collective, /*orders_memory=*/kind == 1);
   return run.fibers[run.current].got;
 }
 
@@ -628,29 +842,35 @@ T __shfl_sync(unsigned mask, T var, int source, int width = 32) {
   return out;
 }
 inline void __threadfence() {}
+namespace emulated_cuda {
+// A device atomic: relaxed, as CUDA's are, and seen as atomic by TSan.
+template <class T, class Next>
+T atomic_update(T* at, Next next) {
+  T seen;
+  __atomic_load(at, &seen, __ATOMIC_RELAXED);
+  for (;;) {
+    T want = next(seen);
+    T expected = seen;
+    if (__atomic_compare_exchange(at, &expected, &want, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return seen;
+    seen = expected;
+  }
+}
+}  // namespace emulated_cuda
 template <class T>
 T atomicAdd(T* at, T value) {
-  const T old = *at;
-  *at = static_cast<T>(old + value);
-  return old;
+  return emulated_cuda::atomic_update(at, [&](T old) { return static_cast<T>(old + value); });
 }
 template <class T>
 T atomicOr(T* at, T value) {
-  const T old = *at;
-  *at = old | value;
-  return old;
+  return emulated_cuda::atomic_update(at, [&](T old) { return static_cast<T>(old | value); });
 }
 template <class T>
 T atomicMax(T* at, T value) {
-  const T old = *at;
-  *at = old < value ? value : old;
-  return old;
+  return emulated_cuda::atomic_update(at, [&](T old) { return old < value ? value : old; });
 }
 template <class T>
 T atomicCAS(T* at, T compare, T value) {
-  const T old = *at;
-  if (old == compare) *at = value;
-  return old;
+  return emulated_cuda::atomic_update(at, [&](T old) { return old == compare ? value : old; });
 }
 inline int __popc(unsigned x) { return std::popcount(x); }
 inline int __ffs(int x) { return __builtin_ffs(x); }
@@ -815,8 +1035,7 @@ inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flag
   std::size_t s = 1;
   while (s < streams.size() && (streams[s].alive || !streams[s].pending.empty())) ++s;
   if (s == streams.size()) streams.emplace_back();
-  streams[s].alive = true;
-  streams[s].blocking = (flags & cudaStreamNonBlocking) == 0;
+  emulated_cuda::renew(streams[s], /*blocking=*/(flags & cudaStreamNonBlocking) == 0);
   *stream = new CUstream_st{s};
   return cudaSuccess;
 }
@@ -834,8 +1053,11 @@ inline cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 }
 inline cudaError_t cudaStreamQuery(cudaStream_t stream) {
   if (emulated_cuda::refused_while_capturing()) return cudaErrorStreamCaptureUnsupported;
-  return emulated_cuda::done(emulated_cuda::tail(stream, /*action=*/false)) ? cudaSuccess
-                                                                            : emulated_cuda::report(cudaErrorNotReady);
+  const emulated_cuda::work_id last = emulated_cuda::tail(stream, /*action=*/false);
+  if (!emulated_cuda::done(last)) return emulated_cuda::report(cudaErrorNotReady);
+  emulated_cuda::race::acquire(last.id, emulated_cuda::race::finished);  // the host may read its results
+  emulated_cuda::acquire_legacy_rule(last.stream, /*action=*/false);
+  return cudaSuccess;
 }
 inline cudaError_t cudaDeviceSynchronize() {
   if (emulated_cuda::refused_while_capturing()) return cudaErrorStreamCaptureUnsupported;
@@ -859,7 +1081,9 @@ inline cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = null
 }
 inline cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (emulated_cuda::refused_while_capturing()) return cudaErrorStreamCaptureUnsupported;
-  return emulated_cuda::done({event->stream, event->id}) ? cudaSuccess : emulated_cuda::report(cudaErrorNotReady);
+  if (!emulated_cuda::done({event->stream, event->id})) return emulated_cuda::report(cudaErrorNotReady);
+  emulated_cuda::race::acquire(event->id, emulated_cuda::race::finished);  // the host may read its results
+  return cudaSuccess;
 }
 inline cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (emulated_cuda::refused_while_capturing()) return cudaErrorStreamCaptureUnsupported;
@@ -873,7 +1097,11 @@ inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
 // The stream's later work waits for the event's: an empty item that waits for it.
 inline cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned = 0) {
   const emulated_cuda::work_id recorded{event->stream, event->id};
-  if (!emulated_cuda::done(recorded)) emulated_cuda::enqueue(stream, [] {}, {recorded});
+  if (!emulated_cuda::done(recorded)) {
+    emulated_cuda::enqueue(stream, [] {}, {recorded});
+  } else if (recorded.id != 0) {
+    emulated_cuda::queue().streams[emulated_cuda::queue_of(stream)].waited.push_back(recorded);
+  }
   return cudaSuccess;
 }
 
