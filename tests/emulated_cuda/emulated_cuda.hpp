@@ -340,13 +340,13 @@ inline bool release(void* p, cudaMemoryType type) {
 }
 
 // The orders' seed: GRADCOMP_EMULATED_SEED, else a fixed one (every run the same).
-inline std::mt19937_64& order_source() {
-  static std::mt19937_64 source([] {
-    const char* seed = std::getenv("GRADCOMP_EMULATED_SEED");
-    return seed != nullptr ? std::strtoull(seed, nullptr, 10) : 20261130ull;
-  }());
-  return source;
-}
+// At namespace scope, so that it is made before main: a function's static is made at its
+// first call, and TSan would order every later caller after that one.
+inline std::mt19937_64 order_engine([] {
+  const char* seed = std::getenv("GRADCOMP_EMULATED_SEED");
+  return seed != nullptr ? std::strtoull(seed, nullptr, 10) : 20261130ull;
+}());
+inline std::mt19937_64& order_source() { return order_engine; }
 // -- Streams: each a queue of its work in the order queued, run only when the host waits
 // for some of it, and then only what that wait needs (the work before it on its stream
 // and, transitively, the work on other streams that this waits for), taking the streams
@@ -377,7 +377,8 @@ inline constexpr std::size_t runner_stack_bytes = 8 << 20;
 inline constexpr std::size_t thread_stack_bytes = 256 * 1024;
 // A queue given to a new stream starts afresh: new stacks and fibers, ordered after
 // nothing the old stream did.
-inline void renew(stream_queue& s, bool blocking) {
+inline void renew(stream_queue& s, bool blocking, std::vector<std::uint64_t>& retired) {
+  if (s.last != 0) retired.push_back(s.last);  // a wait for the whole device still covers it
   drop_context(s.runner);
   for (context& c : s.threads) drop_context(c);
   s = stream_queue{};
@@ -390,6 +391,7 @@ struct work_queue {
   bool capture_invalidated = false;          // a call the capture does not allow was made
   std::vector<std::function<void()>> graph;  // the work captured
   std::uint64_t queued = 0;                  // items ever queued
+  std::vector<std::uint64_t> retired;        // the last items of streams whose queue was renewed
   std::uint64_t waits = 0;                   // host waits that found work to run
 };
 inline work_queue& queue() {
@@ -423,7 +425,8 @@ inline item_run& current_item() {
 [[noreturn]] inline void runner_entry() {
   for (;;) {
     // What it reads of the emulation's state is read unrecorded, and no ignore is held
-    // across a switch (TSan warns of a fiber that ends with one).
+    // across the switch back (a runner is destroyed parked there, and TSan warns of a
+    // fiber that ends with one; so for the threads' contexts in fiber_entry).
     const queued_work* work = nullptr;
     {
       race::unrecorded bookkeeping;
@@ -448,9 +451,11 @@ inline item_run& current_item() {
 }
 inline void run_item(std::size_t s, queued_work& w) {
   item_run& r = current_item();
+  if (r.work != nullptr) fail("a host wait inside a stream's work");
   r = {s, &w, nullptr, race::current()};
   context& runner = queue().streams[s].runner;
   switch_to(runner.fiber, &r.host_sp, runner.sp);
+  current_item().work = nullptr;
 }
 inline std::uint64_t enqueue(cudaStream_t stream, std::function<void()> run, std::vector<work_id> after = {}) {
   work_queue& q = queue();
@@ -464,7 +469,9 @@ inline std::uint64_t enqueue(cudaStream_t stream, std::function<void()> run, std
   if (s == 0 && q.capturing != nullptr && q.streams[queue_of(q.capturing)].blocking) q.capture_invalidated = true;
   // What it waits for, finished or not (finished work holds nothing up; TSan orders after it).
   for (std::size_t t = 0; t < q.streams.size(); ++t) {
-    if (waits_by_legacy_rule(s, t) && q.streams[t].last != 0) after.push_back({t, q.streams[t].last});
+    if (!waits_by_legacy_rule(s, t)) continue;
+    if (q.streams[t].last != 0) after.push_back({t, q.streams[t].last});
+    after.insert(after.end(), q.streams[t].waited.begin(), q.streams[t].waited.end());
   }
   stream_queue& on = q.streams[s];
   after.insert(after.end(), on.waited.begin(), on.waited.end());
@@ -544,9 +551,10 @@ inline work_id tail(cudaStream_t stream, bool action) {
   const auto newer = [&](std::size_t t) {
     return !q.streams[t].pending.empty() && q.streams[t].last > q.streams[s].last;
   };
-  bool held = false;
+  // An event wait the stream's next work has yet to carry (waited) also takes an item.
+  bool held = !q.streams[s].waited.empty();
   for (std::size_t t = 0; t < q.streams.size(); ++t) {
-    if ((s != 0 || action) && waits_by_legacy_rule(s, t)) held = held || newer(t);
+    if ((s != 0 || action) && waits_by_legacy_rule(s, t)) held = held || newer(t) || !q.streams[t].waited.empty();
   }
   return {s, held ? enqueue(stream, [] {}) : q.streams[s].last};
 }
@@ -561,6 +569,8 @@ inline void run_all() {
   for (const stream_queue& s : queue().streams) need.push_back(s.last);
   run_needed(std::move(need));
   for (const stream_queue& s : queue().streams) race::acquire(s.last, race::finished);
+  for (const std::uint64_t id : queue().retired) race::acquire(id, race::finished);
+  queue().retired.clear();  // the host is ordered after them from now on
 }
 /// How many times the host waited for queued work (a synchronize, a copy to pageable
 /// memory, a free).
@@ -597,11 +607,12 @@ struct fiber {
   std::uint64_t value = 0;              // what this lane brings to it
   std::array<std::uint64_t, 32> got{};  // what every lane brought, once it completes
   unsigned barriers = 0;                // __syncthreads() passed in this block
+  unsigned syncwarps = 0;               // __syncwarp() passed in this block
 };
 // A block's happens-before tokens (TSan keys them by address, so each block has new
 // ones): its start, its threads' ends, the barriers by parity, and each warp's __syncwarp.
-enum block_token : std::size_t { block_start = 0, block_end = 1, block_barrier = 2, warp_barrier = 4 };
-inline constexpr std::size_t block_tokens = warp_barrier + 32;
+enum block_token : std::size_t { block_start = 0, block_end = 1, block_barrier = 2, lane_barrier = 4 };
+inline constexpr std::size_t block_tokens = lane_barrier + 2 * 1024;  // two per thread
 struct grid_run {
   std::vector<fiber> fibers;
   context* contexts = nullptr;  // the stream's, by thread index
@@ -638,9 +649,9 @@ inline thread_local grid_run* running = nullptr;
 // The orders a block's threads run in between barriers: eight shuffles of [0, threads),
 // drawn once per block size and taken in turn (a shuffle per barrier took a tenth of the
 // emulated tests' time).
+inline std::map<unsigned, std::array<std::vector<unsigned>, 8>> thread_orders;  // made before main (order_engine)
 inline const std::vector<unsigned>& thread_order(unsigned threads, std::uint64_t turn) {
-  static std::map<unsigned, std::array<std::vector<unsigned>, 8>> orders;
-  auto [it, fresh] = orders.try_emplace(threads);
+  auto [it, fresh] = thread_orders.try_emplace(threads);
   if (fresh) {
     for (auto& order : it->second) {
       order.resize(threads);
@@ -651,17 +662,14 @@ inline const std::vector<unsigned>& thread_order(unsigned threads, std::uint64_t
   return it->second[turn % 8];
 }
 
-// Called by a thread: waits, as `how`, until the scheduler lets it go on; then, at
-// __syncthreads() or a collective that `orders_memory` (__syncwarp), ordered after what
-// the others that met there wrote before.
-inline void wait_as(waiting how, bool orders_memory = false) {
+// Called by a thread: waits, as `how`, until the scheduler lets it go on; at
+// __syncthreads(), then ordered after what the block's threads wrote before it.
+inline void wait_as(waiting how) {
   race::unrecorded bookkeeping;
   grid_run& run = *running;
   const unsigned t = run.current;
-  const unsigned char* token = how == waiting::at_block_barrier
-                                   ? &run.tokens[block_barrier + run.fibers[t].barriers % 2]
-                               : orders_memory ? &run.tokens[warp_barrier + t / 32]
-                                               : nullptr;
+  const unsigned char* token =
+      how == waiting::at_block_barrier ? &run.tokens[block_barrier + run.fibers[t].barriers % 2] : nullptr;
   run.fibers[t].state = how;
   if (token != nullptr) race::release(token);
   switch_to(run.scheduler_fiber, &run.contexts[t].sp, run.scheduler_sp);
@@ -808,16 +816,31 @@ inline std::array<std::uint64_t, 32> warp_collective(int kind, std::uint32_t mas
   self.kind = kind;
   self.mask = mask;
   self.value = value;
-  // __syncwarp orders its lanes' memory; ballots and shuffles only exchange values.
-  wait_as(waiting::at_warp_collective, /*orders_memory=*/kind == 1);
+  wait_as(waiting::at_warp_collective);
   return run.fibers[run.current].got;
+}
+// __syncwarp(mask): a warp collective that also orders its lanes' memory (ballots and
+// shuffles only exchange values). Each lane releases a token of its own, by the parity
+// of its __syncwarp()s (a lane that goes on may reach one more before the others
+// resume), and acquires those of the lanes it met, whose parities the collective brings.
+inline void sync_warp(std::uint32_t mask) {
+  race::unrecorded bookkeeping;
+  grid_run& run = *running;
+  const unsigned t = run.current;
+  const unsigned parity = run.fibers[t].syncwarps++ % 2;
+  const auto token = [&](unsigned thread, std::uint64_t p) { return &run.tokens[lane_barrier + 2 * thread + p]; };
+  race::release(token(t, parity));
+  const auto parities = warp_collective(1, mask, parity);
+  for (unsigned l = 0; l < 32; ++l) {
+    if ((mask >> l & 1u) != 0) race::acquire(token(t / 32 * 32 + l, parities[l]));
+  }
 }
 
 }  // namespace emulated_cuda
 
 // -- Device built-ins.
 inline void __syncthreads() { emulated_cuda::wait_as(emulated_cuda::waiting::at_block_barrier); }
-inline void __syncwarp(unsigned mask = 0xFFFFFFFFu) { (void)emulated_cuda::warp_collective(1, mask, 0); }
+inline void __syncwarp(unsigned mask = 0xFFFFFFFFu) { emulated_cuda::sync_warp(mask); }
 inline unsigned __ballot_sync(unsigned mask, int predicate) {
   const auto got = emulated_cuda::warp_collective(2, mask, predicate != 0 ? 1 : 0);
   unsigned bits = 0;
@@ -1035,7 +1058,7 @@ inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flag
   std::size_t s = 1;
   while (s < streams.size() && (streams[s].alive || !streams[s].pending.empty())) ++s;
   if (s == streams.size()) streams.emplace_back();
-  emulated_cuda::renew(streams[s], /*blocking=*/(flags & cudaStreamNonBlocking) == 0);
+  emulated_cuda::renew(streams[s], /*blocking=*/(flags & cudaStreamNonBlocking) == 0, emulated_cuda::queue().retired);
   *stream = new CUstream_st{s};
   return cudaSuccess;
 }

@@ -51,6 +51,20 @@ __global__ void rotate_in_warp(unsigned* out) {
   }
   out[threadIdx.x] = items[(threadIdx.x + 1) % 32];
 }
+// Two rounds within a warp, each read a neighbour's: without the __syncwarp() between the
+// rounds, a lane reads its neighbour's second write after the first __syncwarp() only
+// (a race whichever lane runs first, so each lane's __syncwarp()s are told apart).
+template <bool Between>
+__global__ void two_rounds(unsigned* out) {
+  __shared__ unsigned first[32];
+  __shared__ unsigned second[32];
+  first[threadIdx.x] = threadIdx.x;
+  __syncwarp();
+  second[threadIdx.x] = first[(threadIdx.x + 1) % 32];
+  if constexpr (Between) __syncwarp();
+  out[threadIdx.x] = second[(threadIdx.x + 1) % 32];
+  __syncwarp();
+}
 __global__ void fill(unsigned* p, unsigned count, unsigned value) {
   for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) p[i] = value;
 }
@@ -96,6 +110,10 @@ int main(int argc, char** argv) {
     launch("rotate_in_warp", rotate_in_warp<false>, 1, 32, 0, a, out);
   } else if (c == "syncwarp") {
     launch("rotate_in_warp", rotate_in_warp<true>, 1, 32, 0, a, out);
+  } else if (c == "syncwarp_once_for_two_rounds") {  // racy: the second round unordered
+    launch("two_rounds", two_rounds<false>, 1, 32, 0, a, out);
+  } else if (c == "syncwarp_each_round") {
+    launch("two_rounds", two_rounds<true>, 1, 32, 0, a, out);
   } else if (c == "streams_without_event") {  // racy: b reads what a writes, nothing between
     launch("fill", fill, 2, 64, 0, a, in, n, 3u);
     launch("sum", sum, 2, 64, 0, b, in, n, out);
