@@ -53,7 +53,12 @@
 #endif
 #endif
 #if defined(GRADCOMP_EMULATED_RACES)
+#include <linux/futex.h>
 #include <sanitizer/tsan_interface.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <thread>
 extern "C" void __tsan_ignore_thread_begin();
 extern "C" void __tsan_ignore_thread_end();
 #endif
@@ -77,12 +82,13 @@ extern "C" void __tsan_ignore_thread_end();
 #include <utility>
 #include <vector>
 
-// -- The CUDA keywords: kernels are functions, shared memory is static storage (one
-// block runs at a time).
+// -- The CUDA keywords: kernels are functions, shared memory is static storage of the OS
+// thread that runs the block (one block runs at a time on each; under TSan, the grid's
+// second set of blocks runs on a second OS thread: block_sets).
 #define __global__
 #define __device__
 #define __host__
-#define __shared__ static
+#define __shared__ static thread_local
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 
@@ -197,16 +203,19 @@ namespace emulated_cuda {
 // queued it and after the work it waits for (its stream's earlier work, events waited
 // for, the legacy default stream's rule); the host after the work a wait or a query
 // found done; a block's threads after the block's barriers (__syncthreads, __syncwarp;
-// ballots and shuffles order no memory) and, coarser than a GPU, after the grid's earlier
-// blocks. Any other two accesses to the same bytes, one a write and not both atomic, are
-// a data race TSan reports: a plain read-modify-write where an atomic is needed, shared
-// memory read without the barrier after its write, a stream reading what another writes
-// with no event between them, a host writing pinned memory that a queued copy still
-// reads, memory freed on one stream while another uses it. The emulation's own
-// bookkeeping is left out (`unrecorded`).
+// ballots and shuffles order no memory); a grid's blocks after its earlier blocks of the
+// same set, and after blocks of the other set only through fences and atomics
+// (block_sets). Any other two accesses to the same bytes, one a write and not both
+// atomic, are a data race TSan reports: a plain read-modify-write where an atomic is
+// needed, shared memory read without the barrier after its write, two blocks writing one
+// word, the last block of a grid reading what the others wrote without the fences
+// between, a stream reading what another writes with no event between them, a host
+// writing pinned memory that a queued copy still reads, memory freed on one stream while
+// another uses it. The emulation's own bookkeeping is left out (`unrecorded`).
 namespace race {
 enum item_token : unsigned { queued = 0, finished = 1 };
 #if defined(GRADCOMP_EMULATED_RACES)
+inline constexpr bool recorded = true;
 inline void* current() { return __tsan_get_current_fiber(); }
 inline void* create() { return __tsan_create_fiber(0); }
 inline void destroy(void* fiber) {
@@ -236,6 +245,7 @@ struct unrecorded {
   unrecorded& operator=(const unrecorded&) = delete;
 };
 #else
+inline constexpr bool recorded = false;
 inline void* current() { return nullptr; }
 inline void* create() { return nullptr; }
 inline void destroy(void*) {}
@@ -252,6 +262,65 @@ struct unrecorded {
 };
 #endif
 }  // namespace race
+
+// -- The grid's blocks in sets: under TSan, each block is drawn into one of two sets, the
+// first run on the host's OS thread and the second on an OS thread of its own, which
+// holds its own copy of the static shared memory (__shared__ is thread_local). A set's
+// blocks are ordered one after another, as the plain emulation runs every block, and
+// the two sets only as a GPU orders blocks: by a __threadfence() before atomics and one
+// after them (fence()). So a race between two blocks, or a missing fence, is reported
+// where the blocks fall in different sets: half the pairs, drawn anew at each launch
+// (grid_run::fiber_of says why the second set's warps share a TSan fiber). One OS thread
+// runs at a time; the handoff between them is hidden from TSan.
+#if defined(GRADCOMP_EMULATED_RACES)
+inline constexpr unsigned block_sets = 2;
+namespace second_thread {
+// Sets *word to `value` and wakes the other OS thread; waits until *word is `value`.
+// Not instrumented, and a raw futex, so that TSan sees no order in the handoff itself.
+__attribute__((no_sanitize("thread"))) inline void set(int* word, int value) {
+  __atomic_store_n(word, value, __ATOMIC_SEQ_CST);
+  syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+}
+__attribute__((no_sanitize("thread"))) inline void wait(int* word, int value) {
+  for (int seen; (seen = __atomic_load_n(word, __ATOMIC_SEQ_CST)) != value;) {
+    syscall(SYS_futex, word, FUTEX_WAIT_PRIVATE, seen, nullptr, nullptr, 0);
+  }
+}
+struct state {
+  int turn = 0;  // 1 while the thread runs `job`
+  const std::function<void()>* job = nullptr;
+  unsigned char started = 0;  // its start (its thread-local storage written), which its blocks follow
+};
+inline state shared;
+[[noreturn]] inline void loop() {
+  race::release(&shared.started);
+  __tsan_ignore_thread_begin();  // the emulation's bookkeeping, all it does itself
+  for (;;) {
+    wait(&shared.turn, 1);
+    (*shared.job)();
+    set(&shared.turn, 0);
+  }
+}
+// Made before main, ordered after nothing a stream did.
+inline const bool started = [] {
+  std::thread(loop).detach();
+  return true;
+}();
+// Runs `job` there, and returns when it is done.
+inline void run(const std::function<void()>& job) {
+  shared.job = &job;
+  set(&shared.turn, 1);
+  wait(&shared.turn, 0);
+}
+inline const unsigned char* start_token() { return &shared.started; }
+}  // namespace second_thread
+#else
+inline constexpr unsigned block_sets = 1;
+namespace second_thread {
+inline void run(const std::function<void()>&) { fail("a second set of blocks without TSan"); }
+inline const unsigned char* start_token() { return nullptr; }
+}  // namespace second_thread
+#endif
 
 // -- Contexts: a stack of its own (over a guard page), where its code stopped (the stack
 // pointer gradcomp_emulated_switch saved), and its TSan fiber. A stream's items run on
@@ -281,12 +350,12 @@ inline void* prepare(unsigned char* top, void (*entry)()) {
   std::memcpy(sp, &fpu, sizeof fpu);
   return sp;
 }
-inline context make_context(std::size_t bytes, void (*entry)()) {
+inline context make_context(std::size_t bytes, void (*entry)(), bool with_fiber = true) {
   void* p = mmap(nullptr, bytes + guard_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) fail("no memory for a stack");
   mprotect(p, guard_bytes, PROT_NONE);
   auto* base = static_cast<unsigned char*>(p);
-  return {base, bytes, prepare(base + guard_bytes + bytes, entry), race::create()};
+  return {base, bytes, prepare(base + guard_bytes + bytes, entry), with_fiber ? race::create() : nullptr};
 }
 // Continues on `fiber` at `sp`, saving where this one stops in *save (every pointer read
 // before TSan is told of the switch, so that the one switched from reads them).
@@ -368,10 +437,10 @@ struct stream_queue {
   bool blocking = true;  // waits for, and is waited for by, the legacy default stream
   bool alive = true;     // its stream exists (a destroyed one's queued work still runs)
   std::deque<queued_work> pending;
-  std::uint64_t last = 0;        // the id of the last work queued on it
-  std::vector<work_id> waited;   // finished work an event wait ordered its next work after
-  context runner;                // where its work runs
-  std::vector<context> threads;  // where its kernels' threads run, by index in the block
+  std::uint64_t last = 0;                                // the id of the last work queued on it
+  std::vector<work_id> waited;                           // finished work an event wait ordered its next work after
+  context runner;                                        // where its work runs
+  std::array<std::vector<context>, block_sets> threads;  // where its kernels' threads run, by set and index
 };
 inline constexpr std::size_t runner_stack_bytes = 8 << 20;
 inline constexpr std::size_t thread_stack_bytes = 256 * 1024;
@@ -380,7 +449,9 @@ inline constexpr std::size_t thread_stack_bytes = 256 * 1024;
 inline void renew(stream_queue& s, bool blocking, std::vector<std::uint64_t>& retired) {
   if (s.last != 0) retired.push_back(s.last);  // a wait for the whole device still covers it
   drop_context(s.runner);
-  for (context& c : s.threads) drop_context(c);
+  for (auto& set : s.threads) {
+    for (context& c : set) drop_context(c);
+  }
   s = stream_queue{};
   s.blocking = blocking;
 }
@@ -408,6 +479,11 @@ inline bool done(work_id w) {
 inline bool waits_by_legacy_rule(std::size_t s, std::size_t t) {
   const auto& streams = queue().streams;
   return s == 0 ? t != 0 && streams[t].blocking : t == 0 && streams[s].blocking;
+}
+// Whether a host wait for `s`'s work (tail()) covers `t`'s by that rule: always for a
+// blocking stream; for the legacy stream only at an action.
+inline bool wait_covers_by_legacy_rule(std::size_t s, std::size_t t, bool action) {
+  return (s != 0 || action) && waits_by_legacy_rule(s, t);
 }
 // The item a stream's runner is running, and where the host waits for it.
 struct item_run {
@@ -538,7 +614,7 @@ inline void run_until(work_id w) {
 inline void acquire_legacy_rule(std::size_t s, bool action) {
   const auto& streams = queue().streams;
   for (std::size_t t = 0; t < streams.size(); ++t) {
-    if ((s != 0 || action) && waits_by_legacy_rule(s, t)) race::acquire(streams[t].last, race::finished);
+    if (wait_covers_by_legacy_rule(s, t, action)) race::acquire(streams[t].last, race::finished);
   }
 }
 // All of `stream`'s work so far: its last; for a blocking stream, also the legacy default
@@ -554,7 +630,7 @@ inline work_id tail(cudaStream_t stream, bool action) {
   // An event wait the stream's next work has yet to carry (waited) also takes an item.
   bool held = !q.streams[s].waited.empty();
   for (std::size_t t = 0; t < q.streams.size(); ++t) {
-    if ((s != 0 || action) && waits_by_legacy_rule(s, t)) held = held || newer(t) || !q.streams[t].waited.empty();
+    if (wait_covers_by_legacy_rule(s, t, action)) held = held || newer(t) || !q.streams[t].waited.empty();
   }
   return {s, held ? enqueue(stream, [] {}) : q.streams[s].last};
 }
@@ -602,20 +678,35 @@ inline bool refused_while_capturing() {
 enum class waiting { no, at_block_barrier, at_warp_collective, done };
 struct fiber {
   waiting state = waiting::no;
-  std::uint32_t mask = 0;               // a warp collective's lanes
-  int kind = 0;                         // which collective (a ballot meets only ballots)
-  std::uint64_t value = 0;              // what this lane brings to it
-  std::array<std::uint64_t, 32> got{};  // what every lane brought, once it completes
-  unsigned barriers = 0;                // __syncthreads() passed in this block
-  unsigned syncwarps = 0;               // __syncwarp() passed in this block
+  std::uint32_t mask = 0;                // a warp collective's lanes
+  int kind = 0;                          // which collective (a ballot meets only ballots)
+  std::uint64_t value = 0;               // what this lane brings to it
+  std::array<std::uint64_t, 32> got{};   // what every lane brought, once it completes
+  unsigned barriers = 0;                 // __syncthreads() passed in this block
+  unsigned syncwarps = 0;                // __syncwarp() passed in this block
+  bool fenced = false;                   // passed a __threadfence(): its atomics release (TSan)
+  std::array<const void*, 8> updated{};  // the last locations it updated atomically since a fence (TSan)
 };
-// A block's happens-before tokens (TSan keys them by address, so each block has new
-// ones): its start, its threads' ends, the barriers by parity, and each warp's __syncwarp.
-enum block_token : std::size_t { block_start = 0, block_end = 1, block_barrier = 2, lane_barrier = 4 };
-inline constexpr std::size_t block_tokens = lane_barrier + 2 * 1024;  // two per thread
+// A grid's happens-before tokens (TSan keys them by address, so each grid has new ones):
+// its start, its threads' ends, and each set's chain by the parity of its blocks (a
+// block's threads follow the set's earlier blocks, not each other); and a block's: the
+// barriers by parity, and each lane's __syncwarp by parity.
+enum grid_token : std::size_t { grid_start = 0, grid_end = 1, set_chain = 2 };
+inline constexpr std::size_t grid_tokens = set_chain + 2 * block_sets;
+enum block_token : std::size_t { block_barrier = 0, lane_barrier = 2 };
+inline constexpr std::size_t block_tokens(unsigned threads) { return lane_barrier + 2 * std::size_t{threads}; }
+// A grid's run on one set of blocks.
 struct grid_run {
+  unsigned set = 0;
+  unsigned blocks_run = 0;                      // the set's blocks run so far
+  const unsigned char* grid = nullptr;          // the grid's tokens
+  const unsigned char* thread_start = nullptr;  // the set's OS thread's start, where not the host's
   std::vector<fiber> fibers;
   context* contexts = nullptr;  // the stream's, by thread index
+  // The TSan fiber thread t runs on: its own in the first set; its warp's in the second,
+  // so that a stream's fibers stay within TSan's 256 clock slots (past them, slots pass
+  // between fibers and order what they ran, and races between blocks went unreported).
+  void* fiber_of(unsigned t) const { return contexts[set == 0 ? t : t / 32 * 32].fiber; }
   void* scheduler_sp = nullptr;
   void* scheduler_fiber = nullptr;
   unsigned current = 0;
@@ -632,13 +723,16 @@ inline thread_local grid_run* running = nullptr;
     {
       race::unrecorded bookkeeping;
       run = running;
-      race::acquire(&run->tokens[block_start]);
+      race::acquire(&run->grid[grid_start]);
+      race::acquire(&run->grid[set_chain + 2 * run->set + run->blocks_run % 2]);
+      if (run->thread_start != nullptr) race::acquire(run->thread_start);
     }
     (*run->kernel)();
     void** save = nullptr;
     {
       race::unrecorded bookkeeping;
-      race::release(&run->tokens[block_end]);
+      race::release(&run->grid[set_chain + 2 * run->set + (run->blocks_run + 1) % 2]);
+      race::release(&run->grid[grid_end]);
       run->fibers[run->current].state = waiting::done;
       save = &run->contexts[run->current].sp;
     }
@@ -664,15 +758,24 @@ inline const std::vector<unsigned>& thread_order(unsigned threads, std::uint64_t
 
 // Called by a thread: waits, as `how`, until the scheduler lets it go on; at
 // __syncthreads(), then ordered after what the block's threads wrote before it.
+// No ignore is held across the switch: the next thread may run on the same TSan fiber.
 inline void wait_as(waiting how) {
-  race::unrecorded bookkeeping;
-  grid_run& run = *running;
-  const unsigned t = run.current;
-  const unsigned char* token =
-      how == waiting::at_block_barrier ? &run.tokens[block_barrier + run.fibers[t].barriers % 2] : nullptr;
-  run.fibers[t].state = how;
-  if (token != nullptr) race::release(token);
-  switch_to(run.scheduler_fiber, &run.contexts[t].sp, run.scheduler_sp);
+  const unsigned char* token = nullptr;
+  void* scheduler = nullptr;
+  void** save = nullptr;
+  void* scheduler_sp = nullptr;
+  {
+    race::unrecorded bookkeeping;
+    grid_run& run = *running;
+    const unsigned t = run.current;
+    if (how == waiting::at_block_barrier) token = &run.tokens[block_barrier + run.fibers[t].barriers % 2];
+    run.fibers[t].state = how;
+    if (token != nullptr) race::release(token);
+    scheduler = run.scheduler_fiber;
+    save = &run.contexts[t].sp;
+    scheduler_sp = run.scheduler_sp;
+  }
+  switch_to(scheduler, save, scheduler_sp);
   if (token != nullptr) race::acquire(token);
 }
 
@@ -717,7 +820,7 @@ inline void run_block(grid_run& run, unsigned threads) {
       if (f.state != waiting::no) continue;
       threadIdx = dim3(t);
       run.current = t;
-      switch_to(run.contexts[t].fiber, &run.scheduler_sp, run.contexts[t].sp);
+      switch_to(run.fiber_of(t), &run.scheduler_sp, run.contexts[t].sp);
     }
     // Every thread has returned or waits.
     bool released = false;
@@ -740,33 +843,67 @@ inline void run_block(grid_run& run, unsigned threads) {
   }
 }
 
-// Runs on the runner of the stream whose item launched it.
-inline void run_grid(unsigned grid, unsigned threads, std::size_t shared, const std::function<void()>& kernel) {
-  race::unrecorded bookkeeping;
-  if (running != nullptr) fail("a kernel launched from a kernel");
-  std::vector<context>& contexts = queue().streams[current_item().stream].threads;
-  while (contexts.size() < threads) contexts.push_back(make_context(thread_stack_bytes, &fiber_entry));
-  grid_run run;
-  run.kernel = &kernel;
-  run.contexts = contexts.data();
+// Runs blocks [first, last) of a grid on the OS thread it is called on.
+inline void run_blocks(grid_run& run, const unsigned* first, const unsigned* last, unsigned grid, unsigned threads) {
   run.scheduler_fiber = race::current();
-  run.dynamic_shared.resize(std::max<std::size_t>(shared, 1));
   running = &run;
   gridDim = dim3(grid);
   blockDim = dim3(threads);
-  std::vector<unsigned> blocks(grid);
-  std::iota(blocks.begin(), blocks.end(), 0u);
-  std::shuffle(blocks.begin(), blocks.end(), order_source());
-  for (const unsigned b : blocks) {
-    blockIdx = dim3(b);
+  for (; first != last; ++first) {
+    blockIdx = dim3(*first);
     std::fill(run.dynamic_shared.begin(), run.dynamic_shared.end(), static_cast<unsigned char>(0xA5));
-    run.tokens = std::make_unique<unsigned char[]>(block_tokens);
-    race::release(&run.tokens[block_start]);
+    run.tokens = std::make_unique<unsigned char[]>(block_tokens(threads));  // two per thread
     run_block(run, threads);
-    race::acquire(&run.tokens[block_end]);
+    ++run.blocks_run;
     run.tokens.reset();  // freed, TSan forgets the block's tokens
   }
   running = nullptr;
+}
+// Runs on the runner of the stream whose item launched it: the blocks in a shuffled
+// order, each drawn into a set (block_sets), each run of one set's blocks on its OS thread.
+inline void run_grid(unsigned grid, unsigned threads, std::size_t shared, const std::function<void()>& kernel) {
+  race::unrecorded bookkeeping;
+  if (running != nullptr) fail("a kernel launched from a kernel");
+  auto& sets = queue().streams[current_item().stream].threads;
+  const auto tokens = std::make_unique<unsigned char[]>(grid_tokens);
+  std::array<grid_run, block_sets> runs;
+  for (unsigned s = 0; s < block_sets; ++s) {
+    while (sets[s].size() < threads) {
+      const std::size_t t = sets[s].size();
+      sets[s].push_back(make_context(thread_stack_bytes, &fiber_entry, s == 0 || t % 32 == 0));
+    }
+    runs[s].set = s;
+    runs[s].grid = tokens.get();
+    runs[s].thread_start = s == 0 ? nullptr : second_thread::start_token();
+    runs[s].kernel = &kernel;
+    runs[s].contexts = sets[s].data();
+    runs[s].dynamic_shared.resize(std::max<std::size_t>(shared, 1));
+  }
+  std::vector<unsigned> blocks(grid);
+  std::iota(blocks.begin(), blocks.end(), 0u);
+  std::shuffle(blocks.begin(), blocks.end(), order_source());
+  // The first block in the first set, where each thread is its own TSan fiber: a grid of
+  // one block is checked within its warps too.
+  std::vector<unsigned> set_of(grid, 0);
+  for (std::size_t i = 1; i < grid; ++i) {
+    set_of[i] = block_sets == 1 ? 0 : static_cast<unsigned>(order_source()() % block_sets);
+  }
+  race::release(&tokens[grid_start]);
+  for (std::size_t from = 0; from < grid;) {
+    std::size_t to = from + 1;
+    while (to < grid && set_of[to] == set_of[from]) ++to;
+    grid_run& run = runs[set_of[from]];
+    const std::function<void()> job = [&, from, to] {
+      run_blocks(run, blocks.data() + from, blocks.data() + to, grid, threads);
+    };
+    if (run.set == 0) {
+      job();
+    } else {
+      second_thread::run(job);
+    }
+    from = to;
+  }
+  race::acquire(&tokens[grid_end]);
 }
 
 /// Aborts, naming the launch, where a kernel's pointer argument points to pageable host
@@ -809,28 +946,35 @@ inline void* dynamic_shared() { return running->dynamic_shared.data(); }
 
 // Called by a thread: waits for the lanes of `mask` and returns what each brought.
 inline std::array<std::uint64_t, 32> warp_collective(int kind, std::uint32_t mask, std::uint64_t value) {
-  race::unrecorded bookkeeping;
-  grid_run& run = *running;
-  fiber& self = run.fibers[run.current];
-  if ((mask >> (run.current % 32) & 1u) == 0) fail("a warp collective called by a lane outside its mask");
-  self.kind = kind;
-  self.mask = mask;
-  self.value = value;
+  {
+    race::unrecorded bookkeeping;
+    grid_run& run = *running;
+    fiber& self = run.fibers[run.current];
+    if ((mask >> (run.current % 32) & 1u) == 0) fail("a warp collective called by a lane outside its mask");
+    self.kind = kind;
+    self.mask = mask;
+    self.value = value;
+  }
   wait_as(waiting::at_warp_collective);
-  return run.fibers[run.current].got;
+  race::unrecorded bookkeeping;
+  return running->fibers[running->current].got;
 }
 // __syncwarp(mask): a warp collective that also orders its lanes' memory (ballots and
 // shuffles only exchange values). Each lane releases a token of its own, by the parity
 // of its __syncwarp()s (a lane that goes on may reach one more before the others
 // resume), and acquires those of the lanes it met, whose parities the collective brings.
 inline void sync_warp(std::uint32_t mask) {
-  race::unrecorded bookkeeping;
-  grid_run& run = *running;
-  const unsigned t = run.current;
-  const unsigned parity = run.fibers[t].syncwarps++ % 2;
-  const auto token = [&](unsigned thread, std::uint64_t p) { return &run.tokens[lane_barrier + 2 * thread + p]; };
-  race::release(token(t, parity));
+  const auto token = [](unsigned thread, std::uint64_t p) { return &running->tokens[lane_barrier + 2 * thread + p]; };
+  unsigned t = 0;
+  unsigned parity = 0;
+  {
+    race::unrecorded bookkeeping;
+    t = running->current;
+    parity = running->fibers[t].syncwarps++ % 2;
+    race::release(token(t, parity));
+  }
   const auto parities = warp_collective(1, mask, parity);
+  race::unrecorded bookkeeping;
   for (unsigned l = 0; l < 32; ++l) {
     if ((mask >> l & 1u) != 0) race::acquire(token(t / 32 * 32 + l, parities[l]));
   }
@@ -864,21 +1008,55 @@ T __shfl_sync(unsigned mask, T var, int source, int width = 32) {
   std::memcpy(&out, &got[from], sizeof(T));
   return out;
 }
-inline void __threadfence() {}
 namespace emulated_cuda {
-// A device atomic: relaxed, as CUDA's are, and seen as atomic by TSan.
+// CUDA's fences, to TSan: a fence and an atomic update after it release what the thread
+// did before the fence, and an atomic update and a fence after it acquire what was
+// released through the location it updated (the fence-fence synchronization of CUDA's
+// memory model, for the last 8 locations a thread updated since its last fence).
+inline void fence() {
+  if constexpr (race::recorded) {
+    race::unrecorded bookkeeping;
+    if (running == nullptr) return;
+    fiber& self = running->fibers[running->current];
+    self.fenced = true;
+    for (const void*& at : self.updated) {
+      if (at != nullptr) race::acquire(at);
+      at = nullptr;
+    }
+  }
+}
+// Notes an atomic update of `at` by the running thread; whether it releases.
+inline bool update_releases(const void* at) {
+  if constexpr (race::recorded) {
+    race::unrecorded bookkeeping;
+    if (running == nullptr) return false;
+    fiber& self = running->fibers[running->current];
+    auto it = std::find(self.updated.begin(), self.updated.end(), at);
+    if (it == self.updated.end()) --it;  // the oldest goes
+    std::rotate(self.updated.begin(), it, it + 1);
+    self.updated[0] = at;
+    return self.fenced;
+  }
+  return false;
+}
+// A device atomic: relaxed, as CUDA's are (a release after a fence), and seen as atomic by TSan.
 template <class T, class Next>
 T atomic_update(T* at, Next next) {
+  const bool releases = update_releases(at);
   T seen;
   __atomic_load(at, &seen, __ATOMIC_RELAXED);
   for (;;) {
     T want = next(seen);
     T expected = seen;
-    if (__atomic_compare_exchange(at, &expected, &want, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return seen;
+    if (releases ? __atomic_compare_exchange(at, &expected, &want, false, __ATOMIC_RELEASE, __ATOMIC_RELAXED)
+                 : __atomic_compare_exchange(at, &expected, &want, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+      return seen;
+    }
     seen = expected;
   }
 }
 }  // namespace emulated_cuda
+inline void __threadfence() { emulated_cuda::fence(); }
 template <class T>
 T atomicAdd(T* at, T value) {
   return emulated_cuda::atomic_update(at, [&](T old) { return static_cast<T>(old + value); });

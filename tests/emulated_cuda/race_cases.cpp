@@ -65,6 +65,49 @@ __global__ void two_rounds(unsigned* out) {
   out[threadIdx.x] = second[(threadIdx.x + 1) % 32];
   __syncwarp();
 }
+// Every block's first thread writes one word, plainly or atomically.
+template <bool Atomic>
+__global__ void one_word(unsigned* out) {
+  if (threadIdx.x != 0) return;
+  if constexpr (Atomic) {
+    atomicAdd(out, blockIdx.x);
+  } else {
+    *out = blockIdx.x;
+  }
+}
+// Each block's first thread writes its partial sum plainly, and the last thread of the
+// last block to finish adds them: the threadFenceReduction pattern, through
+// last_block_to_finish (Fences 0), without the fence before the count (1), or with the
+// fence after the count made by every thread after the barrier (2), which orders only
+// the thread that counted.
+template <int Fences>
+__global__ void last_block_sums(const unsigned* in, unsigned* partial, unsigned* finished, unsigned* out) {
+  if (threadIdx.x == 0) {
+    unsigned sum = 0;
+    for (unsigned i = 0; i < blockDim.x; ++i) sum += in[blockIdx.x * blockDim.x + i];
+    partial[blockIdx.x] = sum;
+  }
+  bool last = false;
+  if constexpr (Fences == 0) {
+    last = gradcomp::detail::cuda_launch::last_block_to_finish(finished);
+  } else {
+    __shared__ bool is_last;
+    if constexpr (Fences != 1) __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      is_last = atomicAdd(finished, 1u) == gridDim.x - 1;
+      if (Fences != 2 && is_last) __threadfence();
+    }
+    __syncthreads();
+    last = is_last;
+    if (Fences == 2 && last) __threadfence();
+  }
+  if (last && threadIdx.x == blockDim.x - 1) {
+    unsigned sum = 0;
+    for (unsigned b = 0; b < gridDim.x; ++b) sum += partial[b];
+    *out = sum;
+  }
+}
 __global__ void fill(unsigned* p, unsigned count, unsigned value) {
   for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) p[i] = value;
 }
@@ -114,6 +157,16 @@ int main(int argc, char** argv) {
     launch("two_rounds", two_rounds<false>, 1, 32, 0, a, out);
   } else if (c == "syncwarp_each_round") {
     launch("two_rounds", two_rounds<true>, 1, 32, 0, a, out);
+  } else if (c == "blocks_write_one_word") {  // racy: two blocks write it, neither atomically
+    launch("one_word", one_word<false>, 16, 32, 0, a, out);
+  } else if (c == "blocks_add_one_word") {
+    launch("one_word", one_word<true>, 16, 32, 0, a, out);
+  } else if (c == "last_block_to_finish") {
+    launch("last_block_sums", last_block_sums<0>, 15, 64, 0, a, in, out + 32, out, out + 1);
+  } else if (c == "no_fence_before_count") {  // racy: the last block may see the count only
+    launch("last_block_sums", last_block_sums<1>, 15, 64, 0, a, in, out + 32, out, out + 1);
+  } else if (c == "fence_after_barrier") {  // racy: the reading thread's fence read no count
+    launch("last_block_sums", last_block_sums<2>, 15, 64, 0, a, in, out + 32, out, out + 1);
   } else if (c == "streams_without_event") {  // racy: b reads what a writes, nothing between
     launch("fill", fill, 2, 64, 0, a, in, n, 3u);
     launch("sum", sum, 2, 64, 0, b, in, n, out);

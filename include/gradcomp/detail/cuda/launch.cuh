@@ -131,18 +131,25 @@ inline constexpr std::size_t shared_histogram_bins = 4096;
 
 /// Whether this block is the last of the grid to get here, every thread of the block
 /// calling it: the threadFenceReduction pattern, so that what every block wrote before
-/// the call (its atomics included) is visible to the last block after it. `finished`
-/// counts the blocks in device memory, zero before; the last block resets it.
+/// the call (its atomics included) is visible to every thread of the last block after
+/// it. `finished` counts the blocks in device memory, zero before; the last block resets
+/// it. Each block's fence before its count releases what it wrote; the fence after the
+/// count is the counting thread's, before the barrier, so that it acquires what the
+/// counts it read released and the barrier passes that on to the block's other threads
+/// (a fence of theirs after the barrier would acquire nothing: they read no count).
 __device__ inline bool last_block_to_finish(std::uint32_t* finished) {
   __shared__ bool last;
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(finished, 1u) == gridDim.x - 1;
+  if (threadIdx.x == 0) {
+    last = atomicAdd(finished, 1u) == gridDim.x - 1;
+    if (last) {
+      __threadfence();
+      *finished = 0;  // every block has counted itself
+    }
+  }
   __syncthreads();
-  if (!last) return false;
-  __threadfence();
-  if (threadIdx.x == 0) *finished = 0;  // every block has counted itself
-  return true;
+  return last;
 }
 
 /// No one-item body after a histogram.
