@@ -707,6 +707,9 @@ struct grid_run {
   // so that a stream's fibers stay within TSan's 256 clock slots (past them, slots pass
   // between fibers and order what they ran, and races between blocks went unreported).
   void* fiber_of(unsigned t) const { return contexts[set == 0 ? t : t / 32 * 32].fiber; }
+  // The set's chain token a block acquires when `blocks` of the set ran before it; it
+  // releases the next one.
+  const unsigned char* chain(unsigned blocks) const { return &grid[set_chain + 2 * set + blocks % 2]; }
   void* scheduler_sp = nullptr;
   void* scheduler_fiber = nullptr;
   unsigned current = 0;
@@ -724,14 +727,14 @@ inline thread_local grid_run* running = nullptr;
       race::unrecorded bookkeeping;
       run = running;
       race::acquire(&run->grid[grid_start]);
-      race::acquire(&run->grid[set_chain + 2 * run->set + run->blocks_run % 2]);
+      race::acquire(run->chain(run->blocks_run));
       if (run->thread_start != nullptr) race::acquire(run->thread_start);
     }
     (*run->kernel)();
     void** save = nullptr;
     {
       race::unrecorded bookkeeping;
-      race::release(&run->grid[set_chain + 2 * run->set + (run->blocks_run + 1) % 2]);
+      race::release(run->chain(run->blocks_run + 1));
       race::release(&run->grid[grid_end]);
       run->fibers[run->current].state = waiting::done;
       save = &run->contexts[run->current].sp;
