@@ -250,26 +250,42 @@ TEST_CASE("chunk_local without a corrector: threads write their runs in place, a
 // bins in any order and side by side, each from its own offset: a bin's writer may write
 // its hits and nothing past them, or a bin written before the one after it would
 // overwrite that one's indices.
-TEST_CASE("chunk_local's bin writer for the generic expansion writes its hits and nothing past them") {
+TEST_CASE(
+    "chunk_local's bin writers for the generic expansion, the host's and a device's, write its hits and nothing past "
+    "them") {
   constexpr std::uint32_t untouched = 0xFFFFFFFFu;
-  for (const std::size_t bin : {std::size_t{1}, std::size_t{3}, std::size_t{4}, std::size_t{7}, std::size_t{50}}) {
-    for (const std::size_t n : {std::size_t{1}, std::size_t{5}, std::size_t{49}, std::size_t{1003}}) {
-      CAPTURE(bin);
-      CAPTURE(n);
-      const auto acc = inputs::make(inputs::shape::normal, n, 31);
-      const auto g = inputs::make(inputs::shape::student_t3, n, 32);
-      const std::size_t bins = (n + bin - 1) / bin;
-      const gc::detail::chunk_local_bins body{acc.data(), g.data(), n, bin, nullptr};
-      std::vector<std::size_t> offset(bins + 1, 0);
-      for (std::size_t b = 0; b < bins; ++b) offset[b + 1] = offset[b] + body(b, nullptr);
-      std::vector<std::uint32_t> out(offset[bins] + 8, untouched);
-      const gc::detail::chunk_local_bins writing{acc.data(), g.data(), n, bin, out.data() + out.size()};
-      for (std::size_t b = bins; b-- > 0;) {  // the last bin first: any order must do
-        REQUIRE(writing(b, out.data() + offset[b]) == offset[b + 1] - offset[b]);
+  // With ties, g is zero and acc holds repeated magnitudes: the hits are the entries that
+  // equal their bin's largest |acc|.
+  for (const bool ties : {false, true}) {
+    for (const std::size_t bin : {std::size_t{1}, std::size_t{3}, std::size_t{4}, std::size_t{7}, std::size_t{50}}) {
+      for (const std::size_t n : {std::size_t{1}, std::size_t{5}, std::size_t{49}, std::size_t{1003}}) {
+        CAPTURE(bin);
+        CAPTURE(n);
+        CAPTURE(ties);
+        const auto acc = inputs::make(ties ? inputs::shape::ties : inputs::shape::normal, n, 31);
+        const auto g = inputs::make(ties ? inputs::shape::all_zero : inputs::shape::student_t3, n, 32);
+        const std::size_t bins = (n + bin - 1) / bin;
+        const gc::detail::chunk_local_bins body{acc.data(), g.data(), n, bin, nullptr};
+        std::vector<std::size_t> offset(bins + 1, 0);
+        for (std::size_t b = 0; b < bins; ++b) offset[b + 1] = offset[b] + body(b, nullptr);
+        std::vector<std::uint32_t> out(offset[bins] + 8, untouched);
+        const gc::detail::chunk_local_bins writing{acc.data(), g.data(), n, bin, out.data() + out.size()};
+        for (std::size_t b = bins; b-- > 0;) {  // the last bin first: any order must do
+          REQUIRE(writing(b, out.data() + offset[b]) == offset[b + 1] - offset[b]);
+        }
+        for (std::size_t j = offset[bins]; j < out.size(); ++j) REQUIRE(out[j] == untouched);
+        // A device writes with the plain loops (the host, with its SIMD kernel above).
+        std::vector<std::uint32_t> plain(out.size(), untouched);
+        for (std::size_t b = bins; b-- > 0;) {
+          const std::size_t first = b * bin, len = std::min(bin, n - first);
+          REQUIRE(gc::detail::chunk_local_bin_loops(acc.data() + first, g.data() + first, len, first,
+                                                    plain.data() + offset[b],
+                                                    plain.data() + plain.size()) == offset[b + 1] - offset[b]);
+        }
+        CHECK(plain == out);
+        out.resize(offset[bins]);
+        CHECK(out == adacomp_reference(acc, g, bin));
       }
-      for (std::size_t j = offset[bins]; j < out.size(); ++j) REQUIRE(out[j] == untouched);
-      out.resize(offset[bins]);
-      CHECK(out == adacomp_reference(acc, g, bin));
     }
   }
 }

@@ -653,6 +653,42 @@ TEST_CASE("cuda: a queued step and its commit wait for nothing queued before the
   }
 }
 
+// random-k's host draws go to the device through one pinned buffer, copied in stream
+// order: steps queued back to back, with nothing waited for between them, must each wait
+// for the copy before writing the next draw over it (pinned_staging::writable), or the
+// earlier step would select the later one's indices.
+TEST_CASE("cuda: random-k's steps queued back to back each send their own draw") {
+  const std::size_t n = 70'001, steps = 3;
+  cudaStream_t stream = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  const gc::backend::cuda on{.stream = stream};
+  {
+    const gc::presets::randomk_ef_options options{.density = 0.01, .seed = 3};
+    auto gpu = gc::presets::randomk_ef(on, n, options);
+    auto host = gc::presets::randomk_ef(gc::backend::host{}, n, options);
+    std::vector<thrust::device_vector<float>> g;
+    std::vector<thrust::device_vector<std::byte>> out;
+    for (std::size_t t = 0; t < steps; ++t) {
+      g.push_back(device::copy_of(inputs::make(inputs::shape::student_t3, n, 90 + t)));
+      out.emplace_back(gpu.max_message_bytes());
+    }
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    for (std::size_t t = 0; t < steps; ++t) {
+      (void)gpu.stage_queued(on, device::span_of(g[t]), device::span_of(out[t]));
+      gpu.accept_staged(on);
+    }
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    std::vector<std::byte> want_bytes(host.max_message_bytes());
+    for (std::size_t t = 0; t < steps; ++t) {
+      CAPTURE(t);
+      const auto want = host.compress(inputs::make(inputs::shape::student_t3, n, 90 + t), want_bytes);
+      const auto got = device::host_copy(out[t]);
+      CHECK(std::equal(want.bytes().begin(), want.bytes().end(), got.begin()));
+    }
+  }
+  REQUIRE(cudaStreamDestroy(stream) == cudaSuccess);
+}
+
 namespace {
 // counting_allocator for state, the device's pool in stream order for a step's scratch,
 // counted too, with the streams it is given back after.

@@ -52,13 +52,17 @@ inline constexpr std::uint32_t crc32c_polynomial = 0x82F63B78u;
 inline constexpr std::uint32_t crc32c_init = 0xFFFFFFFFu;
 GRADCOMP_HOST_DEVICE constexpr std::uint32_t crc32c_final(std::uint32_t c) noexcept { return c ^ 0xFFFFFFFFu; }
 
+/// A register shifted on by eight bits, bit by bit: a byte fed in, once it has been
+/// XORed into the register's low eight bits.
+GRADCOMP_HOST_DEVICE constexpr std::uint32_t crc32c_shift_byte(std::uint32_t c) noexcept {
+  for (int k = 0; k < 8; ++k) c = (c & 1u) ? (c >> 1) ^ crc32c_polynomial : c >> 1;
+  return c;
+}
+
+/// crc32c_shift_byte of each low byte (the rest of a register shifts by linearity).
 inline constexpr std::array<std::uint32_t, 256> crc32c_table = [] {
   std::array<std::uint32_t, 256> table{};
-  for (std::uint32_t i = 0; i < 256; ++i) {
-    std::uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1u) ? (c >> 1) ^ crc32c_polynomial : c >> 1;
-    table[i] = c;
-  }
+  for (std::uint32_t i = 0; i < 256; ++i) table[i] = crc32c_shift_byte(i);
   return table;
 }();
 
@@ -66,9 +70,7 @@ inline constexpr std::array<std::uint32_t, 256> crc32c_table = [] {
 /// a device (which has no copy of the table); the same value either way.
 GRADCOMP_HOST_DEVICE inline std::uint32_t crc32c_byte(std::uint32_t c, std::byte b) noexcept {
 #if defined(__CUDA_ARCH__)
-  c ^= static_cast<std::uint32_t>(b);
-  for (int k = 0; k < 8; ++k) c = (c & 1u) ? (c >> 1) ^ crc32c_polynomial : c >> 1;
-  return c;
+  return crc32c_shift_byte(c ^ static_cast<std::uint32_t>(b));
 #else
   return crc32c_table[(c ^ static_cast<std::uint32_t>(b)) & 0xFFu] ^ (c >> 8);
 #endif

@@ -24,13 +24,31 @@
 GRADCOMP_NAMESPACE_BEGIN
 namespace detail {
 
-/// The indices of one chunk_local bin (acc and g point at it): written from `out` on
-/// (up to out_end; nothing past the bin's own hits, since an expansion's items may
-/// write side by side) and counted, or only counted when `out` is null. On the host the
-/// writing is backend::host's SIMD kernel, which selects the same entries, inlined:
-/// this runs once per bin (AdaComp's bins hold 50 entries), where a call costs as much
-/// as the bin's work, and GCC does not always inline it by itself (bench_kokkos
-/// kokkos/2: 14.7 ms with the call, 12.0 ms without, 2026-11-23).
+/// The indices of one chunk_local bin (acc and g point at it) by two plain loops: the
+/// largest |acc|, then the hits, written from `out` on (up to out_end; none when `out`
+/// is null) and counted. What a device runs; the host counts with it.
+GRADCOMP_HOST_DEVICE inline std::size_t chunk_local_bin_loops(const float* acc, const float* g, std::size_t len,
+                                                              std::size_t first, std::uint32_t* out,
+                                                              std::uint32_t* out_end) noexcept {
+  float largest = 0.0f;
+  for (std::size_t j = 0; j < len; ++j) largest = fabsf(acc[j]) > largest ? fabsf(acc[j]) : largest;
+  std::size_t count = 0;
+  for (std::size_t j = 0; j < len; ++j) {
+    if (fabsf(acc[j] + g[j]) >= largest) {
+      if (out != nullptr && out + count < out_end) out[count] = static_cast<std::uint32_t>(first + j);
+      ++count;
+    }
+  }
+  return count;
+}
+
+/// The indices of one chunk_local bin: written from `out` on (up to out_end; nothing
+/// past the bin's own hits, since an expansion's items may write side by side) and
+/// counted, or only counted when `out` is null. On the host the writing is
+/// backend::host's SIMD kernel, which selects the same entries, inlined: this runs once
+/// per bin (AdaComp's bins hold 50 entries), where a call costs as much as the bin's
+/// work, and GCC does not always inline it by itself (bench_kokkos kokkos/2: 14.7 ms with
+/// the call, 12.0 ms without, 2026-11-23).
 #if !defined(__CUDACC__) && !defined(__HIPCC__)
 [[gnu::flatten]]
 #endif
@@ -43,16 +61,7 @@ chunk_local_bin(const float* acc, const float* g, std::size_t len, std::size_t f
     return static_cast<std::size_t>(select_bin<false, true>(acc, g, len, first, out, out_end, non_finite) - out);
   }
 #endif
-  float largest = 0.0f;
-  for (std::size_t j = 0; j < len; ++j) largest = fabsf(acc[j]) > largest ? fabsf(acc[j]) : largest;
-  std::size_t count = 0;
-  for (std::size_t j = 0; j < len; ++j) {
-    if (fabsf(acc[j] + g[j]) >= largest) {
-      if (out != nullptr && out + count < out_end) out[count] = static_cast<std::uint32_t>(first + j);
-      ++count;
-    }
-  }
-  return count;
+  return chunk_local_bin_loops(acc, g, len, first, out, out_end);
 }
 
 /// The expansion body: bin b of `bin` entries (the last one shorter) makes its hits.
