@@ -675,13 +675,11 @@ inline bool refused_while_capturing() {
 }
 
 // -- Fibers: a block's threads, each on its stream's context for its index.
-enum class waiting { no, at_block_barrier, at_warp_collective, done };
+enum class waiting : std::uint8_t { no, at_block_barrier, at_warp_collective, done };
 struct fiber {
-  waiting state = waiting::no;
   std::uint32_t mask = 0;                // a warp collective's lanes
   int kind = 0;                          // which collective (a ballot meets only ballots)
   std::uint64_t value = 0;               // what this lane brings to it
-  std::array<std::uint64_t, 32> got{};   // what every lane brought, once it completes
   unsigned barriers = 0;                 // __syncthreads() passed in this block
   unsigned syncwarps = 0;                // __syncwarp() passed in this block
   bool fenced = false;                   // passed a __threadfence(): its atomics release (TSan)
@@ -701,7 +699,14 @@ struct grid_run {
   unsigned blocks_run = 0;                      // the set's blocks run so far
   const unsigned char* grid = nullptr;          // the grid's tokens
   const unsigned char* thread_start = nullptr;  // the set's OS thread's start, where not the host's
+  // By thread index: what each waits for, apart from the rest of its fiber, as the
+  // scheduler reads every thread's between rounds (with the fibers' 360 bytes each, those
+  // reads took a third of the emulated tests' time, 2026-12-01).
+  std::vector<waiting> states;
   std::vector<fiber> fibers;
+  // By warp: what each lane brought to the warp's last collective, which its lanes read
+  // as they resume (before any of them can reach the next).
+  std::vector<std::array<std::uint64_t, 32>> warp_values;
   context* contexts = nullptr;  // the stream's, by thread index
   // The TSan fiber thread t runs on: its own in the first set; its warp's in the second,
   // so that a stream's fibers stay within TSan's 256 clock slots (past them, slots pass
@@ -736,7 +741,7 @@ inline thread_local grid_run* running = nullptr;
       race::unrecorded bookkeeping;
       race::release(run->chain(run->blocks_run + 1));
       race::release(&run->grid[grid_end]);
-      run->fibers[run->current].state = waiting::done;
+      run->states[run->current] = waiting::done;
       save = &run->contexts[run->current].sp;
     }
     switch_to(run->scheduler_fiber, save, run->scheduler_sp);
@@ -772,7 +777,7 @@ inline void wait_as(waiting how) {
     grid_run& run = *running;
     const unsigned t = run.current;
     if (how == waiting::at_block_barrier) token = &run.tokens[block_barrier + run.fibers[t].barriers % 2];
-    run.fibers[t].state = how;
+    run.states[t] = how;
     if (token != nullptr) race::release(token);
     scheduler = run.scheduler_fiber;
     save = &run.contexts[t].sp;
@@ -786,8 +791,8 @@ inline void wait_as(waiting how) {
 // them go on, each with every lane's value.
 inline bool release_warp(grid_run& run, unsigned first, unsigned threads) {
   for (unsigned lane = 0; lane < 32 && first + lane < threads; ++lane) {
+    if (run.states[first + lane] != waiting::at_warp_collective) continue;
     const fiber& f = run.fibers[first + lane];
-    if (f.state != waiting::at_warp_collective) continue;
     const std::uint32_t mask = f.mask;
     std::array<std::uint64_t, 32> got{};
     bool all_there = true;
@@ -795,19 +800,18 @@ inline bool release_warp(grid_run& run, unsigned first, unsigned threads) {
       if ((mask >> l & 1u) == 0) continue;
       if (first + l >= threads) fail("a warp collective names a lane past the block");
       const fiber& other = run.fibers[first + l];
-      if (other.state == waiting::done) fail("a warp collective names a lane that has returned");
-      if (other.state != waiting::at_warp_collective || other.mask != mask || other.kind != f.kind) {
+      const waiting state = run.states[first + l];
+      if (state == waiting::done) fail("a warp collective names a lane that has returned");
+      if (state != waiting::at_warp_collective || other.mask != mask || other.kind != f.kind) {
         all_there = false;
         break;
       }
       got[l] = other.value;
     }
     if (!all_there) continue;
+    run.warp_values[first / 32] = got;
     for (unsigned l = 0; l < 32; ++l) {
-      if ((mask >> l & 1u) == 0) continue;
-      fiber& other = run.fibers[first + l];
-      other.got = got;
-      other.state = waiting::no;
+      if ((mask >> l & 1u) != 0) run.states[first + l] = waiting::no;
     }
     return true;
   }
@@ -815,12 +819,13 @@ inline bool release_warp(grid_run& run, unsigned first, unsigned threads) {
 }
 
 inline void run_block(grid_run& run, unsigned threads) {
+  run.states.assign(threads, waiting::no);
   run.fibers.assign(threads, fiber{});
+  run.warp_values.resize((threads + 31) / 32);
   static std::uint64_t turn = 0;
   for (;;) {
     for (const unsigned t : thread_order(threads, turn++)) {
-      fiber& f = run.fibers[t];
-      if (f.state != waiting::no) continue;
+      if (run.states[t] != waiting::no) continue;
       threadIdx = dim3(t);
       run.current = t;
       switch_to(run.fiber_of(t), &run.scheduler_sp, run.contexts[t].sp);
@@ -831,17 +836,17 @@ inline void run_block(grid_run& run, unsigned threads) {
     if (released) continue;
     bool any_at_barrier = false;
     bool all_at_barrier = true;
-    for (const fiber& f : run.fibers) {
-      if (f.state == waiting::at_block_barrier) any_at_barrier = true;
-      if (f.state == waiting::at_warp_collective) all_at_barrier = false;
+    for (const waiting state : run.states) {
+      if (state == waiting::at_block_barrier) any_at_barrier = true;
+      if (state == waiting::at_warp_collective) all_at_barrier = false;
     }
     if (!any_at_barrier && all_at_barrier) return;  // every thread returned
     if (!all_at_barrier) fail("deadlock: a warp collective that not every lane of its mask reaches");
-    for (const fiber& f : run.fibers) {
-      if (f.state == waiting::done) fail("__syncthreads() that a returned thread of the block never reaches");
+    for (const waiting state : run.states) {
+      if (state == waiting::done) fail("__syncthreads() that a returned thread of the block never reaches");
     }
-    for (fiber& f : run.fibers) {
-      if (f.state == waiting::at_block_barrier) f.state = waiting::no, ++f.barriers;
+    for (unsigned t = 0; t < threads; ++t) {
+      if (run.states[t] == waiting::at_block_barrier) run.states[t] = waiting::no, ++run.fibers[t].barriers;
     }
   }
 }
@@ -960,7 +965,7 @@ inline std::array<std::uint64_t, 32> warp_collective(int kind, std::uint32_t mas
   }
   wait_as(waiting::at_warp_collective);
   race::unrecorded bookkeeping;
-  return running->fibers[running->current].got;
+  return running->warp_values[running->current / 32];
 }
 // __syncwarp(mask): a warp collective that also orders its lanes' memory (ballots and
 // shuffles only exchange values). Each lane releases a token of its own, by the parity
