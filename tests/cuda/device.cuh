@@ -17,6 +17,14 @@
 
 namespace device {
 
+// Whether the tests run on tests/emulated_cuda, which runs a kernel about a thousand
+// times slower than a GPU: there the largest sizes run a narrower product of the cases.
+#if defined(GRADCOMP_EMULATED_CUDA)
+inline constexpr bool emulated = true;
+#else
+inline constexpr bool emulated = false;
+#endif
+
 /// A Thrust vector as the view gradcomp's public calls take of device memory.
 template <class T>
 gradcomp::device_span<T> span_of(thrust::device_vector<T>& v) {

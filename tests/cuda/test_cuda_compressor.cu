@@ -129,18 +129,12 @@ void every_corrector(Selector selector, gc::encode::index_value encoder, inputs:
 
 // Every corrector and encoder on every shape at the smaller sizes (a block or a few),
 // and at a million elements, where the selectors run their multi-block passes, every
-// corrector on every shape on a GPU. The emulated device runs a million-element step
-// about a thousand times slower, and that product took nine tenths of its grids' time
-// (2026-12-01), repeating the correctors' elementwise kernels, which do not depend on
-// the shape: there each shape runs three times at a million, with no corrector (the
-// selector on the shape itself), with error feedback and the automatic index coding,
-// and with one of the other correctors in turn, so that every corrector and every
-// shape still runs at that size.
-#if defined(GRADCOMP_EMULATED_CUDA)
-constexpr bool every_corrector_at_scale = false;
-#else
-constexpr bool every_corrector_at_scale = true;
-#endif
+// corrector on every shape on a GPU. On the emulated device that product took nine
+// tenths of its grids' time (2026-12-01), repeating the correctors' elementwise kernels,
+// which do not depend on the shape: there each shape runs three times at a million,
+// with no corrector (the selector on the shape itself), with error feedback and the
+// automatic index coding, and with one of the other correctors in turn, so that every
+// corrector and every shape still runs at that size.
 
 template <class Selector>
 void every_policy(Selector selector) {
@@ -153,7 +147,7 @@ void every_policy(Selector selector) {
         continue;
       }
       nth_corrector(1, selector, host_coded_encoders[0], shape, n);
-      if (every_corrector_at_scale) {
+      if (!device::emulated) {
         every_corrector(selector, device_encoders[0], shape, n);
       } else {
         nth_corrector(0, selector, device_encoders[0], shape, n);
