@@ -25,6 +25,21 @@ inline constexpr bool emulated = true;
 inline constexpr bool emulated = false;
 #endif
 
+// Whether they run under ThreadSanitizer too (tests/CMakeLists.txt, label races), six times
+// slower again: there the sizes past a million are left to the plain emulation and the GPU.
+// They add grid-stride rounds, and the emulated device's grid (2 multiprocessors, 16
+// blocks of 256 threads) already takes several rounds at 70,003 elements.
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define GRADCOMP_TEST_UNDER_TSAN 1
+#endif
+#endif
+#if defined(GRADCOMP_TEST_UNDER_TSAN)
+inline constexpr bool under_thread_sanitizer = true;
+#else
+inline constexpr bool under_thread_sanitizer = false;
+#endif
+
 /// A Thrust vector as the view gradcomp's public calls take of device memory.
 template <class T>
 gradcomp::device_span<T> span_of(thrust::device_vector<T>& v) {

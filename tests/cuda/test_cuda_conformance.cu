@@ -140,10 +140,12 @@ TEST_CASE("cuda: compact keeps exactly what a host loop keeps, ascending") {
   const gc::backend::cuda be{};
   // One workspace for the largest n, dirty to begin with, reused at every size after
   // (sparse_allreduce compacts regions of several sizes in one workspace).
-  thrust::device_vector<std::byte> reused(be.compact_workspace<every_kth_hash>(10'000'001), std::byte{0xFF});
+  const std::size_t largest = device::under_thread_sanitizer ? 70'003 : 10'000'001;
+  thrust::device_vector<std::byte> reused(be.compact_workspace<every_kth_hash>(largest), std::byte{0xFF});
   for (const std::size_t n :
        {std::size_t{1}, std::size_t{31}, std::size_t{32}, std::size_t{33}, std::size_t{255}, std::size_t{256},
         std::size_t{257}, std::size_t{2049}, std::size_t{70003}, (std::size_t{1} << 20) + 3, std::size_t{10'000'001}}) {
+    if (n > largest) continue;
     CAPTURE(n);
     for (const std::uint64_t k : {std::uint64_t{1}, std::uint64_t{3}, std::uint64_t{1000}, std::uint64_t{1} << 40}) {
       CAPTURE(k);
