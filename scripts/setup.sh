@@ -32,6 +32,7 @@ python_tests=(
   python3-pytest python3-pytest-timeout python3-pytest-xdist                   # and its tests
   python3-sphinx                                                                # the Python API reference
   python3-torch libtorch-dev pybind11-dev ninja-build                       # the torch extension's build
+  ccache                         # its selector units, compiled once for both torches (scripts/test.sh)
 )
 case "$purpose" in
   demo) packages=("${demo[@]}") ;;

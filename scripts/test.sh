@@ -10,8 +10,16 @@ bash scripts/setup.sh test
 phase "setup"
 # torch 2.x from PyPI (below) downloads while the C++ builds, then gradcomp is built there
 # at a lower priority: it takes what the builds and tests before it leave of the CPU.
+# The package's selector units include no torch header, so both builds of it compile the
+# same code: ccache keeps what the torch 2.15 build compiles for the torch 1.13 build,
+# which therefore waits for it. Paths under the repository are hashed relative to the
+# build directory, as deep in build/torch2-src as here, and the directory is not hashed
+# (Python's flags ask for -g, which the package's -g0 turns off).
+export CCACHE_DIR="$PWD/build/ccache" CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
+ccache=/usr/lib/ccache  # put first on PATH, it runs the compilers through ccache
 mkdir -p build
-(bash scripts/torch2_env.sh && nice -n 10 bash scripts/torch2_env.sh --gradcomp) > build/torch2_env.log 2>&1 &
+(bash scripts/torch2_env.sh && PATH="$ccache:$PATH" nice -n 10 bash scripts/torch2_env.sh --gradcomp) \
+  > build/torch2_env.log 2>&1 &
 torch2_build=$!
 # Without a GPU the CUDA tests cannot run here: they are compiled only, for one architecture
 # with their host code unoptimised (CMakeLists.txt, GRADCOMP_CUDA_COMPILE_ONLY).
@@ -30,8 +38,13 @@ phase "ctest"
 # built without fetching anything; then torch 2.15 from PyPI, what users have, in an
 # environment of its own with gradcomp built there for the CPU, Lightning and Accelerate
 # (scripts/torch2_env.sh, about 5 GB). FSDP2 and the integrations' tests skip under 1.13.
+wait "$torch2_build" || { cat build/torch2_env.log >&2; exit 1; }
+phase "the package under torch 2.15 built"
 /usr/bin/python3 -m venv --system-site-packages build/venv
-build/venv/bin/python -m pip install --quiet --no-build-isolation --no-deps --no-index .
+ccache --zero-stats >/dev/null
+PATH="$ccache:$PATH" build/venv/bin/python -m pip install --quiet --no-build-isolation --no-deps --no-index .
+ccache --print-stats | awk '$1 ~ /^(direct|preprocessed)_cache_hit$/ {hit += $2} $1 == "cache_miss" {miss = $2}
+  END {printf "test.sh: %d of the %d units compiled for torch 1.13 came from ccache\n", hit, hit + miss}' >&2
 
 # The C++ sources formatted and the Python lint-clean (scripts/format.sh; ruff comes from
 # PyPI, which Debian 12 does not package).
@@ -55,9 +68,7 @@ debug_tests=$!
 # 354 s with two on this 2-core machine type, 2026-11-28).
 (cd build && venv/bin/python -m pytest -q -rs -n 2 --durations=8 --timeout=900 --junitxml=pytest.xml ../python/tests)
 phase "pytest under torch 1.13"
-wait "$torch2_build" || { cat build/torch2_env.log >&2; exit 1; }
 torch2="$PWD/build/venv-torch2/bin/python"
-phase "the package under torch 2.15 built"
 (cd build && "$torch2" -m pytest -q -rs -n 2 -p no:cacheprovider --durations=8 --timeout=900 \
   --junitxml=pytest-torch2.xml ../python/tests)
 phase "pytest under torch 2.15"
