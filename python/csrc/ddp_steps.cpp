@@ -187,6 +187,17 @@ struct bucket_place {
   }
 };
 
+/// Makes `stream` current for its lifetime (a host bucket has none).
+class on_stream_of {
+ public:
+  explicit on_stream_of(const std::optional<c10::Stream>& stream) {
+    if (stream) guard_.emplace(*stream);
+  }
+
+ private:
+  std::optional<c10::StreamGuard> guard_;
+};
+
 /// A job's OpenMP threads: the hook caller's (`threads`), not the worker thread's default.
 void use_threads(int threads) {
 #if defined(_OPENMP)
@@ -266,9 +277,10 @@ py::object hook_steps::submit(const torch::Tensor& bucket_in, bool last, bool co
     torch::Tensor result;
     std::exception_ptr failure;
     hook_counts counts = counts_of(bucket, compressed, group->getSize());
+    // The bucket's stream stays current through complete(): the Future's events are
+    // recorded on the current stream, and DDP's wait orders its reads after them alone.
+    const on_stream_of guard(stream);
     {
-      std::optional<c10::StreamGuard> on_stream;
-      if (stream) on_stream.emplace(*stream);
       transport t = transport_of(group, torch::kCPU, nullptr);
       const auto start = clock::now();
       try {
@@ -409,17 +421,6 @@ struct hook_steps::exchange_bucket : pending_bucket {
 };
 
 namespace {
-
-/// Makes `stream` current for its lifetime (a host bucket has none).
-class on_stream_of {
- public:
-  explicit on_stream_of(const std::optional<c10::Stream>& stream) {
-    if (stream) guard_.emplace(*stream);
-  }
-
- private:
-  std::optional<c10::StreamGuard> guard_;
-};
 
 constexpr std::size_t verdict_bytes = gc::detail::rank_verdict::size;
 /// What the step's end reads of each frame: the verdict and the message's header.

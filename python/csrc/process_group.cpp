@@ -37,11 +37,17 @@ group_ptr group_of(const py::object& group) {
 
 namespace {
 
-/// Where `group`'s collectives take their tensors: the current CUDA device for NCCL,
-/// the host for every other backend (gloo moves CUDA buckets through host memory).
-torch::Device collective_device(const group_ptr& group) {
+/// Where `group`'s collectives take their tensors: for NCCL, the compressor's `device`
+/// where it is a CUDA device (not the current one, which need not be this rank's where
+/// an exchange is made), else the current CUDA device; the host for every other backend
+/// (gloo moves CUDA buckets through host memory).
+torch::Device collective_device(const group_ptr& group, const torch::Device& device) {
 #if defined(GRADCOMP_PY_CUDA)
-  if (group->getBackendName() == "nccl") return {torch::kCUDA, at::cuda::current_device()};
+  if (group->getBackendName() == "nccl") {
+    return device.is_cuda() ? device : torch::Device(torch::kCUDA, at::cuda::current_device());
+  }
+#else
+  (void)device;
 #endif
   return torch::kCPU;
 }
@@ -109,7 +115,7 @@ void on_collective_device(const torch::Tensor& tensor, const torch::Device& devi
 }  // namespace
 
 transport transport_of(const group_ptr& pg, const torch::Device& device, void* stream) {
-  const torch::Device where = collective_device(pg);
+  const torch::Device where = collective_device(pg, device);
   transport out;
   out.this_rank = pg->getRank();
   out.ranks = pg->getSize();

@@ -3,6 +3,7 @@ own features (find_unused_parameters, static_graph, no_sync, gradient_as_bucket_
 frozen layer with BatchNorm, join, subgroups, 16-bit parameters and autocast, resume from
 a checkpoint) and under torch.compile, each step checked against a reference written
 here."""
+import contextlib
 import math
 import os
 
@@ -429,8 +430,13 @@ def _resume_model(kind):
 
 
 def _resume_run(rank, world, first, last, case, kind, start_iter, method, options):
+    """The run of one case from step ``first`` to ``last``. With GRADCOMP_TEST_DEVICE=cuda
+    the model and its buckets are on the GPU and every step runs on a stream of its own,
+    not the default one (backward, DDP's buckets and the hook's work then run there; a
+    Future of the hook's that missed it would let DDP read a bucket not yet written)."""
     folder = os.environ["GRADCOMP_TEST_DIR"]
-    model = _resume_model(kind)
+    device = torch.device(os.environ.get("GRADCOMP_TEST_DEVICE", "cpu"))
+    model = _resume_model(kind).to(device)
     checkpoint = os.path.join(folder, f"{case}-rank{rank}.pt")
     if first > 0:
         saved = torch.load(checkpoint)  # torch 2's weights-only unpickler rebuilds a State
@@ -442,13 +448,21 @@ def _resume_run(rank, world, first, last, case, kind, start_iter, method, option
     net = DDP(model, bucket_cap_mb=BUCKET_CAP_MB)
     net.register_comm_hook(state, ddp.hook)
     opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    side = torch.cuda.Stream() if device.type == "cuda" else None
     for step in range(first, last):
-        loss_of(net, rank, step).backward()
-        opt.step()
-        opt.zero_grad()
+        x, y = batch(rank, step)
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            if side is not None:
+                side.wait_stream(torch.cuda.default_stream())  # the model and the optimizer's state
+            loss = torch.nn.functional.cross_entropy(net(x.to(device)), y.to(device))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        if side is not None:
+            torch.cuda.default_stream().wait_stream(side)
         if step + 1 == CHECKPOINT_AT and first == 0:
             torch.save({"model": net.module.state_dict(), "hook": state}, checkpoint)
-    final = torch.cat([p.detach().view(-1) for p in net.parameters()])
+    final = torch.cat([p.detach().view(-1) for p in net.parameters()]).cpu()
     torch.save(final, os.path.join(folder, f"{case}-rank{rank}-{'resumed' if first else 'uninterrupted'}.pt"))
     return state
 

@@ -203,6 +203,21 @@ def test_ddp_hook_device_exchange(world, tmp_path):
 
 
 @pytest.mark.parametrize("world", [2, 4])
+def test_ddp_resume_on_cuda_on_a_stream_of_its_own(world, tmp_path):
+    """A run checkpointed and resumed in new processes on CUDA buckets, every step on a
+    stream that is not the default one, ends with the uninterrupted run's parameters bit
+    for bit (ddp_features.RESUMES: dense warm-up steps, DDP's buckets regrouped from the
+    checkpoint's, the all-gather, the global top-k and ScaleCom). The Futures the hook
+    returns must carry the step's stream: one that did not would let DDP read a bucket
+    before it is written."""
+    import ranks
+
+    env = {"GRADCOMP_TEST_DIR": str(tmp_path), "GRADCOMP_TEST_DEVICE": "cuda"}
+    ranks.spawn("ddp_features", world, ["uninterrupted"], tmp_path, timeout=120, env=env)
+    ranks.spawn("ddp_features", world, ["resumed"], tmp_path, timeout=120, env=env)
+
+
+@pytest.mark.parametrize("world", [2, 4])
 def test_fsdp_on_cuda_tensors(world, tmp_path):
     """FSDP2's compressed reduce-scatter and HSDP's all-reduce on CUDA tensors, 2 and 4 gloo
     ranks sharing the one GPU: the CPU tensors' shards and residuals bit for bit (float32,

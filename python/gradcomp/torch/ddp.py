@@ -381,9 +381,17 @@ class State:
                                    device=step.held[0][0].device)
             futures.append(self._compress(steps, u, flat, problem, u == units[-1]))
 
+        # The Future DDP waits on for the last bucket. Not collect_all's: that one holds no
+        # devices, so completing it with a CUDA buffer would record no event, and DDP would
+        # read the buffer without waiting for the copies below.
+        last = step.held[-1][0]
+        out = torch.futures.Future(devices=[last.device] if last.device.type == "cuda" else None)
+        held = [f for _, _, f in step.held if f is not None] + [out]
+
         def finish(done):
             try:
-                results = [f.value() for f in done.value()]
+                # wait(), not value(): the current stream waits for each unit's work
+                results = [f.wait() for f in done.value()]
                 with torch.no_grad():
                     for u, result in zip(units, results):
                         at = 0
@@ -391,16 +399,16 @@ class State:
                             pieces[n].copy_(result.narrow(0, at, numel[n]))
                             at += numel[n]
             except Exception as e:
-                for _, _, f in step.held:
-                    if f is not None:
-                        f.set_exception(e)
-                raise
-            for buffer, _, f in step.held:
+                for f in held:
+                    f.set_exception(e)
+                return
+            for (buffer, _, f) in step.held:
                 if f is not None:
                     f.set_result(buffer)
-            return step.held[-1][0]
+            out.set_result(last)
 
-        return torch.futures.collect_all(futures).then(finish)
+        torch.futures.collect_all(futures).then(finish)
+        return out
 
     # -- checkpoints -----------------------------------------------------------------------
 
