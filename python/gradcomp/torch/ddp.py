@@ -402,7 +402,7 @@ class State:
                 for f in held:
                     f.set_exception(e)
                 return
-            for (buffer, _, f) in step.held:
+            for buffer, _, f in step.held:
                 if f is not None:
                     f.set_result(buffer)
             out.set_result(last)
