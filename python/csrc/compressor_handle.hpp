@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <type_traits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -265,6 +266,18 @@ class compressor_handle {
     return torch::empty({message_capacity()}, torch::TensorOptions().dtype(torch::kUInt8).device(device_));
   }
 
+  /// What `make()` returns, made as a call of this compressor is (exclusive(), its own
+  /// stream): an exchange over its memory, whose allocations and first work then land on
+  /// its device and in its call order, whatever device is current.
+  template <class Make>
+  auto made_in_order(Make&& make) {
+    return exclusive([&] {
+      std::invoke_result_t<Make&> made;
+      on_own_stream([&] { made = make(); });
+      return made;
+    });
+  }
+
   /// Runs `work()`, a call that takes no execution context (set_density, checkpoints,
   /// the cyclic exchange): on CUDA on the compressor's own stream, in its call order.
   template <class Work>
@@ -403,7 +416,7 @@ class cyclic_handle {
         sent_(t.sent),
         received_(t.received),
         issued_(t.issued),
-        x_(c.impl().cyclic(std::move(t), leader_density)) {}
+        x_(c.made_in_order([&] { return c.impl().cyclic(std::move(t), leader_density); })) {}
 
   compressor_handle& c_;
   std::shared_ptr<std::uint64_t> sent_;
@@ -563,7 +576,11 @@ class sparse_handle {
   }
 
   sparse_handle(compressor_handle& c, gradcomp_py::transport t, std::size_t k)
-      : c_(c), sent_(t.sent), received_(t.received), issued_(t.issued), x_(c.impl().sparse(std::move(t), k)) {}
+      : c_(c),
+        sent_(t.sent),
+        received_(t.received),
+        issued_(t.issued),
+        x_(c.made_in_order([&] { return c.impl().sparse(std::move(t), k); })) {}
 
   compressor_handle& c_;
   std::shared_ptr<std::uint64_t> sent_;

@@ -19,6 +19,7 @@
 #include <torch/version.h>
 
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -30,33 +31,41 @@ namespace gc = gradcomp;
 /// torch's current stream only (work of its last owner may still be queued there), and
 /// gradcomp uses its state on other streams too, so that stream is waited for: such
 /// allocations are made when a compressor is (and on the first 16-bit gradient or
-/// preview), not per step. A step's scratch (compressed memory's float32 arrays) on
-/// torch's current stream is stream-ordered, as torch's own tensors are: a block of that
-/// stream, and where its last work ran on another (a commit at the end of backward),
-/// torch is told so (recordStream) and reuses it once that work is done. Nothing is
-/// waited for by the host.
+/// preview), not per step. A step's scratch (compressed memory's float32 arrays) is
+/// stream-ordered, as torch's own tensors are: a block of the stream the step runs on,
+/// and where its last work ran on another (a commit at the end of backward), torch is
+/// told so (recordStream) and reuses it once that work is done. Nothing is waited for by
+/// the host.
 class torch_allocator final : public gc::backend::device_allocator {
  public:
-  /// Torch pools a block for the stream it was allocated for: stream-ordered for its
-  /// current stream, whose blocks its own tensors share (a block allocated for another
-  /// stream, gradcomp's own, would stay in that stream's pool, out of torch's reach), and
-  /// only where torch's allocator honours recordStream (its own or its cudaMallocAsync
-  /// backend; a pluggable one, RMM's, may ignore it).
-  [[nodiscard]] bool stream_ordered(void* stream) const noexcept override {
-    try {
+  /// Stream-ordered on any stream where torch's allocator honours recordStream (its own
+  /// or its cudaMallocAsync backend; a pluggable one, RMM's, may ignore it). Torch pools
+  /// a block for the stream it was allocated for: on its current stream (the DDP hook's
+  /// steps) the pool its own tensors share; on the compressor's own stream (FSDP's
+  /// reduce-scatter, the exchanges) that stream's, which the next step's arrays reuse and
+  /// torch empties with its other cached blocks when an allocation would fail. Where not
+  /// stream-ordered, each step's arrays cost two host waits (allocate() and the release).
+  [[nodiscard]] bool stream_ordered(void*) const noexcept override {
 #if TORCH_VERSION_MAJOR >= 2
+    try {
       const std::string backend = c10::cuda::CUDACachingAllocator::get()->name();
-      if (backend != "native" && backend != "cudaMallocAsync") return false;
-#endif
-      return stream == static_cast<void*>(at::cuda::getCurrentCUDAStream().stream());
+      return backend == "native" || backend == "cudaMallocAsync";
     } catch (...) {
       return false;  // then allocated as the state is
     }
+#else
+    return true;  // torch 1.x has its own allocator alone
+#endif
   }
-  /// A block of torch's current stream (`stream`, as stream_ordered() said), its DataPtr
-  /// kept for recordStream.
+  /// A block of `stream` (the current device's), its DataPtr kept for recordStream.
   void* allocate_on(std::size_t bytes, void* stream) override {
+    const auto on = static_cast<cudaStream_t>(stream);
+    std::optional<c10::cuda::CUDAStreamGuard> for_stream;  // torch allocates for its current stream
+    if (on != at::cuda::getCurrentCUDAStream().stream()) {
+      for_stream.emplace(c10::cuda::getStreamFromExternal(on, c10::cuda::current_device()));
+    }
     c10::DataPtr block = c10::cuda::CUDACachingAllocator::get()->allocate(bytes);
+    for_stream.reset();
     void* p = block.get();
     const std::lock_guard<std::mutex> guard(lock_);
     ordered_.emplace(p, ordered_block{std::move(block), stream});

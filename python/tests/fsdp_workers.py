@@ -470,6 +470,69 @@ def check_fully_shard_training(rank, world):
     assert all(s.memory_bytes()["total"] >= s.memory_bytes()["state"] for s in scatters)
 
 
+class Gated(torch.nn.Module):
+    """Three layers in one parameter group, the middle one used only where ``use_middle``."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.middle, self.last = torch.nn.Linear(32, 64), torch.nn.Linear(64, 64), torch.nn.Linear(64, 4)
+        self.use_middle = True
+
+    def forward(self, x):
+        h = torch.relu(self.first(x))
+        if self.use_middle:
+            h = torch.relu(self.middle(h))
+        return self.last(h)
+
+
+def check_unused_parameters(rank, world):
+    """A parameter group some of whose parameters get no gradient in a step: FSDP leaves
+    them out of its reduce-scatter, whose input is then smaller, and gradcomp refuses it
+    on every rank, saying how to keep them in; kept in (set_reduce_scatter_unused_params),
+    training at density 1 follows single-process SGD, the unused layer unchanged in the
+    steps that skip it."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    if not hasattr(FSDPModule, "set_reduce_scatter_unused_params"):
+        return
+
+    def sharded_gated(keep_unused):
+        torch.manual_seed(0)
+        model = Gated()
+        fully_shard(model)  # one parameter group: every layer
+        model.set_custom_reduce_scatter(fsdp.ReduceScatter(method="topk_ef", density=1.0))
+        model.set_reduce_scatter_unused_params(keep_unused)
+        return model
+
+    model = sharded_gated(False)
+    x, y = batch_of(rank, 0)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    model.use_middle = False
+    text = expect_error(lambda: torch.nn.functional.cross_entropy(model(x), y).backward(),
+                        gradcomp.InvalidArgumentError, "gradcomp: fsdp ReduceScatter: this instance compresses a "
+                        "parameter group of")
+    assert text.endswith("call set_reduce_scatter_unused_params(True) on it)"), text
+
+    model = sharded_gated(True)
+    torch.manual_seed(0)
+    single = Gated()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    single_opt = torch.optim.SGD(single.parameters(), lr=0.1)
+    for step in range(4):
+        model.use_middle = single.use_middle = step % 2 == 0
+        x, y = batch_of(rank, step)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        single_opt.zero_grad()
+        for r in range(world):
+            xr, yr = batch_of(r, step)
+            (torch.nn.functional.cross_entropy(single(xr), yr) / world).backward()
+        single_opt.step()
+        want = torch.cat([p.detach().reshape(-1) for p in single.parameters()])
+        torch.testing.assert_close(full_parameters(model).detach(), want, rtol=1e-5, atol=1e-6)
+
+
 def check_training_settled_by_step(rank, world):
     """FSDP2 training with settle="step" (one read at each backward pass's end): at
     density 1 the parameters follow single-process SGD on the mean gradient; at density
@@ -938,6 +1001,7 @@ SCENARIOS = {
     "one-instance": check_one_instance_per_group,
     "set-density": check_set_density,
     "training": check_fully_shard_training,
+    "unused-parameters": check_unused_parameters,
     "divide-factor": check_divide_factor_and_bf16_reduce,
     "compile": check_compiled_training,
     "hsdp": check_hsdp_replicas_compressed,

@@ -43,5 +43,5 @@ def test_reduce_scatter_against_reference(world, tmp_path):
 @needs_fsdp2
 @pytest.mark.parametrize("world", [2, 4])
 def test_fully_shard_training(world, tmp_path):
-    spawn(world, ["training", "training-settled-by-step", "divide-factor", "compile"] +
+    spawn(world, ["training", "unused-parameters", "training-settled-by-step", "divide-factor", "compile"] +
           (["hsdp"] if world == 4 else []), tmp_path)

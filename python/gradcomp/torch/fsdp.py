@@ -95,6 +95,13 @@ except Exception:  # torch 1.x: no FSDP2 (1.13's FSDP raises ValueError on impor
     _FSDPModule = None
     _ReduceScatterBase = object
 
+# FSDP leaves a parameter that got no gradient out of its reduce-scatter, which then has
+# another size; the torches that can keep it in say how.
+_UNUSED_PARAMETERS_HINT = (
+    " (and where some of a module's parameters get no gradient in a step, which FSDP then leaves out, call "
+    "set_reduce_scatter_unused_params(True) on it)"
+    if hasattr(_FSDPModule, "set_reduce_scatter_unused_params") else "")
+
 _FORMAT = "gradcomp.torch.fsdp/1"
 
 
@@ -278,7 +285,8 @@ class _GroupCompressor:
         numel = grad.numel()
         if self.compressor is not None and self.compressor.numel != numel:
             check.fail(self._WHO, f"this instance compresses a parameter group of {self.compressor.numel} elements "
-                                  f"and was called with {numel}: give each FSDPModule an instance of its own")
+                                  f"and was called with {numel}: give each FSDPModule an instance of its own"
+                                  + _UNUSED_PARAMETERS_HINT)
         if self.compressor is None:
             c = Compressor(numel, self.method, device=grad.device, **self.options)
             if self._saved is not None:
