@@ -407,15 +407,19 @@ def full_parameters(model):
     return torch.cat([p.full_tensor().reshape(-1) for p in model.parameters()])
 
 
-def follows_single_process_sgd(model, rank, world, steps, divisor, **tolerance):
+def follows_single_process_sgd(model, rank, world, steps, divisor, single=None, before_step=None, **tolerance):
     """Trains ``model`` (sharded) ``steps`` SGD steps on each rank's batches and checks,
-    after each, that its parameters equal single-process SGD on the sum over ranks of the
-    loss gradients divided by ``divisor`` (the mean for ``divisor`` = W)."""
+    after each, that its parameters equal single-process SGD of ``single`` (a Net by
+    default) on the sum over ranks of the loss gradients divided by ``divisor`` (the mean
+    for ``divisor`` = W); ``before_step(step, model, single)`` runs before each. Returns
+    the number of layers of a Net."""
     torch.manual_seed(0)
-    single = Net()
+    single = Net() if single is None else single
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     single_opt = torch.optim.SGD(single.parameters(), lr=0.1)
     for step in range(steps):
+        if before_step is not None:
+            before_step(step, model, single)
         x, y = batch_of(rank, step)
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
@@ -427,7 +431,7 @@ def follows_single_process_sgd(model, rank, world, steps, divisor, **tolerance):
         single_opt.step()
         want = torch.cat([p.detach().reshape(-1) for p in single.parameters()])
         torch.testing.assert_close(full_parameters(model).detach(), want, **tolerance)
-    return len(single.layers)
+    return len(getattr(single, "layers", ()))
 
 
 def loss_falls(model, rank, steps):
@@ -513,24 +517,12 @@ def check_unused_parameters(rank, world):
                         "parameter group of")
     assert text.endswith("call set_reduce_scatter_unused_params(True) on it)"), text
 
+    def gate(step, model, single):  # the middle layer in even steps only
+        model.use_middle = single.use_middle = step % 2 == 0
+
     model = sharded_gated(True)
     torch.manual_seed(0)
-    single = Gated()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    single_opt = torch.optim.SGD(single.parameters(), lr=0.1)
-    for step in range(4):
-        model.use_middle = single.use_middle = step % 2 == 0
-        x, y = batch_of(rank, step)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-        opt.zero_grad()
-        single_opt.zero_grad()
-        for r in range(world):
-            xr, yr = batch_of(r, step)
-            (torch.nn.functional.cross_entropy(single(xr), yr) / world).backward()
-        single_opt.step()
-        want = torch.cat([p.detach().reshape(-1) for p in single.parameters()])
-        torch.testing.assert_close(full_parameters(model).detach(), want, rtol=1e-5, atol=1e-6)
+    follows_single_process_sgd(model, rank, world, 4, world, single=Gated(), before_step=gate, rtol=1e-5, atol=1e-6)
 
 
 def check_training_settled_by_step(rank, world):
