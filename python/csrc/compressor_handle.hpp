@@ -16,9 +16,9 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <type_traits>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "api.hpp"

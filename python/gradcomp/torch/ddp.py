@@ -349,14 +349,15 @@ class State:
         """A bucket of a regrouped step: kept until the step's last, whose hook compresses
         the checkpoint's units from the held buckets and completes every held Future."""
         step = self._step
-        devices = [buffer.device] if buffer.device.type == "cuda" else None
-        future = None if last else torch.futures.Future(devices=devices)
-        step.held.append((buffer, names, future))
+        # Each on the bucket's device: completing it records the events DDP's wait orders
+        # its reads after (collect_all's Future, which holds no devices, would record none).
+        step.held.append((buffer, names, torch.futures.Future(
+            devices=[buffer.device] if buffer.device.type == "cuda" else None)))
         if problem is not None and step.problem is None:
             step.problem = problem
-        if not last:
-            return future
-        return self._regroup(steps, step)
+        if last:
+            self._regroup(steps, step)
+        return step.held[-1][2]
 
     def _regroup(self, steps, step):
         numel = self._parameters.numel
@@ -381,13 +382,6 @@ class State:
                                    device=step.held[0][0].device)
             futures.append(self._compress(steps, u, flat, problem, u == units[-1]))
 
-        # The Future DDP waits on for the last bucket. Not collect_all's: that one holds no
-        # devices, so completing it with a CUDA buffer would record no event, and DDP would
-        # read the buffer without waiting for the copies below.
-        last = step.held[-1][0]
-        out = torch.futures.Future(devices=[last.device] if last.device.type == "cuda" else None)
-        held = [f for _, _, f in step.held if f is not None] + [out]
-
         def finish(done):
             try:
                 # wait(), not value(): the current stream waits for each unit's work
@@ -399,16 +393,13 @@ class State:
                             pieces[n].copy_(result.narrow(0, at, numel[n]))
                             at += numel[n]
             except Exception as e:
-                for f in held:
+                for _, _, f in step.held:
                     f.set_exception(e)
                 return
             for buffer, _, f in step.held:
-                if f is not None:
-                    f.set_result(buffer)
-            out.set_result(last)
+                f.set_result(buffer)
 
         torch.futures.collect_all(futures).then(finish)
-        return out
 
     # -- checkpoints -----------------------------------------------------------------------
 
